@@ -1,0 +1,1 @@
+"""lipline services: one package per pipeline stage, plus `common` shared by all of them."""

@@ -1,0 +1,180 @@
+"""Wav2Lip's mel spectrogram and its per-video-frame windows, reproduced exactly on modern librosa.
+
+Why this module exists: the Wav2Lip generator was trained on mels from `audio.melspectrogram` running on
+librosa 0.7.0. librosa 0.11 changed defaults that code relied on silently (STFT `pad_mode` reflect ->
+zero padding, which changes the edge frames; complex64 -> input-matched output; positional arguments of
+`filters.mel` rejected), so calling it "the same way" today gives different numbers. Here every such
+parameter is explicit, and tests compare against numbers recorded from the original code
+(tests/data/reference/mel_vector.npz, audio_hparams.json).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import librosa
+import numpy as np
+from scipy import signal as sps
+
+from services.common.errors import InvalidMedia
+
+SAMPLE_RATE = 16000
+N_FFT = 800
+HOP_SIZE = 200
+WIN_SIZE = 800
+NUM_MELS = 80
+FMIN = 55
+FMAX = 7600
+PREEMPHASIS = 0.97
+MIN_LEVEL_DB = -100
+REF_LEVEL_DB = 20
+MAX_ABS_VALUE = 4.0
+MEL_STEP_SIZE = 16  # columns per model input window
+MEL_FPS = 80.0  # mel columns per second = SAMPLE_RATE / HOP_SIZE
+SILENCE_LEVEL = -MAX_ABS_VALUE  # normalised value of a column at or below the -100 dB floor
+
+
+@functools.lru_cache(maxsize=1)
+def mel_basis() -> np.ndarray:
+    """The Slaney mel filterbank, shape (80, 401), float32, built once.
+
+    Keywords because librosa >= 0.10 rejects Wav2Lip's positional `(sr, n_fft)`. The default
+    `norm="slaney"` equals librosa 0.7's `norm=1` (Slaney area normalisation); passing `norm=1` to
+    modern librosa would mean L1 normalisation instead.
+    """
+    basis = librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=NUM_MELS, fmin=FMIN, fmax=FMAX)
+    basis.setflags(write=False)  # shared by every caller via the cache
+    return basis
+
+
+def melspectrogram(signal: np.ndarray) -> np.ndarray:
+    """Wav2Lip's `audio.melspectrogram`, normalised to [-4, 4].
+
+    Args:
+        signal: mono samples at 16 kHz, shape (num_samples,), any float dtype.
+
+    Returns:
+        Shape (80, 1 + num_samples // 200), float32.
+
+    Raises:
+        InvalidMedia: empty, non-1-D or non-finite input, or a result containing NaN (Wav2Lip
+            aborts there too).
+    """
+    signal = np.asarray(signal)
+    if signal.ndim != 1 or signal.size == 0:
+        raise InvalidMedia(f"audio must be a non-empty mono signal, got shape {signal.shape}")
+    if not np.isfinite(signal).all():  # librosa would raise its own ParameterError
+        raise InvalidMedia("audio contains NaN or infinite samples")
+    # Preemphasis y[n] = x[n] - 0.97 x[n-1], x[-1] = 0; lfilter returns float64.
+    emphasized = sps.lfilter([1.0, -PREEMPHASIS], [1.0], signal)
+    # pad_mode and dtype are librosa 0.7.0's defaults, spelled out: 0.11 would zero-pad the edges.
+    stft = librosa.stft(
+        emphasized, n_fft=N_FFT, hop_length=HOP_SIZE, win_length=WIN_SIZE,
+        window="hann", center=True, pad_mode="reflect", dtype=np.complex64,
+    )
+    mel = mel_basis() @ np.abs(stft)
+    min_level = np.exp(MIN_LEVEL_DB / 20 * np.log(10))  # 1e-5, the -100 dB floor
+    db = 20 * np.log10(np.maximum(min_level, mel)) - REF_LEVEL_DB
+    out = np.clip(2 * MAX_ABS_VALUE * (db - MIN_LEVEL_DB) / -MIN_LEVEL_DB - MAX_ABS_VALUE,
+                  -MAX_ABS_VALUE, MAX_ABS_VALUE).astype(np.float32)
+    if np.isnan(out).any():
+        raise InvalidMedia("audio produced NaN in the mel spectrogram (non-finite samples?)")
+    return out
+
+
+def mel_chunks(mel: np.ndarray, fps: float) -> np.ndarray:
+    """Wav2Lip inference.py's chunking, verbatim: one 16-column window per video frame.
+
+    Window i starts at int(i * 80/fps); at the first window that would run past the end, the last 16
+    columns are taken instead and the loop stops (so the tail may repeat or overlap its predecessor).
+
+    Args:
+        mel: shape (80, T).
+        fps: video frame rate.
+
+    Returns:
+        Shape (N, 80, 16), float32.
+
+    Raises:
+        InvalidMedia: T < 16 (upstream would emit a narrower chunk that cannot be batched).
+    """
+    total = mel.shape[1]
+    if total < MEL_STEP_SIZE:
+        raise InvalidMedia(
+            f"audio too short: {total} mel columns, need at least {MEL_STEP_SIZE} (~0.2 s of audio)"
+        )
+    multiplier = MEL_FPS / fps  # computed first, as upstream does, so truncation matches bit for bit
+    chunks = []
+    i = 0
+    while True:
+        start = int(i * multiplier)
+        if start + MEL_STEP_SIZE > total:
+            chunks.append(mel[:, total - MEL_STEP_SIZE:])
+            break
+        chunks.append(mel[:, start:start + MEL_STEP_SIZE])
+        i += 1
+    return np.stack(chunks).astype(np.float32, copy=False)
+
+
+def frame_count(num_samples: int, sample_rate: int, fps: float) -> int:
+    """Output video frames for a clip: round(duration * fps), at least 1.
+
+    Rounding (not Wav2Lip's chunk count) keeps the video's duration within half a frame of the audio's.
+    """
+    return max(1, round(num_samples / sample_rate * fps))
+
+
+def mel_windows(mel: np.ndarray, fps: float, n_frames: int) -> np.ndarray:
+    """One 16-column mel window per output frame: Wav2Lip's rule generalised to any frame count.
+
+    Window i starts at int(i * 80/fps) clamped to T-16, so every window that would run past the end is
+    the last 16 columns (Wav2Lip's tail chunk, repeated as needed). A mel narrower than 16 columns is
+    first padded on the right with -4.0, the normalised level of silence.
+
+    For n_frames == len(mel_chunks(mel, fps)) the result equals mel_chunks exactly: the regular
+    chunks have start <= T-16 (unclamped), and the tail chunk is exactly the clamped window.
+
+    Args:
+        mel: shape (80, T).
+        fps: video frame rate.
+        n_frames: number of windows to produce (see `frame_count`).
+
+    Returns:
+        Shape (n_frames, 80, 16), float32.
+    """
+    total = mel.shape[1]
+    if total < MEL_STEP_SIZE:
+        mel = np.pad(mel, ((0, 0), (0, MEL_STEP_SIZE - total)), constant_values=SILENCE_LEVEL)
+        total = MEL_STEP_SIZE
+    multiplier = MEL_FPS / fps
+    starts = [min(int(i * multiplier), total - MEL_STEP_SIZE) for i in range(n_frames)]
+    out = np.empty((n_frames, mel.shape[0], MEL_STEP_SIZE), dtype=np.float32)
+    for i, start in enumerate(starts):
+        out[i] = mel[:, start:start + MEL_STEP_SIZE]
+    return out
+
+
+class MelExtractor:
+    """Signal -> per-frame model inputs; what the gRPC servicer calls.
+
+    Args:
+        sample_rate: rate of the signals passed to `run`; Wav2Lip's mel is defined at 16 kHz only.
+    """
+
+    def __init__(self, sample_rate: int = SAMPLE_RATE) -> None:
+        if sample_rate != SAMPLE_RATE:
+            raise ValueError(f"the Wav2Lip mel needs {SAMPLE_RATE} Hz audio, got {sample_rate}")
+        self.sample_rate = sample_rate
+
+    def run(self, signal: np.ndarray, fps: float) -> np.ndarray:
+        """Mel windows for every output frame of `signal`.
+
+        Args:
+            signal: mono 16 kHz samples, shape (num_samples,).
+            fps: output video frame rate.
+
+        Returns:
+            Shape (frame_count(num_samples, 16000, fps), 80, 16), float32.
+        """
+        mel = melspectrogram(signal)
+        return mel_windows(mel, fps, frame_count(len(signal), self.sample_rate, fps))

@@ -1,0 +1,97 @@
+"""The audio stage's gRPC service: audio file bytes in, one Wav2Lip mel window per video frame out."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+import numpy as np
+
+from lipline.v1 import audio_pb2, audio_pb2_grpc, common_pb2
+from services.audio.mel import MelExtractor
+from services.common.audio_decode import decode_audio
+from services.common.codec import mel_to_bytes
+from services.common.config import ServiceSettings, _field
+from services.common.errors import InvalidMedia, InvalidRequest, TooLarge
+from services.common.server import Service
+
+_LOGGER = logging.getLogger(__name__)
+SAMPLE_RATE = 16_000
+
+
+@dataclasses.dataclass(frozen=True)
+class AudioSettings(ServiceSettings):
+    """Settings of the audio service."""
+
+    port: int = _field(50061, "gRPC port")
+    metrics_port: int = _field(9091, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    max_audio_bytes: int = _field(100 * 1024 * 1024, "largest accepted audio file")
+    max_audio_seconds: float = _field(900.0, "longest accepted audio")
+
+
+class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
+    def __init__(self, settings: AudioSettings, extractor: MelExtractor, service: AudioService) -> None:
+        self._settings = settings
+        self._extractor = extractor
+        self._service = service
+
+    async def Extract(
+        self, request_iterator: AsyncIterator[audio_pb2.ExtractRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[audio_pb2.ExtractResponse]:
+        options: audio_pb2.ExtractOptions | None = None
+        chunks: list[bytes] = []
+        size = 0
+        async for request in request_iterator:
+            if options is None:
+                options = request.options
+            size += len(request.data)
+            if size > self._settings.max_audio_bytes:
+                raise TooLarge(f"audio is over {self._settings.max_audio_bytes} bytes; send a shorter clip")
+            chunks.append(request.data)
+        fps = options.fps if options is not None and options.fps else 25.0
+        if not 1.0 <= fps <= 120.0:
+            raise InvalidRequest(f"fps {fps} is outside 1..120")
+        per_message = (options.windows_per_message if options is not None else 0) or 64
+        data = b"".join(chunks)
+        # Decoding and the STFT are CPU work: keep them off the event loop so other streams flow.
+        signal = await asyncio.to_thread(decode_audio, data, SAMPLE_RATE, self._settings.max_audio_seconds)
+        windows = await asyncio.to_thread(self._extractor.run, signal, fps)
+        m = self._service.metrics
+        m.items.labels(m.stage).inc(len(windows))
+        duration = len(signal) / SAMPLE_RATE
+        _LOGGER.info("extracted mel windows", extra={"frames": len(windows), "seconds": round(duration, 3), "fps": fps})
+        first = True
+        for start in range(0, len(windows), per_message):
+            response = audio_pb2.ExtractResponse(
+                windows=[
+                    common_pb2.MelWindow(frame_index=i, data=mel_to_bytes(windows[i]))
+                    for i in range(start, min(start + per_message, len(windows)))
+                ]
+            )
+            if first:
+                response.total_frames = len(windows)
+                response.duration_seconds = duration
+                first = False
+            yield response
+        if first:  # cannot happen (frame_count >= 1), but never answer with nothing
+            raise InvalidMedia("audio produced no frames")
+
+
+class AudioService(Service[AudioSettings]):
+    stage = "audio"
+
+    @property
+    def service_names(self) -> Sequence[str]:
+        return [audio_pb2.DESCRIPTOR.services_by_name["AudioService"].full_name]
+
+    def register(self, server: grpc.aio.Server) -> None:
+        self.extractor = MelExtractor()
+        audio_pb2_grpc.add_AudioServiceServicer_to_server(AudioServicer(self.settings, self.extractor, self), server)
+
+    async def load(self) -> None:
+        # Warm-up: builds the mel filterbank and pulls librosa's lazy imports in before traffic.
+        await asyncio.to_thread(self.extractor.run, np.zeros(SAMPLE_RATE // 2, np.float32), 25.0)
+        self.metrics.set_backend("wav2lip-mel", "cpu", "fp32")

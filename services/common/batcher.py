@@ -1,0 +1,142 @@
+"""Dynamic batching: items from all concurrent streams of a service are merged into model batches.
+
+Like Triton's dynamic batcher: a batch is dispatched when it reaches `max_batch` items or when the
+oldest waiting item has waited `max_delay_s`. The model runs in a worker thread (torch releases the
+GIL), so the event loop keeps reading and writing streams while the GPU or CPU computes. The queue
+is bounded: when it is full, `submit` waits, which pushes back through gRPC flow control to callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from services.common.metrics import Metrics
+
+_LOGGER = logging.getLogger(__name__)
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+@dataclass
+class _Pending(Generic[In]):
+    item: In
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class DynamicBatcher(Generic[In, Out]):
+    """Runs `run_batch(items) -> outputs` (same length, same order) over merged batches.
+
+    Args:
+        run_batch: the model call; runs in a dedicated thread, one batch at a time.
+        max_batch: largest batch handed to `run_batch`.
+        max_delay_s: how long the first item of a batch may wait for company.
+        max_queue: items allowed to wait; `submit` blocks beyond it (back-pressure).
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[In]], Sequence[Out]],
+        metrics: Metrics,
+        max_batch: int = 32,
+        max_delay_s: float = 0.005,
+        max_queue: int = 4096,
+    ) -> None:
+        self._run_batch = run_batch
+        self._metrics = metrics
+        self.max_batch = max_batch
+        self.max_delay_s = max_delay_s
+        self._queue: asyncio.Queue[_Pending[In]] = asyncio.Queue(maxsize=max_queue)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{metrics.stage}-model")
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name=f"{self._metrics.stage}-batcher")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, item: In) -> Out:
+        """Queue one item and wait for its output."""
+        (result,) = await self.submit_many([item])
+        return result
+
+    async def submit_many(self, items: Sequence[In]) -> list[Out]:
+        """Queue several items (they may land in different batches) and wait for all outputs, in order."""
+        if self._task is None:
+            raise RuntimeError("batcher not started")
+        loop = asyncio.get_running_loop()
+        pendings = [_Pending(item, loop.create_future()) for item in items]
+        m = self._metrics
+        for p in pendings:
+            await self._queue.put(p)
+        m.inflight.labels(m.stage).inc(len(pendings))
+        m.queue_depth.labels(m.stage).set(self._queue.qsize())
+        try:
+            return list(await asyncio.gather(*(p.future for p in pendings)))
+        finally:
+            m.inflight.labels(m.stage).dec(len(pendings))
+
+    def run_direct(self, items: list[In]) -> Sequence[Out]:
+        """Call the model synchronously (warm-up at start-up, before the loop serves traffic)."""
+        return self._run_batch(items)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        m, stage = self._metrics, self._metrics.stage
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            deadline = first.enqueued + self.max_delay_s
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                    continue
+                except asyncio.QueueEmpty:
+                    pass
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                except TimeoutError:
+                    break
+            batch = [p for p in batch if not p.future.done()]  # callers that went away
+            if not batch:
+                continue
+            now = time.perf_counter()
+            for p in batch:
+                m.queue_seconds.labels(stage).observe(now - p.enqueued)
+            m.queue_depth.labels(stage).set(self._queue.qsize())
+            m.batch_size.labels(stage).observe(len(batch))
+            try:
+                outputs = await loop.run_in_executor(self._executor, self._run_batch, [p.item for p in batch])
+                if len(outputs) != len(batch):
+                    raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(batch)} items")
+            except Exception as exc:  # noqa: BLE001 - the callers of this batch get the error, the loop lives on
+                _LOGGER.warning("batch of %d failed: %s", len(batch), exc)
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                continue
+            m.compute_seconds.labels(stage).observe(time.perf_counter() - now)
+            m.items.labels(stage).inc(len(batch))
+            for p, out in zip(batch, outputs):
+                if not p.future.done():
+                    p.future.set_result(out)
+
+

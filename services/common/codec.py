@@ -1,0 +1,59 @@
+"""Conversions between wire messages and arrays: frames, face crops and mel windows.
+
+Raw BGR24 is the default on the wire between stages (no encode/decode cost); JPEG/PNG are accepted
+where a client sends files. Every decoder validates sizes, so a malformed message is an
+INVALID_ARGUMENT with a precise message instead of a reshape error deep in a model.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from lipline.v1 import common_pb2
+from services.common.errors import InvalidMedia
+
+MEL_BANDS = 80
+MEL_STEP = 16
+_MEL_BYTES = MEL_BANDS * MEL_STEP * 2
+
+
+def image_to_proto(image: np.ndarray) -> common_pb2.Image:
+    """(H, W, 3) uint8 BGR -> Image(BGR24)."""
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"expected (H, W, 3) uint8, got {image.shape} {image.dtype}")
+    h, w = image.shape[:2]
+    return common_pb2.Image(
+        width=w, height=h, format=common_pb2.PIXEL_FORMAT_BGR24, data=np.ascontiguousarray(image).tobytes()
+    )
+
+
+def image_from_proto(msg: common_pb2.Image, what: str = "image") -> np.ndarray:
+    """Image -> (H, W, 3) uint8 BGR; raises InvalidMedia naming `what` when the message is unusable."""
+    if msg.format == common_pb2.PIXEL_FORMAT_BGR24:
+        expected = msg.width * msg.height * 3
+        if msg.width == 0 or msg.height == 0 or len(msg.data) != expected:
+            raise InvalidMedia(
+                f"{what}: BGR24 {msg.width}x{msg.height} needs {expected} bytes, got {len(msg.data)}"
+            )
+        return np.frombuffer(msg.data, dtype=np.uint8).reshape(msg.height, msg.width, 3)
+    if msg.format in (common_pb2.PIXEL_FORMAT_JPEG, common_pb2.PIXEL_FORMAT_PNG):
+        decoded = cv2.imdecode(np.frombuffer(msg.data, dtype=np.uint8), cv2.IMREAD_COLOR) if msg.data else None
+        if decoded is None:
+            raise InvalidMedia(f"{what}: could not decode {common_pb2.PixelFormat.Name(msg.format)} data")
+        return decoded
+    raise InvalidMedia(f"{what}: pixel format {msg.format} is not supported (use BGR24, JPEG or PNG)")
+
+
+def mel_to_bytes(window: np.ndarray) -> bytes:
+    """(80, 16) float -> 2,560 bytes of little-endian float16 (values are in [-4, 4]; fp16 is exact to 2e-3)."""
+    if window.shape != (MEL_BANDS, MEL_STEP):
+        raise ValueError(f"mel window must be (80, 16), got {window.shape}")
+    return window.astype("<f2").tobytes()
+
+
+def mel_from_bytes(data: bytes, what: str = "mel window") -> np.ndarray:
+    """Inverse of mel_to_bytes: (80, 16) float32."""
+    if len(data) != _MEL_BYTES:
+        raise InvalidMedia(f"{what}: expected {_MEL_BYTES} bytes (80x16 float16), got {len(data)}")
+    return np.frombuffer(data, dtype="<f2").astype(np.float32).reshape(MEL_BANDS, MEL_STEP)

@@ -1,0 +1,36 @@
+"""Choosing the torch device from settings, and the cuDNN self-check that runs on GPUs."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from services.common.config import Device
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def resolve_device(choice: Device) -> torch.device:
+    """auto -> cuda when available, else cpu; cuda without a GPU is a start-up error, not a slow surprise."""
+    if choice is Device.CUDA and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda was requested but torch sees no CUDA GPU")
+    if choice is Device.CPU or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def cudnn_self_check(device: torch.device) -> tuple[bool, str]:
+    """Run one small convolution through cuDNN; returns (ok, detail). Always (True, 'cpu') off-GPU."""
+    if device.type != "cuda":
+        return True, "cpu"
+    if not torch.backends.cudnn.is_available() or not torch.backends.cudnn.enabled:
+        return False, "cuDNN is not available or disabled in this torch build"
+    try:
+        x = torch.randn(1, 3, 16, 16, device=device)
+        w = torch.randn(4, 3, 3, 3, device=device)
+        torch.nn.functional.conv2d(x, w)
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001
+        return False, f"cuDNN convolution failed: {exc}"
+    return True, f"cuDNN {torch.backends.cudnn.version()}"

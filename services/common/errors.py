@@ -1,0 +1,65 @@
+"""Domain errors and the one table that maps them to gRPC status codes.
+
+Handlers and model code raise these plain exceptions; the server's error interceptor turns them into
+a gRPC status with the message as the details. Anything else becomes INTERNAL with a generic message
+(the traceback goes to the log, never to the client).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class LiplineError(Exception):
+    """Base class: an error whose message is safe and useful to show to the caller."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class InvalidMedia(LiplineError):
+    """Input bytes that cannot be decoded or are unusable (empty audio, corrupt image, no face)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class InvalidRequest(LiplineError):
+    """A request whose fields are inconsistent or out of range."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(LiplineError):
+    """An id (avatar, job) that does not exist."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class TooLarge(LiplineError):
+    """Input over a configured limit (bytes, frames, seconds) or a full queue."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class NotReady(LiplineError):
+    """The service or a stage it depends on is not available right now; retrying later may work."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class FailedPrecondition(LiplineError):
+    """The object is in a state that does not allow the operation (e.g. output of an unfinished job)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class CheckpointError(LiplineError):
+    """A weights file that does not match the architecture; the message lists missing/unexpected keys."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+def status_code_for(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status for an exception (INTERNAL for anything that is not a LiplineError)."""
+    if isinstance(exc, LiplineError):
+        return exc.code
+    return grpc.StatusCode.INTERNAL

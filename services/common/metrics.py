@@ -1,0 +1,124 @@
+"""Every Prometheus metric lipline exports, declared in one place (names of DESIGN.md section 5).
+
+One family per concept with a `stage` label, so one Grafana dashboard and one prometheus-adapter rule
+serve every stage. Labels are bounded (stage, method, code, status); never an id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_LOGGER = logging.getLogger(__name__)
+
+# Latency buckets from 1 ms to 2 min: stage calls are short, whole streams and jobs are long.
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    """The metric families of one process, on their own registry (tests can run several)."""
+
+    def __init__(self, stage: str, registry: CollectorRegistry | None = None) -> None:
+        self.stage = stage
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "lipline_stage_requests", "RPCs finished, by method and status code", ["stage", "method", "code"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "lipline_stage_request_seconds", "RPC duration", ["stage", "method"], buckets=_SECONDS, registry=r
+        )
+        self.items = Counter("lipline_stage_items", "items processed (frames, windows, crops)", ["stage"], registry=r)
+        self.queue_seconds = Histogram(
+            "lipline_stage_queue_seconds", "time an item waits for a batch", ["stage"], buckets=_SECONDS, registry=r
+        )
+        self.compute_seconds = Histogram(
+            "lipline_stage_compute_seconds", "model time per batch", ["stage"], buckets=_SECONDS, registry=r
+        )
+        self.batch_size = Histogram("lipline_stage_batch_size", "items per batch", ["stage"], buckets=_BATCH, registry=r)
+        self.inflight = Gauge("lipline_stage_inflight_items", "items accepted and not yet answered", ["stage"], registry=r)
+        self.queue_depth = Gauge("lipline_stage_queue_depth", "items waiting for a batch", ["stage"], registry=r)
+        self.backend_info = Gauge(
+            "lipline_backend_info",
+            "constant 1, labelled with what runs the model",
+            ["stage", "model", "backend", "precision", "torch", "cuda", "cudnn", "tensorrt"],
+            registry=r,
+        )
+        self.cudnn_ok = Gauge("lipline_cudnn_ok", "1 if the cuDNN self-check passed (GPU only)", ["stage"], registry=r)
+        # Gateway job metrics live on the same registry so the gateway has one /metrics too.
+        self.jobs = Counter("lipline_jobs", "jobs finished, by final status", ["status"], registry=r)
+        self.job_seconds = Histogram("lipline_job_seconds", "SubmitJob to finished MP4", buckets=_SECONDS, registry=r)
+        self.job_realtime_factor = Histogram(
+            "lipline_job_realtime_factor",
+            "audio seconds per wall second of a finished job",
+            buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 50, 100),
+            registry=r,
+        )
+        self.render_first_frame_seconds = Histogram(
+            "lipline_render_first_frame_seconds", "start of a job to its first encoded frame", buckets=_SECONDS, registry=r
+        )
+        r.register(GpuCollector())
+
+    def set_backend(self, model: str, backend: str, precision: str) -> None:
+        import torch
+
+        cuda = torch.version.cuda or ""
+        cudnn = str(torch.backends.cudnn.version() or "") if torch.backends.cudnn.is_available() else ""
+        try:
+            import tensorrt  # type: ignore[import-not-found]
+
+            trt = tensorrt.__version__
+        except Exception:  # noqa: BLE001 - not installed is the normal case off-GPU
+            trt = ""
+        self.backend_info.clear()
+        self.backend_info.labels(self.stage, model, backend, precision, torch.__version__, cuda, cudnn, trt).set(1)
+
+
+class GpuCollector(Collector):
+    """Per-GPU utilisation, memory and power from NVML, read at scrape time; nothing without a GPU."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nvml = None
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception:  # noqa: BLE001 - no NVML library or no GPU: export nothing
+            self._nvml = None
+
+    def collect(self):  # type: ignore[override]
+        families = {
+            "util": GaugeMetricFamily("lipline_gpu_utilization_ratio", "GPU busy fraction (NVML)", labels=["gpu"]),
+            "used": GaugeMetricFamily("lipline_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"]),
+            "total": GaugeMetricFamily("lipline_gpu_memory_total_bytes", "GPU memory size", labels=["gpu"]),
+            "power": GaugeMetricFamily("lipline_gpu_power_watts", "GPU power draw", labels=["gpu"]),
+        }
+        nv = self._nvml
+        if nv is not None:
+            with self._lock:
+                try:
+                    for i in range(nv.nvmlDeviceGetCount()):
+                        h = nv.nvmlDeviceGetHandleByIndex(i)
+                        mem = nv.nvmlDeviceGetMemoryInfo(h)
+                        families["util"].add_metric([str(i)], nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
+                        families["used"].add_metric([str(i)], float(mem.used))
+                        families["total"].add_metric([str(i)], float(mem.total))
+                        families["power"].add_metric([str(i)], nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
+                except Exception:  # noqa: BLE001 - a failed read must never break /metrics
+                    _LOGGER.debug("NVML read failed", exc_info=True)
+        yield from families.values()
+
+
+def start_metrics_server(metrics: Metrics, port: int, host: str = "0.0.0.0") -> int:
+    """Serve /metrics on `port` (0 = any free port); returns the bound port, or -1 when disabled."""
+    if port < 0:
+        return -1
+    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
+    return int(server.server_address[1])

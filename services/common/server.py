@@ -1,0 +1,154 @@
+"""The one server bootstrap of every lipline service.
+
+`run(Service, Settings)` is each service's `__main__`: parse settings, configure logs and tracing,
+start /metrics, start a grpc.aio server with health (NOT_SERVING until the models are loaded and
+warmed up), reflection and the error interceptor, then wait for SIGTERM and drain in-flight streams
+within `grace_s` before exiting. A service only supplies what differs: its servicers and `load()`.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common import tracing
+from services.common.config import ServiceSettings, parse_settings
+from services.common.interceptor import ServerInterceptor
+from services.common.logs import configure_logging
+from services.common.metrics import Metrics, start_metrics_server
+
+_LOGGER = logging.getLogger(__name__)
+SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """gRPC options shared by servers and clients: explicit message limits on both ends."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class Service(abc.ABC, Generic[SettingsT]):
+    """What a lipline service provides to the bootstrap."""
+
+    #: stage label in metrics and logs ("audio", "lipsync", "superres", "gateway")
+    stage: str = ""
+
+    def __init__(self, settings: SettingsT, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+
+    @property
+    @abc.abstractmethod
+    def service_names(self) -> Sequence[str]:
+        """Full gRPC service names (for health and reflection)."""
+
+    @abc.abstractmethod
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the servicers to the server (cheap; runs before the port opens)."""
+
+    @abc.abstractmethod
+    async def load(self) -> None:
+        """Load models and warm them up. The service reports SERVING only after this returns."""
+
+    async def close(self) -> None:
+        """Release resources after the server has stopped."""
+
+
+class ServiceRunner:
+    """Starts, serves and stops one Service; usable from `main()` and from tests in-process."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.settings = service.settings
+        self.ready = asyncio.Event()
+        self.health = health.aio.HealthServicer()
+        s = self.settings
+        options = channel_options(s.max_message_bytes) + [
+            ("grpc.max_connection_age_ms", int(s.max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(max(s.grace_s, 1.0) * 1000)),
+            ("grpc.so_reuseport", 0),
+        ]
+        self.server = grpc.aio.server(
+            interceptors=[ServerInterceptor(service.metrics, self.ready)],
+            options=options,
+            maximum_concurrent_rpcs=s.max_concurrent_streams,
+        )
+        self.port = 0
+        self.metrics_port = -1
+
+    async def start(self) -> None:
+        s, svc = self.settings, self.service
+        svc.register(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = list(svc.service_names)
+        reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        for name in ["", *names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        if self.port == 0:
+            raise RuntimeError(f"could not bind {s.host}:{s.port}")
+        self.metrics_port = start_metrics_server(svc.metrics, s.metrics_port, s.host)
+        await self.server.start()
+        _LOGGER.info(
+            "listening; loading models", extra={"port": self.port, "metrics_port": self.metrics_port}
+        )
+        await svc.load()
+        self.ready.set()
+        for name in ["", *names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if s.port_file:
+            tmp = Path(s.port_file + ".tmp")
+            tmp.write_text(f"{self.port} {self.metrics_port}\n")
+            tmp.replace(s.port_file)
+        _LOGGER.info("SERVING", extra={"port": self.port, "metrics_port": self.metrics_port})
+
+    async def stop(self) -> None:
+        """Go NOT_SERVING (load balancers stop sending), then drain in-flight RPCs within grace_s."""
+        await self.health.enter_graceful_shutdown()
+        _LOGGER.info("draining in-flight RPCs", extra={"grace_s": self.settings.grace_s})
+        await self.server.stop(self.settings.grace_s)
+        await self.service.close()
+        _LOGGER.info("stopped")
+
+
+async def serve(service: Service) -> None:
+    runner = ServiceRunner(service)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    start = asyncio.create_task(runner.start())
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if start in done:
+        start.result()  # re-raise a start-up failure (bad checkpoint, port in use)
+        await stopped
+    else:
+        start.cancel()
+    _LOGGER.info("signal received, shutting down")
+    await runner.stop()
+
+
+def run(service_cls: type[Service], settings_cls: type[SettingsT], argv: Sequence[str] | None = None) -> None:
+    """Entry point of `python -m services.<stage>`."""
+    settings = parse_settings(settings_cls, argv)
+    configure_logging(service_cls.stage, settings.log_level, settings.log_format)
+    tracing.configure_tracing(f"lipline-{service_cls.stage}")
+    metrics = Metrics(service_cls.stage)
+    try:
+        asyncio.run(serve(service_cls(settings, metrics)))
+    except Exception as exc:  # noqa: BLE001 - a start-up failure is one clear log line and exit 1
+        _LOGGER.critical("failed to start: %s", exc, exc_info=True)
+        sys.exit(1)

@@ -1,0 +1,73 @@
+"""Pipelined request/response streams: each request is processed concurrently, answers keep order.
+
+A servicer reads its request stream in a background task and starts work on each message at once,
+so several messages of one stream can sit in the same GPU batch; responses are yielded in request
+order. At most `max_pending` items are in flight per stream: beyond that the reader stops reading,
+and gRPC flow control pushes back on the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+_DONE = object()
+
+
+def _item_count(request: Any) -> int:
+    items = getattr(request, "items", None)
+    return max(1, len(items)) if items is not None else 1
+
+
+async def ordered_stream(
+    requests: AsyncIterator[Req],
+    handle: Callable[[Req], Awaitable[Resp | None]],
+    max_pending: int = 512,
+) -> AsyncIterator[Resp]:
+    """Yield `await handle(r)` for each request r, in order, with several handled concurrently.
+
+    `handle` may return None for a message that needs no answer (e.g. one that only sets up state);
+    it is called in request order, so state set by message k is visible to message k+1.
+    """
+    budget = asyncio.Semaphore(max_pending)
+    order: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def reader() -> None:
+        try:
+            async for request in requests:
+                n = min(_item_count(request), max_pending)
+                for _ in range(n):
+                    await budget.acquire()
+                task = asyncio.ensure_future(handle(request))
+                await order.put((task, n))
+        except BaseException as exc:  # noqa: BLE001 - hand the failure to the writer side
+            await order.put(exc)
+            return
+        await order.put(_DONE)
+
+    reading = asyncio.create_task(reader())
+    try:
+        while True:
+            entry = await order.get()
+            if entry is _DONE:
+                break
+            if isinstance(entry, BaseException):
+                raise entry
+            task, n = entry
+            try:
+                response = await task
+            finally:
+                for _ in range(n):
+                    budget.release()
+            if response is not None:
+                yield response
+    finally:
+        reading.cancel()
+        # Cancel work that is still queued for a stream that failed or went away.
+        while not order.empty():
+            entry = order.get_nowait()
+            if isinstance(entry, tuple):
+                entry[0].cancel()

@@ -1,0 +1,7 @@
+"""`python -m services.gateway`: run the public API."""
+
+from services.common.server import run
+from services.gateway.service import GatewayService, GatewaySettings
+
+if __name__ == "__main__":
+    run(GatewayService, GatewaySettings)

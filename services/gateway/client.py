@@ -1,0 +1,63 @@
+"""A small synchronous client of the public API, for product backends, the demo and tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+
+from lipline.v1 import gateway_pb2, gateway_pb2_grpc
+from services.common.server import channel_options
+
+UPLOAD_CHUNK = 1 << 20
+
+
+class LiplineClient:
+    def __init__(self, address: str, max_message_bytes: int = 64 * 1024 * 1024, timeout: float = 600.0) -> None:
+        self.channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+        self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> LiplineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_avatar(self, data: bytes, name: str = "", photo_fps: float = 0.0) -> gateway_pb2.Avatar:
+        def requests() -> Iterator[gateway_pb2.CreateAvatarRequest]:
+            yield gateway_pb2.CreateAvatarRequest(name=name, photo_fps=photo_fps, data=data[:UPLOAD_CHUNK])
+            for start in range(UPLOAD_CHUNK, len(data), UPLOAD_CHUNK):
+                yield gateway_pb2.CreateAvatarRequest(data=data[start : start + UPLOAD_CHUNK])
+
+        return self.stub.CreateAvatar(requests(), timeout=self.timeout)
+
+    def submit(self, avatar_id: str, audio: bytes, super_resolution: bool = False, crf: int = 0) -> gateway_pb2.Job:
+        options = gateway_pb2.JobOptions(super_resolution=super_resolution, crf=crf)
+        return self.stub.SubmitJob(
+            gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=self.timeout
+        )
+
+    def wait(self, job_id: str, on_event: Callable[[gateway_pb2.Job], None] | None = None) -> gateway_pb2.Job:
+        """Follow WatchJob until the job is finished; returns its final state."""
+        job = None
+        for event in self.stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=job_id), timeout=self.timeout):
+            job = event.job
+            if on_event is not None:
+                on_event(job)
+        assert job is not None
+        return job
+
+    def download(self, job_id: str, path: Path) -> int:
+        tmp = path.with_name(path.name + ".part")
+        size = 0
+        with tmp.open("wb") as f:
+            for chunk in self.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id), timeout=self.timeout):
+                f.write(chunk.data)
+                size += len(chunk.data)
+        tmp.replace(path)
+        return size

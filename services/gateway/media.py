@@ -1,0 +1,394 @@
+"""Media I/O for the gateway: decode avatars, paste generated faces back, encode and probe MP4s.
+
+The gateway keeps the avatar's frames in memory as BGR uint8 arrays (the layout OpenCV and the face
+stages use), pastes the generated face crops into them with a feathered mask, and writes an MP4 with
+H.264 video and AAC audio that plays everywhere (yuv420p, ``+faststart``).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import uuid
+from fractions import Fraction
+from pathlib import Path
+from types import TracebackType
+
+import av
+import cv2
+import numpy as np
+
+from services.common.errors import InvalidMedia, TooLarge
+
+_DEFAULT_VIDEO_FPS = 25.0
+_SUPPORTED_HINT = "send JPEG, PNG or an MP4/WebM/MOV video"
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------------
+
+
+def decode_avatar(
+    data: bytes,
+    *,
+    photo_fps: float = 25.0,
+    max_frames: int = 1500,
+    max_pixels: int = 1920 * 1080,
+) -> tuple[np.ndarray, float]:
+    """Decodes an avatar photo or template video into BGR frames.
+
+    Args:
+        data: The encoded bytes: a still image (JPEG, PNG, WebP, BMP) or a video (MP4, WebM, MOV...).
+        photo_fps: The frame rate reported for a still image (which becomes a single frame).
+        max_frames: The most frames a video may have.
+        max_pixels: The most pixels (width * height) a frame may have.
+
+    Returns:
+        ``(frames, fps)``: frames is a (N, H, W, 3) uint8 BGR array with even H and W (the last row
+        and/or column is cropped if needed, as H.264 yuv420p needs even sizes); fps is a float.
+
+    Raises:
+        InvalidMedia: The bytes are empty, cannot be decoded, or hold no video frames.
+        TooLarge: The avatar has more than ``max_frames`` frames or more than ``max_pixels`` pixels.
+    """
+    if not data:
+        raise InvalidMedia("avatar is empty")
+
+    # Still images first: cv2.imdecode sniffs the format from the bytes, is cheap, applies the EXIF
+    # orientation, and simply returns None for anything that is not an image (e.g. an MP4).
+    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    if image is not None:
+        _check_pixels(image.shape[1], image.shape[0], max_pixels)
+        return _even(image[None]), float(photo_fps)
+
+    try:
+        frames, fps = _decode_video(data, max_frames=max_frames, max_pixels=max_pixels)
+    except (av.FFmpegError, ValueError) as exc:
+        raise InvalidMedia(
+            f"could not decode the avatar as an image or a video: {exc}; {_SUPPORTED_HINT}"
+        ) from exc
+    if not frames:
+        raise InvalidMedia(f"the avatar video has no frames; {_SUPPORTED_HINT}")
+    return _even(np.stack(frames)), fps
+
+
+def _decode_video(data: bytes, *, max_frames: int, max_pixels: int) -> tuple[list[np.ndarray], float]:
+    """Decodes every frame of the first video stream; raises TooLarge as soon as a limit is crossed."""
+    with av.open(io.BytesIO(data), mode="r") as container:
+        if not container.streams.video:
+            raise ValueError("no video stream")
+        stream = container.streams.video[0]
+        _check_pixels(stream.codec_context.width, stream.codec_context.height, max_pixels)
+        fps = float(stream.average_rate) if stream.average_rate else _DEFAULT_VIDEO_FPS
+        frames: list[np.ndarray] = []
+        for frame in container.decode(stream):
+            # Checked per frame (not from stream.frames, which containers often leave at 0) and
+            # before appending, so a huge upload is rejected without decoding all of it.
+            if len(frames) >= max_frames:
+                raise TooLarge(
+                    f"the avatar video has more than {max_frames} frames "
+                    f"({max_frames / fps:.1f} s at {fps:g} fps); send a shorter video"
+                )
+            image = frame.to_ndarray(format="bgr24")
+            # Phone videos are often stored sideways with a display-rotation tag that players honour;
+            # apply it so the face is upright for the face detector. rotation is counterclockwise.
+            if frame.rotation:
+                image = np.ascontiguousarray(np.rot90(image, k=round(frame.rotation / 90)))
+            frames.append(image)
+    return frames, fps
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise TooLarge(
+            f"the avatar is {width}x{height} = {width * height} pixels, more than the limit of "
+            f"{max_pixels}; resize to at most {max_pixels} pixels (e.g. 1920x1080)"
+        )
+
+
+def _even(frames: np.ndarray) -> np.ndarray:
+    """Crops the last row/column of (N, H, W, 3) frames where H/W is odd (yuv420p needs even sizes)."""
+    _, height, width, _ = frames.shape
+    return np.ascontiguousarray(frames[:, : height - height % 2, : width - width % 2])
+
+
+# --------------------------------------------------------------------------------------------------
+# Pasting faces
+# --------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def feather_mask(height: int, width: int, feather: float = 0.15) -> np.ndarray:
+    """A blending mask that is 1 in the centre and ramps smoothly to 0 at the borders.
+
+    The ramp covers ``feather`` of the height (top and bottom) and of the width (left and right) and
+    follows a smoothstep, so a pasted face has no visible seam: its edge pixels take the frame's
+    value and the blend has no kink where the ramp starts.
+
+    Args:
+        height: Mask height in pixels.
+        width: Mask width in pixels.
+        feather: Ramp length as a fraction of each dimension, in [0, 0.5]; 0 gives a hard paste.
+
+    Returns:
+        A read-only (height, width, 1) float32 array in [0, 1] (cached per arguments, so shared).
+    """
+    if not 0.0 <= feather <= 0.5:
+        raise ValueError(f"feather must be in [0, 0.5], got {feather}")
+    mask = np.outer(_ramp(height, feather), _ramp(width, feather)).astype(np.float32)[:, :, None]
+    mask.setflags(write=False)  # cached and shared between callers: nobody may modify it
+    return mask
+
+
+def _ramp(size: int, feather: float) -> np.ndarray:
+    """1-D profile: 0 at both ends, smoothstep up to 1 over ``feather * size`` pixels."""
+    ramp_len = feather * size
+    if ramp_len < 1.0:
+        return np.ones(size, dtype=np.float64)
+    index = np.arange(size, dtype=np.float64)
+    distance = np.minimum(index, size - 1 - index)  # pixels from the nearest edge
+    t = np.clip(distance / ramp_len, 0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
+
+
+def paste_face(frame: np.ndarray, face: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
+    """Alpha-blends a face crop into a copy of a frame using the feather mask.
+
+    Args:
+        frame: (H, W, 3) uint8 BGR frame; not modified.
+        face: (y2 - y1, x2 - x1, 3) uint8 BGR face, already resized to the box.
+        box: ``(x1, y1, x2, y2)`` pixel box inside the frame (x2/y2 exclusive).
+
+    Returns:
+        A new frame with the face blended into ``frame[y1:y2, x1:x2]``.
+
+    Raises:
+        ValueError: The box is empty or outside the frame, or the face's shape does not match it.
+    """
+    x1, y1, x2, y2 = (int(v) for v in box)
+    height, width = frame.shape[:2]
+    if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
+        raise ValueError(f"box {box} is empty or outside the {width}x{height} frame")
+    if face.shape != (y2 - y1, x2 - x1, 3):
+        raise ValueError(f"face has shape {face.shape}, the box {box} needs {(y2 - y1, x2 - x1, 3)}")
+    mask = feather_mask(y2 - y1, x2 - x1)
+    region = frame[y1:y2, x1:x2].astype(np.float32)
+    blended = region + mask * (face.astype(np.float32) - region)
+    out = frame.copy()
+    # Values lie in [0, 255], so +0.5 then truncation is rounding; where mask == 1 this is exactly face.
+    out[y1:y2, x1:x2] = (blended + 0.5).astype(np.uint8)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------------------------------
+
+
+def exact_rate(fps: float) -> Fraction:
+    """The exact frame rate for ``fps``: 25 -> 25/1, 29.97 or 29.97002997 -> 30000/1001.
+
+    A float fps cannot be a time base; the NTSC family (N * 1000/1001) is snapped explicitly because
+    a typed 29.97 would otherwise become 2997/100, which drifts against 30000/1001 material.
+    """
+    if fps <= 0:
+        raise ValueError(f"fps must be positive, got {fps}")
+    ntsc = round(fps * 1.001)
+    if abs(fps - round(fps)) > 1e-6 and abs(fps * 1.001 - ntsc) < 1e-3:
+        return Fraction(ntsc * 1000, 1001)
+    return Fraction(fps).limit_denominator(1001)
+
+
+class Mp4Writer:
+    """Writes an MP4 with H.264 video and optional mono AAC audio, atomically.
+
+    Frames go to a temporary file next to ``path`` that is renamed to ``path`` by :meth:`close`, so a
+    half-written file never appears under its final name; leaving a ``with`` block by an exception
+    deletes the temporary file instead.
+
+    Example:
+        >>> with Mp4Writer(path, 640, 480, 25.0, audio, 16000) as writer:  # doctest: +SKIP
+        ...     for frame in frames:
+        ...         writer.write(frame)
+    """
+
+    _AAC_FRAME = 1024  # samples per AAC frame
+
+    def __init__(
+        self,
+        path: Path,
+        width: int,
+        height: int,
+        fps: float,
+        audio: np.ndarray | None,
+        audio_rate: int,
+        crf: int = 20,
+        preset: str = "veryfast",
+    ) -> None:
+        """Opens the temporary file and sets up the streams.
+
+        Args:
+            path: The final output path.
+            width: Frame width (even).
+            height: Frame height (even).
+            fps: Frame rate; converted to an exact fraction (25 -> 25/1, 29.97 -> 30000/1001).
+            audio: Mono float32 PCM in [-1, 1] (1-D), or None for a silent video.
+            audio_rate: Audio sample rate in Hz.
+            crf: x264 constant rate factor (lower is better quality, bigger files).
+            preset: x264 speed preset.
+        """
+        if width % 2 or height % 2:
+            raise ValueError(f"H.264 yuv420p needs an even size, got {width}x{height}")
+        self.path = Path(path)
+        self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
+        self._rate = exact_rate(fps)
+        self._audio = None if audio is None else np.ascontiguousarray(audio, dtype=np.float32)
+        if self._audio is not None and self._audio.ndim != 1:
+            raise ValueError(f"audio must be mono (1-D), got shape {self._audio.shape}")
+        self._audio_rate = int(audio_rate)
+        self._audio_pos = 0  # samples of audio already encoded
+        self._frames = 0
+        self._closed = False
+
+        # format= is needed because the temporary name does not end in .mp4.
+        self._container = av.open(
+            str(self._tmp), mode="w", format="mp4", container_options={"movflags": "+faststart"}
+        )
+        try:
+            self._video = self._container.add_stream("libx264", rate=self._rate)
+            self._video.width = width
+            self._video.height = height
+            self._video.pix_fmt = "yuv420p"
+            self._video.codec_context.time_base = 1 / self._rate
+            self._video.options = {"crf": str(crf), "preset": preset}
+            self._audio_stream = None
+            if self._audio is not None:
+                self._audio_stream = self._container.add_stream("aac", rate=self._audio_rate)
+                self._audio_stream.layout = "mono"
+                # The native aac encoder accepts only planar float ("fltp"); ask it rather than assume.
+                self._audio_format = self._audio_stream.codec_context.codec.audio_formats[0].name
+        except BaseException:
+            self.abort()
+            raise
+
+    def write(self, frame_bgr: np.ndarray) -> None:
+        """Encodes one (height, width, 3) uint8 BGR frame."""
+        expected = (self._video.height, self._video.width, 3)
+        if frame_bgr.shape != expected:
+            # PyAV would silently rescale a mismatched frame; a wrong size is a caller bug.
+            raise ValueError(f"frame has shape {frame_bgr.shape}, the video needs {expected}")
+        frame = av.VideoFrame.from_ndarray(frame_bgr, format="bgr24")
+        frame.pts = self._frames  # time_base is 1/fps, so the duration is exactly frames / fps
+        frame.time_base = self._video.codec_context.time_base
+        self._container.mux(self._video.encode(frame))
+        self._frames += 1
+        # Encode the audio alongside the video so the file is interleaved (small read-ahead for
+        # players streaming it) instead of all video followed by all audio.
+        self._encode_audio(until=round(self._frames / self._rate * self._audio_rate))
+
+    def close(self) -> None:
+        """Encodes the rest of the audio, flushes both encoders and moves the file to ``path``."""
+        if self._closed:
+            return
+        try:
+            self._encode_audio(until=None)  # all of it, even past the last video frame
+            self._container.mux(self._video.encode(None))
+            if self._audio_stream is not None:
+                self._container.mux(self._audio_stream.encode(None))
+            self._container.close()
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        os.replace(self._tmp, self.path)
+
+    def _encode_audio(self, until: int | None) -> None:
+        """Encodes audio in 1024-sample frames up to sample ``until`` (None: to the end, last frame short)."""
+        if self._audio is None or self._audio_stream is None:
+            return
+        end = len(self._audio)
+        while self._audio_pos < end:
+            stop = min(self._audio_pos + self._AAC_FRAME, end)
+            # Mid-stream, only full frames: the encoder accepts a short frame only as the last one.
+            if until is not None and (stop - self._audio_pos < self._AAC_FRAME or stop > until):
+                return
+            chunk = self._audio[self._audio_pos : stop]
+            frame = av.AudioFrame.from_ndarray(chunk[None, :], format=self._audio_format, layout="mono")
+            frame.sample_rate = self._audio_rate
+            frame.pts = self._audio_pos
+            frame.time_base = Fraction(1, self._audio_rate)
+            self._container.mux(self._audio_stream.encode(frame))
+            self._audio_pos = stop
+
+    def abort(self) -> None:
+        """Closes the container without finishing it and deletes the temporary file."""
+        self._closed = True
+        try:
+            self._container.close()
+        except Exception:  # noqa: BLE001 - already failing; the original error matters
+            pass
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> Mp4Writer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+# --------------------------------------------------------------------------------------------------
+# Probing
+# --------------------------------------------------------------------------------------------------
+
+
+def probe_media(path: Path) -> dict:
+    """Describes an MP4 by decoding it fully (used by tests and the demo to check outputs).
+
+    Args:
+        path: The file to probe.
+
+    Returns:
+        A dict with ``video_codec``, ``audio_codec`` (None without audio), ``width``, ``height``,
+        ``fps`` (float), ``frames`` (decoded count), ``video_duration`` (frames / fps),
+        ``audio_duration`` (decoded samples / rate, capped at the stream's declared duration to drop
+        the last AAC frame's padding; 0.0 without audio) and ``audio_rate``
+        (None without audio).
+    """
+    with av.open(str(path), mode="r") as container:
+        video = container.streams.video[0]
+        audio = container.streams.audio[0] if container.streams.audio else None
+        frames = samples = 0
+        # One demux pass over both streams. The AAC decoder drops the leading priming samples
+        # (encoder delay) but not the padding that fills the last 1024-sample frame, which the
+        # muxer's edit list marks as beyond the stream's duration; hence the cap below.
+        for frame in container.decode(*(s for s in (video, audio) if s is not None)):
+            if isinstance(frame, av.VideoFrame):
+                frames += 1
+            else:
+                samples += frame.samples
+        fps = float(video.average_rate) if video.average_rate else _DEFAULT_VIDEO_FPS
+        audio_rate = audio.codec_context.sample_rate if audio is not None else None
+        audio_duration = samples / audio_rate if audio_rate else 0.0
+        if audio is not None and audio.duration:
+            audio_duration = min(audio_duration, float(audio.duration * audio.time_base))
+        return {
+            "video_codec": video.codec_context.name,
+            "audio_codec": audio.codec_context.name if audio is not None else None,
+            "width": video.codec_context.width,
+            "height": video.codec_context.height,
+            "fps": fps,
+            "frames": frames,
+            "video_duration": frames / fps,
+            "audio_duration": audio_duration,
+            "audio_rate": audio_rate,
+        }

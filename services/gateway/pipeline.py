@@ -1,0 +1,188 @@
+"""One job's render pipeline: audio -> mel windows -> lipsync (-> superres) -> paste -> H.264/AAC MP4.
+
+The stages are chained as gRPC streams: mel windows go to the lipsync stream as the audio stage
+produces them, generated faces go to the superres stream as they arrive, and the compositor pastes
+and encodes each frame as soon as its face is back. Nothing waits for the whole clip, memory stays
+flat, and bounded queues (gRPC flow control, the writer's pending list) push back on faster stages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from lipline.v1 import common_pb2, lipsync_pb2, superres_pb2
+from services.common.codec import image_from_proto, image_to_proto
+from services.common.tracing import outgoing_metadata
+from services.gateway.avatars import Avatar
+from services.gateway.media import Mp4Writer, paste_face
+from services.gateway.stages import StageClients, stage_errors
+
+_LOGGER = logging.getLogger(__name__)
+CROPS_PER_MESSAGE = 32
+ITEMS_PER_MESSAGE = 32
+MAX_PENDING_WRITES = 32
+
+
+@dataclasses.dataclass
+class RenderResult:
+    frames: int
+    models: list[common_pb2.ModelInfo]
+    first_frame_seconds: float
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Shared between the stream tasks of one render."""
+
+    total_frames: int = 0
+    audio_seconds: float = 0.0
+    total_known: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    models: list[common_pb2.ModelInfo] = dataclasses.field(default_factory=list)
+
+
+async def render(
+    clients: StageClients,
+    avatar: Avatar,
+    audio_bytes: bytes,
+    audio_pcm: np.ndarray,
+    audio_rate: int,
+    output: Path,
+    super_resolution: bool,
+    crf: int,
+    on_progress: Callable[[str, int, int], None],
+    request_id: str = "",
+) -> RenderResult:
+    """Render one job into `output`; raises grpc.aio.AioRpcError (from a stage) or a LiplineError."""
+    started = time.perf_counter()
+    progress = _Progress()
+    metadata = outgoing_metadata(request_id)
+
+    async def windows() -> AsyncIterator[common_pb2.MelWindow]:
+        """Mel windows of the frames that have a face (others pass through without generation)."""
+        async with stage_errors("audio"):
+            async for response in clients.extract(audio_bytes, avatar.fps, request_id):
+                if response.total_frames:
+                    progress.total_frames = response.total_frames
+                    progress.audio_seconds = response.duration_seconds
+                    progress.total_known.set()
+                    on_progress("render", 0, progress.total_frames)
+                for window in response.windows:
+                    if avatar.boxes[avatar.frame_for(window.frame_index)] is not None:
+                        yield window
+
+    async def lipsync_requests() -> AsyncIterator[lipsync_pb2.GenerateRequest]:
+        crop_ids = sorted(avatar.crops)
+        for start in range(0, len(crop_ids), CROPS_PER_MESSAGE):
+            yield lipsync_pb2.GenerateRequest(
+                crops=[_reference_crop(avatar, i) for i in crop_ids[start : start + CROPS_PER_MESSAGE]],
+                raw_size=super_resolution,
+            )
+        batch: list[lipsync_pb2.GenerateItem] = []
+        async for window in windows():
+            batch.append(
+                lipsync_pb2.GenerateItem(
+                    frame_index=window.frame_index, crop_index=avatar.frame_for(window.frame_index), mel=window
+                )
+            )
+            if len(batch) == ITEMS_PER_MESSAGE:
+                yield lipsync_pb2.GenerateRequest(items=batch, raw_size=super_resolution)
+                batch = []
+        if batch:
+            yield lipsync_pb2.GenerateRequest(items=batch, raw_size=super_resolution)
+
+    async def generated() -> AsyncIterator[tuple[int, np.ndarray]]:
+        async with stage_errors("lipsync"):
+            async for response in clients.lipsync.Generate(lipsync_requests(), metadata=metadata):
+                if response.HasField("model"):
+                    progress.models.append(response.model)
+                for face in response.faces:
+                    yield face.frame_index, image_from_proto(face.image, "generated face")
+
+    async def restored() -> AsyncIterator[tuple[int, np.ndarray]]:
+        async def requests() -> AsyncIterator[superres_pb2.UpscaleRequest]:
+            items: list[superres_pb2.UpscaleItem] = []
+            async for index, face in generated():
+                x1, y1, x2, y2 = avatar.boxes[avatar.frame_for(index)]  # type: ignore[misc]
+                items.append(
+                    superres_pb2.UpscaleItem(index=index, image=image_to_proto(face), out_width=x2 - x1, out_height=y2 - y1)
+                )
+                if len(items) == ITEMS_PER_MESSAGE:
+                    yield superres_pb2.UpscaleRequest(items=items)
+                    items = []
+            if items:
+                yield superres_pb2.UpscaleRequest(items=items)
+
+        async with stage_errors("superres"):
+            async for response in clients.superres.Upscale(requests(), metadata=metadata):
+                if response.HasField("model"):
+                    progress.models.append(response.model)
+                for item in response.items:
+                    yield item.index, image_from_proto(item.image, "restored face")
+
+    faces = restored() if super_resolution else generated()
+    height, width = avatar.frames.shape[1:3]
+    loop = asyncio.get_running_loop()
+    first_frame = 0.0
+    # One writer thread: pasting and x264 run off the event loop, in frame order.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as executor:
+        writer = await loop.run_in_executor(
+            executor, lambda: Mp4Writer(output, width, height, avatar.fps, audio_pcm, audio_rate, crf=crf)
+        )
+        pending: collections.deque[asyncio.Future] = collections.deque()
+        next_frame = 0
+
+        async def emit(index: int, face: np.ndarray | None) -> None:
+            nonlocal first_frame
+            pending.append(loop.run_in_executor(executor, _write_frame, writer, avatar, index, face))
+            if len(pending) >= MAX_PENDING_WRITES:
+                await pending.popleft()
+            if not first_frame:
+                first_frame = time.perf_counter() - started
+            if index % 25 == 0:
+                on_progress("render", index, progress.total_frames)
+
+        try:
+            async for index, face in faces:
+                while next_frame < index:  # frames without a face before this one
+                    await emit(next_frame, None)
+                    next_frame += 1
+                await emit(index, face)
+                next_frame = index + 1
+            await progress.total_known.wait()
+            while next_frame < progress.total_frames:
+                await emit(next_frame, None)
+                next_frame += 1
+            while pending:
+                await pending.popleft()
+            on_progress("encode", progress.total_frames, progress.total_frames)
+            await loop.run_in_executor(executor, writer.close)
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            await loop.run_in_executor(executor, writer.abort)
+            raise
+    return RenderResult(progress.total_frames, progress.models, first_frame)
+
+
+def _reference_crop(avatar: Avatar, frame: int) -> lipsync_pb2.ReferenceCrop:
+    x1, y1, x2, y2 = avatar.boxes[frame]  # type: ignore[misc]
+    return lipsync_pb2.ReferenceCrop(
+        crop_index=frame, image=image_to_proto(avatar.crops[frame]), paste_width=x2 - x1, paste_height=y2 - y1
+    )
+
+
+def _write_frame(writer: Mp4Writer, avatar: Avatar, index: int, face: np.ndarray | None) -> None:
+    frame_index = avatar.frame_for(index)
+    frame = np.asarray(avatar.frames[frame_index])
+    if face is not None:
+        frame = paste_face(frame, face, avatar.boxes[frame_index])  # type: ignore[arg-type]
+    writer.write(frame)

@@ -1,0 +1,7 @@
+"""`python -m services.lipsync`: run the lipsync stage."""
+
+from services.common.server import run
+from services.lipsync.service import LipSyncService, LipSyncSettings
+
+if __name__ == "__main__":
+    run(LipSyncService, LipSyncSettings)

@@ -1,0 +1,153 @@
+"""Face boxes for Wav2Lip: detection, padding and the upstream 5-frame smoothing.
+
+Upstream Wav2Lip runs S3FD on every frame, pads each box ([0, 10, 0, 0] = top, bottom, left, right),
+then smooths the boxes over a 5-frame window (see tests/data/reference/inference_facts.json). The
+detector is behind a small protocol so an S3FD/other implementation can replace the bundled OpenCV
+Haar cascade without touching the rest of the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import cv2
+import numpy as np
+
+__all__ = [
+    "Box",
+    "FaceDetector",
+    "HaarFaceDetector",
+    "DEFAULT_PADS",
+    "pad_box",
+    "smooth_boxes",
+    "prepare_boxes",
+]
+
+Box = tuple[int, int, int, int]
+"""(x1, y1, x2, y2) in pixels; x2/y2 exclusive, as used for `frame[y1:y2, x1:x2]`."""
+
+DEFAULT_PADS: tuple[int, int, int, int] = (0, 10, 0, 0)  # top, bottom, left, right (upstream --pads)
+SMOOTH_T = 5  # upstream get_smoothened_boxes window
+
+# The Haar frontal-face box is tighter than S3FD's: it is roughly square, starts mid-forehead and
+# ends around the lower lip, cutting off the chin. Wav2Lip was trained on S3FD crops (which include
+# the chin) and regenerates the lower half of the crop, so the chin must be inside the box. These
+# factors (fractions of the Haar box size) make the box resemble an S3FD box; the +10 px bottom pad
+# of `pad_box` is applied afterwards, as upstream does on top of S3FD.
+HAAR_EXTEND_TOP = 0.0
+HAAR_EXTEND_BOTTOM = 0.10
+HAAR_EXTEND_SIDES = 0.0
+# A detection counts as a face candidate when it has at least this fraction of the best one's votes.
+STRONG_VOTE_FRACTION = 0.5
+
+
+class FaceDetector(Protocol):
+    """Finds one face per frame."""
+
+    def detect(self, frames: Sequence[np.ndarray]) -> list[Box | None]:
+        """One box per BGR uint8 frame (None where no face was found)."""
+        ...
+
+
+class HaarFaceDetector:
+    """OpenCV Haar cascade face detector: CPU-only, no weights to download, good for frontal faces.
+
+    Not thread-safe (one CascadeClassifier per instance); use one instance per worker thread.
+    """
+
+    def __init__(self, max_side: int = 640, scale_factor: float = 1.1, min_neighbors: int = 5,
+                 min_size_frac: float = 0.08) -> None:
+        """
+        Args:
+            max_side: frames are downscaled so their longest side is at most this (speed; faces in
+                talking-head video are large, so nothing is lost).
+            scale_factor, min_neighbors: `detectMultiScale` parameters.
+            min_size_frac: smallest face to accept, as a fraction of the (downscaled) shorter side;
+                rejects small false positives in the background.
+        """
+        path = cv2.data.haarcascades + "haarcascade_frontalface_default.xml"
+        self._cascade = cv2.CascadeClassifier(path)
+        if self._cascade.empty():
+            raise RuntimeError(f"could not load Haar cascade {path}")
+        self.max_side = max_side
+        self.scale_factor = scale_factor
+        self.min_neighbors = min_neighbors
+        self.min_size_frac = min_size_frac
+
+    def detect(self, frames: Sequence[np.ndarray]) -> list[Box | None]:
+        return [self._detect_one(frame) for frame in frames]
+
+    def _detect_one(self, frame: np.ndarray) -> Box | None:
+        height, width = frame.shape[:2]
+        gray = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY) if frame.ndim == 3 else frame
+        scale = min(1.0, self.max_side / max(height, width))
+        if scale < 1.0:
+            gray = cv2.resize(gray, (round(width * scale), round(height * scale)), interpolation=cv2.INTER_AREA)
+        # Equalising makes the cascade robust to dim or low-contrast footage.
+        gray = cv2.equalizeHist(gray)
+        min_side = max(24, int(self.min_size_frac * min(gray.shape[:2])))
+        found, votes = self._cascade.detectMultiScale2(
+            gray, scaleFactor=self.scale_factor, minNeighbors=self.min_neighbors, minSize=(min_side, min_side)
+        )
+        if len(found) == 0:
+            return None
+        # The speaker is the largest face (upstream likewise keeps one face per frame), but only
+        # among confident detections: Haar false positives are often large with few votes (a real
+        # face typically gets 30+ merged neighbours, clutter single digits).
+        strong = [r for r, v in zip(found, votes) if v >= STRONG_VOTE_FRACTION * max(votes)]
+        x, y, w, h = (float(v) / scale for v in max(strong, key=lambda r: int(r[2]) * int(r[3])))
+        x1 = x - HAAR_EXTEND_SIDES * w
+        x2 = x + w + HAAR_EXTEND_SIDES * w
+        y1 = y - HAAR_EXTEND_TOP * h
+        y2 = y + h + HAAR_EXTEND_BOTTOM * h
+        box = (max(0, int(x1)), max(0, int(y1)), min(width, int(x2)), min(height, int(y2)))
+        return box if box[2] > box[0] and box[3] > box[1] else None
+
+
+def pad_box(box: Box, pads: Sequence[int] = DEFAULT_PADS, *, height: int, width: int) -> Box:
+    """Upstream padding: pads are (top, bottom, left, right); the result is clamped to the frame."""
+    top, bottom, left, right = pads
+    x1, y1, x2, y2 = box
+    return (max(0, x1 - left), max(0, y1 - top), min(width, x2 + right), min(height, y2 + bottom))
+
+
+def smooth_boxes(boxes: np.ndarray, T: int = SMOOTH_T) -> np.ndarray:
+    """Upstream `get_smoothened_boxes`, quirks included, on a copy of `boxes` ((N, 4) int64).
+
+    Sequential and in place on the copy, so later windows see already-smoothed rows; the float
+    mean is truncated by the int64 assignment; near the end (and for N < T, through the negative
+    slice start) the window is `boxes[N - T:]`.
+    """
+    out = np.array(boxes, dtype=np.int64, copy=True)
+    n = len(out)
+    for i in range(n):
+        window = out[n - T:] if i + T > n else out[i:i + T]
+        out[i] = np.mean(window, axis=0)
+    return out
+
+
+def prepare_boxes(raw: Sequence[Box | None], height: int, width: int, pads: Sequence[int] = DEFAULT_PADS,
+                  smooth: bool = True) -> list[Box | None]:
+    """Pad every detected box, then smooth within each contiguous run of frames that have a face.
+
+    Deviation from upstream, which raises on the first frame without a face: such frames stay None
+    (the caller passes them through unchanged) so one bad frame never fails a whole job, and the
+    smoothing never averages across a gap, where the face may have moved.
+    """
+    padded = [None if b is None else pad_box(b, pads, height=height, width=width) for b in raw]
+    if not smooth:
+        return padded
+    out: list[Box | None] = list(padded)
+    i = 0
+    while i < len(padded):
+        if padded[i] is None:
+            i += 1
+            continue
+        j = i
+        while j < len(padded) and padded[j] is not None:
+            j += 1
+        run = smooth_boxes(np.array(padded[i:j], dtype=np.int64))
+        out[i:j] = [tuple(int(v) for v in row) for row in run]
+        i = j
+    return out

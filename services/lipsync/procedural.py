@@ -1,0 +1,116 @@
+"""A weight-free stand-in for Wav2Lip: opens the reference face's mouth in step with speech energy.
+
+Used when no Wav2Lip checkpoint is configured, so the service and demo still produce a visibly
+talking face. Same call signature and tensor contract as `Wav2Lip`: mel windows (B, 1, 80, 16) in
+[-4, 4] and faces (B, 6, 96, 96) in [0, 1] -> (B, 3, 96, 96) in [0, 1], BGR. Pure torch, batched,
+deterministic, runs on any device.
+
+The effect, per item, for an opening o in [0, 1]:
+- a vertical warp of the lower face (grid_sample): below the mouth line content moves down (lower
+  lip and jaw drop), above it moves up a little (upper lip); the displacement fades to zero at the
+  crop's bottom row, at `UPPER_FIXED_Y` and sideways beyond `JAW_HALF_WIDTH`, so the hard paste
+  back into the frame shows no seam;
+- a dark inner-mouth ellipse filling the gap between the lips, its height proportional to o.
+Pixels the effect does not touch are copied from the reference bit for bit (silence is a no-op).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["ProceduralLipSync"]
+
+# Geometry in pixels of the 96x96 Wav2Lip crop (S3FD-like box + 10 px bottom pad): the mouth line
+# sits at about 73% of the height, horizontally centred. Scaled for other crop sizes.
+REF_SIZE = 96.0
+MOUTH_CX = 48.0
+MOUTH_CY = 70.0
+UPPER_FIXED_Y = 44.0     # rows above this never move (eyes, nose)
+JAW_HALF_WIDTH = 30.0    # horizontal extent of the warp (cos^2 falloff to 0 at this distance)
+LIP_DROP_MAX = 7.0       # lower lip / jaw displacement at full opening
+LIP_RAISE_MAX = 2.0      # upper lip displacement at full opening
+MOUTH_HALF_WIDTH = 15.0  # inner-mouth ellipse half width
+INNER_MOUTH_BGR = (0.10, 0.08, 0.22)  # dark red-brown, BGR like everything else
+MAX_DARKNESS = 0.85      # blend weight of the inner-mouth colour at the ellipse centre
+EDGE_SOFTNESS = 0.35     # fraction of the ellipse radius over which the darkening fades out
+MIN_VISIBLE_HALF_HEIGHT = 1.5  # px; smaller openings fade the ellipse in instead of a hard line
+
+# Speech energy: mean normalised mel level over bands ~150 Hz..4 kHz (indices 4..63 of the 80 Slaney
+# bands spanning 55..7600 Hz). Levels are in Wav2Lip's [-4, 4] scale (-4 = -100 dB). Measured on
+# synthetic signals: a -60..-50 dBFS noise floor averages -3.1..-2.3, voiced speech at -30/-20 dBFS
+# about -1.6/-0.85. Below CLOSED_LEVEL the mouth is shut; at OPEN_LEVEL and above fully open.
+SPEECH_BANDS = slice(4, 64)
+CLOSED_LEVEL = -2.5
+OPEN_LEVEL = -0.5
+
+
+class ProceduralLipSync(nn.Module):
+    """Speech-energy-driven mouth opening; a drop-in for `Wav2Lip` with no weights."""
+
+    model_name = "procedural"
+
+    def __init__(self, energy_columns: tuple[int, int] = (0, 4)) -> None:
+        """
+        Args:
+            energy_columns: mel columns [start, stop) of each 16-column window read for loudness.
+                Upstream windows start at the video frame's own time (start = int(i * 80 / fps)),
+                so the first columns (0-3 = the frame's 40 ms at 25 fps) are the in-sync ones;
+                the window centre would lag the picture by ~0.1 s.
+        """
+        super().__init__()
+        self.energy_columns = energy_columns
+
+    def opening(self, audio_sequences: torch.Tensor) -> torch.Tensor:
+        """(B, 1, 80, 16) mel windows -> (B,) mouth opening in [0, 1] (0 for silence)."""
+        start, stop = self.energy_columns
+        level = audio_sequences[:, 0, SPEECH_BANDS, start:stop].float().mean(dim=(1, 2))
+        return ((level - CLOSED_LEVEL) / (OPEN_LEVEL - CLOSED_LEVEL)).clamp(0.0, 1.0)
+
+    def forward(self, audio_sequences: torch.Tensor, face_sequences: torch.Tensor) -> torch.Tensor:
+        ref = face_sequences[:, 3:6]
+        batch, _, height, width = ref.shape
+        device = ref.device
+        sy, sx = height / REF_SIZE, width / REF_SIZE
+        cx, cy = MOUTH_CX * sx, MOUTH_CY * sy
+        y_fixed, y_bottom = UPPER_FIXED_Y * sy, height - 1.0
+
+        o = self.opening(audio_sequences).to(device).view(batch, 1, 1)
+        ys = torch.arange(height, device=device, dtype=torch.float32).view(1, height, 1)
+        xs = torch.arange(width, device=device, dtype=torch.float32).view(1, 1, width)
+
+        # Horizontal profile of the warp: 1 at the mouth centre, smoothly 0 at the jaw edges.
+        u = ((xs - cx) / (JAW_HALF_WIDTH * sx)).clamp(-1.0, 1.0)
+        profile = torch.cos(u * (torch.pi / 2)) ** 2
+        # Vertical weights: full at the mouth line, 0 at the fixed row above and at the bottom row.
+        w_low = ((y_bottom - ys) / (y_bottom - cy)).clamp(0.0, 1.0) * (ys >= cy)
+        w_up = ((ys - y_fixed) / (cy - y_fixed)).clamp(0.0, 1.0) * (ys < cy)
+        drop, raise_ = LIP_DROP_MAX * sy * o, LIP_RAISE_MAX * sy * o
+        # Backward map: output row y samples source row y - shift (positive shift = moved down).
+        # Both branches are monotonic in y, so nothing folds; the gap opening at the mouth line
+        # samples stretched lip texture and is painted over by the inner-mouth ellipse below.
+        shift = profile * (drop * w_low - raise_ * w_up)                    # (B, H, W)
+        src_y = ys - shift
+        grid = torch.stack(
+            (
+                (2.0 * xs / (width - 1) - 1.0).expand(batch, height, width),
+                2.0 * src_y / (height - 1) - 1.0,
+            ),
+            dim=-1,
+        ).to(ref.dtype)
+        warped = F.grid_sample(ref, grid, mode="bilinear", padding_mode="border", align_corners=True)
+
+        # Inner mouth: an ellipse spanning the gap between the moved lips.
+        half_h = 0.5 * (drop + raise_)                                      # (B, 1, 1)
+        centre_y = cy + 0.5 * (drop - raise_)
+        r = torch.sqrt(((xs - cx) / (MOUTH_HALF_WIDTH * sx)) ** 2 + ((ys - centre_y) / half_h.clamp_min(1e-3)) ** 2)
+        alpha = ((1.0 - r) / EDGE_SOFTNESS).clamp(0.0, 1.0) * MAX_DARKNESS
+        alpha = alpha * (half_h / MIN_VISIBLE_HALF_HEIGHT).clamp(0.0, 1.0)  # (B, H, W)
+        alpha = alpha.unsqueeze(1).to(ref.dtype)
+        colour = torch.tensor(INNER_MOUTH_BGR, device=device, dtype=ref.dtype).view(1, 3, 1, 1)
+        out = warped * (1.0 - alpha) + colour * alpha
+
+        # Untouched pixels are copied exactly: grid_sample's identity is only exact up to rounding.
+        touched = ((shift != 0) | (alpha[:, 0] > 0)).unsqueeze(1)
+        return torch.where(touched, out, ref).clamp(0.0, 1.0)

@@ -1,0 +1,132 @@
+"""The superres stage's gRPC service: generated faces in, restored faces at their paste size out."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+import numpy as np
+
+from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
+from services.common.batcher import DynamicBatcher
+from services.common.codec import image_from_proto, image_to_proto
+from services.common.config import ServiceSettings, _field
+from services.common.device import cudnn_self_check, resolve_device
+from services.common.errors import InvalidRequest
+from services.common.server import Service
+from services.common.streams import ordered_stream
+from services.superres.process import LanczosUpscaler, ModelUpscaler, create_upscaler
+
+_LOGGER = logging.getLogger(__name__)
+MAX_SIDE = 2048
+
+# One queued item: the crop and the (width, height) it must come back at.
+UpscaleJob = tuple[np.ndarray, tuple[int, int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SuperResSettings(ServiceSettings):
+    """Settings of the superres service."""
+
+    port: int = _field(50063, "gRPC port")
+    metrics_port: int = _field(9093, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    model: str = _field("realesr-general-x4v3", "SR model name, or 'lanczos' for the weight-free resize")
+    checkpoint: str = _field("", "Real-ESRGAN .pth file; empty = the weight-free 'lanczos' fallback")
+    max_batch: int = _field(64, "largest model batch")
+    max_delay_ms: float = _field(5.0, "how long a batch waits to fill up")
+    max_pending_per_stream: int = _field(512, "items one stream may have in flight (back-pressure)")
+
+
+def upscale_batch(upscaler: ModelUpscaler | LanczosUpscaler, jobs: list[UpscaleJob]) -> list[np.ndarray]:
+    """Run one merged batch: items of the same input size share a forward pass."""
+    groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for i, (crop, _) in enumerate(jobs):
+        groups[crop.shape].append(i)
+    out: list[np.ndarray | None] = [None] * len(jobs)
+    for indices in groups.values():
+        crops = np.stack([jobs[i][0] for i in indices])
+        results = upscaler.upscale(crops, [jobs[i][1] for i in indices])
+        for i, result in zip(indices, results):
+            out[i] = result
+    return out  # type: ignore[return-value]
+
+
+class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
+    def __init__(self, service: SuperResService) -> None:
+        self._service = service
+
+    async def Upscale(
+        self, request_iterator: AsyncIterator[superres_pb2.UpscaleRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[superres_pb2.UpscaleResponse]:
+        svc = self._service
+        model_info = svc.model_info
+
+        def decode(request: superres_pb2.UpscaleRequest) -> tuple[list[int], list[UpscaleJob]]:
+            indices, jobs = [], []
+            for item in request.items:
+                crop = image_from_proto(item.image, f"item {item.index}")
+                h, w = crop.shape[:2]
+                out_w = item.out_width or w * svc.scale
+                out_h = item.out_height or h * svc.scale
+                if max(out_w, out_h, w, h) > MAX_SIDE:
+                    raise InvalidRequest(f"item {item.index}: sizes above {MAX_SIDE} px are not supported")
+                indices.append(item.index)
+                jobs.append((crop, (out_w, out_h)))
+            return indices, jobs
+
+        async def run(request: superres_pb2.UpscaleRequest) -> superres_pb2.UpscaleResponse:
+            indices, jobs = decode(request)
+            images = await svc.batcher.submit_many(jobs)
+            return superres_pb2.UpscaleResponse(
+                items=[
+                    superres_pb2.UpscaleItem(index=i, image=image_to_proto(img), out_width=img.shape[1], out_height=img.shape[0])
+                    for i, img in zip(indices, images)
+                ]
+            )
+
+        first = True
+        async for response in ordered_stream(request_iterator, run, svc.settings.max_pending_per_stream):
+            if first:
+                response.model.CopyFrom(model_info)
+                first = False
+            yield response
+
+
+class SuperResService(Service[SuperResSettings]):
+    stage = "superres"
+
+    @property
+    def service_names(self) -> Sequence[str]:
+        return [superres_pb2.DESCRIPTOR.services_by_name["SuperResService"].full_name]
+
+    def register(self, server: grpc.aio.Server) -> None:
+        superres_pb2_grpc.add_SuperResServiceServicer_to_server(SuperResServicer(self), server)
+
+    async def load(self) -> None:
+        s = self.settings
+        device = resolve_device(s.device)
+        ok, detail = cudnn_self_check(device)
+        self.metrics.cudnn_ok.labels(self.stage).set(1 if ok else 0)
+        self.upscaler = await asyncio.to_thread(create_upscaler, s.model, s.checkpoint or None, str(device))
+        self.scale = getattr(self.upscaler, "scale", 4)
+        precision = str(getattr(self.upscaler, "dtype", "fp32")).replace("torch.float16", "fp16").replace("torch.float32", "fp32")
+        backend = "cpu" if device.type == "cpu" else "torch"
+        self.model_info = common_pb2.ModelInfo(name=self.upscaler.model_name, backend=backend, precision=precision)
+        await asyncio.to_thread(self.upscaler.warmup, 1, (96, 96))
+        self.batcher: DynamicBatcher[UpscaleJob, np.ndarray] = DynamicBatcher(
+            lambda jobs: upscale_batch(self.upscaler, jobs), self.metrics, s.max_batch, s.max_delay_ms / 1000
+        )
+        self.batcher.start()
+        self.metrics.set_backend(self.upscaler.model_name, backend, precision)
+        _LOGGER.info(
+            "superres ready",
+            extra={"model": self.upscaler.model_name, "device": str(device), "cudnn": detail, "precision": precision},
+        )
+
+    async def close(self) -> None:
+        if hasattr(self, "batcher"):
+            await self.batcher.close()

@@ -1,0 +1,53 @@
+"""Shared fixtures: the reference data copied from shared/reference, and hardware skips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REFERENCE_DIR = Path(__file__).parent / "data" / "reference"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    return REFERENCE_DIR
+
+
+@pytest.fixture(scope="session")
+def mel_vector() -> dict[str, np.ndarray]:
+    with np.load(REFERENCE_DIR / "mel_vector.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.fixture(scope="session")
+def inference_facts() -> dict:
+    return json.loads((REFERENCE_DIR / "inference_facts.json").read_text())
+
+
+def load_reference_json(name: str) -> dict:
+    return json.loads((REFERENCE_DIR / name).read_text())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip gpu/tensorrt tests with a reason that names what is missing."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        has_cuda = False
+    try:
+        import tensorrt  # noqa: F401
+
+        has_trt = True
+    except Exception:  # noqa: BLE001
+        has_trt = False
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)"))
+        if "tensorrt" in item.keywords and not has_trt:
+            item.add_marker(pytest.mark.skip(reason="needs the TensorRT Python package (import tensorrt failed)"))

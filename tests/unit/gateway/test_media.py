@@ -1,0 +1,216 @@
+"""Tests for services.gateway.media: avatar decoding, face pasting, MP4 writing and probing."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+
+from services.common.errors import InvalidMedia, TooLarge
+from services.gateway.media import (
+    Mp4Writer,
+    decode_avatar,
+    exact_rate,
+    feather_mask,
+    paste_face,
+    probe_media,
+)
+
+
+def _image(height: int, width: int) -> np.ndarray:
+    """A smooth synthetic BGR image (smooth so JPEG round-trips closely)."""
+    y, x = np.mgrid[0:height, 0:width]
+    blue, green = x * 255 // (width - 1), y * 255 // (height - 1)
+    return np.stack([blue, green, np.full_like(x, 128)], axis=-1).astype(np.uint8)
+
+
+def _sine(seconds: float, rate: int, hz: float = 440.0) -> np.ndarray:
+    return (0.5 * np.sin(2 * np.pi * hz * np.arange(round(seconds * rate)) / rate)).astype(np.float32)
+
+
+def _write_video(path: Path, frames: int, fps: float, size: tuple[int, int] = (64, 48)) -> Path:
+    width, height = size
+    with Mp4Writer(path, width, height, fps, None, 16000) as writer:
+        for i in range(frames):
+            writer.write(np.full((height, width, 3), (i * 20) % 256, np.uint8))
+    return path
+
+
+# --- decode_avatar -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ext", [".jpg", ".png"])
+def test_decode_photo(ext: str) -> None:
+    image = _image(60, 80)
+    ok, encoded = cv2.imencode(ext, image)
+    assert ok
+    frames, fps = decode_avatar(encoded.tobytes(), photo_fps=30.0)
+    assert frames.shape == (1, 60, 80, 3) and frames.dtype == np.uint8
+    assert fps == 30.0
+    tolerance = 0 if ext == ".png" else 8  # PNG is lossless, JPEG close on a smooth image
+    assert np.abs(frames[0].astype(int) - image).max() <= tolerance
+
+
+def test_odd_photo_size_is_cropped_even() -> None:
+    image = _image(61, 81)
+    frames, _ = decode_avatar(cv2.imencode(".png", image)[1].tobytes())
+    assert frames.shape == (1, 60, 80, 3)
+    np.testing.assert_array_equal(frames[0], image[:60, :80])  # crop the last row/column, no resize
+    assert frames.flags.c_contiguous
+
+
+def test_decode_video(tmp_path: Path) -> None:
+    data = _write_video(tmp_path / "avatar.mp4", frames=10, fps=25.0).read_bytes()
+    frames, fps = decode_avatar(data)
+    assert frames.shape == (10, 48, 64, 3)
+    assert fps == 25.0
+    # The frames come back in order (grey i*20; the yuv420p round trip shifts greys by a few levels).
+    means = frames.reshape(10, -1).mean(axis=1)
+    assert np.all(np.diff(means) > 10) and abs(means[3] - 60) < 6
+
+
+def test_decode_video_applies_display_rotation(tmp_path: Path) -> None:
+    # Phone videos are stored sideways with a rotation tag; the decoder must return them upright.
+    path = tmp_path / "rotated.mp4"
+    image = np.zeros((16, 32, 3), np.uint8)
+    image[:, :8] = 255  # white strip on the left
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 32, 16, "yuv420p"
+        stream.set_display_rotation(90)  # shown rotated 90 degrees counterclockwise
+        for i in range(2):
+            frame = av.VideoFrame.from_ndarray(image, format="bgr24")
+            frame.pts = i
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    frames, _ = decode_avatar(path.read_bytes())
+    assert frames.shape == (2, 32, 16, 3)
+    assert frames[0, -8:].mean() > 200 and frames[0, :-8].mean() < 50  # the left strip is now at the bottom
+
+
+def test_video_too_many_frames(tmp_path: Path) -> None:
+    data = _write_video(tmp_path / "long.mp4", frames=10, fps=25.0).read_bytes()
+    with pytest.raises(TooLarge, match="more than 5 frames"):
+        decode_avatar(data, max_frames=5)
+    assert decode_avatar(data, max_frames=10)[0].shape[0] == 10  # the limit itself is allowed
+
+
+def test_too_many_pixels(tmp_path: Path) -> None:
+    photo = cv2.imencode(".png", _image(60, 80))[1].tobytes()
+    with pytest.raises(TooLarge, match="resize to at most 1000"):
+        decode_avatar(photo, max_pixels=1000)
+    video = _write_video(tmp_path / "big.mp4", frames=2, fps=25.0).read_bytes()
+    with pytest.raises(TooLarge, match="64x48"):
+        decode_avatar(video, max_pixels=1000)
+
+
+def test_empty_and_garbage_are_invalid() -> None:
+    with pytest.raises(InvalidMedia, match="avatar is empty"):
+        decode_avatar(b"")
+    with pytest.raises(InvalidMedia, match="could not decode the avatar as an image or a video.*send JPEG"):
+        decode_avatar(b"this is not an image nor a video" * 100)
+
+
+# --- feather_mask / paste_face ---------------------------------------------------------------------
+
+
+def test_feather_mask_properties() -> None:
+    mask = feather_mask(96, 80)
+    assert mask.shape == (96, 80, 1) and mask.dtype == np.float32
+    assert mask.min() >= 0.0 and mask.max() <= 1.0
+    assert mask[48, 40, 0] == 1.0
+    for border in (mask[0], mask[-1], mask[:, 0], mask[:, -1]):
+        assert border.max() < 1e-6
+    # Monotonic: rises from each edge to the centre along the middle row and column.
+    row, col = mask[48, :, 0], mask[:, 40, 0]
+    assert np.all(np.diff(row[:40]) >= 0) and np.all(np.diff(row[40:]) <= 0)
+    assert np.all(np.diff(col[:48]) >= 0) and np.all(np.diff(col[48:]) <= 0)
+    assert (row < 1).sum() < 0.4 * 80  # the ramp covers ~15% of each side, the rest is fully the face
+
+
+def test_feather_mask_is_cached_and_read_only() -> None:
+    mask = feather_mask(32, 32)
+    assert feather_mask(32, 32) is mask
+    with pytest.raises(ValueError):
+        mask[0, 0, 0] = 1.0
+    assert feather_mask(32, 32, 0.0).min() == 1.0  # no feather: a hard paste
+
+
+def test_paste_face_changes_only_the_box() -> None:
+    rng = np.random.default_rng(0)
+    frame = rng.integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    original = frame.copy()
+    face = np.full((50, 40, 3), 7, np.uint8)
+    x1, y1, x2, y2 = 30, 20, 70, 70
+    out = paste_face(frame, face, (x1, y1, x2, y2))
+    np.testing.assert_array_equal(frame, original)  # input untouched
+    outside = np.ones(frame.shape[:2], bool)
+    outside[y1:y2, x1:x2] = False
+    np.testing.assert_array_equal(out[outside], frame[outside])
+    np.testing.assert_array_equal(out[(y1 + y2) // 2, (x1 + x2) // 2], face[25, 20])
+    np.testing.assert_array_equal(out[y1, x1], frame[y1, x1])  # border pixel: mask 0, frame kept
+
+
+def test_paste_face_shape_mismatch() -> None:
+    frame = np.zeros((100, 100, 3), np.uint8)
+    with pytest.raises(ValueError, match="shape"):
+        paste_face(frame, np.zeros((10, 10, 3), np.uint8), (0, 0, 20, 10))
+    with pytest.raises(ValueError, match="outside"):
+        paste_face(frame, np.zeros((20, 20, 3), np.uint8), (90, 90, 110, 110))
+
+
+# --- Mp4Writer / probe_media -----------------------------------------------------------------------
+
+
+def test_mp4_video_and_audio(tmp_path: Path) -> None:
+    path = tmp_path / "out.mp4"
+    with Mp4Writer(path, 64, 48, 25.0, _sine(2.0, 16000), 16000) as writer:
+        for i in range(50):
+            writer.write(np.full((48, 64, 3), i * 5, np.uint8))
+    info = probe_media(path)
+    assert info["video_codec"] == "h264" and info["audio_codec"] == "aac"
+    assert (info["width"], info["height"], info["fps"]) == (64, 48, 25.0)
+    assert info["frames"] == 50
+    assert info["video_duration"] == pytest.approx(2.0)
+    assert info["audio_rate"] == 16000
+    assert abs(info["audio_duration"] - 2.0) < 0.05
+    data = path.read_bytes()
+    assert data.find(b"moov") < data.find(b"mdat")  # +faststart: playable while downloading
+
+
+def test_mp4_ntsc_rate(tmp_path: Path) -> None:
+    assert exact_rate(25) == Fraction(25, 1)
+    assert exact_rate(29.97) == exact_rate(30000 / 1001) == Fraction(30000, 1001)
+    path = _write_video(tmp_path / "ntsc.mp4", frames=30, fps=30000 / 1001)
+    info = probe_media(path)
+    assert info["fps"] == pytest.approx(30000 / 1001)
+    assert info["frames"] == 30
+    assert info["video_duration"] == pytest.approx(30 * 1001 / 30000)
+    assert info["audio_codec"] is None
+
+
+def test_mp4_appears_only_at_close(tmp_path: Path) -> None:
+    path = tmp_path / "atomic.mp4"
+    writer = Mp4Writer(path, 64, 48, 25.0, _sine(0.4, 16000), 16000)
+    for _ in range(10):
+        writer.write(np.zeros((48, 64, 3), np.uint8))
+    assert not path.exists()
+    assert len(list(tmp_path.iterdir())) == 1  # the temporary file, next to the final path
+    writer.close()
+    assert path.exists() and list(tmp_path.iterdir()) == [path]
+    assert probe_media(path)["frames"] == 10
+
+
+def test_mp4_error_leaves_no_file(tmp_path: Path) -> None:
+    path = tmp_path / "failed.mp4"
+    with pytest.raises(RuntimeError):
+        with Mp4Writer(path, 64, 48, 25.0, None, 16000) as writer:
+            writer.write(np.zeros((48, 64, 3), np.uint8))
+            with pytest.raises(ValueError, match="shape"):
+                writer.write(np.zeros((50, 64, 3), np.uint8))
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
