@@ -1,0 +1,35 @@
+# lipline: the commands a developer and CI use. `make help` lists them.
+.DEFAULT_GOAL := help
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help install demo test test-unit test-integration protos bench bench-cpu clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+install: ## create .venv and install everything (idempotent, quick when nothing changed)
+	@bash scripts/install.sh
+
+demo: install ## run the whole pipeline locally on the bundled samples -> outputs/demo.mp4
+	$(PY) -m services.local
+
+test: install ## run the whole test suite (unit + integration with real servers)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install ## unit tests only
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: install ## integration tests only (the four services as processes on 127.0.0.1)
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+protos: install ## regenerate the gRPC stubs from protos/
+	$(PY) scripts/gen_protos.py --force
+
+bench-cpu: install ## model micro-benchmarks on the CPU (small; GPU commands in bench/README.md)
+	$(PY) bench/bench_models.py --device cpu --batch 4 --seconds 1
+
+bench: bench-cpu ## alias of bench-cpu on machines without a GPU
+
+clean: ## remove generated files and outputs (keeps .venv)
+	rm -rf lipline outputs var .pytest_cache

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install everything lipline needs into .venv/ (idempotent: a second run with nothing changed takes
+# seconds). Used by `make install`, and through it by `make demo` and `make test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+VENV=.venv
+
+# 1. Debian packages the project needs at run or test time (none yet beyond what Python wheels carry:
+#    PyAV ships FFmpeg with libx264 and AAC, opencv-python-headless ships its Haar cascades).
+APT_PACKAGES=(${LIPLINE_APT_PACKAGES:-})
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "install: apt-get install ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# 2. The virtual environment and the locked Python dependencies (re-installed only when the lock changes).
+if [[ ! -x $VENV/bin/python ]]; then
+  echo "install: creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp=$VENV/.lipline-lock.sha256
+want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  echo "install: pip install -r requirements.lock (torch is the CPU build; GPU images pin their own)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.lock
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+  echo "$want" > "$stamp"
+fi
+
+# 3. gRPC stubs, generated from protos/ (regenerated when a .proto is newer than its stub).
+"$VENV/bin/python" scripts/gen_protos.py
