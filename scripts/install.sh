@@ -32,7 +32,11 @@ want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "install: pip install -r requirements.lock (torch is the CPU build; GPU images pin their own)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.lock
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+  # setuptools prints pages of advice about editable installs; show its output only if it fails.
+  if ! out=$("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1); then
+    echo "$out" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 
