@@ -26,9 +26,9 @@ def clean_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.
     """Return the state dict with wrapper prefixes removed from every key."""
     cleaned: dict[str, torch.Tensor] = {}
     for key, value in state_dict.items():
-        for prefix in _WRAPPER_PREFIXES:
-            while key.startswith(prefix):
-                key = key[len(prefix):]
+        # Wrappers nest in any order (torch.compile of a DataParallel model: `_orig_mod.module.`).
+        while key.startswith(_WRAPPER_PREFIXES):
+            key = key[len(next(p for p in _WRAPPER_PREFIXES if key.startswith(p))):]
         cleaned[key] = value
     return cleaned
 

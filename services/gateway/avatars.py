@@ -108,7 +108,8 @@ class AvatarStore:
         return avatar
 
     def list(self) -> list[Avatar]:
-        return [self.get(p.name) for p in sorted(self.root.iterdir()) if (p / "meta.json").is_file()]
+        # exists() also skips `<id>.tmp<n>` folders a crash during save() may leave behind.
+        return [self.get(p.name) for p in sorted(self.root.iterdir()) if self.exists(p.name)]
 
     def delete(self, avatar_id: str) -> None:
         folder = self._dir(avatar_id)
