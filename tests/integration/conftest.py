@@ -1,0 +1,54 @@
+"""Fixtures of the integration tests: real service processes on 127.0.0.1 (services.local.LocalCluster).
+
+One default cluster (procedural lip sync, Lanczos super-resolution) is shared by the whole session:
+starting four Python processes that import torch costs several seconds on a small CI machine, and
+every test that uses it must leave it serving (that is part of what the tests check). Tests that need
+other flags (a Wav2Lip checkpoint, a process to SIGTERM) start their own with `util.start_cluster`.
+
+When a test that uses a cluster fails, the tail of every service's log is attached to its report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from services.gateway.client import LiplineClient
+from services.local.cluster import LocalCluster
+from tests.integration.util import SAMPLES, cut_wav, logs_of, start_cluster
+
+SPEECH_SECONDS = 2.4  # speech, a silent gap (0.56-0.96 s), more speech
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, LocalCluster):
+                report.sections.append(("service logs", logs_of(value)))
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with start_cluster(tmp_path_factory.mktemp("cluster")) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[LiplineClient]:
+    with LiplineClient(cluster.gateway_address, timeout=120.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def avatar_bytes() -> bytes:
+    return (SAMPLES / "avatar.jpg").read_bytes()
+
+
+@pytest.fixture(scope="session")
+def speech_bytes() -> bytes:
+    """The first SPEECH_SECONDS of samples/speech.wav (22.05 kHz mono PCM WAV)."""
+    return cut_wav((SAMPLES / "speech.wav").read_bytes(), SPEECH_SECONDS)

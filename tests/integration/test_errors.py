@@ -1,0 +1,323 @@
+"""Bad input gets a clear gRPC status with an actionable message, and the servers keep serving.
+
+After every test an autouse fixture checks that all four processes are alive, report SERVING and
+still answer a real call, so a request that crashed or wedged a server fails the test that sent it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cv2
+import grpc
+import numpy as np
+import pytest
+
+from lipline.v1 import (
+    audio_pb2,
+    audio_pb2_grpc,
+    common_pb2,
+    gateway_pb2,
+    lipsync_pb2,
+    lipsync_pb2_grpc,
+    superres_pb2,
+    superres_pb2_grpc,
+)
+from services.common.codec import image_to_proto, mel_to_bytes
+from services.gateway.client import LiplineClient
+from services.local.cluster import LocalCluster
+from tests.helpers.audio_files import encode_tone
+from tests.integration.util import assert_all_serving
+
+MiB = 1 << 20
+DEFAULT_MAX_MESSAGE = 64 * MiB  # ServiceSettings.max_message_bytes
+DEFAULT_MAX_AUDIO = 50 * MiB    # GatewaySettings.max_audio_bytes
+
+
+def expect_status(code: grpc.StatusCode, call: Callable[[], Any], *words: str) -> str:
+    """Run `call`, require an RpcError with `code` whose details contain `words`; return the details."""
+    with pytest.raises(grpc.RpcError) as err:
+        result = call()
+        if hasattr(result, "__iter__") and not isinstance(result, (bytes, str)):
+            list(result)  # streaming responses: the status comes at the end of the stream
+    details = err.value.details() or ""
+    assert err.value.code() == code, (err.value.code(), details)
+    assert "Traceback" not in details and 'File "' not in details, details
+    for word in words:
+        assert word.lower() in details.lower(), (word, details)
+    return details
+
+
+@pytest.fixture(scope="module")
+def mclient(cluster: LocalCluster) -> Iterator[LiplineClient]:
+    # Sends up to 128 MiB so the servers' 64 MiB limit is what gets tested.
+    with LiplineClient(cluster.gateway_address, max_message_bytes=128 * MiB, timeout=120.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def avatar(mclient: LiplineClient, avatar_bytes: bytes) -> gateway_pb2.Avatar:
+    return mclient.create_avatar(avatar_bytes)
+
+
+@pytest.fixture(autouse=True)
+def still_serving(cluster: LocalCluster, mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> Iterator[None]:
+    yield
+    assert_all_serving(cluster)
+    assert mclient.stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=avatar.id), timeout=10).id == avatar.id
+
+
+def stage_channel(cluster: LocalCluster, stage: str) -> grpc.Channel:
+    options = [("grpc.max_send_message_length", 128 * MiB), ("grpc.max_receive_message_length", 128 * MiB)]
+    return grpc.insecure_channel(cluster.processes[stage].address, options=options)
+
+
+@pytest.fixture(scope="module")
+def audio_stub(cluster: LocalCluster) -> Iterator[audio_pb2_grpc.AudioServiceStub]:
+    with stage_channel(cluster, "audio") as channel:
+        yield audio_pb2_grpc.AudioServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def lipsync_stub(cluster: LocalCluster) -> Iterator[lipsync_pb2_grpc.LipSyncServiceStub]:
+    with stage_channel(cluster, "lipsync") as channel:
+        yield lipsync_pb2_grpc.LipSyncServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def superres_stub(cluster: LocalCluster) -> Iterator[superres_pb2_grpc.SuperResServiceStub]:
+    with stage_channel(cluster, "superres") as channel:
+        yield superres_pb2_grpc.SuperResServiceStub(channel)
+
+
+def png(image: np.ndarray) -> bytes:
+    ok, data = cv2.imencode(".png", image)
+    assert ok
+    return data.tobytes()
+
+
+def submit(client: LiplineClient, avatar_id: str, audio: bytes, **options: Any) -> Callable[[], gateway_pb2.Job]:
+    request = gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=gateway_pb2.JobOptions(**options))
+    return lambda: client.stub.SubmitJob(request, timeout=60)
+
+
+# --------------------------------------------------------------------------------------------------
+# Gateway: audio
+# --------------------------------------------------------------------------------------------------
+
+
+def test_empty_audio(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, submit(mclient, avatar.id, b""), "audio")
+
+
+def test_corrupt_audio(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
+    noise = np.random.default_rng(1).integers(0, 256, 64 * 1024, dtype=np.uint8).tobytes()
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, submit(mclient, avatar.id, noise), "audio", "WAV")
+
+
+def test_truncated_audio(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
+    wav = encode_tone("wav", 1.0)
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, submit(mclient, avatar.id, wav[:40]), "audio")
+
+
+def test_audio_over_max_audio_bytes(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
+    too_big = bytes(DEFAULT_MAX_AUDIO + 1)  # fits in one message, over the audio limit
+    expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, submit(mclient, avatar.id, too_big), "audio", str(DEFAULT_MAX_AUDIO))
+
+
+def test_audio_over_max_audio_seconds(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
+    long_wav = encode_tone("wav", 601.0, rate=8000, channels=1)  # 9.6 MB, over the 600 s limit
+    expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, submit(mclient, avatar.id, long_wav), "600")
+
+
+def test_message_over_gateway_limit(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
+    expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, submit(mclient, avatar.id, bytes(DEFAULT_MAX_MESSAGE + 1)))
+
+
+def test_bad_crf(mclient: LiplineClient, avatar: gateway_pb2.Avatar, speech_bytes: bytes) -> None:
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, submit(mclient, avatar.id, speech_bytes, crf=52), "crf")
+
+
+# --------------------------------------------------------------------------------------------------
+# Gateway: avatars
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["grey", "noise"])
+def test_avatar_without_face(mclient: LiplineClient, kind: str) -> None:
+    if kind == "grey":
+        image = np.full((240, 320, 3), 128, np.uint8)
+    else:
+        image = np.random.default_rng(2).integers(0, 256, (240, 320, 3), dtype=np.uint8)
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: mclient.create_avatar(png(image)), "no face")
+
+
+def test_corrupt_avatar(mclient: LiplineClient) -> None:
+    noise = np.random.default_rng(3).integers(0, 256, 32 * 1024, dtype=np.uint8).tobytes()
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: mclient.create_avatar(noise), "could not decode")
+
+
+def test_truncated_avatar_jpeg(mclient: LiplineClient, avatar_bytes: bytes) -> None:
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: mclient.create_avatar(avatar_bytes[:200]))
+
+
+def test_empty_avatar(mclient: LiplineClient) -> None:
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: mclient.create_avatar(b""), "empty")
+
+
+def test_avatar_photo_fps_out_of_range(mclient: LiplineClient, avatar_bytes: bytes) -> None:
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: mclient.create_avatar(avatar_bytes, photo_fps=100), "photo_fps")
+
+
+@pytest.mark.parametrize("avatar_id", ["0123456789abcdef01234567", "../../etc", ""])
+def test_unknown_avatar(mclient: LiplineClient, speech_bytes: bytes, avatar_id: str) -> None:
+    stub = mclient.stub
+    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=avatar_id)), "avatar")
+    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar_id)))
+    expect_status(grpc.StatusCode.NOT_FOUND, submit(mclient, avatar_id, speech_bytes), "avatar")
+
+
+# --------------------------------------------------------------------------------------------------
+# Gateway: jobs
+# --------------------------------------------------------------------------------------------------
+
+
+def test_unknown_job(mclient: LiplineClient) -> None:
+    stub, job_id = mclient.stub, "doesnotexist0000"
+    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.GetJob(gateway_pb2.GetJobRequest(job_id=job_id)), job_id)
+    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job_id)), job_id)
+    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=job_id)), job_id)
+    expect_status(
+        grpc.StatusCode.NOT_FOUND, lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id)), job_id
+    )
+
+
+def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
+    # 60 s of audio = 1,500 frames: seconds of work, so the job is surely not finished yet.
+    job = mclient.submit(avatar.id, encode_tone("wav", 60.0, rate=16000, channels=1))
+    stub = mclient.stub
+    download = lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id))  # noqa: E731
+    expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "SUCCEEDED")
+    cancelled = stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=30)
+    assert cancelled.state == gateway_pb2.JOB_STATE_CANCELLED
+    assert cancelled.error_code == grpc.StatusCode.CANCELLED.value[0]
+    assert mclient.wait(job.id).state == gateway_pb2.JOB_STATE_CANCELLED
+    expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "CANCELLED")
+
+
+# --------------------------------------------------------------------------------------------------
+# Stages called directly with malformed messages
+# --------------------------------------------------------------------------------------------------
+
+
+def extract(stub: audio_pb2_grpc.AudioServiceStub, audio: bytes, fps: float) -> list[audio_pb2.ExtractResponse]:
+    return list(stub.Extract(iter([audio_pb2.ExtractRequest(options=audio_pb2.ExtractOptions(fps=fps), data=audio)]), timeout=60))
+
+
+def test_audio_stage_fps(audio_stub: audio_pb2_grpc.AudioServiceStub) -> None:
+    wav = encode_tone("wav", 1.0, rate=16000, channels=1)
+    responses = extract(audio_stub, wav, 0)  # unset = 25 fps
+    assert responses[0].total_frames == 25 == sum(len(r.windows) for r in responses)
+    assert responses[0].duration_seconds == pytest.approx(1.0)
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: extract(audio_stub, wav, 1000), "fps")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: extract(audio_stub, wav, -5), "fps")
+
+
+def test_audio_stage_bad_audio(audio_stub: audio_pb2_grpc.AudioServiceStub) -> None:
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: extract(audio_stub, b"", 25), "audio")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: extract(audio_stub, b"RIFF" + bytes(100), 25), "audio")
+
+
+def test_audio_stage_message_over_limit(audio_stub: audio_pb2_grpc.AudioServiceStub) -> None:
+    expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, lambda: extract(audio_stub, bytes(DEFAULT_MAX_MESSAGE + 1), 25))
+
+
+FACE = np.full((96, 96, 3), 100, np.uint8)
+MEL = common_pb2.MelWindow(frame_index=0, data=mel_to_bytes(np.zeros((80, 16), np.float32)))
+
+
+def generate(stub: lipsync_pb2_grpc.LipSyncServiceStub, *requests: lipsync_pb2.GenerateRequest) -> list:
+    return list(stub.Generate(iter(requests), timeout=60))
+
+
+def crop_request(image: common_pb2.Image, index: int = 0) -> lipsync_pb2.GenerateRequest:
+    return lipsync_pb2.GenerateRequest(crops=[lipsync_pb2.ReferenceCrop(crop_index=index, image=image)])
+
+
+def item_request(crop_index: int = 0, mel: common_pb2.MelWindow = MEL) -> lipsync_pb2.GenerateRequest:
+    return lipsync_pb2.GenerateRequest(items=[lipsync_pb2.GenerateItem(frame_index=0, crop_index=crop_index, mel=mel)])
+
+
+def test_lipsync_generate_valid(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
+    (response,) = generate(lipsync_stub, crop_request(image_to_proto(FACE)), item_request())
+    assert response.model.name == "procedural"
+    assert len(response.faces) == 1 and response.faces[0].image.width == 96
+
+
+def test_lipsync_item_names_unsent_crop(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, item_request(7)), "crop 7")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: generate(lipsync_stub, crop_request(image_to_proto(FACE)), item_request(1)),
+        "crop 1",
+    )
+
+
+def test_lipsync_bad_images(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
+    good = image_to_proto(FACE)
+    short = common_pb2.Image(width=96, height=96, format=common_pb2.PIXEL_FORMAT_BGR24, data=good.data[:-1])
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(short), item_request()), "BGR24")
+    small = image_to_proto(FACE[:64, :64])
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(small), item_request()), "96x96")
+    bad_png = common_pb2.Image(width=96, height=96, format=common_pb2.PIXEL_FORMAT_PNG, data=b"not a png")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(bad_png), item_request()), "PNG")
+    unknown = common_pb2.Image(width=96, height=96, format=99, data=good.data)
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(unknown), item_request()), "format")
+
+
+def test_lipsync_bad_mel(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
+    mel = common_pb2.MelWindow(frame_index=0, data=b"\0" * 100)
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: generate(lipsync_stub, crop_request(image_to_proto(FACE)), item_request(mel=mel)),
+        "mel",
+    )
+
+
+def test_lipsync_detect_faces_bad_streams(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
+    def detect(*requests: lipsync_pb2.DetectFacesRequest) -> list:
+        return list(lipsync_stub.DetectFaces(iter(requests), timeout=60))
+
+    def frames(*shapes: tuple[int, int]) -> lipsync_pb2.DetectFacesRequest:
+        return lipsync_pb2.DetectFacesRequest(
+            frames=[lipsync_pb2.IndexedFrame(index=i, image=image_to_proto(np.zeros((h, w, 3), np.uint8))) for i, (h, w) in enumerate(shapes)]
+        )
+
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: detect(), "no frames")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: detect(frames((64, 64), (32, 64))), "same size")
+    bad_pads = frames((64, 64))
+    bad_pads.options.pads.extend([1, 2, 3])
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: detect(bad_pads), "pads")
+    (ok,) = detect(frames((64, 64)))
+    assert [f.found for f in ok.faces] == [False]
+
+
+def upscale(stub: superres_pb2_grpc.SuperResServiceStub, *items: superres_pb2.UpscaleItem) -> list:
+    return list(stub.Upscale(iter([superres_pb2.UpscaleRequest(items=list(items))]), timeout=60))
+
+
+def test_superres_bad_items(superres_stub: superres_pb2_grpc.SuperResServiceStub) -> None:
+    good = image_to_proto(FACE)
+    (ok,) = upscale(superres_stub, superres_pb2.UpscaleItem(index=3, image=good, out_width=120, out_height=130))
+    assert ok.model.name == "lanczos"
+    assert [(i.index, i.image.width, i.image.height) for i in ok.items] == [(3, 120, 130)]
+    wrong = common_pb2.Image(width=97, height=96, format=common_pb2.PIXEL_FORMAT_BGR24, data=good.data)
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: upscale(superres_stub, superres_pb2.UpscaleItem(index=5, image=wrong)), "item 5", "bytes")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: upscale(superres_stub, superres_pb2.UpscaleItem(index=6, image=good, out_width=5000, out_height=96)),
+        "item 6",
+    )
+    empty = common_pb2.Image(width=0, height=0, format=common_pb2.PIXEL_FORMAT_BGR24)
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: upscale(superres_stub, superres_pb2.UpscaleItem(index=7, image=empty)), "item 7")

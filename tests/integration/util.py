@@ -1,0 +1,66 @@
+"""Helpers shared by the integration tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.local.cluster import REPO_ROOT, STAGES, LocalCluster
+
+SAMPLES = REPO_ROOT / "samples"
+LOG_TAIL = 6000
+
+
+def logs_of(cluster: LocalCluster) -> str:
+    """The tail of every service's log, for failure reports."""
+    return "\n".join(
+        f"----- {name} ({proc.log_path}) -----\n{proc.log()[-LOG_TAIL:]}" for name, proc in cluster.processes.items()
+    )
+
+
+@contextlib.contextmanager
+def start_cluster(workdir: Path, **kwargs: object) -> Iterator[LocalCluster]:
+    """A started LocalCluster in `workdir`; on a start-up failure every service's log is printed."""
+    cluster = LocalCluster(workdir, **kwargs)  # type: ignore[arg-type]
+    try:
+        cluster.__enter__()
+    except BaseException:
+        print(logs_of(cluster))
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def cut_wav(data: bytes, seconds: float) -> bytes:
+    """The first `seconds` of a PCM WAV file, as a new WAV file (same rate, width and channels)."""
+    with wave.open(io.BytesIO(data)) as src:
+        params = src.getparams()
+        frames = src.readframes(round(seconds * params.framerate))
+    out = io.BytesIO()
+    with wave.open(out, "wb") as dst:
+        dst.setparams(params)
+        dst.writeframes(frames)
+    return out.getvalue()
+
+
+def health_status(address: str, service: str = "", timeout: float = 5.0) -> int:
+    """grpc.health.v1 Check over a fresh channel."""
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+    return reply.status
+
+
+def assert_all_serving(cluster: LocalCluster) -> None:
+    """Every process of the cluster is alive and reports SERVING."""
+    for name in ("gateway", *STAGES):
+        proc = cluster.processes[name]
+        assert proc.process.poll() is None, f"{name} exited with {proc.process.returncode}:\n{proc.log()[-LOG_TAIL:]}"
+        assert health_status(proc.address) == health_pb2.HealthCheckResponse.SERVING, name
