@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.common.backends import TorchBackend
+from services.common.backends import TorchBackend, make_backend
 from services.common.batcher import DynamicBatcher
 from services.common.codec import image_from_proto, image_to_proto, mel_from_bytes
 from services.common.config import ServiceSettings, _field
@@ -45,6 +45,13 @@ class LipSyncSettings(ServiceSettings):
     max_pending_per_stream: int = _field(512, "items one stream may have in flight (back-pressure)")
     max_crops_per_stream: int = _field(4096, "reference crops one Generate stream may register")
     max_detect_frames: int = _field(3000, "frames one DetectFaces stream may send")
+    backend: str = _field(
+        "auto", "model backend: auto (CUDA: torch fp16 + folded BN + CUDA graphs; CPU: cpu), cpu, torch, compile, tensorrt"
+    )
+    precision: str = _field("", "fp32, fp16 or bf16; empty = the backend's default (fp16 on CUDA, fp32 on CPU)")
+    batch_buckets: tuple[int, ...] = _field(
+        (), "batch sizes a model batch is padded up to (static shapes for CUDA graphs/compile); empty = default up to max_batch"
+    )
 
 
 def generate_batch(backend: TorchBackend, jobs: list[GenerateJob]) -> list[np.ndarray]:
@@ -172,7 +179,16 @@ class LipSyncService(Service[LipSyncSettings]):
                 "no checkpoint configured: using the weight-free 'procedural' mouth animation, not Wav2Lip; "
                 "set --checkpoint / LIPLINE_CHECKPOINT to a wav2lip.pth for real lip sync"
             )
-        self.backend = TorchBackend(model, device)
+        self.backend = make_backend(
+            s.backend, model, device, precision=s.precision or None, batch_buckets=s.batch_buckets or None,
+            max_batch=s.max_batch,
+            # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
+            cuda_graphs=None if name == "wav2lip" else False,
+        )
+        if self.backend.batch_buckets:  # one pass per bucket: cuDNN algorithms, CUDA graphs, compilation
+            await asyncio.to_thread(
+                self.backend.warmup, lambda b: (torch.full((b, 1, 80, 16), -4.0), torch.zeros((b, 6, IMG, IMG)))
+            )
         self.model_info = common_pb2.ModelInfo(name=name, backend=self.backend.name, precision=self.backend.precision)
         self.detector = HaarFaceDetector()
         warm: list[GenerateJob] = [(np.zeros((IMG, IMG, 3), np.uint8), np.full((80, 16), -4.0, np.float32), None)] * 2

@@ -1,0 +1,305 @@
+#!/usr/bin/env python
+"""Sustained throughput of the lipsync service's Generate RPC under concurrent streams.
+
+Starts `python -m services.lipsync` as a subprocess (port 0 + --port-file, metrics off), then opens
+--streams concurrent Generate streams (grpc.aio). Each stream sends its reference crops once (with
+its first items) and then messages of --items items (one mel window per item, cycling over the
+crops) for --seconds, keeping at most --window messages in flight. Reports:
+
+* sustained frames/s (responses received after --warmup-seconds, over the remaining send window);
+* p50 / p99 per-message latency (request yielded to gRPC -> its response received);
+* the service's batch size, *estimated* from responses: the batcher resolves one batch's items
+  together, so responses arrive in bursts; bursts are split at gaps > --burst-gap-ms and the mean
+  frames per burst is reported (messages straddle batches, so this is approximate).
+
+Only grpcio, protobuf, numpy, torch and opencv are needed on the client side; the service itself
+also needs grpcio-health-checking, grpcio-reflection, prometheus-client and opentelemetry-api (not
+PyAV/librosa: the lipsync import chain does not touch them; this script checks before starting).
+
+Weights: a seeded synthetic Wav2Lip checkpoint is written to a temp dir unless --checkpoint is
+given (speed does not depend on the values); --procedural runs the weight-free stand-in instead.
+
+Examples:
+    python bench/bench_lipsync_grpc.py --device cpu --streams 2 --items 4 --seconds 5 --max-batch 8
+    python bench/bench_lipsync_grpc.py --device cuda --max-batch 256 --out var/bench/grpc-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import importlib.util
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(REPO_ROOT))
+
+import grpc
+import numpy as np
+
+from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
+from services.common.codec import image_to_proto, mel_to_bytes
+
+# What `python -m services.lipsync` imports beyond this script's own needs (module -> pip name).
+SERVICE_MODULES = {
+    "grpc_health": "grpcio-health-checking",
+    "grpc_reflection": "grpcio-reflection",
+    "prometheus_client": "prometheus-client",
+    "opentelemetry": "opentelemetry-api",
+    "cv2": "opencv-python-headless",
+    "torch": "torch",
+}
+
+
+def check_service_imports() -> list[str]:
+    return [f"{mod} (pip: {pip})" for mod, pip in SERVICE_MODULES.items() if importlib.util.find_spec(mod) is None]
+
+
+def write_seeded_checkpoint(path: Path) -> None:
+    import torch
+
+    from services.common.checkpoints import seeded_state_dict
+    from services.lipsync.wav2lip import Wav2Lip
+
+    model = Wav2Lip()
+    torch.save({"state_dict": seeded_state_dict(model)}, path)
+
+
+# --------------------------------------------------------------------------------------------------
+# the service process
+# --------------------------------------------------------------------------------------------------
+
+
+class ServiceProcess:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.port_file = workdir / "lipsync.port"
+        self.log_path = workdir / "lipsync.log"
+        cmd = [
+            sys.executable, "-m", "services.lipsync", "--port", "0", "--port-file", str(self.port_file),
+            "--metrics-port", "-1", "--device", args.device, "--max-batch", str(args.max_batch),
+            "--max-delay-ms", str(args.max_delay_ms), "--log-format", "text", "--log-level", args.log_level,
+            "--grace-s", "2", "--max-concurrent-streams", str(max(256, args.streams * 2)),
+            "--max-pending-per-stream", str(max(512, args.items * (args.window + 1))),
+        ]
+        if args.checkpoint:
+            cmd += ["--checkpoint", args.checkpoint]
+        for flag in ("backend", "precision", "batch_buckets"):
+            value = getattr(args, flag)
+            if value:
+                cmd += ["--" + flag.replace("_", "-"), value]
+        self.cmd = cmd
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float) -> tuple[int, float]:
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"lipsync exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            if self.port_file.exists():
+                port = int(self.port_file.read_text().split()[0])
+                return port, time.perf_counter() - self.started
+            time.sleep(0.1)
+        raise TimeoutError(f"lipsync not SERVING after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+# --------------------------------------------------------------------------------------------------
+# the load
+# --------------------------------------------------------------------------------------------------
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.latencies: list[tuple[float, float]] = []  # (received at, seconds)
+        self.arrivals: list[tuple[float, int]] = []  # (received at, frames)
+        self.model_info: common_pb2.ModelInfo | None = None
+        self.errors: list[str] = []
+
+
+async def run_stream(stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: argparse.Namespace,
+                     stop_at: float, stats: Stats) -> None:
+    rng = np.random.default_rng(sid)
+    crops = [
+        lipsync_pb2.ReferenceCrop(crop_index=i, image=image_to_proto(rng.integers(0, 256, (96, 96, 3), dtype=np.uint8)))
+        for i in range(args.crops)
+    ]
+    mels = [mel_to_bytes(rng.uniform(-4, 0, (80, 16)).astype(np.float32)) for _ in range(32)]
+    window = asyncio.Semaphore(args.window)
+    sent: deque[float] = deque()
+
+    async def requests() -> AsyncIterator[lipsync_pb2.GenerateRequest]:
+        frame = 0
+        first = True
+        while time.perf_counter() < stop_at:
+            await window.acquire()
+            items = [
+                lipsync_pb2.GenerateItem(frame_index=frame + k, crop_index=(frame + k) % args.crops,
+                                         mel=common_pb2.MelWindow(data=mels[(frame + k) % len(mels)]))
+                for k in range(args.items)
+            ]
+            frame += args.items
+            sent.append(time.perf_counter())
+            yield lipsync_pb2.GenerateRequest(crops=crops if first else [], items=items, raw_size=True)
+            first = False
+
+    try:
+        call = stub.Generate(requests())
+        async for response in call:
+            now = time.perf_counter()
+            window.release()
+            stats.latencies.append((now, now - sent.popleft()))
+            stats.arrivals.append((now, len(response.faces)))
+            if response.HasField("model") and stats.model_info is None:
+                stats.model_info = response.model
+    except grpc.aio.AioRpcError as exc:
+        stats.errors.append(f"stream {sid}: {exc.code().name}: {exc.details()}")
+
+
+def estimate_batches(arrivals: Sequence[tuple[float, int]], gap_s: float) -> list[int]:
+    """Frames per burst of responses (bursts split where consecutive arrivals are > gap_s apart)."""
+    bursts: list[int] = []
+    last = None
+    for t, n in sorted(arrivals):
+        if last is None or t - last > gap_s:
+            bursts.append(0)
+        bursts[-1] += n
+        last = t
+    return bursts
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+async def load(port: int, args: argparse.Namespace) -> dict:
+    options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+    stats = Stats()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        stub = lipsync_pb2_grpc.LipSyncServiceStub(channel)
+        t0 = time.perf_counter()
+        stop_at = t0 + args.seconds
+        await asyncio.gather(*(run_stream(stub, s, args, stop_at, stats) for s in range(args.streams)))
+        t_end = time.perf_counter()
+    measure_from = t0 + args.warmup_seconds
+    window_s = max(stop_at - measure_from, 1e-9)
+    frames = sum(n for t, n in stats.arrivals if measure_from <= t <= stop_at)
+    lat = [s for t, s in stats.latencies if t >= measure_from]
+    bursts = estimate_batches([(t, n) for t, n in stats.arrivals if t >= measure_from], args.burst_gap_ms / 1000)
+    return {
+        "frames_per_s": frames / window_s,
+        "frames_measured": frames,
+        "frames_total": sum(n for _, n in stats.arrivals),
+        "messages": len(stats.latencies),
+        "latency_p50_ms": percentile(lat, 50) * 1e3,
+        "latency_p99_ms": percentile(lat, 99) * 1e3,
+        "latency_max_ms": max(lat) * 1e3 if lat else float("nan"),
+        "est_batch_mean": statistics.mean(bursts) if bursts else float("nan"),
+        "est_batch_median": statistics.median(bursts) if bursts else float("nan"),
+        "bursts": len(bursts),
+        "run_s": t_end - t0,
+        "model": {"name": stats.model_info.name, "backend": stats.model_info.backend,
+                  "precision": stats.model_info.precision} if stats.model_info else None,
+        "errors": stats.errors[:10],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--max-batch", type=int, default=128, help="service --max-batch")
+    p.add_argument("--max-delay-ms", type=float, default=5.0, help="service --max-delay-ms")
+    p.add_argument("--backend", default="", help="service --backend (auto, cpu, torch, compile, tensorrt)")
+    p.add_argument("--precision", default="", help="service --precision (fp32, fp16, bf16)")
+    p.add_argument("--batch-buckets", default="", help="service --batch-buckets, e.g. 8,32,128,256")
+    p.add_argument("--checkpoint", default="", help="a wav2lip.pth; default: a seeded synthetic one")
+    p.add_argument("--procedural", action="store_true", help="no checkpoint: the weight-free stand-in model")
+    p.add_argument("--streams", type=int, default=16, help="concurrent Generate streams")
+    p.add_argument("--items", type=int, default=64, help="items (frames) per request message")
+    p.add_argument("--window", type=int, default=2, help="messages in flight per stream")
+    p.add_argument("--crops", type=int, default=4, help="reference crops per stream")
+    p.add_argument("--seconds", type=float, default=20.0, help="how long each stream sends")
+    p.add_argument("--warmup-seconds", type=float, default=3.0, help="excluded from the statistics")
+    p.add_argument("--burst-gap-ms", type=float, default=2.0, help="response gap that separates batches")
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for SERVING (compile!)")
+    p.add_argument("--log-level", default="WARNING", help="service log level")
+    p.add_argument("--keep-log", default="", help="copy the service log here")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    if args.warmup_seconds >= args.seconds:
+        p.error("--warmup-seconds must be below --seconds")
+
+    missing = check_service_imports()
+    if missing:
+        print("the lipsync service cannot start here; missing: " + ", ".join(missing), file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="bench-lipsync-") as tmp:
+        workdir = Path(tmp)
+        if not args.checkpoint and not args.procedural:
+            args.checkpoint = str(workdir / "wav2lip-seeded.pth")
+            write_seeded_checkpoint(Path(args.checkpoint))
+        service = ServiceProcess(args, workdir)
+        print("starting: " + " ".join(service.cmd), file=sys.stderr)
+        try:
+            port, startup_s = service.wait_ready(args.startup_timeout)
+            print(f"SERVING on {port} after {startup_s:.1f}s; {args.streams} streams x {args.items} items "
+                  f"for {args.seconds:.0f}s", file=sys.stderr)
+            result = asyncio.run(load(port, args))
+        finally:
+            rc = service.stop()
+            if args.keep_log:
+                Path(args.keep_log).write_text(service.log_tail(10**7))
+        tail = service.log_tail(3000)
+
+    result.update(startup_s=startup_s, service_exit=rc,
+                  date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  args={k: v for k, v in vars(args).items() if k != "checkpoint"},
+                  checkpoint="seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural"))
+    m = result["model"] or {}
+    print(f"| device | model | backend | precision | max batch | streams x items | frames/s | p50 ms | p99 ms | est. batch | start-up s |")
+    print("|---|---|---|---|---:|---|---:|---:|---:|---:|---:|")
+    print(f"| {args.device} | {m.get('name', '?')} | {m.get('backend', '?')} | {m.get('precision', '?')} | {args.max_batch} | "
+          f"{args.streams} x {args.items} (window {args.window}) | {result['frames_per_s']:,.1f} | "
+          f"{result['latency_p50_ms']:.1f} | {result['latency_p99_ms']:.1f} | {result['est_batch_mean']:.1f} | {startup_s:.1f} |")
+    if result["errors"]:
+        print("errors:\n  " + "\n  ".join(result["errors"]) + "\nservice log tail:\n" + tail, file=sys.stderr)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {out}", file=sys.stderr)
+    return 1 if result["errors"] or result["frames_measured"] == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
