@@ -627,6 +627,8 @@ def make_backend(
             cuda_graphs = True if cuda_graphs is None else cuda_graphs
         else:
             kind = "cpu"
+    if kind == "compile" and device.type == "cuda" and fold_bn is None:
+        fold_bn = True  # folded BN gives Inductor plain convolutions to fuse
     buckets = batch_buckets
     if buckets is None and (kind in ("compile", "tensorrt") or (cuda_graphs and device.type == "cuda")):
         buckets = default_buckets(max_batch)

@@ -49,6 +49,7 @@ class ServiceSettings:
     log_level: str = _field("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: LogFormat = _field(LogFormat.JSON, "json (one object per line) or text")
     device: Device = _field(Device.AUTO, "auto (cuda if available), cpu or cuda")
+    require_cudnn: bool = _field(True, "on a GPU, refuse to start when the cuDNN self-check fails")
 
     def validate(self) -> None:
         """Raise ValueError with one message per bad value."""

@@ -50,6 +50,9 @@ class Metrics:
             registry=r,
         )
         self.cudnn_ok = Gauge("lipline_cudnn_ok", "1 if the cuDNN self-check passed (GPU only)", ["stage"], registry=r)
+        self.numerics_error = Gauge(
+            "lipline_numerics_relative_error", "start-up relative error of the backend vs fp32 (GPU only)", ["stage"], registry=r
+        )
         # Gateway job metrics live on the same registry so the gateway has one /metrics too.
         self.jobs = Counter("lipline_jobs", "jobs finished, by final status", ["status"], registry=r)
         self.job_seconds = Histogram("lipline_job_seconds", "SubmitJob to finished MP4", buckets=_SECONDS, registry=r)

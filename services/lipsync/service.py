@@ -13,15 +13,16 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.common.backends import TorchBackend, make_backend
+from services.common.backends import CompiledBackend, make_backend, numerics_check
 from services.common.batcher import DynamicBatcher
-from services.common.codec import image_from_proto, image_to_proto, mel_from_bytes
+from services.common.codec import image_from_proto, mel_from_bytes
 from services.common.config import ServiceSettings, _field
-from services.common.device import cudnn_self_check, resolve_device
-from services.common.errors import InvalidRequest, TooLarge
+from services.common.device import prepare_device
+from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
 from services.common.server import Service
 from services.common.streams import ordered_stream
 from services.lipsync import prep
+from services.lipsync.engine import MEL_SHAPE, Face, GenerateChunk, LipSyncEngine
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, prepare_boxes
 from services.lipsync.procedural import ProceduralLipSync
 from services.lipsync.wav2lip import load_wav2lip
@@ -29,8 +30,7 @@ from services.lipsync.wav2lip import load_wav2lip
 _LOGGER = logging.getLogger(__name__)
 IMG = prep.IMG_SIZE
 
-# One queued generation: reference face (96, 96, 3) uint8, mel window (80, 16), paste size or None.
-GenerateJob = tuple[np.ndarray, np.ndarray, tuple[int, int] | None]
+MEL_BYTES = MEL_SHAPE[0] * MEL_SHAPE[1] * 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,11 @@ class LipSyncSettings(ServiceSettings):
     max_pending_per_stream: int = _field(512, "items one stream may have in flight (back-pressure)")
     max_crops_per_stream: int = _field(4096, "reference crops one Generate stream may register")
     max_detect_frames: int = _field(3000, "frames one DetectFaces stream may send")
+    compile_cache_dir: str = _field(
+        "var/compile-cache", "backend=compile: where compiled-kernel caches are kept (a volume, so new pods start warm)"
+    )
+    detector: str = _field("haar", "face detector for DetectFaces: haar (OpenCV's bundled cascade) or none")
+    max_rel_error: float = _field(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
     backend: str = _field(
         "auto", "model backend: auto (CUDA: torch fp16 + folded BN + CUDA graphs; CPU: cpu), cpu, torch, compile, tensorrt"
     )
@@ -52,14 +57,6 @@ class LipSyncSettings(ServiceSettings):
     batch_buckets: tuple[int, ...] = _field(
         (), "batch sizes a model batch is padded up to (static shapes for CUDA graphs/compile); empty = default up to max_batch"
     )
-
-
-def generate_batch(backend: TorchBackend, jobs: list[GenerateJob]) -> list[np.ndarray]:
-    """Run one merged batch through the generator and return uint8 BGR faces at their paste size."""
-    faces = torch.from_numpy(prep.model_inputs(np.stack([j[0] for j in jobs])))
-    mels = torch.from_numpy(prep.mel_inputs(np.stack([j[1] for j in jobs])))
-    pred = prep.to_uint8_faces(backend(mels, faces).numpy())
-    return [face if size is None else prep.resize_to(face, *size) for face, (_, _, size) in zip(pred, jobs)]
 
 
 class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
@@ -91,6 +88,8 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
             raise InvalidRequest(f"pads must be 4 numbers (top, bottom, left, right), got {list(pads)}")
         smooth = not (options is not None and options.no_smooth)
         h, w = frames[0].shape[:2]
+        if svc.detector is None:
+            raise FailedPrecondition("this lipsync replica runs without a face detector (--detector none)")
         raw = await asyncio.to_thread(svc.detector.detect, frames)
         boxes = prepare_boxes(raw, h, w, pads, smooth)
         svc.metrics.items.labels(svc.stage).inc(len(frames))
@@ -112,36 +111,43 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
         self, request_iterator: AsyncIterator[lipsync_pb2.GenerateRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[lipsync_pb2.GenerateResponse]:
         svc = self._service
-        crops: dict[int, tuple[np.ndarray, tuple[int, int]]] = {}
+        bank = svc.engine.new_bank(svc.settings.max_crops_per_stream)
 
-        def decode(request: lipsync_pb2.GenerateRequest) -> tuple[list[lipsync_pb2.GenerateItem], list[GenerateJob]]:
+        def decode(request: lipsync_pb2.GenerateRequest) -> GenerateChunk | None:
             for crop in request.crops:
-                face = image_from_proto(crop.image, f"reference crop {crop.crop_index}")
-                if face.shape != (IMG, IMG, 3):
-                    raise InvalidRequest(f"reference crop {crop.crop_index} is {face.shape[1]}x{face.shape[0]}; send {IMG}x{IMG}")
-                if len(crops) >= svc.settings.max_crops_per_stream and crop.crop_index not in crops:
-                    raise TooLarge(f"more than {svc.settings.max_crops_per_stream} reference crops in one stream")
-                crops[crop.crop_index] = (face, (crop.paste_width or IMG, crop.paste_height or IMG))
-            jobs: list[GenerateJob] = []
-            for item in request.items:
-                if item.crop_index not in crops:
-                    raise InvalidRequest(
-                        f"item for frame {item.frame_index} names crop {item.crop_index}, which this stream has not sent"
-                    )
-                face, paste = crops[item.crop_index]
-                mel = mel_from_bytes(item.mel.data, f"mel window of frame {item.frame_index}")
-                jobs.append((face, mel, None if request.raw_size else paste))
-            return list(request.items), jobs
+                bank.add(crop.crop_index, image_from_proto(crop.image, f"reference crop {crop.crop_index}"))
+                paste[crop.crop_index] = (crop.paste_width or IMG, crop.paste_height or IMG)
+            items = request.items
+            if not items:
+                return None
+            frames = np.fromiter((it.frame_index for it in items), dtype=np.int64, count=len(items))
+            crops = np.fromiter((it.crop_index for it in items), dtype=np.int64, count=len(items))
+            rows = bank.rows(crops, frames)
+            mels = b"".join(it.mel.data for it in items)
+            if len(mels) != len(items) * MEL_BYTES:
+                bad = next(it for it in items if len(it.mel.data) != MEL_BYTES)
+                mel_from_bytes(bad.mel.data, f"mel window of frame {bad.frame_index}")  # raises with the details
+            sizes = None if request.raw_size else [paste[int(c)] for c in crops]
+            mel_array = np.frombuffer(mels, dtype="<f2").reshape(len(items), *MEL_SHAPE)
+            return GenerateChunk(bank, rows, mel_array, sizes)
+
+        paste: dict[int, tuple[int, int]] = {}
 
         async def run(request: lipsync_pb2.GenerateRequest) -> lipsync_pb2.GenerateResponse | None:
-            items, jobs = decode(request)  # in request order: crops of message k are known to k+1
-            if not jobs:
+            chunk = decode(request)  # in request order: crops of message k are known to k+1
+            if chunk is None:
                 return None
-            faces = await svc.batcher.submit_many(jobs)
+            faces = await svc.batcher.submit(chunk)
             return lipsync_pb2.GenerateResponse(
                 faces=[
-                    lipsync_pb2.GeneratedFace(frame_index=it.frame_index, crop_index=it.crop_index, image=image_to_proto(f))
-                    for it, f in zip(items, faces)
+                    lipsync_pb2.GeneratedFace(
+                        frame_index=it.frame_index,
+                        crop_index=it.crop_index,
+                        image=common_pb2.Image(
+                            width=f.width, height=f.height, format=common_pb2.PIXEL_FORMAT_BGR24, data=f.data
+                        ),
+                    )
+                    for it, f in zip(request.items, faces)
                 ]
             )
 
@@ -161,13 +167,12 @@ class LipSyncService(Service[LipSyncSettings]):
         return [lipsync_pb2.DESCRIPTOR.services_by_name["LipSyncService"].full_name]
 
     def register(self, server: grpc.aio.Server) -> None:
+        self.detector: HaarFaceDetector | None = None
         lipsync_pb2_grpc.add_LipSyncServiceServicer_to_server(LipSyncServicer(self), server)
 
     async def load(self) -> None:
         s = self.settings
-        device = resolve_device(s.device)
-        ok, detail = cudnn_self_check(device)
-        self.metrics.cudnn_ok.labels(self.stage).set(1 if ok else 0)
+        device = prepare_device(s, self.metrics)
         model: nn.Module
         if s.checkpoint:
             model = await asyncio.to_thread(load_wav2lip, s.checkpoint)
@@ -181,25 +186,43 @@ class LipSyncService(Service[LipSyncSettings]):
             )
         self.backend = make_backend(
             s.backend, model, device, precision=s.precision or None, batch_buckets=s.batch_buckets or None,
-            max_batch=s.max_batch,
+            max_batch=s.max_batch, cache_dir=s.compile_cache_dir,
             # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
             cuda_graphs=None if name == "wav2lip" else False,
         )
-        if self.backend.batch_buckets:  # one pass per bucket: cuDNN algorithms, CUDA graphs, compilation
-            await asyncio.to_thread(
-                self.backend.warmup, lambda b: (torch.full((b, 1, 80, 16), -4.0), torch.zeros((b, 6, IMG, IMG)))
-            )
+        self.engine = LipSyncEngine(self.backend)
+        warm_bank = self.engine.new_bank(1)
+        warm_bank.add(0, np.zeros((IMG, IMG, 3), np.uint8))
+
+        def warm_chunk(n: int) -> GenerateChunk:
+            return GenerateChunk(warm_bank, np.zeros(n, np.int64), np.full((n, *MEL_SHAPE), -4.0, np.float16), None)
+
+        # One pass per batch bucket (cuDNN algorithm search, CUDA graph capture, compilation), largest
+        # first, through the same engine the requests use; then the numerics guard.
+        for n in sorted(self.backend.batch_buckets or (2,), reverse=True):
+            await asyncio.to_thread(self.engine.run, [warm_chunk(n)])
+        if isinstance(self.backend, CompiledBackend) and not self.backend.cache_loaded:
+            await asyncio.to_thread(self.backend.save_cache)
+        if device.type == "cuda" and s.max_rel_error > 0:
+            await asyncio.to_thread(self._numerics_guard, model)
+        if s.detector == "haar":
+            self.detector = HaarFaceDetector()
+            await asyncio.to_thread(self.detector.detect, [np.zeros((64, 64, 3), np.uint8)])
         self.model_info = common_pb2.ModelInfo(name=name, backend=self.backend.name, precision=self.backend.precision)
-        self.detector = HaarFaceDetector()
-        warm: list[GenerateJob] = [(np.zeros((IMG, IMG, 3), np.uint8), np.full((80, 16), -4.0, np.float32), None)] * 2
-        await asyncio.to_thread(generate_batch, self.backend, warm)
-        await asyncio.to_thread(self.detector.detect, [np.zeros((64, 64, 3), np.uint8)])
-        self.batcher: DynamicBatcher[GenerateJob, np.ndarray] = DynamicBatcher(
-            lambda jobs: generate_batch(self.backend, jobs), self.metrics, s.max_batch, s.max_delay_ms / 1000
+        self.batcher: DynamicBatcher[GenerateChunk, list[Face]] = DynamicBatcher(
+            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len
         )
         self.batcher.start()
         self.metrics.set_backend(name, self.backend.name, self.backend.precision)
-        _LOGGER.info("lipsync ready", extra={"model": name, "device": str(device), "cudnn": detail})
+        _LOGGER.info("lipsync ready", extra={"model": name, "backend": self.backend.describe(), "detector": s.detector})
+
+    def _numerics_guard(self, model: nn.Module) -> None:
+        """Refuse to serve if the fast backend disagrees with the fp32 model on a fixed input."""
+        gen = torch.Generator().manual_seed(0)
+        inputs = (torch.rand((8, 1, 80, 16), generator=gen) * 8 - 4, torch.rand((8, 6, IMG, IMG), generator=gen))
+        err = numerics_check(self.backend, model, inputs, bound=self.settings.max_rel_error)
+        self.metrics.numerics_error.labels(self.stage).set(err)
+        _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": self.settings.max_rel_error})
 
     async def close(self) -> None:
         if hasattr(self, "batcher"):

@@ -15,7 +15,7 @@ from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
 from services.common.batcher import DynamicBatcher
 from services.common.codec import image_from_proto, image_to_proto
 from services.common.config import ServiceSettings, _field
-from services.common.device import cudnn_self_check, resolve_device
+from services.common.device import prepare_device
 from services.common.errors import InvalidRequest
 from services.common.server import Service
 from services.common.streams import ordered_stream
@@ -108,9 +108,7 @@ class SuperResService(Service[SuperResSettings]):
 
     async def load(self) -> None:
         s = self.settings
-        device = resolve_device(s.device)
-        ok, detail = cudnn_self_check(device)
-        self.metrics.cudnn_ok.labels(self.stage).set(1 if ok else 0)
+        device = prepare_device(s, self.metrics)
         self.upscaler = await asyncio.to_thread(create_upscaler, s.model, s.checkpoint or None, str(device))
         self.scale = getattr(self.upscaler, "scale", 4)
         precision = str(getattr(self.upscaler, "dtype", "fp32")).replace("torch.float16", "fp16").replace("torch.float32", "fp32")
@@ -124,7 +122,7 @@ class SuperResService(Service[SuperResSettings]):
         self.metrics.set_backend(self.upscaler.model_name, backend, precision)
         _LOGGER.info(
             "superres ready",
-            extra={"model": self.upscaler.model_name, "device": str(device), "cudnn": detail, "precision": precision},
+            extra={"model": self.upscaler.model_name, "device": str(device), "precision": precision},
         )
 
     async def close(self) -> None:

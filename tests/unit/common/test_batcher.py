@@ -282,3 +282,28 @@ def test_bounded_queue_makes_submit_wait() -> None:
             await batcher.close()
 
     asyncio.run(main())
+
+
+def test_chunks_fill_batches_by_rows_and_are_never_split() -> None:
+    """With size_of, a queued item is a chunk of rows: batches close at max_batch rows."""
+    from services.common.batcher import DynamicBatcher
+    from services.common.metrics import Metrics
+
+    seen: list[list[int]] = []
+
+    def run_batch(chunks: list[list[int]]) -> list[int]:
+        seen.append([len(c) for c in chunks])
+        return [sum(c) for c in chunks]
+
+    async def main() -> list[int]:
+        batcher = DynamicBatcher(run_batch, Metrics("chunks"), max_batch=8, max_delay_s=0.05, size_of=len)
+        batcher.start()
+        try:
+            return await batcher.submit_many([[1] * 5, [2] * 2, [3] * 3, [4] * 8])
+        finally:
+            await batcher.close()
+
+    import asyncio
+
+    assert asyncio.run(main()) == [5, 4, 9, 32]
+    assert seen == [[5, 2], [3], [8]]
