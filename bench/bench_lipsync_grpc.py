@@ -50,7 +50,7 @@ import grpc
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.common.codec import image_to_proto, mel_to_bytes
+from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_items
 
 # What `python -m services.lipsync` imports beyond this script's own needs (module -> pip name).
 SERVICE_MODULES = {
@@ -164,11 +164,8 @@ async def run_stream(stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: 
         first = True
         while time.perf_counter() < stop_at:
             await window.acquire()
-            items = [
-                lipsync_pb2.GenerateItem(frame_index=frame + k, crop_index=(frame + k) % args.crops,
-                                         mel=common_pb2.MelWindow(data=mels[(frame + k) % len(mels)]))
-                for k in range(args.items)
-            ]
+            indices = list(range(frame, frame + args.items))
+            items = pack_generate_items(indices, [i % args.crops for i in indices], [mels[i % len(mels)] for i in indices])
             frame += args.items
             sent.append(time.perf_counter())
             yield lipsync_pb2.GenerateRequest(crops=crops if first else [], items=items, raw_size=True)
@@ -180,7 +177,7 @@ async def run_stream(stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: 
             now = time.perf_counter()
             window.release()
             stats.latencies.append((now, now - sent.popleft()))
-            stats.arrivals.append((now, len(response.faces)))
+            stats.arrivals.append((now, len(response.faces.frame_indices)))
             if response.HasField("model") and stats.model_info is None:
                 stats.model_info = response.model
     except grpc.aio.AioRpcError as exc:

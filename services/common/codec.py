@@ -10,7 +10,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from lipline.v1 import common_pb2
+from lipline.v1 import common_pb2, lipsync_pb2
 from services.common.errors import InvalidMedia
 
 MEL_BANDS = 80
@@ -57,3 +57,41 @@ def mel_from_bytes(data: bytes, what: str = "mel window") -> np.ndarray:
     if len(data) != _MEL_BYTES:
         raise InvalidMedia(f"{what}: expected {_MEL_BYTES} bytes (80x16 float16), got {len(data)}")
     return np.frombuffer(data, dtype="<f2").astype(np.float32).reshape(MEL_BANDS, MEL_STEP)
+
+
+def pack_generate_items(
+    frame_indices: list[int], crop_indices: list[int], mels: list[bytes]
+) -> lipsync_pb2.GenerateItems:
+    """Packed Generate items from per-item values (mels: 2,560-byte float16 windows, as on the wire)."""
+    return lipsync_pb2.GenerateItems(frame_indices=frame_indices, crop_indices=crop_indices, mels=b"".join(mels))
+
+
+def unpack_generate_items(items: lipsync_pb2.GenerateItems) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GenerateItems -> (frame indices (N,), crop indices (N,), mels (N, 80, 16) float16); validated."""
+    frames = np.asarray(items.frame_indices, dtype=np.int64)
+    crops = np.asarray(items.crop_indices, dtype=np.int64)
+    n = len(frames)
+    if len(crops) != n:
+        raise InvalidMedia(f"items: {n} frame indices but {len(crops)} crop indices")
+    if len(items.mels) != n * _MEL_BYTES:
+        raise InvalidMedia(
+            f"items: {n} items need {n * _MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(items.mels)}"
+        )
+    mels = np.frombuffer(items.mels, dtype="<f2").reshape(n, MEL_BANDS, MEL_STEP)
+    return frames, crops, mels
+
+
+def unpack_faces(faces: lipsync_pb2.GeneratedFaces) -> list[tuple[int, np.ndarray]]:
+    """GeneratedFaces -> [(frame index, (H, W, 3) uint8 BGR view)], in order; validated."""
+    sizes = list(zip(faces.widths, faces.heights))
+    if not len(faces.frame_indices) == len(sizes):
+        raise InvalidMedia("generated faces: index and size lists differ in length")
+    expected = sum(w * h * 3 for w, h in sizes)
+    if len(faces.data) != expected:
+        raise InvalidMedia(f"generated faces: sizes need {expected} bytes, got {len(faces.data)}")
+    data = np.frombuffer(faces.data, dtype=np.uint8)
+    out, offset = [], 0
+    for frame, (w, h) in zip(faces.frame_indices, sizes):
+        out.append((frame, data[offset : offset + w * h * 3].reshape(h, w, 3)))
+        offset += w * h * 3
+    return out

@@ -18,14 +18,19 @@ _DONE = object()
 
 
 def _item_count(request: Any) -> int:
+    """Default `size_of`: the length of a repeated `items` field (1 for other messages)."""
     items = getattr(request, "items", None)
-    return max(1, len(items)) if items is not None else 1
+    try:
+        return max(1, len(items))
+    except TypeError:  # not a repeated field
+        return 1
 
 
 async def ordered_stream(
     requests: AsyncIterator[Req],
     handle: Callable[[Req], Awaitable[Resp | None]],
     max_pending: int = 512,
+    size_of: Callable[[Req], int] = _item_count,
 ) -> AsyncIterator[Resp]:
     """Yield `await handle(r)` for each request r, in order, with several handled concurrently.
 
@@ -38,7 +43,7 @@ async def ordered_stream(
     async def reader() -> None:
         try:
             async for request in requests:
-                n = min(_item_count(request), max_pending)
+                n = min(max(1, size_of(request)), max_pending)
                 for _ in range(n):
                     await budget.acquire()
                 task = asyncio.ensure_future(handle(request))

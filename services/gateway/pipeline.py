@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, superres_pb2
-from services.common.codec import image_from_proto, image_to_proto
+from services.common.codec import image_from_proto, image_to_proto, pack_generate_items, unpack_faces
 from services.common.tracing import outgoing_metadata
 from services.gateway.avatars import Avatar
 from services.gateway.media import Mp4Writer, paste_face
@@ -86,26 +86,29 @@ async def render(
                 crops=[_reference_crop(avatar, i) for i in crop_ids[start : start + CROPS_PER_MESSAGE]],
                 raw_size=super_resolution,
             )
-        batch: list[lipsync_pb2.GenerateItem] = []
+        frames: list[int] = []
+        mels: list[bytes] = []
+
+        def message() -> lipsync_pb2.GenerateRequest:
+            crops = [avatar.frame_for(i) for i in frames]
+            return lipsync_pb2.GenerateRequest(items=pack_generate_items(frames, crops, mels), raw_size=super_resolution)
+
         async for window in windows():
-            batch.append(
-                lipsync_pb2.GenerateItem(
-                    frame_index=window.frame_index, crop_index=avatar.frame_for(window.frame_index), mel=window
-                )
-            )
-            if len(batch) == ITEMS_PER_MESSAGE:
-                yield lipsync_pb2.GenerateRequest(items=batch, raw_size=super_resolution)
-                batch = []
-        if batch:
-            yield lipsync_pb2.GenerateRequest(items=batch, raw_size=super_resolution)
+            frames.append(window.frame_index)
+            mels.append(window.data)
+            if len(frames) == ITEMS_PER_MESSAGE:
+                yield message()
+                frames, mels = [], []
+        if frames:
+            yield message()
 
     async def generated() -> AsyncIterator[tuple[int, np.ndarray]]:
         async with stage_errors("lipsync"):
             async for response in clients.lipsync.Generate(lipsync_requests(), metadata=metadata):
                 if response.HasField("model"):
                     progress.models.append(response.model)
-                for face in response.faces:
-                    yield face.frame_index, image_from_proto(face.image, "generated face")
+                for index, face in unpack_faces(response.faces):
+                    yield index, face
 
     async def restored() -> AsyncIterator[tuple[int, np.ndarray]]:
         async def requests() -> AsyncIterator[superres_pb2.UpscaleRequest]:

@@ -83,15 +83,20 @@ class CropBank:
 
 
 @dataclasses.dataclass(frozen=True)
-class Face:
-    """A generated face, packed BGR24 (height rows of width * 3 bytes)."""
+class ChunkFaces:
+    """A chunk's generated faces, packed: BGR24 faces back to back, in item order."""
 
-    width: int
-    height: int
+    widths: list[int]
+    heights: list[int]
     data: bytes
 
-    def array(self) -> np.ndarray:
-        return np.frombuffer(self.data, dtype=np.uint8).reshape(self.height, self.width, 3)
+    def arrays(self) -> list[np.ndarray]:
+        flat = np.frombuffer(self.data, dtype=np.uint8)
+        out, offset = [], 0
+        for w, h in zip(self.widths, self.heights):
+            out.append(flat[offset : offset + w * h * 3].reshape(h, w, 3))
+            offset += w * h * 3
+        return out
 
 
 @dataclasses.dataclass
@@ -119,8 +124,8 @@ class LipSyncEngine:
         return CropBank(self.device, max_crops)
 
     @torch.inference_mode()
-    def run(self, chunks: list[GenerateChunk]) -> list[list[Face]]:
-        """One model batch for all chunks; returns, per chunk, its faces (packed BGR24 bytes)."""
+    def run(self, chunks: list[GenerateChunk]) -> list[ChunkFaces]:
+        """One model batch for all chunks; returns, per chunk, its faces packed in item order."""
         mels = np.concatenate([c.mels for c in chunks])
         mel_t = torch.from_numpy(mels)
         if self._pin:
@@ -137,38 +142,36 @@ class LipSyncEngine:
         out = (pred.float() * 255.0).clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
         return self._split_resized(out, chunks)
 
-    def _split_resized(self, out: torch.Tensor, chunks: list[GenerateChunk]) -> list[list[Face]]:
-        """Resize each item to its paste size on the device (grouped by size), then one copy to host."""
-        jobs: dict[tuple[int, int], list[int]] = defaultdict(list)  # (w, h) -> flat item positions
-        positions: list[tuple[int, int]] = []
-        flat = 0
-        for ci, chunk in enumerate(chunks):
-            for j in range(len(chunk)):
-                w, h = chunk.sizes[j] if chunk.sizes is not None else (IMG_SIZE, IMG_SIZE)
-                jobs[(w, h)].append(flat)
-                positions.append((ci, j))
-                flat += 1
-        pieces: list[tuple[list[int], torch.Tensor]] = []
-        for (w, h), idx in jobs.items():
-            group = out[torch.tensor(idx, device=out.device)] if len(idx) != len(out) else out
-            if (w, h) != (IMG_SIZE, IMG_SIZE):
-                resized = F.interpolate(group.permute(0, 3, 1, 2).float(), size=(h, w), mode="bilinear", align_corners=False)
-                group = resized.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-            pieces.append((idx, group.contiguous()))
-        # One device->host copy for the whole batch (pinned when on a GPU; torch caches pinned
-        # blocks), then each face's bytes are cut out here, on the model thread, so the event loop
-        # only wraps them in messages.
-        flat_bytes = torch.cat([g.reshape(-1) for _, g in pieces])
-        host = torch.empty(flat_bytes.shape, dtype=torch.uint8, pin_memory=self._pin)
-        host.copy_(flat_bytes)
+    def _split_resized(self, out: torch.Tensor, chunks: list[GenerateChunk]) -> list[ChunkFaces]:
+        """Resize each face to its paste size on the device (grouped by size), then one copy to host."""
+        sizes = [
+            size for chunk in chunks for size in (chunk.sizes or [(IMG_SIZE, IMG_SIZE)] * len(chunk))
+        ]
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for pos, size in enumerate(sizes):
+            groups[size].append(pos)
+        if list(groups) == [(IMG_SIZE, IMG_SIZE)]:
+            flat = out.reshape(-1)  # raw size (superres follows): already in item order
+        else:
+            per_item: list[torch.Tensor | None] = [None] * len(sizes)
+            for (w, h), idx in groups.items():
+                group = out[torch.tensor(idx, device=out.device)]
+                if (w, h) != (IMG_SIZE, IMG_SIZE):
+                    resized = F.interpolate(group.permute(0, 3, 1, 2).float(), size=(h, w), mode="bilinear", align_corners=False)
+                    group = resized.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+                for k, pos in enumerate(idx):
+                    per_item[pos] = group[k].reshape(-1)
+            flat = torch.cat(per_item)  # type: ignore[arg-type]
+        # One device->host copy for the whole batch (pinned on a GPU; torch caches pinned blocks),
+        # then one bytes object per chunk, cut here on the model thread.
+        host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=self._pin)
+        host.copy_(flat)
         buffer = memoryview(host.numpy())
-        results: list[list[Face | None]] = [[None] * len(c) for c in chunks]
-        offset = 0
-        for idx, group in pieces:
-            _, h, w, _ = group.shape
-            step = h * w * 3
-            for pos in idx:
-                ci, j = positions[pos]
-                results[ci][j] = Face(w, h, bytes(buffer[offset : offset + step]))
-                offset += step
-        return results  # type: ignore[return-value]
+        results, offset, pos = [], 0, 0
+        for chunk in chunks:
+            chunk_sizes = sizes[pos : pos + len(chunk)]
+            pos += len(chunk)
+            nbytes = sum(w * h * 3 for w, h in chunk_sizes)
+            results.append(ChunkFaces([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], bytes(buffer[offset : offset + nbytes])))
+            offset += nbytes
+        return results

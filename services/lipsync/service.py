@@ -15,22 +15,20 @@ from torch import nn
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.common.backends import CompiledBackend, make_backend, numerics_check
 from services.common.batcher import DynamicBatcher
-from services.common.codec import image_from_proto, mel_from_bytes
+from services.common.codec import image_from_proto, unpack_generate_items
 from services.common.config import ServiceSettings, _field
 from services.common.device import prepare_device
 from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
 from services.common.server import Service
 from services.common.streams import ordered_stream
 from services.lipsync import prep
-from services.lipsync.engine import MEL_SHAPE, Face, GenerateChunk, LipSyncEngine
+from services.lipsync.engine import MEL_SHAPE, ChunkFaces, GenerateChunk, LipSyncEngine
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, prepare_boxes
 from services.lipsync.procedural import ProceduralLipSync
 from services.lipsync.wav2lip import load_wav2lip
 
 _LOGGER = logging.getLogger(__name__)
 IMG = prep.IMG_SIZE
-
-MEL_BYTES = MEL_SHAPE[0] * MEL_SHAPE[1] * 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,25 +111,18 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
         svc = self._service
         bank = svc.engine.new_bank(svc.settings.max_crops_per_stream)
 
+        paste: dict[int, tuple[int, int]] = {}
+
         def decode(request: lipsync_pb2.GenerateRequest) -> GenerateChunk | None:
             for crop in request.crops:
                 bank.add(crop.crop_index, image_from_proto(crop.image, f"reference crop {crop.crop_index}"))
                 paste[crop.crop_index] = (crop.paste_width or IMG, crop.paste_height or IMG)
-            items = request.items
-            if not items:
+            frames, crops, mels = unpack_generate_items(request.items)
+            if not len(frames):
                 return None
-            frames = np.fromiter((it.frame_index for it in items), dtype=np.int64, count=len(items))
-            crops = np.fromiter((it.crop_index for it in items), dtype=np.int64, count=len(items))
             rows = bank.rows(crops, frames)
-            mels = b"".join(it.mel.data for it in items)
-            if len(mels) != len(items) * MEL_BYTES:
-                bad = next(it for it in items if len(it.mel.data) != MEL_BYTES)
-                mel_from_bytes(bad.mel.data, f"mel window of frame {bad.frame_index}")  # raises with the details
-            sizes = None if request.raw_size else [paste[int(c)] for c in crops]
-            mel_array = np.frombuffer(mels, dtype="<f2").reshape(len(items), *MEL_SHAPE)
-            return GenerateChunk(bank, rows, mel_array, sizes)
-
-        paste: dict[int, tuple[int, int]] = {}
+            sizes = None if request.raw_size else [paste[c] for c in crops.tolist()]
+            return GenerateChunk(bank, rows, mels, sizes)
 
         async def run(request: lipsync_pb2.GenerateRequest) -> lipsync_pb2.GenerateResponse | None:
             chunk = decode(request)  # in request order: crops of message k are known to k+1
@@ -139,20 +130,19 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
                 return None
             faces = await svc.batcher.submit(chunk)
             return lipsync_pb2.GenerateResponse(
-                faces=[
-                    lipsync_pb2.GeneratedFace(
-                        frame_index=it.frame_index,
-                        crop_index=it.crop_index,
-                        image=common_pb2.Image(
-                            width=f.width, height=f.height, format=common_pb2.PIXEL_FORMAT_BGR24, data=f.data
-                        ),
-                    )
-                    for it, f in zip(request.items, faces)
-                ]
+                faces=lipsync_pb2.GeneratedFaces(
+                    frame_indices=request.items.frame_indices,
+                    crop_indices=request.items.crop_indices,
+                    widths=faces.widths,
+                    heights=faces.heights,
+                    data=faces.data,
+                )
             )
 
         first = True
-        async for response in ordered_stream(request_iterator, run, svc.settings.max_pending_per_stream):
+        async for response in ordered_stream(
+            request_iterator, run, svc.settings.max_pending_per_stream, size_of=lambda r: len(r.items.frame_indices)
+        ):
             if first:
                 response.model.CopyFrom(svc.model_info)
                 first = False
@@ -209,7 +199,7 @@ class LipSyncService(Service[LipSyncSettings]):
             self.detector = HaarFaceDetector()
             await asyncio.to_thread(self.detector.detect, [np.zeros((64, 64, 3), np.uint8)])
         self.model_info = common_pb2.ModelInfo(name=name, backend=self.backend.name, precision=self.backend.precision)
-        self.batcher: DynamicBatcher[GenerateChunk, list[Face]] = DynamicBatcher(
+        self.batcher: DynamicBatcher[GenerateChunk, ChunkFaces] = DynamicBatcher(
             self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len
         )
         self.batcher.start()

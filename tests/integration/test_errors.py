@@ -24,7 +24,7 @@ from lipline.v1 import (
     superres_pb2,
     superres_pb2_grpc,
 )
-from services.common.codec import image_to_proto, mel_to_bytes
+from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_items
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.helpers.audio_files import encode_tone
@@ -234,7 +234,7 @@ def test_audio_stage_message_over_limit(audio_stub: audio_pb2_grpc.AudioServiceS
 
 
 FACE = np.full((96, 96, 3), 100, np.uint8)
-MEL = common_pb2.MelWindow(frame_index=0, data=mel_to_bytes(np.zeros((80, 16), np.float32)))
+MEL = mel_to_bytes(np.zeros((80, 16), np.float32))
 
 
 def generate(stub: lipsync_pb2_grpc.LipSyncServiceStub, *requests: lipsync_pb2.GenerateRequest) -> list:
@@ -245,14 +245,14 @@ def crop_request(image: common_pb2.Image, index: int = 0) -> lipsync_pb2.Generat
     return lipsync_pb2.GenerateRequest(crops=[lipsync_pb2.ReferenceCrop(crop_index=index, image=image)])
 
 
-def item_request(crop_index: int = 0, mel: common_pb2.MelWindow = MEL) -> lipsync_pb2.GenerateRequest:
-    return lipsync_pb2.GenerateRequest(items=[lipsync_pb2.GenerateItem(frame_index=0, crop_index=crop_index, mel=mel)])
+def item_request(crop_index: int = 0, mel: bytes = MEL) -> lipsync_pb2.GenerateRequest:
+    return lipsync_pb2.GenerateRequest(items=pack_generate_items([0], [crop_index], [mel]))
 
 
 def test_lipsync_generate_valid(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
     (response,) = generate(lipsync_stub, crop_request(image_to_proto(FACE)), item_request())
     assert response.model.name == "procedural"
-    assert len(response.faces) == 1 and response.faces[0].image.width == 96
+    assert list(response.faces.frame_indices) == [0] and list(response.faces.widths) == [96]
 
 
 def test_lipsync_item_names_unsent_crop(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
@@ -277,7 +277,7 @@ def test_lipsync_bad_images(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -
 
 
 def test_lipsync_bad_mel(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
-    mel = common_pb2.MelWindow(frame_index=0, data=b"\0" * 100)
+    mel = b"\0" * 100
     expect_status(
         grpc.StatusCode.INVALID_ARGUMENT,
         lambda: generate(lipsync_stub, crop_request(image_to_proto(FACE)), item_request(mel=mel)),

@@ -22,7 +22,7 @@ from lipline.v1 import common_pb2, gateway_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.audio.mel import MelExtractor
 from services.common.audio_decode import decode_audio
 from services.common.checkpoints import seeded_state_dict
-from services.common.codec import image_from_proto, image_to_proto, mel_from_bytes, mel_to_bytes
+from services.common.codec import image_to_proto, mel_from_bytes, mel_to_bytes, pack_generate_items, unpack_faces
 from services.gateway.client import LiplineClient
 from services.gateway.media import decode_avatar, probe_media
 from services.lipsync import prep
@@ -87,11 +87,7 @@ def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpo
                 crops=[lipsync_pb2.ReferenceCrop(crop_index=3, image=image_to_proto(crop), paste_width=paste[0], paste_height=paste[1])]
             ),
             lipsync_pb2.GenerateRequest(
-                items=[
-                    lipsync_pb2.GenerateItem(frame_index=i, crop_index=3, mel=common_pb2.MelWindow(frame_index=i, data=m))
-                    for i, m in enumerate(mels)
-                ],
-                raw_size=raw_size,
+                items=pack_generate_items(list(range(len(mels))), [3] * len(mels), mels), raw_size=raw_size
             ),
         ]
         with grpc.insecure_channel(w2l_cluster.processes["lipsync"].address) as channel:
@@ -99,8 +95,8 @@ def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpo
 
     (raw,) = call(raw_size=True)
     assert raw.model.name == "wav2lip"
-    got = np.stack([image_from_proto(f.image) for f in raw.faces])
-    assert [(f.frame_index, f.crop_index) for f in raw.faces] == [(i, 3) for i in range(len(mels))]
+    got = np.stack([face for _, face in unpack_faces(raw.faces)])
+    assert list(raw.faces.frame_indices) == list(range(len(mels))) and list(raw.faces.crop_indices) == [3] * len(mels)
 
     model = load_wav2lip(checkpoint)
     with torch.no_grad():
@@ -117,8 +113,7 @@ def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpo
     assert np.abs(got[0].astype(np.int16) - got[2]).mean() > 0.2, "the mel window had no effect"
 
     (pasted,) = call(raw_size=False)
-    for face, exp in zip(pasted.faces, expected):
-        image = image_from_proto(face.image)
+    for (_, image), exp in zip(unpack_faces(pasted.faces), expected):
         assert image.shape == (paste[1], paste[0], 3)
         ref = prep.resize_to(exp, *paste)
         assert np.abs(image.astype(np.int16) - ref.astype(np.int16)).max() <= 1

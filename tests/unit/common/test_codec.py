@@ -151,3 +151,34 @@ def test_wrong_mel_length_is_invalid_media(size: int) -> None:
     assert message.startswith("window 5:")
     assert "2560" in message
     assert f"got {size}" in message
+
+
+def test_generate_items_pack_round_trip_and_validation() -> None:
+    from lipline.v1 import lipsync_pb2
+    from services.common.codec import pack_generate_items, unpack_generate_items
+
+    windows = [np.full((80, 16), v, np.float32) for v in (-4.0, 0.5, 3.25)]
+    items = pack_generate_items([7, 8, 9], [0, 2, 0], [mel_to_bytes(w) for w in windows])
+    frames, crops, mels = unpack_generate_items(lipsync_pb2.GenerateItems.FromString(items.SerializeToString()))
+    assert frames.tolist() == [7, 8, 9] and crops.tolist() == [0, 2, 0]
+    assert mels.dtype == np.float16 and np.array_equal(mels.astype(np.float32), np.stack(windows))
+    with pytest.raises(InvalidMedia, match="2 frame indices but 1 crop indices"):
+        unpack_generate_items(lipsync_pb2.GenerateItems(frame_indices=[1, 2], crop_indices=[0], mels=bytes(5120)))
+    with pytest.raises(InvalidMedia, match="need 5120 bytes"):
+        unpack_generate_items(lipsync_pb2.GenerateItems(frame_indices=[1, 2], crop_indices=[0, 0], mels=bytes(5119)))
+
+
+def test_unpack_faces_sizes_and_validation() -> None:
+    from lipline.v1 import lipsync_pb2
+    from services.common.codec import unpack_faces
+
+    a = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    b = np.full((4, 1, 3), 9, np.uint8)
+    msg = lipsync_pb2.GeneratedFaces(
+        frame_indices=[5, 6], crop_indices=[0, 0], widths=[3, 1], heights=[2, 4], data=a.tobytes() + b.tobytes()
+    )
+    (fa, got_a), (fb, got_b) = unpack_faces(msg)
+    assert (fa, fb) == (5, 6) and np.array_equal(got_a, a) and np.array_equal(got_b, b)
+    msg.data = msg.data[:-1]
+    with pytest.raises(InvalidMedia, match="need 30 bytes"):
+        unpack_faces(msg)

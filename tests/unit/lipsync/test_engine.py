@@ -50,8 +50,8 @@ def test_engine_matches_numpy_path_across_chunks_and_banks(model: Wav2Lip) -> No
     out_a, out_b = engine.run([chunk_a, chunk_b])
     expected_a = _numpy_path(model, faces_a[order_a - 10], mels_a)
     expected_b = _numpy_path(model, faces_b[[1, 0]], mels_b)
-    got_a = np.stack([f.array() for f in out_a])
-    got_b = np.stack([f.array() for f in out_b])
+    got_a = np.stack(out_a.arrays())
+    got_b = np.stack(out_b.arrays())
     # Same maths in the same precision: at most one level apart (summation order of the batch).
     assert np.abs(got_a.astype(int) - expected_a).max() <= 1
     assert np.abs(got_b.astype(int) - expected_b).max() <= 1
@@ -67,11 +67,12 @@ def test_engine_resizes_like_cv2_inter_linear(model: Wav2Lip) -> None:
     sizes = [(150, 170), (64, 80)]  # one upscale, one downscale, different per item
     (out,) = engine.run([GenerateChunk(bank, np.array([0, 1]), mels, sizes)])
     raw = _numpy_path(model, faces, mels)
-    for face, (w, h), r in zip(out, sizes, raw):
-        assert (face.width, face.height) == (w, h)
+    assert list(zip(out.widths, out.heights)) == sizes
+    for face, (w, h), r in zip(out.arrays(), sizes, raw):
+        assert face.shape == (h, w, 3)
         expected = prep.resize_to(r, w, h)
         # Bilinear on the GPU vs OpenCV's fixed-point INTER_LINEAR: a level or two of rounding.
-        assert np.abs(face.array().astype(int) - expected).max() <= 2
+        assert np.abs(face.astype(int) - expected).max() <= 2
 
 
 def test_crop_bank_validates() -> None:
@@ -102,6 +103,6 @@ def test_engine_on_cuda_matches_cpu(model: Wav2Lip) -> None:
         for i, f in enumerate(faces):
             bank.add(i, f)
         (out,) = engine.run([GenerateChunk(bank, np.arange(40), mels, [(120, 130)] * 40)])
-        results.append(np.stack([f.array() for f in out]).astype(int))
+        results.append(np.stack(out.arrays()).astype(int))
     cpu, gpu = results
     assert np.abs(cpu - gpu).mean() < 1.0 and np.abs(cpu - gpu).max() <= 8
