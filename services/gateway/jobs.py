@@ -36,6 +36,8 @@ class JobRecord:
     output_path: Path | None = None
     output_bytes: int = 0
     models: list[common_pb2.ModelInfo] = dataclasses.field(default_factory=list)
+    # Wall seconds per part of the job (Job.stage_seconds); written on the event loop only.
+    stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     task: asyncio.Task | None = None
     _changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -87,6 +89,7 @@ class JobRecord:
             models=self.models,
             options=self.options,
             create_time=created,
+            stage_seconds=self.stage_seconds,
         )
 
 

@@ -4,6 +4,10 @@ The stages are chained as gRPC streams: mel windows go to the lipsync stream as 
 produces them, generated faces go to the superres stream as they arrive, and the compositor pastes
 and encodes each frame as soon as its face is back. Nothing waits for the whole clip, memory stays
 flat, and bounded queues (gRPC flow control, the writer's pending list) push back on faster stages.
+
+Each render is timed per part (Job.stage_seconds): the wall time of each stage call from its start to
+its last response, and the writer thread's summed time pasting faces and encoding. The parts overlap
+(that is the point of streaming), so they do not add up to the total.
 """
 
 from __future__ import annotations
@@ -36,7 +40,18 @@ MAX_PENDING_WRITES = 32
 class RenderResult:
     frames: int
     models: list[common_pb2.ModelInfo]
-    first_frame_seconds: float
+    first_frame_seconds: float  # render start to the first frame handed to the encoder
+    stage_seconds: dict[str, float]  # see render()
+
+
+@dataclasses.dataclass
+class _WriterClock:
+    """Seconds the writer thread spends per part; only that thread adds to them while frames are in flight."""
+
+    started: float  # perf_counter() at the start of the render
+    composite: float = 0.0  # paste_face, summed
+    encode: float = 0.0  # Mp4Writer.write + close (x264 + AAC + mux), summed
+    first_frame: float = 0.0  # render start to the first frame's write returning
 
 
 @dataclasses.dataclass
@@ -60,16 +75,28 @@ async def render(
     crf: int,
     on_progress: Callable[[str, int, int], None],
     request_id: str = "",
+    stage_seconds: dict[str, float] | None = None,
 ) -> RenderResult:
-    """Render one job into `output`; raises grpc.aio.AioRpcError (from a stage) or a LiplineError."""
+    """Render one job into `output`; raises grpc.aio.AioRpcError (from a stage) or a LiplineError.
+
+    `stage_seconds` (also returned in the result) is filled in as the render goes, on the event loop,
+    so a failed or cancelled job keeps what was measured: "audio", "lipsync", "superres" (each call's
+    start to its last response), "composite" and "encode" (the writer thread's summed time),
+    "first_frame" (render start to the first encoded frame) and, on success, "total" (render start
+    to the MP4 under its final name).
+    """
     started = time.perf_counter()
+    times = stage_seconds if stage_seconds is not None else {}
+    clock = _WriterClock(started)
     progress = _Progress()
     metadata = outgoing_metadata(request_id)
 
     async def windows() -> AsyncIterator[common_pb2.MelWindow]:
         """Mel windows of the frames that have a face (others pass through without generation)."""
+        call_started = time.perf_counter()
         async with stage_errors("audio"):
             async for response in clients.extract(audio_bytes, avatar.fps, request_id):
+                times["audio"] = time.perf_counter() - call_started
                 if response.total_frames:
                     progress.total_frames = response.total_frames
                     progress.audio_seconds = response.duration_seconds
@@ -103,8 +130,10 @@ async def render(
             yield message()
 
     async def generated() -> AsyncIterator[tuple[int, np.ndarray]]:
+        call_started = time.perf_counter()
         async with stage_errors("lipsync"):
             async for response in clients.lipsync.Generate(lipsync_requests(), metadata=metadata):
+                times["lipsync"] = time.perf_counter() - call_started
                 if response.HasField("model"):
                     progress.models.append(response.model)
                 for index, face in unpack_faces(response.faces):
@@ -124,8 +153,10 @@ async def render(
             if items:
                 yield superres_pb2.UpscaleRequest(items=items)
 
+        call_started = time.perf_counter()
         async with stage_errors("superres"):
             async for response in clients.superres.Upscale(requests(), metadata=metadata):
+                times["superres"] = time.perf_counter() - call_started
                 if response.HasField("model"):
                     progress.models.append(response.model)
                 for item in response.items:
@@ -134,7 +165,6 @@ async def render(
     faces = restored() if super_resolution else generated()
     height, width = avatar.frames.shape[1:3]
     loop = asyncio.get_running_loop()
-    first_frame = 0.0
     # One writer thread: pasting and x264 run off the event loop, in frame order.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as executor:
         writer = await loop.run_in_executor(
@@ -144,12 +174,9 @@ async def render(
         next_frame = 0
 
         async def emit(index: int, face: np.ndarray | None) -> None:
-            nonlocal first_frame
-            pending.append(loop.run_in_executor(executor, _write_frame, writer, avatar, index, face))
+            pending.append(loop.run_in_executor(executor, _write_frame, writer, avatar, index, face, clock))
             if len(pending) >= MAX_PENDING_WRITES:
                 await pending.popleft()
-            if not first_frame:
-                first_frame = time.perf_counter() - started
             if index % 25 == 0:
                 on_progress("render", index, progress.total_frames)
 
@@ -167,13 +194,20 @@ async def render(
             while pending:
                 await pending.popleft()
             on_progress("encode", progress.total_frames, progress.total_frames)
-            await loop.run_in_executor(executor, writer.close)
+            await loop.run_in_executor(executor, _close, writer, clock)
+            times["total"] = time.perf_counter() - started
         except BaseException:
             for fut in pending:
                 fut.cancel()
             await loop.run_in_executor(executor, writer.abort)
             raise
-    return RenderResult(progress.total_frames, progress.models, first_frame)
+        finally:
+            # Normally the writer thread is idle by now (every write awaited, or the abort queued after
+            # them); on a cancel mid-abort these are just floats it may still add to.
+            times["composite"], times["encode"] = clock.composite, clock.encode
+            if clock.first_frame:
+                times["first_frame"] = clock.first_frame
+    return RenderResult(progress.total_frames, progress.models, clock.first_frame, times)
 
 
 def _reference_crop(avatar: Avatar, frame: int) -> lipsync_pb2.ReferenceCrop:
@@ -183,9 +217,24 @@ def _reference_crop(avatar: Avatar, frame: int) -> lipsync_pb2.ReferenceCrop:
     )
 
 
-def _write_frame(writer: Mp4Writer, avatar: Avatar, index: int, face: np.ndarray | None) -> None:
+def _write_frame(writer: Mp4Writer, avatar: Avatar, index: int, face: np.ndarray | None, clock: _WriterClock) -> None:
+    """Runs on the writer thread: paste the face (if any) into its template frame and encode it."""
     frame_index = avatar.frame_for(index)
     frame = np.asarray(avatar.frames[frame_index])
+    t0 = time.perf_counter()
     if face is not None:
         frame = paste_face(frame, face, avatar.boxes[frame_index])  # type: ignore[arg-type]
+    t1 = time.perf_counter()
     writer.write(frame)
+    t2 = time.perf_counter()
+    clock.composite += t1 - t0
+    clock.encode += t2 - t1
+    if not clock.first_frame:
+        clock.first_frame = t2 - clock.started
+
+
+def _close(writer: Mp4Writer, clock: _WriterClock) -> None:
+    """Runs on the writer thread: the rest of the audio, the encoders' flush, the rename."""
+    t0 = time.perf_counter()
+    writer.close()
+    clock.encode += time.perf_counter() - t0

@@ -130,8 +130,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
         avatar = await asyncio.to_thread(self._svc.avatars.get, request.avatar_id)
         # Decoding here (we need the PCM for the AAC track anyway) rejects bad audio before the job exists.
+        decode_started = time.perf_counter()
         pcm = await asyncio.to_thread(decode_audio, request.audio, MUX_AUDIO_RATE, s.max_audio_seconds)
+        decode_seconds = time.perf_counter() - decode_started
         job = self._svc.jobs.create(avatar.id, request.options, len(pcm) / MUX_AUDIO_RATE)
+        job.stage_seconds["audio_decode"] = decode_seconds
         job.task = asyncio.create_task(self._svc.run_job(job, avatar, request.audio, pcm, REQUEST_ID.get()))
         _LOGGER.info("job submitted", extra={"job_id": job.id, "avatar_id": avatar.id, "audio_s": round(job.audio_seconds, 3)})
         return job.to_proto()
@@ -231,6 +234,7 @@ class GatewayService(Service[GatewaySettings]):
                     render(
                         self.clients, avatar, audio, pcm, MUX_AUDIO_RATE, output,
                         job.options.super_resolution, job.options.crf or 20, on_progress, request_id,
+                        job.stage_seconds,
                     ),
                     self.settings.job_timeout_s,
                 )
@@ -261,6 +265,9 @@ class GatewayService(Service[GatewaySettings]):
                     m.job_realtime_factor.observe(job.audio_seconds / job.elapsed())
             _LOGGER.info(
                 "job finished",
-                extra={"job_id": job.id, "state": status, "seconds": round(job.elapsed(), 3), "error": job.error},
+                extra={
+                    "job_id": job.id, "state": status, "seconds": round(job.elapsed(), 3), "error": job.error,
+                    "stage_seconds": {k: round(v, 3) for k, v in job.stage_seconds.items()},
+                },
             )
             job.notify()

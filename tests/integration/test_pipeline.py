@@ -182,6 +182,20 @@ def test_job_events(rendered: Rendered) -> None:
     assert job.error == "" and job.error_code == 0
 
 
+def test_stage_seconds(rendered: Rendered) -> None:
+    times = dict(rendered.job.stage_seconds)
+    expected = {"audio_decode", "audio", "lipsync", "composite", "encode", "first_frame", "total"}
+    if rendered.job.options.super_resolution:
+        expected.add("superres")
+    assert times.keys() == expected, times
+    assert all(v > 0 for v in times.values()), times
+    # Every part runs inside the render, so none takes longer than it (they overlap: no sum).
+    for part in expected - {"audio_decode", "total"}:
+        assert times[part] <= times["total"], (part, times)
+    assert times["composite"] + times["encode"] <= times["total"]  # one writer thread
+    assert times["total"] <= rendered.job.elapsed_seconds + 0.05
+
+
 def test_output_format(rendered: Rendered, photo: gateway_pb2.Avatar, speech_bytes: bytes) -> None:
     info, job = rendered.info, rendered.job
     audio_seconds = len(decode_audio(speech_bytes, 48_000)) / 48_000

@@ -141,6 +141,27 @@ def test_to_proto_succeeded_realtime_factor() -> None:
     assert [m.name for m in msg.models] == ["procedural"]
 
 
+def test_to_proto_stage_seconds() -> None:
+    job = JobRecord("j", "a", OPTIONS, 20.0)
+    assert dict(job.to_proto().stage_seconds) == {}  # nothing measured yet
+    job.stage_seconds["audio_decode"] = 0.05
+    job.state = gateway_pb2.JOB_STATE_RUNNING
+    job.stage_seconds.update(audio=0.4, lipsync=1.5)
+    assert dict(job.to_proto().stage_seconds) == {"audio_decode": 0.05, "audio": 0.4, "lipsync": 1.5}
+    job.state = gateway_pb2.JOB_STATE_SUCCEEDED
+    times = {"audio_decode": 0.05, "audio": 0.5, "lipsync": 6.0, "superres": 6.5, "composite": 1.25,
+             "encode": 3.0, "first_frame": 0.75, "total": 7.0}
+    job.stage_seconds.update(times)
+    msg = job.to_proto()
+    assert dict(msg.stage_seconds) == pytest.approx(times)
+    # The map survives the wire (WatchJob and GetJob send serialized Jobs).
+    back = gateway_pb2.Job.FromString(msg.SerializeToString())
+    assert dict(back.stage_seconds) == pytest.approx(times)
+    # A snapshot: later measurements do not change a message already built.
+    job.stage_seconds["total"] = 99.0
+    assert msg.stage_seconds["total"] == 7.0
+
+
 def test_to_proto_failed_carries_the_error() -> None:
     job = JobRecord("j", "a", OPTIONS, 5.0)
     job.state = gateway_pb2.JOB_STATE_FAILED

@@ -1,0 +1,395 @@
+#!/usr/bin/env python
+"""End to end: one speech clip on a template video, from SubmitJob to the finished MP4, split by stage.
+
+Builds the inputs in a temp dir, starts the four services as processes (services.local.LocalCluster,
+the same processes and flags as `python -m services.local`), then through the public gRPC API:
+
+1. CreateAvatar with a template video (timed on its own: decode + face detection of every frame).
+   The template is samples/avatar.jpg placed in a --width x --height frame on a plain gradient and
+   swaying a few pixels per frame (so every frame is different), --template-seconds long at --fps,
+   encoded with services.gateway.media.Mp4Writer. The job's frames loop over it.
+2. SubmitJob with --audio-seconds of speech: samples/speech.wav decoded (resampled to --audio-rate
+   with services.common.audio_decode.decode_audio), repeated to length and written as a 16-bit WAV.
+3. WatchJob until it is finished; "SubmitJob -> MP4 ready" is the client's wall time from sending
+   SubmitJob to the SUCCEEDED event (queueing included). Then DownloadOutput, and probe_media checks
+   the MP4 (H.264 + AAC, frame count, size).
+
+Prints a markdown table: audio seconds, frames, resolution, total seconds, real-time factor, and the
+job's own per-stage split (Job.stage_seconds; the stages stream, so the parts overlap and do not add
+up to the total). --out writes everything as JSON.
+
+Weights (speed does not depend on the values):
+* lipsync: a seeded synthetic Wav2Lip checkpoint (services.common.checkpoints.seeded_state_dict)
+  unless --checkpoint is given; --procedural runs the weight-free stand-in model instead.
+* superres: a seeded realesr-general-x4v3 (SRVGGNetCompact, 32 convs, x4) in Real-ESRGAN's file
+  format ({"params": ...}) unless --sr-checkpoint is given; --no-sr-weights uses the Lanczos fallback.
+  --super-resolution off skips the stage (the lipsync stage then resizes its faces itself).
+
+Examples:
+    # CPU smoke (about a minute on 2 cores)
+    python bench/bench_e2e.py --device cpu --audio-seconds 4 --width 640 --height 360 --template-seconds 2 \\
+        --procedural --super-resolution off
+    # the GPU issue's case: 60 s of speech on a 720p 25-fps template
+    python bench/bench_e2e.py --device cuda --out var/bench/e2e-gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import io
+import json
+import math
+import platform
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import wave
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(REPO_ROOT))
+
+import numpy as np
+
+SAMPLES = REPO_ROOT / "samples"
+STAGE_ORDER = ("audio_decode", "audio", "lipsync", "superres", "composite", "encode", "first_frame", "total")
+STAGE_NOTES = {
+    "audio_decode": "SubmitJob: decode the upload for the AAC track (before the job exists)",
+    "audio": "Extract call start -> last mel response",
+    "lipsync": "Generate call start -> last face",
+    "superres": "Upscale call start -> last restored face",
+    "composite": "writer thread: paste faces (sum)",
+    "encode": "writer thread: x264 + AAC + mux (sum)",
+    "first_frame": "job start -> first frame encoded",
+    "total": "job start -> MP4 in place",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------------------------------
+
+
+def build_template(path: Path, width: int, height: int, fps: float, seconds: float, crf: int = 18) -> int:
+    """samples/avatar.jpg on a gradient, swaying slightly, as an H.264 MP4; returns the frame count."""
+    import cv2
+
+    from services.gateway.media import Mp4Writer
+
+    face = cv2.imread(str(SAMPLES / "avatar.jpg"))
+    if face is None:
+        raise SystemExit(f"cannot read {SAMPLES / 'avatar.jpg'}")
+    side = min(round(0.8 * height), round(0.8 * width)) // 2 * 2
+    face = cv2.resize(face, (side, side), interpolation=cv2.INTER_AREA)
+    # A vertical grey-blue gradient: plain enough not to look like a face to the detector.
+    ramp = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None, None]
+    top, bottom = np.array([70, 60, 50], np.float32), np.array([150, 130, 110], np.float32)
+    background = np.broadcast_to(top + (bottom - top) * ramp, (height, width, 3)).astype(np.uint8)
+    frames = max(1, round(seconds * fps))
+    x0, y0 = (width - side) // 2, (height - side) // 2
+    amp_x, amp_y = max(2, width // 200), max(1, height // 240)  # 6 x 3 px at 1280x720
+    with Mp4Writer(path, width, height, fps, None, 16_000, crf=crf) as writer:
+        for i in range(frames):
+            t = i / fps
+            dx = round(amp_x * math.sin(2 * math.pi * t / 3.0))
+            dy = round(amp_y * math.sin(2 * math.pi * t / 2.0))
+            x, y = min(max(x0 + dx, 0), width - side), min(max(y0 + dy, 0), height - side)
+            frame = background.copy()
+            frame[y : y + side, x : x + side] = face
+            writer.write(frame)
+    return frames
+
+
+def build_speech(seconds: float, rate: int) -> bytes:
+    """samples/speech.wav resampled to `rate`, repeated to `seconds`, as a mono 16-bit WAV file."""
+    from services.common.audio_decode import decode_audio
+
+    clip = decode_audio((SAMPLES / "speech.wav").read_bytes(), rate)
+    total = round(seconds * rate)
+    pcm = np.tile(clip, -(-total // len(clip)))[:total]
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(pcm, -1.0, 1.0) * 32767).round().astype("<i2").tobytes())
+    return out.getvalue()
+
+
+def write_seeded_wav2lip(path: Path) -> None:
+    import torch
+
+    from services.common.checkpoints import seeded_state_dict
+    from services.lipsync.wav2lip import Wav2Lip
+
+    torch.save({"state_dict": seeded_state_dict(Wav2Lip())}, path)
+
+
+def write_seeded_srvgg(path: Path) -> None:
+    """realesr-general-x4v3's architecture with seeded weights, in Real-ESRGAN's file layout."""
+    import torch
+
+    from services.common.checkpoints import seeded_state_dict
+    from services.superres.models import SRVGGNetCompact
+
+    torch.save({"params": seeded_state_dict(SRVGGNetCompact(num_conv=32))}, path)
+
+
+# --------------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------------
+
+
+def environment(device: str) -> dict:
+    info: dict = {"python": platform.python_version(), "machine": platform.machine(), "cpus": _cpus()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if device != "cpu" and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
+
+
+def check_detector() -> None:
+    """CreateAvatar needs the lipsync stage's Haar detector; OpenCV 5 builds lack cv2.CascadeClassifier."""
+    import cv2
+
+    if not hasattr(cv2, "CascadeClassifier"):
+        raise SystemExit(
+            f"OpenCV {cv2.__version__} has no cv2.CascadeClassifier: the lipsync stage cannot detect the "
+            "template's faces (install opencv-python-headless 4.x)"
+        )
+
+
+def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
+    lipsync = [f"--device={args.device}", f"--log-level={args.log_level}"]
+    if args.checkpoint:
+        lipsync.append(f"--checkpoint={args.checkpoint}")
+    elif not args.procedural:
+        path = workdir / "wav2lip-seeded.pth"
+        write_seeded_wav2lip(path)
+        lipsync.append(f"--checkpoint={path}")
+    superres = [f"--device={args.device}", f"--log-level={args.log_level}", "--model=realesr-general-x4v3"]
+    if args.sr_checkpoint:
+        superres.append(f"--checkpoint={args.sr_checkpoint}")
+    elif not args.no_sr_weights and args.super_resolution == "on":
+        path = workdir / "realesr-general-x4v3-seeded.pth"
+        write_seeded_srvgg(path)
+        superres.append(f"--checkpoint={path}")
+    return {
+        "audio": [f"--log-level={args.log_level}", *shlex.split(args.audio_flags)],
+        "lipsync": lipsync + shlex.split(args.lipsync_flags),
+        "superres": superres + shlex.split(args.superres_flags),
+        "gateway": [f"--log-level={args.log_level}", *shlex.split(args.gateway_flags)],
+    }
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict:
+    from lipline.v1 import gateway_pb2
+    from services.gateway.client import LiplineClient
+    from services.gateway.media import probe_media
+    from services.local.cluster import LocalCluster
+
+    result: dict = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "environment": environment(args.device),
+    }
+    t = time.perf_counter()
+    template = workdir / "template.mp4"
+    template_frames = build_template(template, args.width, args.height, args.fps, args.template_seconds)
+    speech = build_speech(args.audio_seconds, args.audio_rate)
+    result["inputs"] = {
+        "template_frames": template_frames, "template_bytes": template.stat().st_size,
+        "audio_bytes": len(speech), "build_seconds": time.perf_counter() - t,
+    }
+    log(f"inputs: {args.width}x{args.height} template, {template_frames} frames ({template.stat().st_size / 1e6:.2f} MB); "
+        f"{args.audio_seconds:g} s WAV at {args.audio_rate} Hz ({len(speech) / 1e6:.2f} MB) "
+        f"in {result['inputs']['build_seconds']:.1f} s")
+
+    extra = stage_args(args, workdir)
+    result["stage_flags"] = extra
+    t = time.perf_counter()
+    with LocalCluster(workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout) as cluster:
+        result["startup_seconds"] = time.perf_counter() - t
+        log(f"services SERVING after {result['startup_seconds']:.1f} s (logs in {workdir / 'cluster'})")
+        try:
+            with LiplineClient(cluster.gateway_address, timeout=args.timeout) as client:
+                t = time.perf_counter()
+                avatar = client.create_avatar(template.read_bytes(), name="bench-template")
+                result["create_avatar_seconds"] = time.perf_counter() - t
+                result["avatar"] = {"id": avatar.id, "frames": avatar.frame_count, "faces_found": avatar.faces_found,
+                                    "width": avatar.width, "height": avatar.height, "fps": avatar.fps}
+                log(f"CreateAvatar: {avatar.frame_count} frames, face in {avatar.faces_found}, "
+                    f"{result['create_avatar_seconds']:.2f} s")
+                if avatar.faces_found < avatar.frame_count:
+                    log(f"warning: no face found in {avatar.frame_count - avatar.faces_found} template frames "
+                        "(those frames pass through unchanged)")
+
+                sr = args.super_resolution == "on"
+                if args.warmup_seconds > 0:
+                    t = time.perf_counter()
+                    warm = client.wait(client.submit(avatar.id, build_speech(args.warmup_seconds, args.audio_rate),
+                                                     super_resolution=sr, crf=args.crf).id)
+                    if warm.state != gateway_pb2.JOB_STATE_SUCCEEDED:
+                        raise SystemExit(f"warm-up job failed: {warm.error}")
+                    result["warmup_seconds"] = time.perf_counter() - t
+                    log(f"warm-up job ({args.warmup_seconds:g} s of audio): {result['warmup_seconds']:.2f} s")
+
+                last = [-1.0]
+
+                def show(event: gateway_pb2.Job) -> None:
+                    if event.progress - last[0] >= 0.1 or event.state != gateway_pb2.JOB_STATE_RUNNING:
+                        last[0] = event.progress
+                        log(f"  {gateway_pb2.JobState.Name(event.state):20s} {event.stage:8s} "
+                            f"{event.frames_done}/{event.total_frames} frames  {event.elapsed_seconds:6.1f} s")
+
+                t = time.perf_counter()
+                submitted = client.submit(avatar.id, speech, super_resolution=sr, crf=args.crf)
+                result["submit_rpc_seconds"] = time.perf_counter() - t
+                job = client.wait(submitted.id, show)
+                result["submit_to_mp4_seconds"] = time.perf_counter() - t
+                if job.state != gateway_pb2.JOB_STATE_SUCCEEDED:
+                    raise SystemExit(f"job {gateway_pb2.JobState.Name(job.state)}: {job.error}")
+
+                output = workdir / "output.mp4"
+                t = time.perf_counter()
+                client.download(job.id, output)
+                result["download_seconds"] = time.perf_counter() - t
+        except BaseException:
+            for name, proc in cluster.processes.items():
+                print(f"----- {name} log tail -----\n{proc.log()[-3000:]}", file=sys.stderr)
+            raise
+
+    info = probe_media(output)
+    expected = round(job.audio_seconds * args.fps)
+    problems = []
+    if (info["video_codec"], info["audio_codec"]) != ("h264", "aac"):
+        problems.append(f"codecs {info['video_codec']} + {info['audio_codec']}, expected h264 + aac")
+    if info["frames"] != job.total_frames or abs(info["frames"] - expected) > 1:
+        problems.append(f"{info['frames']} frames decoded, job says {job.total_frames}, audio implies {expected}")
+    if (info["width"], info["height"]) != (args.width, args.height):
+        problems.append(f"size {info['width']}x{info['height']}, expected {args.width}x{args.height}")
+    result["mp4"] = {**info, "bytes": output.stat().st_size, "problems": problems}
+    result["job"] = {
+        "id": job.id, "audio_seconds": job.audio_seconds, "frames": job.total_frames,
+        "elapsed_seconds": job.elapsed_seconds, "realtime_factor": job.realtime_factor,
+        "models": [f"{m.name} ({m.backend}, {m.precision})" for m in job.models],
+        "stage_seconds": dict(job.stage_seconds),
+    }
+    result["realtime_factor"] = job.audio_seconds / result["submit_to_mp4_seconds"]
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------------------------------
+
+
+def table(result: dict) -> str:
+    job, mp4, args = result["job"], result["mp4"], result["args"]
+    frames = job["frames"]
+    total = result["submit_to_mp4_seconds"]
+    rows = [
+        ("audio seconds", f"{job['audio_seconds']:.2f}"),
+        ("frames", f"{frames}"),
+        ("resolution", f"{mp4['width']}x{mp4['height']} @ {mp4['fps']:g} fps"),
+        ("template", f"{result['avatar']['frames']} frames, face in {result['avatar']['faces_found']}"),
+        ("models", ", ".join(job["models"]) + ("" if args["super_resolution"] == "on" else " (superres off)")),
+        ("services start-up s", f"{result['startup_seconds']:.2f}"),
+        ("CreateAvatar s", f"{result['create_avatar_seconds']:.2f}"),
+        ("**SubmitJob -> MP4 ready s**", f"**{total:.2f}**"),
+        ("**real-time factor** (audio s / that)", f"**{result['realtime_factor']:.2f}x**"),
+        ("frames/s", f"{frames / total:.1f}"),
+        ("job elapsed s (gateway)", f"{job['elapsed_seconds']:.2f}"),
+        ("DownloadOutput s", f"{result['download_seconds']:.2f}"),
+        ("MP4", f"{mp4['video_codec']} + {mp4['audio_codec']}, {mp4['frames']} frames, {mp4['bytes'] / 1e6:.2f} MB"
+                + (f"; PROBLEMS: {'; '.join(mp4['problems'])}" if mp4["problems"] else "; ok")),
+    ]
+    if "warmup_seconds" in result:
+        rows.insert(7, ("warm-up job s", f"{result['warmup_seconds']:.2f}"))
+    lines = ["| | |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows), ""]
+    stages = job["stage_seconds"]
+    render_total = stages.get("total") or total
+    lines += ["| stage (Job.stage_seconds) | seconds | of job total | ms/frame | what |", "|---|---:|---:|---:|---|"]
+    for name in [*STAGE_ORDER, *sorted(set(stages) - set(STAGE_ORDER))]:
+        if name not in stages:
+            continue
+        v = stages[name]
+        per_frame = f"{1000 * v / frames:.1f}" if frames and name not in ("first_frame", "total", "audio_decode") else ""
+        lines.append(f"| {name} | {v:.2f} | {100 * v / render_total:.0f}% | {per_frame} | {STAGE_NOTES.get(name, '')} |")
+    lines.append("")
+    lines.append("Stages stream and overlap: the slowest one sets the total; composite + encode run on one thread.")
+    return "\n".join(lines)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="lipsync and superres --device")
+    p.add_argument("--audio-seconds", type=float, default=60.0, help="length of the speech clip")
+    p.add_argument("--audio-rate", type=int, default=16_000, help="sample rate of the uploaded WAV")
+    p.add_argument("--width", type=int, default=1280)
+    p.add_argument("--height", type=int, default=720)
+    p.add_argument("--fps", type=float, default=25.0)
+    p.add_argument("--template-seconds", type=float, default=10.0, help="length of the template video")
+    p.add_argument("--checkpoint", default="", help="lipsync wav2lip.pth; default: a seeded synthetic one")
+    p.add_argument("--procedural", action="store_true", help="lipsync without weights (the procedural stand-in)")
+    p.add_argument("--sr-checkpoint", default="", help="Real-ESRGAN realesr-general-x4v3 .pth; default: seeded")
+    p.add_argument("--no-sr-weights", action="store_true", help="superres without weights (Lanczos fallback)")
+    p.add_argument("--super-resolution", choices=["on", "off"], default="on", help="JobOptions.super_resolution")
+    p.add_argument("--crf", type=int, default=0, help="JobOptions.crf (0: the gateway's default, 20)")
+    p.add_argument("--warmup-seconds", type=float, default=0.0, help="run an unmeasured job of this length first")
+    p.add_argument("--lipsync-flags", default="", help="more lipsync flags, e.g. '--backend=compile --max-batch=256'")
+    p.add_argument("--superres-flags", default="", help="more superres flags")
+    p.add_argument("--audio-flags", default="", help="more audio flags")
+    p.add_argument("--gateway-flags", default="", help="more gateway flags")
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for each service to be SERVING")
+    p.add_argument("--timeout", type=float, default=3600.0, help="client deadline of each RPC")
+    p.add_argument("--log-level", default="INFO", help="services' log level")
+    p.add_argument("--workdir", type=Path, default=None, help="keep inputs, logs and the MP4 here (default: a temp dir)")
+    p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    args = p.parse_args(argv)
+    if args.width % 2 or args.height % 2:
+        p.error("--width and --height must be even (H.264 yuv420p)")
+    if args.checkpoint and args.procedural:
+        p.error("--checkpoint and --procedural exclude each other")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    check_detector()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lipline-e2e-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(args, workdir)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(table(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        log(f"wrote {args.out}")
+    return 1 if result["mp4"]["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
