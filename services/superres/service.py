@@ -1,11 +1,15 @@
-"""The superres stage's gRPC service: generated faces in, restored faces at their paste size out."""
+"""The superres stage's gRPC service: generated faces in, restored faces at their paste size out.
+
+Each request message is one `UpscaleChunk` in the dynamic batcher (chunks of all streams share a
+batch, a chunk is never split); `SuperResEngine.run` does the network, the LANCZOS4 resize to the
+paste size and the uint8 conversion on the model's device and copies the bytes back once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -13,19 +17,17 @@ import numpy as np
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
 from services.common.batcher import DynamicBatcher
-from services.common.codec import image_from_proto, image_to_proto
+from services.common.codec import image_from_proto
 from services.common.config import ServiceSettings, _field
 from services.common.device import prepare_device
 from services.common.errors import InvalidRequest
 from services.common.server import Service
 from services.common.streams import ordered_stream
-from services.superres.process import LanczosUpscaler, ModelUpscaler, create_upscaler
+from services.superres.engine import ChunkImages, SuperResEngine, UpscaleChunk
+from services.superres.process import create_upscaler
 
 _LOGGER = logging.getLogger(__name__)
 MAX_SIDE = 2048
-
-# One queued item: the crop and the (width, height) it must come back at.
-UpscaleJob = tuple[np.ndarray, tuple[int, int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,20 +43,6 @@ class SuperResSettings(ServiceSettings):
     max_pending_per_stream: int = _field(512, "items one stream may have in flight (back-pressure)")
 
 
-def upscale_batch(upscaler: ModelUpscaler | LanczosUpscaler, jobs: list[UpscaleJob]) -> list[np.ndarray]:
-    """Run one merged batch: items of the same input size share a forward pass."""
-    groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
-    for i, (crop, _) in enumerate(jobs):
-        groups[crop.shape].append(i)
-    out: list[np.ndarray | None] = [None] * len(jobs)
-    for indices in groups.values():
-        crops = np.stack([jobs[i][0] for i in indices])
-        results = upscaler.upscale(crops, [jobs[i][1] for i in indices])
-        for i, result in zip(indices, results):
-            out[i] = result
-    return out  # type: ignore[return-value]
-
-
 class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
     def __init__(self, service: SuperResService) -> None:
         self._service = service
@@ -65,8 +53,10 @@ class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
         svc = self._service
         model_info = svc.model_info
 
-        def decode(request: superres_pb2.UpscaleRequest) -> tuple[list[int], list[UpscaleJob]]:
-            indices, jobs = [], []
+        def decode(request: superres_pb2.UpscaleRequest) -> tuple[list[int], UpscaleChunk | None]:
+            indices: list[int] = []
+            crops: list[np.ndarray] = []
+            sizes: list[tuple[int, int]] = []
             for item in request.items:
                 crop = image_from_proto(item.image, f"item {item.index}")
                 h, w = crop.shape[:2]
@@ -75,16 +65,26 @@ class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
                 if max(out_w, out_h, w, h) > MAX_SIDE:
                     raise InvalidRequest(f"item {item.index}: sizes above {MAX_SIDE} px are not supported")
                 indices.append(item.index)
-                jobs.append((crop, (out_w, out_h)))
-            return indices, jobs
+                crops.append(crop)
+                sizes.append((out_w, out_h))
+            return indices, UpscaleChunk.from_items(crops, sizes) if crops else None
 
         async def run(request: superres_pb2.UpscaleRequest) -> superres_pb2.UpscaleResponse:
-            indices, jobs = decode(request)
-            images = await svc.batcher.submit_many(jobs)
+            indices, chunk = decode(request)
+            if chunk is None:
+                return superres_pb2.UpscaleResponse()
+            # The whole message is one batcher item (never split): one result object back.
+            images: ChunkImages = await svc.batcher.submit(chunk)
+            bgr24 = common_pb2.PIXEL_FORMAT_BGR24
             return superres_pb2.UpscaleResponse(
                 items=[
-                    superres_pb2.UpscaleItem(index=i, image=image_to_proto(img), out_width=img.shape[1], out_height=img.shape[0])
-                    for i, img in zip(indices, images)
+                    superres_pb2.UpscaleItem(
+                        index=i,
+                        image=common_pb2.Image(width=w, height=h, format=bgr24, data=data),
+                        out_width=w,
+                        out_height=h,
+                    )
+                    for i, w, h, data in zip(indices, images.widths, images.heights, images.data)
                 ]
             )
 
@@ -114,15 +114,18 @@ class SuperResService(Service[SuperResSettings]):
         precision = str(getattr(self.upscaler, "dtype", "fp32")).replace("torch.float16", "fp16").replace("torch.float32", "fp32")
         backend = "cpu" if device.type == "cpu" else "torch"
         self.model_info = common_pb2.ModelInfo(name=self.upscaler.model_name, backend=backend, precision=precision)
-        await asyncio.to_thread(self.upscaler.warmup, 1, (96, 96))
-        self.batcher: DynamicBatcher[UpscaleJob, np.ndarray] = DynamicBatcher(
-            lambda jobs: upscale_batch(self.upscaler, jobs), self.metrics, s.max_batch, s.max_delay_ms / 1000
+        # All per-item maths on the model's device (fp16 + channels_last on CUDA), one copy back.
+        self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch)
+        await asyncio.to_thread(self.engine.warmup, 1, (96, 96))  # the network's native size
+        await asyncio.to_thread(self.engine.warmup, 1, (96, 96), (150, 150))  # and a resize
+        self.batcher: DynamicBatcher[UpscaleChunk, ChunkImages] = DynamicBatcher(
+            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len
         )
         self.batcher.start()
         self.metrics.set_backend(self.upscaler.model_name, backend, precision)
         _LOGGER.info(
             "superres ready",
-            extra={"model": self.upscaler.model_name, "device": str(device), "precision": precision},
+            extra={"model": self.upscaler.model_name, "device": str(device), "precision": precision, "resize": self.engine.resize},
         )
 
     async def close(self) -> None:

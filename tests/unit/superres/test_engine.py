@@ -1,0 +1,173 @@
+"""SuperResEngine (device-side batch maths) against the per-crop CPU path in process.py."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from services.common.checkpoints import seeded_state_dict
+from services.superres.engine import ChunkImages, SuperResEngine, UpscaleChunk
+from services.superres.models import RRDBNet, SRVGGNetCompact
+from services.superres.process import LanczosUpscaler, ModelUpscaler
+
+
+def _srvgg(scale: float = 0.05) -> SRVGGNetCompact:
+    model = SRVGGNetCompact(num_conv=3)
+    model.load_state_dict(seeded_state_dict(model, scale=scale))
+    return model.eval()
+
+
+def _crop(h: int, w: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def _expected(upscaler: ModelUpscaler | LanczosUpscaler, crops: list[np.ndarray], sizes: list[tuple[int, int]]) -> list[np.ndarray]:
+    """The CPU reference: one upscaler call per item (cv2 LANCZOS4 on the host)."""
+    return [upscaler.upscale(c[None], [s])[0] for c, s in zip(crops, sizes)]
+
+
+def _assert_close(got: list[np.ndarray], expected: list[np.ndarray], max_diff: int = 1) -> None:
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    diffs = [np.abs(g.astype(int) - e) for g, e in zip(got, expected)]
+    assert max(d.max() for d in diffs) <= max_diff
+    assert np.mean([(d > 0).mean() for d in diffs]) < 1e-3  # same maths: (nearly) bit-exact
+
+
+def _two_chunks() -> tuple[list[np.ndarray], list[tuple[int, int]], list[np.ndarray], list[tuple[int, int]]]:
+    # Chunk a mixes two input sizes and repeats an output size; chunk b shares a's main input size.
+    crops_a = [_crop(24, 20, 1), _crop(17, 23, 2), _crop(24, 20, 3), _crop(24, 20, 4), _crop(17, 23, 5)]
+    sizes_a = [(80, 96), (92, 68), (50, 60), (80, 96), (130, 70)]
+    crops_b = [_crop(24, 20, 6), _crop(24, 20, 7)]
+    sizes_b = [(33, 47), (80, 96)]
+    return crops_a, sizes_a, crops_b, sizes_b
+
+
+RESIZES = ["torch", "cv2"]  # the GPU's resize (matrix products), and the CPU default (cv2 per item)
+
+
+@pytest.mark.parametrize("resize", RESIZES)
+@pytest.mark.parametrize("max_batch", [None, 2])
+def test_model_engine_matches_cpu_path_across_chunks(max_batch: int | None, resize: str) -> None:
+    upscaler = ModelUpscaler(_srvgg(), scale=4)
+    engine = SuperResEngine(upscaler, max_batch=max_batch, resize=resize)
+    crops_a, sizes_a, crops_b, sizes_b = _two_chunks()
+    out_a, out_b = engine.run([UpscaleChunk.from_items(crops_a, sizes_a), UpscaleChunk.from_items(crops_b, sizes_b)])
+    assert isinstance(out_a, ChunkImages) and all(isinstance(d, bytes) for d in out_a.data)
+    assert out_a.widths == [w for w, _ in sizes_a] and out_a.heights == [h for _, h in sizes_a]
+    _assert_close(out_a.arrays(), _expected(upscaler, crops_a, sizes_a))
+    _assert_close(out_b.arrays(), _expected(upscaler, crops_b, sizes_b))
+
+
+def test_native_size_needs_no_resize_and_is_exact() -> None:
+    upscaler = ModelUpscaler(_srvgg(), scale=4)
+    crops = [_crop(12, 10, s) for s in range(3)]
+    (out,) = SuperResEngine(upscaler).run([UpscaleChunk.from_items(crops, [(40, 48)] * 3)])
+    expected = upscaler.upscale(np.stack(crops), (40, 48))
+    assert all(np.array_equal(g, e) for g, e in zip(out.arrays(), expected))
+
+
+def test_channels_last_layout_gives_the_same_result() -> None:
+    """The CUDA layout (channels_last), exercised on the CPU."""
+    model = _srvgg()
+    crops_a, sizes_a, _, _ = _two_chunks()
+    reference = ModelUpscaler(copy.deepcopy(model), scale=4)
+    engine = SuperResEngine(ModelUpscaler(model, scale=4), channels_last=True, resize="torch")
+    (out,) = engine.run([UpscaleChunk.from_items(crops_a, sizes_a)])
+    _assert_close(out.arrays(), _expected(reference, crops_a, sizes_a))
+
+
+@pytest.mark.parametrize("resize", RESIZES)
+@pytest.mark.parametrize("scale", [2, 1])
+def test_rrdb_odd_sizes_are_padded_like_process(scale: int, resize: str) -> None:
+    model = RRDBNet(scale=scale, num_block=1, num_feat=16, num_grow_ch=8)
+    model.load_state_dict(seeded_state_dict(model, scale=0.05))
+    upscaler = ModelUpscaler(model.eval(), scale=scale)
+    crops = [_crop(7, 9, 1), _crop(7, 9, 2)]
+    sizes = [(9 * scale, 7 * scale), (31, 29)]
+    (out,) = SuperResEngine(upscaler, resize=resize).run([UpscaleChunk.from_items(crops, sizes)])
+    _assert_close(out.arrays(), _expected(upscaler, crops, sizes))
+
+
+@pytest.mark.parametrize("resize", RESIZES)
+def test_colour_order_blue_stays_blue(resize: str) -> None:
+    model = SRVGGNetCompact(num_conv=2)
+    model.load_state_dict(seeded_state_dict(model))
+    with torch.no_grad():  # zero residual: the output is the nearest x4 upsample of the input
+        model.body[-1].weight.zero_()
+        model.body[-1].bias.zero_()
+    crop = np.zeros((8, 8, 3), np.uint8)
+    crop[..., 0] = 255  # pure blue in BGR
+    engine = SuperResEngine(ModelUpscaler(model.eval(), scale=4), resize=resize)
+    out_native, out_resized = engine.run([UpscaleChunk.from_items([crop], [(32, 32)]), UpscaleChunk.from_items([crop], [(50, 40)])])
+    for img in (*out_native.arrays(), *out_resized.arrays()):
+        assert (img[..., 0] == 255).all() and (img[..., 1:] == 0).all()
+
+
+@pytest.mark.parametrize("resize", RESIZES)
+def test_lanczos_fallback_matches_cv2(resize: str) -> None:
+    upscaler = LanczosUpscaler()
+    engine = SuperResEngine(upscaler, resize=resize)
+    assert engine.model_name == "lanczos" and engine.device.type == "cpu"
+    crops_a, sizes_a, crops_b, sizes_b = _two_chunks()
+    sizes_b = [(20, 24), (160, 192)]  # an unchanged size comes back as the crop itself
+    out_a, out_b = engine.run([UpscaleChunk.from_items(crops_a, sizes_a), UpscaleChunk.from_items(crops_b, sizes_b)])
+    _assert_close(out_a.arrays(), _expected(upscaler, crops_a, sizes_a))
+    _assert_close(out_b.arrays(), _expected(upscaler, crops_b, sizes_b))
+    assert np.array_equal(out_b.arrays()[0], crops_b[0])
+
+
+def test_warmup_and_empty_batches() -> None:
+    engine = SuperResEngine(ModelUpscaler(_srvgg(), scale=4))
+    engine.warmup()
+    SuperResEngine(LanczosUpscaler()).warmup(batch_size=2)
+    assert engine.run([]) == []
+    assert engine.run([UpscaleChunk.from_items([], [])]) == [ChunkImages([], [], [])]
+
+
+def test_chunk_grouping_and_validation() -> None:
+    chunk = UpscaleChunk.from_items([_crop(4, 5, 0), _crop(6, 5, 1), _crop(4, 5, 2)], [(8, 8), (9, 9), (10, 10)])
+    assert len(chunk) == 3
+    assert [(p.tolist(), c.shape) for p, c in chunk.groups] == [([0, 2], (2, 4, 5, 3)), ([1], (1, 6, 5, 3))]
+    with pytest.raises(ValueError, match="output sizes"):
+        UpscaleChunk.from_items([_crop(4, 5, 0)], [(8, 8), (9, 9)])
+    with pytest.raises(ValueError, match="positive"):
+        UpscaleChunk.from_items([_crop(4, 5, 0)], [(0, 8)])
+    with pytest.raises(ValueError, match="uint8"):
+        UpscaleChunk.from_items([np.zeros((4, 5, 3), np.float32)], [(8, 8)])
+
+
+def test_model_device_must_match() -> None:
+    upscaler = ModelUpscaler(_srvgg(), scale=4)
+    with pytest.raises(ValueError, match="lives on"):
+        SuperResEngine(upscaler, "meta")
+    assert SuperResEngine(upscaler, "cpu").device.type == "cpu"
+    assert SuperResEngine(upscaler).resize == "cv2"  # the CPU default
+    with pytest.raises(ValueError, match="resize"):
+        SuperResEngine(upscaler, resize="pillow")
+
+
+@pytest.mark.gpu
+def test_engine_on_cuda_matches_cpu() -> None:
+    """The service's CUDA path (fp16, channels_last) and a strict-fp32 CUDA run against the CPU engine."""
+    from services.common.backends import strict_fp32
+
+    crops = [_crop(96, 96, s) for s in range(40)] + [_crop(80, 72, s) for s in range(5)]
+    sizes = [(150, 170)] * 20 + [(384, 384)] * 10 + [(90, 100)] * 10 + [(200, 220)] * 5
+
+    def run(device: str, dtype: torch.dtype) -> np.ndarray:
+        upscaler = ModelUpscaler(_srvgg(), scale=4, device=device, dtype=dtype)
+        (out,) = SuperResEngine(upscaler, max_batch=16).run([UpscaleChunk.from_items(crops, sizes)])
+        return np.concatenate([a.reshape(-1) for a in out.arrays()]).astype(int)
+
+    cpu = run("cpu", torch.float32)
+    with strict_fp32():
+        fp32 = run("cuda", torch.float32)
+    fp16 = run("cuda", torch.float16)
+    assert np.abs(fp32 - cpu).max() <= 2
+    assert np.abs(fp16 - cpu).mean() < 1.0 and np.abs(fp16 - cpu).max() <= 8
+    lanczos = SuperResEngine(LanczosUpscaler(), "cuda").run([UpscaleChunk.from_items(crops, sizes)])[0]
+    expected = _expected(LanczosUpscaler(), crops, sizes)
+    assert max(np.abs(g.astype(int) - e).max() for g, e in zip(lanczos.arrays(), expected)) <= 1
