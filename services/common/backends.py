@@ -417,19 +417,24 @@ class CompiledBackend(TorchBackend):
 
 
 def export_onnx(module: nn.Module, example: Sequence[torch.Tensor], path: str | os.PathLike,
-                opset: int = 17) -> list[str]:
+                opset: int = 17, *, input_names: Sequence[str] | None = None,
+                output_names: Sequence[str] = ("output",),
+                dynamic_axes: dict[str, dict[int, str]] | None = None) -> list[str]:
     """Export `module` (fp32) to ONNX with a dynamic batch axis on every input and the output.
 
     Uses the TorchScript exporter (`dynamo=False`): it needs only the `onnx` package, not onnxscript.
-    Returns the input names ("input0", "input1", ...); the output is "output".
+    Returns the input names (default "input0", "input1", ...; the output is "output").
+    `dynamic_axes` (name -> {axis: label}) replaces the default batch-only axes when given.
     """
     import warnings
 
-    names = [f"input{i}" for i in range(len(example))]
-    axes = {name: {0: "batch"} for name in [*names, "output"]}
+    names = list(input_names) if input_names is not None else [f"input{i}" for i in range(len(example))]
+    if len(names) != len(example):
+        raise ValueError(f"{len(names)} input names for {len(example)} example inputs")
+    axes = dynamic_axes if dynamic_axes is not None else {name: {0: "batch"} for name in [*names, *output_names]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "legacy TorchScript-based exporter"
-        torch.onnx.export(module, tuple(example), str(path), input_names=names, output_names=["output"],
+        torch.onnx.export(module, tuple(example), str(path), input_names=names, output_names=list(output_names),
                           dynamic_axes=axes, opset_version=opset, dynamo=False)
     return names
 
