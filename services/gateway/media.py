@@ -261,6 +261,11 @@ class Mp4Writer:
             self._video.width = width
             self._video.height = height
             self._video.pix_fmt = "yuv420p"
+            # x264 frame threading (all cores) instead of PyAV's default slice threading: 11.9 vs
+            # 13.4 ms per 720p frame on 2 cores, and it scales further on more; the added latency
+            # (a few frames in flight) does not matter for a file.
+            self._video.codec_context.thread_type = "FRAME"
+            self._video.codec_context.thread_count = 0
             self._video.codec_context.time_base = 1 / self._rate
             self._video.options = {"crf": str(crf), "preset": preset}
             self._audio_stream = None
