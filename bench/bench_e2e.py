@@ -223,7 +223,10 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     extra = stage_args(args, workdir)
     result["stage_flags"] = extra
     t = time.perf_counter()
-    with LocalCluster(workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout) as cluster:
+    replicas = {"lipsync": args.replicas, "superres": args.replicas}
+    gpus = args.gpus.split(",") if args.gpus else []
+    with LocalCluster(workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout,
+                      replicas=replicas, gpus=gpus) as cluster:
         result["startup_seconds"] = time.perf_counter() - t
         log(f"services SERVING after {result['startup_seconds']:.1f} s (logs in {workdir / 'cluster'})")
         try:
@@ -343,6 +346,8 @@ def log(message: str) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="lipsync and superres --device")
+    p.add_argument("--replicas", type=int, default=1, help="replicas of lipsync and superres (the gateway balances)")
+    p.add_argument("--gpus", default="", help="e.g. 0,1: GPU replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
     p.add_argument("--audio-seconds", type=float, default=60.0, help="length of the speech clip")
     p.add_argument("--audio-rate", type=int, default=16_000, help="sample rate of the uploaded WAV")
     p.add_argument("--width", type=int, default=1280)

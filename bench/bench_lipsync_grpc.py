@@ -83,9 +83,9 @@ def write_seeded_checkpoint(path: Path) -> None:
 
 
 class ServiceProcess:
-    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        self.port_file = workdir / "lipsync.port"
-        self.log_path = workdir / "lipsync.log"
+    def __init__(self, args: argparse.Namespace, workdir: Path, replica: int = 0) -> None:
+        self.port_file = workdir / f"lipsync-{replica}.port"
+        self.log_path = workdir / f"lipsync-{replica}.log"
         cmd = [
             sys.executable, "-m", "services.lipsync", "--port", "0", "--port-file", str(self.port_file),
             "--metrics-port", "-1", "--device", args.device, "--max-batch", str(args.max_batch),
@@ -103,6 +103,9 @@ class ServiceProcess:
         self.cmd = cmd
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        if args.gpus:  # one replica per GPU: replica i sees only gpus[i % n]
+            gpus = args.gpus.split(",")
+            env["CUDA_VISIBLE_DEVICES"] = gpus[replica % len(gpus)]
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
@@ -200,26 +203,35 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
-async def drive(port: int, args: argparse.Namespace, first_stream: int, streams: int, t0: float) -> Stats:
-    """Run `streams` Generate streams from this process, starting at monotonic time t0."""
+async def drive(ports: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float) -> Stats:
+    """Run `streams` Generate streams from this process, starting at monotonic time t0.
+
+    Stream s goes to replica s % len(ports), like the gateway's round-robin over replicas.
+    """
     options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
     stats = Stats()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-        stub = lipsync_pb2_grpc.LipSyncServiceStub(channel)
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}", options=options) for p in ports]
+    try:
+        stubs = [lipsync_pb2_grpc.LipSyncServiceStub(c) for c in channels]
         await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
         stop_at = t0 + args.seconds
-        await asyncio.gather(*(run_stream(stub, first_stream + s, args, stop_at, stats) for s in range(streams)))
+        await asyncio.gather(*(
+            run_stream(stubs[(first_stream + s) % len(stubs)], first_stream + s, args, stop_at, stats) for s in range(streams)
+        ))
+    finally:
+        for c in channels:
+            await c.close()
     return stats
 
 
-def _client_process(port: int, args: argparse.Namespace, first_stream: int, streams: int, t0: float) -> tuple:
+def _client_process(port: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float) -> tuple:
     """Entry point of a client process (--procs > 1): its raw arrivals, latencies and errors."""
     stats = asyncio.run(drive(port, args, first_stream, streams, t0))
     info = stats.model_info.SerializeToString() if stats.model_info else b""
     return stats.arrivals, stats.latencies, stats.errors, info
 
 
-def load(port: int, args: argparse.Namespace) -> dict:
+def load(port: list[int], args: argparse.Namespace) -> dict:
     """One client process (--procs 1) or several: one Python client cannot feed tens of thousands of frames/s."""
     t0 = time.perf_counter() + (3.0 if args.procs > 1 else 0.0)  # perf_counter is CLOCK_MONOTONIC: shared
     if args.procs == 1:
@@ -275,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--procedural", action="store_true", help="no checkpoint: the weight-free stand-in model")
     p.add_argument("--streams", type=int, default=16, help="concurrent Generate streams")
     p.add_argument("--procs", type=int, default=1, help="client processes the streams are spread over")
+    p.add_argument("--replicas", type=int, default=1, help="lipsync service processes (streams round-robin over them)")
+    p.add_argument("--gpus", default="", help="e.g. 0,1: replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
     p.add_argument("--items", type=int, default=64, help="items (frames) per request message")
     p.add_argument("--window", type=int, default=2, help="messages in flight per stream")
     p.add_argument("--crops", type=int, default=4, help="reference crops per stream")
@@ -298,27 +312,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.checkpoint and not args.procedural:
             args.checkpoint = str(workdir / "wav2lip-seeded.pth")
             write_seeded_checkpoint(Path(args.checkpoint))
-        service = ServiceProcess(args, workdir)
-        print("starting: " + " ".join(service.cmd), file=sys.stderr)
+        services = [ServiceProcess(args, workdir, r) for r in range(args.replicas)]
+        print("starting: " + " ".join(services[0].cmd) + f" (x{args.replicas})", file=sys.stderr)
         try:
-            port, startup_s = service.wait_ready(args.startup_timeout)
-            print(f"SERVING on {port} after {startup_s:.1f}s; {args.streams} streams x {args.items} items "
+            ready = [s.wait_ready(args.startup_timeout) for s in services]
+            ports = [port for port, _ in ready]
+            startup_s = max(t for _, t in ready)
+            print(f"SERVING on {ports} after {startup_s:.1f}s; {args.streams} streams x {args.items} items "
                   f"for {args.seconds:.0f}s", file=sys.stderr)
-            result = load(port, args)
+            result = load(ports, args)
         finally:
-            rc = service.stop()
+            rc = max((s.stop() or 0) for s in services)
             if args.keep_log:
-                Path(args.keep_log).write_text(service.log_tail(10**7))
-        tail = service.log_tail(3000)
+                Path(args.keep_log).write_text("\n".join(s.log_tail(10**7) for s in services))
+        tail = services[0].log_tail(3000)
 
     result.update(startup_s=startup_s, service_exit=rc,
                   date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   args={k: v for k, v in vars(args).items() if k != "checkpoint"},
                   checkpoint="seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural"))
     m = result["model"] or {}
-    print(f"| device | model | backend | precision | max batch | streams x items | frames/s | p50 ms | p99 ms | est. batch | start-up s |")
-    print("|---|---|---|---|---:|---|---:|---:|---:|---:|---:|")
-    print(f"| {args.device} | {m.get('name', '?')} | {m.get('backend', '?')} | {m.get('precision', '?')} | {args.max_batch} | "
+    print(f"| device | replicas | model | backend | precision | max batch | streams x items | frames/s | p50 ms | p99 ms | est. batch | start-up s |")
+    print("|---|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|")
+    print(f"| {args.device} | {args.replicas} | {m.get('name', '?')} | {m.get('backend', '?')} | {m.get('precision', '?')} | {args.max_batch} | "
           f"{args.streams} x {args.items} (window {args.window}) | {result['frames_per_s']:,.1f} | "
           f"{result['latency_p50_ms']:.1f} | {result['latency_p99_ms']:.1f} | {result['est_batch_mean']:.1f} | {startup_s:.1f} |")
     if result["errors"]:

@@ -45,13 +45,28 @@ _SERVICE_CONFIG = json.dumps(
 )
 
 
+def grpc_target(address: str) -> str:
+    """The gRPC target for a stage address setting: the discovery seam.
+
+    - `host:port` -> as is (one replica);
+    - `ip1:port1,ip2:port2,...` (a static list of IP addresses, e.g. one replica per local GPU) -> gRPC's
+      `ipv4:` (or `ipv6:`) resolver, which hands every address to the round-robin balancer;
+    - `dns:///name:port` (a Kubernetes headless Service: every ready pod) or any other scheme -> as is.
+    """
+    if "," not in address or ":///" in address or address.startswith(("ipv4:", "ipv6:", "unix:")):
+        return address
+    parts = [a.strip() for a in address.split(",") if a.strip()]
+    scheme = "ipv6" if all(p.startswith("[") for p in parts) else "ipv4"
+    return f"{scheme}:" + ",".join(parts)
+
+
 def open_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
     options = channel_options(max_message_bytes) + [
         ("grpc.service_config", _SERVICE_CONFIG),
         ("grpc.enable_retries", 1),
         ("grpc.keepalive_time_ms", 30_000),
     ]
-    return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.insecure_channel(grpc_target(address), options=options)
 
 
 class StageClients:

@@ -45,6 +45,11 @@ class LocalCluster:
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     start_timeout_s: float = 120.0
+    #: replicas per stage (default 1). Replica 0 is named after the stage, the others "<stage>-<i>";
+    #: the gateway gets all of a stage's addresses and balances calls over them (round-robin).
+    replicas: dict[str, int] = field(default_factory=dict)
+    #: GPUs to spread the GPU stages' replicas over (CUDA_VISIBLE_DEVICES, replica i -> gpus[i % n]).
+    gpus: list[str] = field(default_factory=list)
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
 
     @property
@@ -55,11 +60,14 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             for stage in STAGES:
-                self._start(stage, self.extra_args.get(stage, []))
+                for name in self.replica_names(stage):
+                    self._start(name, self.extra_args.get(stage, []), stage)
             for stage in STAGES:
-                self._wait_ready(stage)
+                for name in self.replica_names(stage):
+                    self._wait_ready(name)
             gateway_args = [
-                f"--{stage}-address={self.processes[stage].address}" for stage in STAGES
+                f"--{stage}-address={','.join(self.processes[n].address for n in self.replica_names(stage))}"
+                for stage in STAGES
             ] + [
                 f"--data-dir={self.workdir / 'var'}",
                 f"--output-dir={self.output_dir or self.workdir / 'outputs'}",
@@ -75,16 +83,22 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def replica_names(self, stage: str) -> list[str]:
+        return [stage if i == 0 else f"{stage}-{i}" for i in range(self.replicas.get(stage, 1))]
+
+    def _start(self, name: str, args: list[str], module: str | None = None) -> None:
         port_file = self.workdir / f"{name}.port"
         port_file.unlink(missing_ok=True)
         log_path = self.workdir / f"{name}.log"
         cmd = [
-            sys.executable, "-m", f"services.{name}", "--host=127.0.0.1", "--port=0", "--metrics-port=0",
+            sys.executable, "-m", f"services.{module or name}", "--host=127.0.0.1", "--port=0", "--metrics-port=0",
             f"--port-file={port_file}", "--log-format=json", "--grace-s=10", *args,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+        if self.gpus and module in ("lipsync", "superres"):
+            replica = self.replica_names(module).index(name)
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[replica % len(self.gpus)]
         with log_path.open("wb") as log:
             process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.processes[name] = ServiceProcess(name, process, log_path)
@@ -114,7 +128,7 @@ class LocalCluster:
         return proc.returncode
 
     def stop(self) -> None:
-        for name in ["gateway", *STAGES]:
+        for name in ["gateway", *(n for stage in STAGES for n in self.replica_names(stage))]:
             if name in self.processes:
                 self.terminate(name)
 
