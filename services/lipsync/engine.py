@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from services.common.backends import TorchBackend
 from services.common.errors import InvalidRequest, TooLarge
-from services.lipsync.prep import IMG_SIZE
+from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 
 MEL_SHAPE = (80, 16)
 
@@ -132,11 +132,7 @@ class LipSyncEngine:
             mel_t = mel_t.pin_memory()
         mel_t = mel_t.to(self.device, non_blocking=True).to(torch.float32).unsqueeze(1)
         faces = torch.cat([c.bank.tensor()[torch.from_numpy(c.rows).to(self.device)] for c in chunks])
-        size = IMG_SIZE
-        masked = faces.clone()
-        masked[:, size // 2:] = 0
-        # Same maths as prep.model_inputs (float32 /255 of uint8 is exact), in NCHW on the device.
-        x = torch.cat((masked, faces), dim=3).permute(0, 3, 1, 2).to(torch.float32) / 255.0
+        x = model_inputs_torch(faces)  # prep.model_inputs' maths, on the device
         pred = self.backend.forward_device(mel_t, x)
         # upstream: (p * 255).astype(uint8) -> truncation toward zero; clamp keeps it from wrapping.
         out = (pred.float() * 255.0).clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
