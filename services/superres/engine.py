@@ -12,8 +12,8 @@ The weight-free `LanczosUpscaler` runs the resize alone, on the same device. On 
 defaults to cv2 per item (faster there than the dense matrix products; see `resize`).
 
 Why: the per-crop CPU path (`ModelUpscaler.upscale`) copied the fp32 384x384x3 output (1.7 MB a
-crop) to the host and resized it with cv2 there; on an H200 that capped the service at ~700 crops/s
-while the x4 network alone does ~6,500. The result matches that CPU path within one uint8 level
+crop) to the host and resized it with cv2 there; on an H200 the network with that host I/O measured
+660-810 crops/s (bench_models.py, e2e column) while the network alone does ~6,500. The result matches that CPU path within one uint8 level
 (tests/unit/superres/test_engine.py). On a CPU the same code runs with CPU tensors (what CI runs,
 with both resize variants).
 """
