@@ -16,6 +16,10 @@ Only grpcio, protobuf, numpy, torch and opencv are needed on the client side; th
 also needs grpcio-health-checking, grpcio-reflection, prometheus-client and opentelemetry-api (not
 PyAV/librosa: the lipsync import chain does not touch them; this script checks before starting).
 
+The service process and the multi-process load driver are stage-agnostic (`ServiceProcess`,
+`serve_and_load`, `load` take the stage, its flags, the stub class and a per-stream coroutine):
+bench_superres_grpc.py reuses them for the superres service's Upscale RPC.
+
 Weights: a seeded synthetic Wav2Lip checkpoint is written to a temp dir unless --checkpoint is
 given (speed does not depend on the values); --procedural runs the weight-free stand-in instead.
 
@@ -39,8 +43,9 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):
@@ -52,7 +57,8 @@ import numpy as np
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_items
 
-# What `python -m services.lipsync` imports beyond this script's own needs (module -> pip name).
+# What `python -m services.lipsync` (and services.superres) imports beyond this script's own needs
+# (module -> pip name).
 SERVICE_MODULES = {
     "grpc_health": "grpcio-health-checking",
     "grpc_reflection": "grpcio-reflection",
@@ -82,24 +88,37 @@ def write_seeded_checkpoint(path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def lipsync_flags(args: argparse.Namespace) -> list[str]:
+    """The lipsync-only service flags (ServiceProcess adds the common ones)."""
+    flags = ["--detector", "none"]  # only Generate is measured; OpenCV 5 on GPU images lacks Haar cascades
+    if args.checkpoint:
+        flags += ["--checkpoint", args.checkpoint]
+    for flag in ("backend", "precision", "batch_buckets"):
+        value = getattr(args, flag)
+        if value:
+            flags += ["--" + flag.replace("_", "-"), value]
+    return flags
+
+
 class ServiceProcess:
-    def __init__(self, args: argparse.Namespace, workdir: Path, replica: int = 0) -> None:
-        self.port_file = workdir / f"lipsync-{replica}.port"
-        self.log_path = workdir / f"lipsync-{replica}.log"
+    """`python -m services.<stage>` on port 0 with metrics off; `flags` are the stage's own settings.
+
+    Uses args.device, max_batch, max_delay_ms, log_level, streams, items, window and gpus.
+    """
+
+    def __init__(self, args: argparse.Namespace, workdir: Path, replica: int = 0, stage: str = "lipsync",
+                 flags: Sequence[str] = ()) -> None:
+        self.stage = stage
+        self.port_file = workdir / f"{stage}-{replica}.port"
+        self.log_path = workdir / f"{stage}-{replica}.log"
         cmd = [
-            sys.executable, "-m", "services.lipsync", "--port", "0", "--port-file", str(self.port_file),
+            sys.executable, "-m", f"services.{stage}", "--port", "0", "--port-file", str(self.port_file),
             "--metrics-port", "-1", "--device", args.device, "--max-batch", str(args.max_batch),
             "--max-delay-ms", str(args.max_delay_ms), "--log-format", "text", "--log-level", args.log_level,
             "--grace-s", "2", "--max-concurrent-streams", str(max(256, args.streams * 2)),
             "--max-pending-per-stream", str(max(512, args.items * (args.window + 1))),
-            "--detector", "none",  # only Generate is measured; OpenCV 5 on GPU images lacks Haar cascades
+            *flags,
         ]
-        if args.checkpoint:
-            cmd += ["--checkpoint", args.checkpoint]
-        for flag in ("backend", "precision", "batch_buckets"):
-            value = getattr(args, flag)
-            if value:
-                cmd += ["--" + flag.replace("_", "-"), value]
         self.cmd = cmd
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
@@ -119,12 +138,12 @@ class ServiceProcess:
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"lipsync exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.stage} exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
             if self.port_file.exists():
                 port = int(self.port_file.read_text().split()[0])
                 return port, time.perf_counter() - self.started
             time.sleep(0.1)
-        raise TimeoutError(f"lipsync not SERVING after {timeout:.0f}s:\n{self.log_tail()}")
+        raise TimeoutError(f"{self.stage} not SERVING after {timeout:.0f}s:\n{self.log_tail()}")
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
@@ -146,7 +165,7 @@ class ServiceProcess:
 class Stats:
     def __init__(self) -> None:
         self.latencies: list[tuple[float, float]] = []  # (received at, seconds)
-        self.arrivals: list[tuple[float, int]] = []  # (received at, frames)
+        self.arrivals: list[tuple[float, int]] = []  # (received at, items: frames, crops)
         self.model_info: common_pb2.ModelInfo | None = None
         self.errors: list[str] = []
 
@@ -203,8 +222,15 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
-async def drive(ports: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float) -> Stats:
-    """Run `streams` Generate streams from this process, starting at monotonic time t0.
+# run_stream(stub, stream id, args, stop_at, stats): one stream of the measured RPC, recording into stats.
+# It must be a module-level function (it is pickled by reference into the --procs client processes).
+StreamFn = Callable[[Any, int, argparse.Namespace, float, Stats], Awaitable[None]]
+
+
+async def drive(ports: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float,
+                stub_cls: Callable[[grpc.aio.Channel], Any] = lipsync_pb2_grpc.LipSyncServiceStub,
+                stream_fn: StreamFn = run_stream) -> Stats:
+    """Run `streams` streams (`stream_fn` on `stub_cls` stubs) from this process, starting at monotonic time t0.
 
     Stream s goes to replica s % len(ports), like the gateway's round-robin over replicas.
     """
@@ -212,11 +238,11 @@ async def drive(ports: list[int], args: argparse.Namespace, first_stream: int, s
     stats = Stats()
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}", options=options) for p in ports]
     try:
-        stubs = [lipsync_pb2_grpc.LipSyncServiceStub(c) for c in channels]
+        stubs = [stub_cls(c) for c in channels]
         await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
         stop_at = t0 + args.seconds
         await asyncio.gather(*(
-            run_stream(stubs[(first_stream + s) % len(stubs)], first_stream + s, args, stop_at, stats) for s in range(streams)
+            stream_fn(stubs[(first_stream + s) % len(stubs)], first_stream + s, args, stop_at, stats) for s in range(streams)
         ))
     finally:
         for c in channels:
@@ -224,25 +250,33 @@ async def drive(ports: list[int], args: argparse.Namespace, first_stream: int, s
     return stats
 
 
-def _client_process(port: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float) -> tuple:
+def _client_process(port: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float,
+                    stub_cls: Callable[[grpc.aio.Channel], Any], stream_fn: StreamFn) -> tuple:
     """Entry point of a client process (--procs > 1): its raw arrivals, latencies and errors."""
-    stats = asyncio.run(drive(port, args, first_stream, streams, t0))
+    stats = asyncio.run(drive(port, args, first_stream, streams, t0, stub_cls, stream_fn))
     info = stats.model_info.SerializeToString() if stats.model_info else b""
     return stats.arrivals, stats.latencies, stats.errors, info
 
 
-def load(port: list[int], args: argparse.Namespace) -> dict:
-    """One client process (--procs 1) or several: one Python client cannot feed tens of thousands of frames/s."""
+def load(port: list[int], args: argparse.Namespace,
+         stub_cls: Callable[[grpc.aio.Channel], Any] = lipsync_pb2_grpc.LipSyncServiceStub,
+         stream_fn: StreamFn = run_stream, unit: str = "frames") -> dict:
+    """One client process (--procs 1) or several: one Python client cannot feed tens of thousands of frames/s.
+
+    Uses args.procs, streams, seconds, warmup_seconds and burst_gap_ms; `unit` names the items in the
+    result's keys (`{unit}_per_s`, `{unit}_measured`, `{unit}_total`).
+    """
     t0 = time.perf_counter() + (3.0 if args.procs > 1 else 0.0)  # perf_counter is CLOCK_MONOTONIC: shared
     if args.procs == 1:
-        stats = asyncio.run(drive(port, args, 0, args.streams, t0))
+        stats = asyncio.run(drive(port, args, 0, args.streams, t0, stub_cls, stream_fn))
     else:
         import multiprocessing
 
         per = [args.streams // args.procs + (1 if i < args.streams % args.procs else 0) for i in range(args.procs)]
         starts = [sum(per[:i]) for i in range(args.procs)]
         with multiprocessing.get_context("spawn").Pool(args.procs) as pool:
-            parts = pool.starmap(_client_process, [(port, args, starts[i], per[i], t0) for i in range(args.procs)])
+            parts = pool.starmap(_client_process, [(port, args, starts[i], per[i], t0, stub_cls, stream_fn)
+                                                   for i in range(args.procs)])
         stats = Stats()
         for arrivals, latencies, errors, info in parts:
             stats.arrivals += arrivals
@@ -254,13 +288,13 @@ def load(port: list[int], args: argparse.Namespace) -> dict:
     t_end = time.perf_counter()
     measure_from = t0 + args.warmup_seconds
     window_s = max(stop_at - measure_from, 1e-9)
-    frames = sum(n for t, n in stats.arrivals if measure_from <= t <= stop_at)
+    measured = sum(n for t, n in stats.arrivals if measure_from <= t <= stop_at)
     lat = [s for t, s in stats.latencies if t >= measure_from]
     bursts = estimate_batches([(t, n) for t, n in stats.arrivals if t >= measure_from], args.burst_gap_ms / 1000)
     return {
-        "frames_per_s": frames / window_s,
-        "frames_measured": frames,
-        "frames_total": sum(n for _, n in stats.arrivals),
+        f"{unit}_per_s": measured / window_s,
+        f"{unit}_measured": measured,
+        f"{unit}_total": sum(n for _, n in stats.arrivals),
         "messages": len(stats.latencies),
         "latency_p50_ms": percentile(lat, 50) * 1e3,
         "latency_p99_ms": percentile(lat, 99) * 1e3,
@@ -273,6 +307,42 @@ def load(port: list[int], args: argparse.Namespace) -> dict:
                   "precision": stats.model_info.precision} if stats.model_info else None,
         "errors": stats.errors[:10],
     }
+
+
+def serve_and_load(args: argparse.Namespace, workdir: Path, stage: str, flags: Sequence[str],
+                   stub_cls: Callable[[grpc.aio.Channel], Any], stream_fn: StreamFn, unit: str) -> tuple[dict, str]:
+    """Start args.replicas `services.<stage>` processes, run `load` against them, stop them.
+
+    Returns `load`'s result plus startup_s and service_exit, and the first replica's log tail.
+    """
+    services = [ServiceProcess(args, workdir, r, stage, flags) for r in range(args.replicas)]
+    print("starting: " + " ".join(services[0].cmd) + f" (x{args.replicas})", file=sys.stderr)
+    try:
+        ready = [s.wait_ready(args.startup_timeout) for s in services]
+        ports = [port for port, _ in ready]
+        startup_s = max(t for _, t in ready)
+        print(f"SERVING on {ports} after {startup_s:.1f}s; {args.streams} streams x {args.items} items "
+              f"for {args.seconds:.0f}s", file=sys.stderr)
+        result = load(ports, args, stub_cls, stream_fn, unit)
+    finally:
+        rc = max((s.stop() or 0) for s in services)
+        if args.keep_log:
+            Path(args.keep_log).write_text("\n".join(s.log_tail(10**7) for s in services))
+    tail = services[0].log_tail(3000)
+    result.update(startup_s=startup_s, service_exit=rc)
+    return result, tail
+
+
+def report_errors_and_write(result: dict, args: argparse.Namespace, tail: str, unit: str) -> int:
+    """Print errors (with the service log tail), write --out; the exit status (1: errors or nothing measured)."""
+    if result["errors"]:
+        print("errors:\n  " + "\n  ".join(result["errors"]) + "\nservice log tail:\n" + tail, file=sys.stderr)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {out}", file=sys.stderr)
+    return 1 if result["errors"] or result[f"{unit}_measured"] == 0 else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -312,23 +382,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.checkpoint and not args.procedural:
             args.checkpoint = str(workdir / "wav2lip-seeded.pth")
             write_seeded_checkpoint(Path(args.checkpoint))
-        services = [ServiceProcess(args, workdir, r) for r in range(args.replicas)]
-        print("starting: " + " ".join(services[0].cmd) + f" (x{args.replicas})", file=sys.stderr)
-        try:
-            ready = [s.wait_ready(args.startup_timeout) for s in services]
-            ports = [port for port, _ in ready]
-            startup_s = max(t for _, t in ready)
-            print(f"SERVING on {ports} after {startup_s:.1f}s; {args.streams} streams x {args.items} items "
-                  f"for {args.seconds:.0f}s", file=sys.stderr)
-            result = load(ports, args)
-        finally:
-            rc = max((s.stop() or 0) for s in services)
-            if args.keep_log:
-                Path(args.keep_log).write_text("\n".join(s.log_tail(10**7) for s in services))
-        tail = services[0].log_tail(3000)
+        result, tail = serve_and_load(args, workdir, "lipsync", lipsync_flags(args),
+                                      lipsync_pb2_grpc.LipSyncServiceStub, run_stream, "frames")
+    startup_s = result["startup_s"]
 
-    result.update(startup_s=startup_s, service_exit=rc,
-                  date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    result.update(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   args={k: v for k, v in vars(args).items() if k != "checkpoint"},
                   checkpoint="seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural"))
     m = result["model"] or {}
@@ -337,14 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"| {args.device} | {args.replicas} | {m.get('name', '?')} | {m.get('backend', '?')} | {m.get('precision', '?')} | {args.max_batch} | "
           f"{args.streams} x {args.items} (window {args.window}) | {result['frames_per_s']:,.1f} | "
           f"{result['latency_p50_ms']:.1f} | {result['latency_p99_ms']:.1f} | {result['est_batch_mean']:.1f} | {startup_s:.1f} |")
-    if result["errors"]:
-        print("errors:\n  " + "\n  ".join(result["errors"]) + "\nservice log tail:\n" + tail, file=sys.stderr)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {out}", file=sys.stderr)
-    return 1 if result["errors"] or result["frames_measured"] == 0 else 0
+    return report_errors_and_write(result, args, tail, "frames")
 
 
 if __name__ == "__main__":

@@ -27,3 +27,5 @@ grpc auto-s64-p8 --streams 64 --procs 8
 T=330 grpc compile-cold --backend compile --batch-buckets 256 --streams 64 --procs 8
 TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) T=150 grpc compile-warm --backend compile --batch-buckets 256 --streams 64 --procs 8
 ls -la var/compile-cache 2>/dev/null | tee "$OUT/compile-cache.txt"
+timeout 120 python3 bench/bench_superres_grpc.py --device cuda --max-batch 128 --streams 32 --procs 4 --seconds 20 \
+  --warmup-seconds 5 --out "$OUT/superres-s32-p4.json" 2>&1 | grep -E '^\||error|Error' | tail -3
