@@ -93,10 +93,10 @@ def lipsync_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--detector", "none"]  # only Generate is measured; OpenCV 5 on GPU images lacks Haar cascades
     if args.checkpoint:
         flags += ["--checkpoint", args.checkpoint]
-    for flag in ("backend", "precision", "batch_buckets"):
+    for flag in ("backend", "precision", "batch_buckets", "pipeline_depth"):
         value = getattr(args, flag)
         if value:
-            flags += ["--" + flag.replace("_", "-"), value]
+            flags += ["--" + flag.replace("_", "-"), str(value)]
     return flags
 
 
@@ -353,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--backend", default="", help="service --backend (auto, cpu, torch, compile, tensorrt)")
     p.add_argument("--precision", default="", help="service --precision (fp32, fp16, bf16)")
     p.add_argument("--batch-buckets", default="", help="service --batch-buckets, e.g. 8,32,128,256")
+    p.add_argument("--pipeline-depth", type=int, default=0, help="service --pipeline-depth (model batches in flight)")
     p.add_argument("--checkpoint", default="", help="a wav2lip.pth; default: a seeded synthetic one")
     p.add_argument("--procedural", action="store_true", help="no checkpoint: the weight-free stand-in model")
     p.add_argument("--streams", type=int, default=16, help="concurrent Generate streams")

@@ -24,6 +24,7 @@ grpc() {  # name, then extra flags
 }
 grpc auto-s32-p4 --streams 32 --procs 4
 grpc auto-s64-p8 --streams 64 --procs 8
+grpc auto-depth2-s32-p4 --streams 32 --procs 4 --pipeline-depth 2
 T=330 grpc compile-cold --backend compile --batch-buckets 256 --streams 64 --procs 8
 TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) T=150 grpc compile-warm --backend compile --batch-buckets 256 --streams 64 --procs 8
 ls -la var/compile-cache 2>/dev/null | tee "$OUT/compile-cache.txt"

@@ -41,6 +41,9 @@ class DynamicBatcher(Generic[In, Out]):
         size_of: how many model rows an item stands for (default 1). A stage can queue a whole
             request message as one item (a chunk of rows): chunks are never split, and a batch is
             closed once its rows reach `max_batch`. This keeps per-row Python work out of the hot path.
+        concurrency: batches handed to `run_batch` at once, each on its own thread (default 1). With
+            2, the next batch is collected, uploaded and prepared while the previous one computes;
+            `run_batch` must then be thread-safe.
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class DynamicBatcher(Generic[In, Out]):
         max_delay_s: float = 0.005,
         max_queue: int = 4096,
         size_of: Callable[[In], int] | None = None,
+        concurrency: int = 1,
     ) -> None:
         self._run_batch = run_batch
         self._size_of = size_of or (lambda _item: 1)
@@ -58,7 +62,8 @@ class DynamicBatcher(Generic[In, Out]):
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
         self._queue: asyncio.Queue[_Pending[In]] = asyncio.Queue(maxsize=max_queue)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{metrics.stage}-model")
+        self.concurrency = max(1, concurrency)
+        self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"{metrics.stage}-model")
         self._task: asyncio.Task | None = None
         self._held: _Pending[In] | None = None
 
@@ -103,54 +108,74 @@ class DynamicBatcher(Generic[In, Out]):
         return self._run_batch(items)
 
     async def _loop(self) -> None:
+        slots = asyncio.Semaphore(self.concurrency)
+        running: set[asyncio.Task] = set()
+        try:
+            while True:
+                await slots.acquire()  # at most `concurrency` batches in the model at once
+                try:
+                    batch = await self._collect()
+                except BaseException:
+                    slots.release()
+                    raise
+                if not batch:
+                    slots.release()
+                    continue
+                task = asyncio.create_task(self._dispatch(batch))
+                running.add(task)
+                task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+        finally:
+            for task in running:
+                task.cancel()
+
+    async def _collect(self) -> list[_Pending[In]]:
+        """Wait for the next batch: until it holds max_batch rows or its first item waited max_delay."""
+        first = self._held or await self._queue.get()
+        self._held = None
+        batch = [first]
+        rows = self._size_of(first.item)
+        deadline = first.enqueued + self.max_delay_s
+        while rows < self.max_batch:
+            try:
+                nxt = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                try:
+                    nxt = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+            size = self._size_of(nxt.item)
+            if rows + size > self.max_batch:
+                self._held = nxt  # starts the next batch; chunks are never split
+                break
+            batch.append(nxt)
+            rows += size
+        return [p for p in batch if not p.future.done()]  # callers that went away
+
+    async def _dispatch(self, batch: list[_Pending[In]]) -> None:
+        """Run one batch on a model thread and hand each caller its output (or the batch's error)."""
         loop = asyncio.get_running_loop()
         m, stage = self._metrics, self._metrics.stage
-        while True:
-            first = self._held or await self._queue.get()
-            self._held = None
-            batch = [first]
-            rows = self._size_of(first.item)
-            deadline = first.enqueued + self.max_delay_s
-            while rows < self.max_batch:
-                try:
-                    nxt = self._queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    remaining = deadline - time.perf_counter()
-                    if remaining <= 0:
-                        break
-                    try:
-                        nxt = await asyncio.wait_for(self._queue.get(), remaining)
-                    except TimeoutError:
-                        break
-                size = self._size_of(nxt.item)
-                if rows + size > self.max_batch:
-                    self._held = nxt  # starts the next batch; chunks are never split
-                    break
-                batch.append(nxt)
-                rows += size
-            batch = [p for p in batch if not p.future.done()]  # callers that went away
-            if not batch:
-                continue
-            now = time.perf_counter()
+        now = time.perf_counter()
+        for p in batch:
+            m.queue_seconds.labels(stage).observe(now - p.enqueued)
+        m.queue_depth.labels(stage).set(self._queue.qsize())
+        rows = sum(self._size_of(p.item) for p in batch)
+        m.batch_size.labels(stage).observe(rows)
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._run_batch, [p.item for p in batch])
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(batch)} items")
+        except Exception as exc:  # noqa: BLE001 - the callers of this batch get the error, the loop lives on
+            _LOGGER.warning("batch of %d failed: %s", len(batch), exc)
             for p in batch:
-                m.queue_seconds.labels(stage).observe(now - p.enqueued)
-            m.queue_depth.labels(stage).set(self._queue.qsize())
-            rows = sum(self._size_of(p.item) for p in batch)
-            m.batch_size.labels(stage).observe(rows)
-            try:
-                outputs = await loop.run_in_executor(self._executor, self._run_batch, [p.item for p in batch])
-                if len(outputs) != len(batch):
-                    raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(batch)} items")
-            except Exception as exc:  # noqa: BLE001 - the callers of this batch get the error, the loop lives on
-                _LOGGER.warning("batch of %d failed: %s", len(batch), exc)
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                continue
-            m.compute_seconds.labels(stage).observe(time.perf_counter() - now)
-            m.items.labels(stage).inc(rows)
-            for p, out in zip(batch, outputs):
                 if not p.future.done():
-                    p.future.set_result(out)
-
-
+                    p.future.set_exception(exc)
+            return
+        m.compute_seconds.labels(stage).observe(time.perf_counter() - now)
+        m.items.labels(stage).inc(rows)
+        for p, out in zip(batch, outputs):
+            if not p.future.done():
+                p.future.set_result(out)

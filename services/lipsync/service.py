@@ -43,6 +43,9 @@ class LipSyncSettings(ServiceSettings):
     max_pending_per_stream: int = _field(512, "items one stream may have in flight (back-pressure)")
     max_crops_per_stream: int = _field(4096, "reference crops one Generate stream may register")
     max_detect_frames: int = _field(3000, "frames one DetectFaces stream may send")
+    pipeline_depth: int = _field(
+        1, "model batches in flight at once (2 overlaps one batch's transfers with the previous one's compute)"
+    )
     compile_cache_dir: str = _field(
         "var/compile-cache", "backend=compile: where compiled-kernel caches are kept (a volume, so new pods start warm)"
     )
@@ -180,7 +183,7 @@ class LipSyncService(Service[LipSyncSettings]):
             # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
             cuda_graphs=None if name == "wav2lip" else False,
         )
-        self.engine = LipSyncEngine(self.backend)
+        self.engine = LipSyncEngine(self.backend, overlap=s.pipeline_depth > 1)
         warm_bank = self.engine.new_bank(1)
         warm_bank.add(0, np.zeros((IMG, IMG, 3), np.uint8))
 
@@ -200,7 +203,7 @@ class LipSyncService(Service[LipSyncSettings]):
             await asyncio.to_thread(self.detector.detect, [np.zeros((64, 64, 3), np.uint8)])
         self.model_info = common_pb2.ModelInfo(name=name, backend=self.backend.name, precision=self.backend.precision)
         self.batcher: DynamicBatcher[GenerateChunk, ChunkFaces] = DynamicBatcher(
-            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len
+            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len, concurrency=s.pipeline_depth
         )
         self.batcher.start()
         self.metrics.set_backend(name, self.backend.name, self.backend.precision)

@@ -307,3 +307,37 @@ def test_chunks_fill_batches_by_rows_and_are_never_split() -> None:
 
     assert asyncio.run(main()) == [5, 4, 9, 32]
     assert seen == [[5, 2], [3], [8]]
+
+
+def test_concurrency_runs_batches_in_parallel() -> None:
+    """With concurrency=2 the next batch starts while the previous one is still in the model."""
+    import asyncio
+    import threading
+    import time
+
+    from services.common.batcher import DynamicBatcher
+    from services.common.metrics import Metrics
+
+    active, peak, lock = 0, 0, threading.Lock()
+
+    def run_batch(items: list[int]) -> list[int]:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.2)
+        with lock:
+            active -= 1
+        return [i * 2 for i in items]
+
+    async def main(concurrency: int) -> list[int]:
+        batcher = DynamicBatcher(run_batch, Metrics(f"c{concurrency}"), max_batch=2, max_delay_s=0.001, concurrency=concurrency)
+        batcher.start()
+        try:
+            return list(await asyncio.gather(*(batcher.submit(i) for i in range(6))))
+        finally:
+            await batcher.close()
+
+    assert asyncio.run(main(1)) == [0, 2, 4, 6, 8, 10] and peak == 1
+    peak = 0
+    assert asyncio.run(main(2)) == [0, 2, 4, 6, 8, 10] and peak == 2

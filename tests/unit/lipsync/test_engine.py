@@ -88,6 +88,37 @@ def test_crop_bank_validates() -> None:
         bank.rows(np.array([0, 5]), np.array([6, 7]))
 
 
+def _concurrent_runs_match_serial(device: str, model: Wav2Lip) -> None:
+    """Batches run from several threads at once (the batcher's concurrency) give the serial results."""
+    import copy
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.common.backends import make_backend
+
+    engine = LipSyncEngine(make_backend("auto", copy.deepcopy(model), device, max_batch=16), overlap=True)
+    faces, mels = _inputs(12, 5)
+    bank = engine.new_bank(16)
+    for i, f in enumerate(faces):
+        bank.add(i, f)
+    chunks = [GenerateChunk(bank, np.arange(k, k + 4), mels[k : k + 4], [(100 + k, 90)] * 4) for k in (0, 4, 8)]
+    serial = [engine.run([c])[0] for c in chunks]
+    with ThreadPoolExecutor(3) as pool:
+        for _ in range(3):
+            parallel = list(pool.map(lambda c: engine.run([c])[0], chunks))
+            for a, b in zip(serial, parallel):
+                assert (a.widths, a.heights) == (b.widths, b.heights) and a.data == b.data
+
+
+def test_concurrent_runs_match_serial_cpu(model: Wav2Lip) -> None:
+    _concurrent_runs_match_serial("cpu", model)
+
+
+@pytest.mark.gpu
+def test_concurrent_runs_match_serial_cuda(model: Wav2Lip) -> None:
+    """Per-thread I/O streams + one compute stream with CUDA graphs: no race on the static buffers."""
+    _concurrent_runs_match_serial("cuda", model)
+
+
 @pytest.mark.gpu
 def test_engine_on_cuda_matches_cpu(model: Wav2Lip) -> None:
     """The service's GPU path (auto: fp16, folded BN, CUDA graphs) against the CPU fp32 engine."""
