@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from services.common.backends import TorchBackend
 from services.common.resize import lanczos4_resize, round_like_opencv
 from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple
 
@@ -107,6 +108,8 @@ class SuperResEngine:
             on the host, exactly the CPU path); None = "torch" on a GPU, "cv2" on the CPU, where the
             dense matrix products take about twice as long as cv2's 8-tap loops (measured: 64 crops
             96 px -> 150x170 and 384x384, Lanczos fallback, 2 cores).
+        backend: runs the network (services.common.backends: fp16, CUDA graphs per batch bucket);
+            None = call the upscaler's module directly. Its output is consumed before the next call.
     """
 
     def __init__(
@@ -117,8 +120,10 @@ class SuperResEngine:
         max_batch: int | None = None,
         channels_last: bool | None = None,
         resize: str | None = None,
+        backend: TorchBackend | None = None,
     ) -> None:
         self.upscaler = upscaler
+        self.backend = backend
         self.model_name = upscaler.model_name
         self.max_batch = max_batch if max_batch and max_batch > 0 else None
         if isinstance(upscaler, ModelUpscaler):
@@ -214,7 +219,8 @@ class SuperResEngine:
             x = F.pad(x, (0, pad_w, 0, pad_h), mode="reflect")
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        y = self.model(x)[:, :, : h * s, : w * s]  # type: ignore[misc]
+        net = self.backend.forward_device if self.backend is not None else self.model
+        y = net(x)[:, :, : h * s, : w * s]  # type: ignore[misc]
         # process.from_model_output in float32: clamp, *255, round half to even, RGB->BGR. These are
         # the exact uint8 values the CPU path hands to cv2, still as floats for the resize.
         img = y.float().clamp(0, 1).mul_(255.0).round_().flip(1)

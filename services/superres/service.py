@@ -8,14 +8,17 @@ paste size and the uint8 conversion on the model's device and copies the bytes b
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import numpy as np
+import torch
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
+from services.common.backends import make_backend, numerics_check
 from services.common.batcher import DynamicBatcher
 from services.common.codec import image_from_proto
 from services.common.config import ServiceSettings, _field
@@ -24,7 +27,7 @@ from services.common.errors import InvalidRequest
 from services.common.server import Service
 from services.common.streams import ordered_stream
 from services.superres.engine import ChunkImages, SuperResEngine, UpscaleChunk
-from services.superres.process import create_upscaler
+from services.superres.process import ModelUpscaler, create_upscaler
 
 _LOGGER = logging.getLogger(__name__)
 MAX_SIDE = 2048
@@ -41,6 +44,8 @@ class SuperResSettings(ServiceSettings):
     max_batch: int = _field(64, "largest model batch")
     max_delay_ms: float = _field(5.0, "how long a batch waits to fill up")
     max_pending_per_stream: int = _field(512, "items one stream may have in flight (back-pressure)")
+    backend: str = _field("auto", "network backend: auto (CUDA: fp16 + CUDA graphs per batch bucket; CPU: cpu), cpu, torch, compile")
+    max_rel_error: float = _field(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
 
 
 class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
@@ -112,17 +117,33 @@ class SuperResService(Service[SuperResSettings]):
         self.upscaler = await asyncio.to_thread(create_upscaler, s.model, s.checkpoint or None, str(device))
         self.scale = getattr(self.upscaler, "scale", 4)
         precision = str(getattr(self.upscaler, "dtype", "fp32")).replace("torch.float16", "fp16").replace("torch.float32", "fp32")
-        backend = "cpu" if device.type == "cpu" else "torch"
-        self.model_info = common_pb2.ModelInfo(name=self.upscaler.model_name, backend=backend, precision=precision)
-        # All per-item maths on the model's device (fp16 + channels_last on CUDA), one copy back.
-        self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch)
-        await asyncio.to_thread(self.engine.warmup, 1, (96, 96))  # the network's native size
+        self.model_info = common_pb2.ModelInfo(
+            name=self.upscaler.model_name, backend="cpu" if device.type == "cpu" else "torch", precision=precision
+        )
+        # All per-item maths on the model's device (fp16 + channels_last on CUDA), one copy back; the
+        # network itself through a Backend like every model stage (CUDA graphs per batch bucket).
+        backend, reference = None, None
+        if isinstance(self.upscaler, ModelUpscaler):
+            reference = copy.deepcopy(self.upscaler.model).float() if device.type == "cuda" else None
+            backend = make_backend(
+                s.backend, self.upscaler.model, device, precision=precision if device.type == "cuda" else None,
+                max_batch=s.max_batch, cache_dir=None,
+            )
+            self.model_info.backend = backend.name
+        self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch, backend=backend)
+        for n in sorted(backend.batch_buckets if backend is not None and backend.batch_buckets else (1,), reverse=True):
+            await asyncio.to_thread(self.engine.warmup, n, (96, 96))  # the network's native size, per bucket
         await asyncio.to_thread(self.engine.warmup, 1, (96, 96), (150, 150))  # and a resize
+        if backend is not None and reference is not None and s.max_rel_error > 0:
+            gen = torch.Generator().manual_seed(0)
+            err = numerics_check(backend, reference, [torch.rand((4, 3, 96, 96), generator=gen)], bound=s.max_rel_error)
+            self.metrics.numerics_error.labels(self.stage).set(err)
+            _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": s.max_rel_error})
         self.batcher: DynamicBatcher[UpscaleChunk, ChunkImages] = DynamicBatcher(
             self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len
         )
         self.batcher.start()
-        self.metrics.set_backend(self.upscaler.model_name, backend, precision)
+        self.metrics.set_backend(self.upscaler.model_name, self.model_info.backend, precision)
         _LOGGER.info(
             "superres ready",
             extra={"model": self.upscaler.model_name, "device": str(device), "precision": precision, "resize": self.engine.resize},

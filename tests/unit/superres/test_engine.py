@@ -149,6 +149,22 @@ def test_model_device_must_match() -> None:
         SuperResEngine(upscaler, resize="pillow")
 
 
+def test_backend_path_matches_direct_model() -> None:
+    """The service runs the network through a Backend (buckets pad the batch): same images as direct."""
+    from services.common.backends import make_backend
+
+    crops_a, sizes_a, crops_b, sizes_b = _two_chunks()
+    chunks = [UpscaleChunk.from_items(crops_a, sizes_a), UpscaleChunk.from_items(crops_b, sizes_b)]
+    model = _srvgg()
+    direct = SuperResEngine(ModelUpscaler(copy.deepcopy(model), 4)).run(chunks)
+    upscaler = ModelUpscaler(copy.deepcopy(model), 4)
+    backend = make_backend("torch", upscaler.model, "cpu", precision="fp32", batch_buckets=(8,))
+    via_backend = SuperResEngine(upscaler, backend=backend).run(chunks)
+    for a, b in zip(direct, via_backend):
+        assert (a.widths, a.heights) == (b.widths, b.heights)
+        _assert_close(a.arrays(), b.arrays())
+
+
 @pytest.mark.gpu
 def test_engine_on_cuda_matches_cpu() -> None:
     """The service's CUDA path (fp16, channels_last) and a strict-fp32 CUDA run against the CPU engine."""
