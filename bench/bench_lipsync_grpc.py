@@ -345,6 +345,21 @@ def report_errors_and_write(result: dict, args: argparse.Namespace, tail: str, u
     return 1 if result["errors"] or result[f"{unit}_measured"] == 0 else 0
 
 
+
+def add_load_args(p: argparse.ArgumentParser, stage: str) -> None:
+    """The load and output flags both gRPC benchmarks share (the stage-specific ones stay in each)."""
+    p.add_argument("--procs", type=int, default=1, help="client processes the streams are spread over")
+    p.add_argument("--replicas", type=int, default=1, help=f"{stage} service processes (streams round-robin over them)")
+    p.add_argument("--gpus", default="", help="e.g. 0,1: replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
+    p.add_argument("--window", type=int, default=2, help="messages in flight per stream")
+    p.add_argument("--seconds", type=float, default=20.0, help="how long each stream sends")
+    p.add_argument("--warmup-seconds", type=float, default=3.0, help="excluded from the statistics")
+    p.add_argument("--burst-gap-ms", type=float, default=2.0, help="response gap that separates batches")
+    p.add_argument("--log-level", default="WARNING", help="service log level")
+    p.add_argument("--keep-log", default="", help="copy the service log here")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -357,19 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--checkpoint", default="", help="a wav2lip.pth; default: a seeded synthetic one")
     p.add_argument("--procedural", action="store_true", help="no checkpoint: the weight-free stand-in model")
     p.add_argument("--streams", type=int, default=16, help="concurrent Generate streams")
-    p.add_argument("--procs", type=int, default=1, help="client processes the streams are spread over")
-    p.add_argument("--replicas", type=int, default=1, help="lipsync service processes (streams round-robin over them)")
-    p.add_argument("--gpus", default="", help="e.g. 0,1: replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
     p.add_argument("--items", type=int, default=64, help="items (frames) per request message")
-    p.add_argument("--window", type=int, default=2, help="messages in flight per stream")
     p.add_argument("--crops", type=int, default=4, help="reference crops per stream")
-    p.add_argument("--seconds", type=float, default=20.0, help="how long each stream sends")
-    p.add_argument("--warmup-seconds", type=float, default=3.0, help="excluded from the statistics")
-    p.add_argument("--burst-gap-ms", type=float, default=2.0, help="response gap that separates batches")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for SERVING (compile!)")
-    p.add_argument("--log-level", default="WARNING", help="service log level")
-    p.add_argument("--keep-log", default="", help="copy the service log here")
-    p.add_argument("--out", default=None, help="write the results as JSON here")
+    add_load_args(p, "lipsync")
     args = p.parse_args(argv)
     if args.warmup_seconds >= args.seconds:
         p.error("--warmup-seconds must be below --seconds")

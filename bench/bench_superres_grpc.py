@@ -47,7 +47,7 @@ if __package__ in (None, ""):
 import grpc
 import numpy as np
 
-from bench.bench_lipsync_grpc import Stats, check_service_imports, report_errors_and_write, serve_and_load
+from bench.bench_lipsync_grpc import Stats, add_load_args, check_service_imports, report_errors_and_write, serve_and_load
 from lipline.v1 import superres_pb2, superres_pb2_grpc
 from services.common.codec import image_to_proto
 
@@ -136,21 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--checkpoint", default="", help="a Real-ESRGAN .pth of --model; default: a seeded synthetic one")
     p.add_argument("--lanczos", action="store_true", help="no network: the weight-free LANCZOS4 resize")
     p.add_argument("--streams", type=int, default=16, help="concurrent Upscale streams")
-    p.add_argument("--procs", type=int, default=1, help="client processes the streams are spread over")
-    p.add_argument("--replicas", type=int, default=1, help="superres service processes (streams round-robin over them)")
-    p.add_argument("--gpus", default="", help="e.g. 0,1: replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
     p.add_argument("--items", type=int, default=32, help="crops per request message (the gateway sends 32)")
-    p.add_argument("--window", type=int, default=2, help="messages in flight per stream")
     p.add_argument("--pool", type=int, default=8, help="distinct random crops per stream")
     p.add_argument("--out-size", type=parse_size, default=(192, 192),
                    help="WxH (or N) each crop comes back at; 0 = the model's native size (384 for x4)")
-    p.add_argument("--seconds", type=float, default=20.0, help="how long each stream sends")
-    p.add_argument("--warmup-seconds", type=float, default=3.0, help="excluded from the statistics")
-    p.add_argument("--burst-gap-ms", type=float, default=2.0, help="response gap that separates batches")
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for SERVING")
-    p.add_argument("--log-level", default="WARNING", help="service log level")
-    p.add_argument("--keep-log", default="", help="copy the service log here")
-    p.add_argument("--out", default=None, help="write the results as JSON here")
+    add_load_args(p, "superres")
     args = p.parse_args(argv)
     if args.warmup_seconds >= args.seconds:
         p.error("--warmup-seconds must be below --seconds")
