@@ -11,11 +11,11 @@ help: ## list the targets
 install: ## create .venv and install everything (idempotent, quick when nothing changed)
 	@bash scripts/install.sh
 
-demo: install ## run the whole pipeline locally on the bundled samples -> outputs/demo.mp4
-	$(PY) -m services.local
+demo: ## run the whole pipeline locally on the bundled samples -> outputs/demo.mp4
+	bash scripts/run.sh demo
 
-test: install ## run the whole test suite (unit + integration with real servers)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: ## run the whole test suite (unit + integration with real servers)
+	bash scripts/run.sh test $(PYTEST_ARGS)
 
 test-unit: install ## unit tests only
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Install everything lipline needs into .venv/ (idempotent: a second run with nothing changed takes
-# seconds). Used by `make install`, and through it by `make demo` and `make test`.
+# seconds). Used by `bash scripts/run.sh demo|test` (the README's two commands) and `make install`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 VENV=.venv
+
+apt_install() {
+  echo "install: apt-get install $*"
+  local sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@"
+}
 
 # 1. Debian packages the project needs at run or test time (none yet beyond what Python wheels carry:
 #    PyAV ships FFmpeg with libx264 and AAC, opencv-python-headless ships its Haar cascades).
@@ -15,17 +22,18 @@ missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
-if ((${#missing[@]})); then
-  echo "install: apt-get install ${missing[*]}"
-  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+if ((${#missing[@]})); then apt_install "${missing[@]}"; fi
 
 # 2. The virtual environment and the locked Python dependencies (re-installed only when the lock changes).
 if [[ ! -x $VENV/bin/python ]]; then
   echo "install: creating $VENV with $($PYTHON --version)"
-  "$PYTHON" -m venv "$VENV"
+  if ! "$PYTHON" -m venv "$VENV" 2>/dev/null; then
+    # Debian's system Python ships venv/ensurepip separately.
+    rm -rf "$VENV"
+    ver=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    apt_install "python${ver}-venv"
+    "$PYTHON" -m venv "$VENV"
+  fi
 fi
 stamp=$VENV/.lipline-lock.sha256
 want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
