@@ -199,7 +199,7 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
 
 def run(args: argparse.Namespace, workdir: Path) -> dict:
     from lipline.v1 import gateway_pb2
-    from services.gateway.client import LiplineClient
+    from services.gateway.client import LiplineClient, progress_printer
     from services.gateway.media import probe_media
     from services.local.cluster import LocalCluster
 
@@ -252,18 +252,10 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                     result["warmup_seconds"] = time.perf_counter() - t
                     log(f"warm-up job ({args.warmup_seconds:g} s of audio): {result['warmup_seconds']:.2f} s")
 
-                last = [-1.0]
-
-                def show(event: gateway_pb2.Job) -> None:
-                    if event.progress - last[0] >= 0.1 or event.state != gateway_pb2.JOB_STATE_RUNNING:
-                        last[0] = event.progress
-                        log(f"  {gateway_pb2.JobState.Name(event.state):20s} {event.stage:8s} "
-                            f"{event.frames_done}/{event.total_frames} frames  {event.elapsed_seconds:6.1f} s")
-
                 t = time.perf_counter()
                 submitted = client.submit(avatar.id, speech, super_resolution=sr, crf=args.crf)
                 result["submit_rpc_seconds"] = time.perf_counter() - t
-                job = client.wait(submitted.id, show)
+                job = client.wait(submitted.id, progress_printer(log))
                 result["submit_to_mp4_seconds"] = time.perf_counter() - t
                 if job.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                     raise SystemExit(f"job {gateway_pb2.JobState.Name(job.state)}: {job.error}")

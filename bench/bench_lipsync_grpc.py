@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   args={k: v for k, v in vars(args).items() if k != "checkpoint"},
                   checkpoint="seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural"))
     m = result["model"] or {}
-    print(f"| device | replicas | model | backend | precision | max batch | streams x items | frames/s | p50 ms | p99 ms | est. batch | start-up s |")
+    print("| device | replicas | model | backend | precision | max batch | streams x items | frames/s | p50 ms | p99 ms | est. batch | start-up s |")
     print("|---|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|")
     print(f"| {args.device} | {args.replicas} | {m.get('name', '?')} | {m.get('backend', '?')} | {m.get('precision', '?')} | {args.max_batch} | "
           f"{args.streams} x {args.items} (window {args.window}) | {result['frames_per_s']:,.1f} | "

@@ -95,8 +95,3 @@ def _too_long_message(container: av.container.InputContainer | None, max_seconds
     if seconds is None or seconds <= max_seconds:  # header missing or wrong: say what we know
         return f"audio is longer than {max_seconds:g} s; the limit is {max_seconds:g} s"
     return f"audio is {seconds:.1f} s long; the limit is {max_seconds:g} s"
-
-
-def audio_duration_seconds(samples: np.ndarray, sample_rate: int) -> float:
-    """Duration in seconds of a mono signal of shape (num_samples,) at `sample_rate` Hz."""
-    return len(samples) / float(sample_rate)

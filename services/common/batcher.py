@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from services.common.metrics import Metrics
 
@@ -102,10 +102,6 @@ class DynamicBatcher(Generic[In, Out]):
             return list(await asyncio.gather(*(p.future for p in pendings)))
         finally:
             m.inflight.labels(m.stage).dec(rows)
-
-    def run_direct(self, items: list[In]) -> Sequence[Out]:
-        """Call the model synchronously (warm-up at start-up, before the loop serves traffic)."""
-        return self._run_batch(items)
 
     async def _loop(self) -> None:
         slots = asyncio.Semaphore(self.concurrency)

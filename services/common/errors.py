@@ -56,10 +56,3 @@ class CheckpointError(LiplineError):
     """A weights file that does not match the architecture; the message lists missing/unexpected keys."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
-
-
-def status_code_for(exc: BaseException) -> grpc.StatusCode:
-    """The gRPC status for an exception (INTERNAL for anything that is not a LiplineError)."""
-    if isinstance(exc, LiplineError):
-        return exc.code
-    return grpc.StatusCode.INTERNAL

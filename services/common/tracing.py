@@ -54,15 +54,6 @@ def server_span(name: str, metadata: Mapping[str, Any]) -> Iterator[Any]:
         yield span
 
 
-@contextlib.contextmanager
-def client_span(name: str) -> Iterator[Any]:
-    if not _ENABLED:
-        yield None
-        return
-    with trace.get_tracer("lipline").start_as_current_span(name, kind=trace.SpanKind.CLIENT) as span:
-        yield span
-
-
 def outgoing_metadata(request_id: str = "") -> list[tuple[str, str]]:
     """Metadata for a call to another stage: the request id and, when tracing, the trace context."""
     carrier: dict[str, str] = {}

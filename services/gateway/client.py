@@ -61,3 +61,18 @@ class LiplineClient:
                 size += len(chunk.data)
         tmp.replace(path)
         return size
+
+
+def progress_printer(write: Callable[[str], None], step: float = 0.1) -> Callable[[gateway_pb2.Job], None]:
+    """A `wait(on_event=...)` callback that writes one line per `step` of progress and per state change."""
+    last = {"progress": -1.0, "state": None}
+
+    def show(job: gateway_pb2.Job) -> None:
+        if job.progress - last["progress"] >= step or job.state != last["state"]:
+            last["progress"], last["state"] = job.progress, job.state
+            write(
+                f"  {gateway_pb2.JobState.Name(job.state):20s} {job.stage:8s} {job.frames_done}/{job.total_frames} "
+                f"frames  {job.elapsed_seconds:6.1f} s elapsed  eta {job.eta_seconds:.1f} s"
+            )
+
+    return show

@@ -59,7 +59,6 @@ class _Progress:
     """Shared between the stream tasks of one render."""
 
     total_frames: int = 0
-    audio_seconds: float = 0.0
     total_known: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     models: list[common_pb2.ModelInfo] = dataclasses.field(default_factory=list)
 
@@ -99,7 +98,6 @@ async def render(
                 times["audio"] = time.perf_counter() - call_started
                 if response.total_frames:
                     progress.total_frames = response.total_frames
-                    progress.audio_seconds = response.duration_seconds
                     progress.total_known.set()
                     on_progress("render", 0, progress.total_frames)
                 for window in response.windows:

@@ -35,6 +35,14 @@ def _on_stream(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextMa
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
+def _resize(faces: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """(n, 96, 96, 3) uint8 -> (n, height, width, 3) uint8, bilinear like cv2.INTER_LINEAR."""
+    if (width, height) == (IMG_SIZE, IMG_SIZE):
+        return faces
+    resized = F.interpolate(faces.permute(0, 3, 1, 2).float(), size=(height, width), mode="bilinear", align_corners=False)
+    return resized.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+
+
 class CropBank:
     """One stream's reference crops, uploaded once, as a (N, 96, 96, 3) uint8 tensor on the device."""
 
@@ -195,15 +203,14 @@ class LipSyncEngine:
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for pos, size in enumerate(sizes):
             groups[size].append(pos)
-        if list(groups) == [(IMG_SIZE, IMG_SIZE)]:
-            flat = out.reshape(-1)  # raw size (superres follows): already in item order
+        if len(groups) == 1:
+            # One paste size for the whole batch (a photo avatar, or raw 96 px): already in item order.
+            ((w, h),) = groups
+            flat = _resize(out, w, h).reshape(-1)
         else:
             per_item: list[torch.Tensor | None] = [None] * len(sizes)
             for (w, h), idx in groups.items():
-                group = out[torch.tensor(idx, device=out.device)]
-                if (w, h) != (IMG_SIZE, IMG_SIZE):
-                    resized = F.interpolate(group.permute(0, 3, 1, 2).float(), size=(h, w), mode="bilinear", align_corners=False)
-                    group = resized.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+                group = _resize(out[torch.tensor(idx, device=out.device)], w, h)
                 for k, pos in enumerate(idx):
                     per_item[pos] = group[k].reshape(-1)
             flat = torch.cat(per_item)  # type: ignore[arg-type]

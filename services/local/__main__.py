@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from lipline.v1 import gateway_pb2
-from services.gateway.client import LiplineClient
+from services.gateway.client import LiplineClient, progress_printer
 from services.gateway.media import probe_media
 from services.local.cluster import REPO_ROOT, LocalCluster
 
@@ -47,15 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"avatar {avatar.id}: {avatar.width}x{avatar.height}, {avatar.frame_count} frame(s), face found in {avatar.faces_found}")
             job = client.submit(avatar.id, args.audio.read_bytes(), super_resolution=not args.no_super_resolution)
             print(f"job {job.id}: {job.audio_seconds:.2f} s of audio")
-            last = [-1.0]
-
-            def show(event: gateway_pb2.Job) -> None:
-                if event.progress - last[0] >= 0.1 or event.state != gateway_pb2.JOB_STATE_RUNNING:
-                    last[0] = event.progress
-                    print(f"  {gateway_pb2.JobState.Name(event.state):20s} {event.stage:8s} "
-                          f"{event.frames_done}/{event.total_frames} frames  eta {event.eta_seconds:.1f} s", flush=True)
-
-            job = client.wait(job.id, show)
+            job = client.wait(job.id, progress_printer(lambda line: print(line, flush=True)))
             if job.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                 print(f"job failed: {job.error}", file=sys.stderr)
                 return 1

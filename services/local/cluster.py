@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,7 +130,3 @@ class LocalCluster:
         for name in ["gateway", *(n for stage in STAGES for n in self.replica_names(stage))]:
             if name in self.processes:
                 self.terminate(name)
-
-
-def temp_workdir(prefix: str = "lipline-") -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix))

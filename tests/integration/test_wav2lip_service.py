@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from lipline.v1 import common_pb2, gateway_pb2, lipsync_pb2, lipsync_pb2_grpc
+from lipline.v1 import gateway_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.audio.mel import MelExtractor
 from services.common.audio_decode import decode_audio
 from services.common.checkpoints import seeded_state_dict

@@ -8,7 +8,7 @@ import av
 import numpy as np
 import pytest
 
-from services.common.audio_decode import audio_duration_seconds, decode_audio
+from services.common.audio_decode import decode_audio
 from services.common.errors import InvalidMedia, TooLarge
 from tests.helpers.audio_files import FORMATS, can_encode, encode_tone
 
@@ -72,7 +72,3 @@ def test_max_seconds():
     with pytest.raises(TooLarge, match=r"audio is 1.5 s long; the limit is 1 s"):
         decode_audio(data, max_seconds=1.0)
     assert len(decode_audio(data, max_seconds=2.0)) == 24000
-
-
-def test_audio_duration_seconds():
-    assert audio_duration_seconds(np.zeros(24000, dtype=np.float32), 16000) == 1.5

@@ -153,30 +153,30 @@ def test_default_backend_keeps_cpu_behaviour(tiny: _Tiny) -> None:
     assert out.dtype == torch.float32 and out.device.type == "cpu"
 
 
-def test_bucket_padding_pads_to_next_bucket_and_returns_only_real_rows(tiny: _Tiny) -> None:
-    backend = TorchBackend(copy.deepcopy(tiny), "cpu", batch_buckets=(4, 8))
+@pytest.mark.parametrize(
+    ("buckets", "rows", "model_batches"),
+    [
+        ((4, 8), 5, [8]),  # padded up to the next bucket
+        ((2, 4), 9, [4, 4, 2]),  # beyond the largest bucket: chunks of it, the last one padded
+    ],
+)
+def test_buckets_pad_and_chunk_and_return_only_real_rows(
+    tiny: _Tiny, buckets: tuple[int, ...], rows: int, model_batches: list[int]
+) -> None:
+    backend = TorchBackend(copy.deepcopy(tiny), "cpu", batch_buckets=buckets)
     seen: list[int] = []
     forward = backend._forward
     backend._forward = lambda *xs: (seen.append(xs[0].shape[0]), forward(*xs))[1]  # type: ignore[method-assign]
-    inputs = _tiny_inputs(5)
+    inputs = _tiny_inputs(rows)
     out = backend(*inputs)
-    assert seen == [8]
-    assert out.shape[0] == 5
-    with torch.inference_mode():
-        expected = tiny(*inputs)
-    assert torch.allclose(out, expected, atol=1e-6, rtol=1e-6)
-
-
-def test_batches_beyond_the_largest_bucket_are_chunked(tiny: _Tiny) -> None:
-    backend = TorchBackend(copy.deepcopy(tiny), "cpu", batch_buckets=(2, 4))
-    seen: list[int] = []
-    forward = backend._forward
-    backend._forward = lambda *xs: (seen.append(xs[0].shape[0]), forward(*xs))[1]  # type: ignore[method-assign]
-    inputs = _tiny_inputs(9)
-    out = backend(*inputs)
-    assert seen == [4, 4, 2]  # 4 + 4 + 1 (padded to 2)
+    assert seen == model_batches
+    assert out.shape[0] == rows
     with torch.inference_mode():
         assert torch.allclose(out, tiny(*inputs), atol=1e-6, rtol=1e-6)
+
+
+def test_bucket_for() -> None:
+    backend = TorchBackend(torch.nn.Identity(), "cpu", batch_buckets=(2, 4))
     assert backend.bucket_for(1) == 2 and backend.bucket_for(3) == 4 and backend.bucket_for(40) == 4
 
 

@@ -246,16 +246,6 @@ def test_submit_before_start_is_an_error() -> None:
     asyncio.run(main())
 
 
-def test_run_direct_calls_the_model_synchronously() -> None:
-    model = FakeModel()
-    batcher: DynamicBatcher = DynamicBatcher(model, Metrics(STAGE))
-    try:
-        assert list(batcher.run_direct([1, 2])) == [10, 20]
-        assert model.batches == [[1, 2]]
-    finally:
-        asyncio.run(batcher.close())
-
-
 def test_bounded_queue_makes_submit_wait() -> None:
     release = threading.Event()
 
