@@ -18,6 +18,7 @@ from services.gateway.media import (
     feather_mask,
     paste_face,
     probe_media,
+    to_yuv420,
 )
 
 
@@ -214,3 +215,29 @@ def test_mp4_error_leaves_no_file(tmp_path: Path) -> None:
                 writer.write(np.zeros((50, 64, 3), np.uint8))
             raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_yuv420_conversion_matches_pyav_within_rounding() -> None:
+    """OpenCV's I420 conversion stands in for PyAV's swscale one: same matrix and range, rounding apart."""
+    frame = _image(48, 64)
+    frame[10:30, 20:40] = (30, 200, 90)  # a saturated patch: chroma far from neutral
+    ours = to_yuv420(frame)
+    pyav = av.VideoFrame.from_ndarray(frame, format="bgr24").reformat(format="yuv420p").to_ndarray()
+    assert ours.shape == pyav.shape == (72, 64) and ours.dtype == np.uint8
+    diff = np.abs(ours.astype(int) - pyav)
+    assert diff[:48].max() <= 1  # luma
+    assert diff[48:].max() <= 3 and diff[48:].mean() < 1.0  # chroma: 2x2 subsampling filters differ
+
+
+def test_write_yuv420_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "i420.mp4"
+    frame = _image(48, 64)
+    with Mp4Writer(path, 64, 48, 25.0, None, 16000, crf=0) as writer:
+        for _ in range(5):
+            writer.write_yuv420(to_yuv420(frame))
+        with pytest.raises(ValueError, match="I420"):
+            writer.write_yuv420(np.zeros((48, 64), np.uint8))  # missing the chroma planes
+    with av.open(str(path)) as container:
+        decoded = next(container.decode(video=0)).to_ndarray(format="bgr24")
+    assert probe_media(path)["frames"] == 5
+    assert np.abs(decoded.astype(int) - frame).mean() < 3  # lossless x264; only the YUV round trip differs
