@@ -213,6 +213,9 @@ def exact_rate(fps: float) -> Fraction:
     return Fraction(fps).limit_denominator(1001)
 
 
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
+
+
 class Mp4Writer:
     """Writes an MP4 with H.264 video and optional mono AAC audio, atomically.
 
@@ -253,6 +256,8 @@ class Mp4Writer:
         """
         if width % 2 or height % 2:
             raise ValueError(f"H.264 yuv420p needs an even size, got {width}x{height}")
+        if preset not in X264_PRESETS:
+            raise ValueError(f"unknown x264 preset {preset!r}; one of {', '.join(X264_PRESETS)}")
         self.path = Path(path)
         self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
         self._rate = exact_rate(fps)

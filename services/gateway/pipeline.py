@@ -87,6 +87,7 @@ async def render(
     on_progress: Callable[[str, int, int], None],
     request_id: str = "",
     stage_seconds: dict[str, float] | None = None,
+    preset: str = "veryfast",
 ) -> RenderResult:
     """Render one job into `output`; raises grpc.aio.AioRpcError (from a stage) or a LiplineError.
 
@@ -180,7 +181,7 @@ async def render(
         ThreadPoolExecutor(max_workers=COMPOSITE_THREADS, thread_name_prefix="composite") as compositors,
     ):
         writer = await loop.run_in_executor(
-            encoder, lambda: Mp4Writer(output, width, height, avatar.fps, audio_pcm, audio_rate, crf=crf)
+            encoder, lambda: Mp4Writer(output, width, height, avatar.fps, audio_pcm, audio_rate, crf=crf, preset=preset)
         )
         # Composited frames (futures, in frame order) waiting for the encoder; bounded: back-pressure.
         composited: asyncio.Queue[asyncio.Future | None] = asyncio.Queue(MAX_PENDING_WRITES)

@@ -20,7 +20,7 @@ from services.common.interceptor import REQUEST_ID
 from services.common.server import Service
 from services.gateway.avatars import Avatar, AvatarStore, avatar_id, build_avatar
 from services.gateway.jobs import JobRecord, JobStore
-from services.gateway.media import decode_avatar
+from services.gateway.media import X264_PRESETS, decode_avatar
 from services.gateway.pipeline import render
 from services.gateway.stages import StageClients, stage_error_message
 
@@ -48,6 +48,9 @@ class GatewaySettings(ServiceSettings):
     max_active_jobs: int = _field(64, "queued + running jobs; more are rejected RESOURCE_EXHAUSTED")
     job_timeout_s: float = _field(3600.0, "a job running longer than this fails DEADLINE_EXCEEDED")
     stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
+    x264_preset: str = _field(
+        "veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf"
+    )
 
 
 def _avatar_proto(avatar: Avatar) -> gateway_pb2.Avatar:
@@ -200,6 +203,8 @@ class GatewayService(Service[GatewaySettings]):
 
     async def load(self) -> None:
         s = self.settings
+        if s.x264_preset not in X264_PRESETS:
+            raise ValueError(f"--x264-preset {s.x264_preset!r} is not one of {', '.join(X264_PRESETS)}")
         self.clients = StageClients(s.audio_address, s.lipsync_address, s.superres_address, s.max_message_bytes)
         self._slots = asyncio.Semaphore(s.max_concurrent_jobs)
         deadline = time.monotonic() + s.stage_wait_s
@@ -234,7 +239,7 @@ class GatewayService(Service[GatewaySettings]):
                     render(
                         self.clients, avatar, audio, pcm, MUX_AUDIO_RATE, output,
                         job.options.super_resolution, job.options.crf or 20, on_progress, request_id,
-                        job.stage_seconds,
+                        job.stage_seconds, preset=self.settings.x264_preset,
                     ),
                     self.settings.job_timeout_s,
                 )

@@ -241,3 +241,9 @@ def test_write_yuv420_round_trip(tmp_path: Path) -> None:
         decoded = next(container.decode(video=0)).to_ndarray(format="bgr24")
     assert probe_media(path)["frames"] == 5
     assert np.abs(decoded.astype(int) - frame).mean() < 3  # lossless x264; only the YUV round trip differs
+
+
+def test_unknown_x264_preset_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="preset"):
+        Mp4Writer(tmp_path / "x.mp4", 64, 48, 25.0, None, 16000, preset="warpspeed")
+    assert list(tmp_path.iterdir()) == []
