@@ -18,6 +18,14 @@ Prints a markdown table: audio seconds, frames, resolution, total seconds, real-
 job's own per-stage split (Job.stage_seconds; the stages stream, so the parts overlap and do not add
 up to the total). --out writes everything as JSON.
 
+Throughput (--jobs N, --concurrency C, default C = N): after the warm-up, N jobs of the same avatar and
+audio, at most C in flight (one client thread per slot, each SubmitJob then WatchJob). Every job must
+succeed; the first submitted one is downloaded and probed and fills the single-job rows above. Adds
+wall seconds from the first SubmitJob to the last job finished, jobs/minute, audio seconds rendered per
+wall second and per-job SubmitJob -> MP4 p50/max (result["jobs"] in the JSON). The gateway renders at
+most --max-concurrent-jobs (default 4) at once and queues the rest: raise it with --gateway-flags.
+With --replicas 2 --gpus 0,1 this is the "jobs per minute on two GPUs" number.
+
 Weights (speed does not depend on the values):
 * lipsync: a seeded synthetic Wav2Lip checkpoint (services.common.checkpoints.seeded_state_dict)
   unless --checkpoint is given; --procedural runs the weight-free stand-in model instead.
@@ -31,6 +39,8 @@ Examples:
         --procedural --super-resolution off
     # the GPU issue's case: 60 s of speech on a 720p 25-fps template
     python bench/bench_e2e.py --device cuda --out var/bench/e2e-gpu.json
+    # jobs per minute on two GPUs: 8 jobs, 4 in flight, after a warm-up job
+    python bench/bench_e2e.py --device cuda --replicas 2 --gpus 0,1 --warmup-seconds 5 --jobs 8 --concurrency 4
 """
 
 from __future__ import annotations
@@ -43,17 +53,24 @@ import math
 import platform
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 import wave
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):
     sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from services.gateway.client import LiplineClient
 
 SAMPLES = REPO_ROOT / "samples"
 STAGE_ORDER = ("audio_decode", "audio", "lipsync", "superres", "composite", "encode", "first_frame", "total")
@@ -62,8 +79,8 @@ STAGE_NOTES = {
     "audio": "Extract call start -> last mel response",
     "lipsync": "Generate call start -> last face",
     "superres": "Upscale call start -> last restored face",
-    "composite": "writer thread: paste faces (sum)",
-    "encode": "writer thread: x264 + AAC + mux (sum)",
+    "composite": "compositor threads: paste + I420 conversion (sum over threads)",
+    "encode": "encoder thread: x264 + AAC + mux (sum)",
     "first_frame": "job start -> first frame encoded",
     "total": "job start -> MP4 in place",
 }
@@ -252,11 +269,15 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                     result["warmup_seconds"] = time.perf_counter() - t
                     log(f"warm-up job ({args.warmup_seconds:g} s of audio): {result['warmup_seconds']:.2f} s")
 
-                t = time.perf_counter()
-                submitted = client.submit(avatar.id, speech, super_resolution=sr, crf=args.crf)
-                result["submit_rpc_seconds"] = time.perf_counter() - t
-                job = client.wait(submitted.id, progress_printer(log))
-                result["submit_to_mp4_seconds"] = time.perf_counter() - t
+                if args.jobs == 1:
+                    first = submit_and_wait(client, avatar.id, speech, sr, args.crf, progress_printer(log))
+                else:
+                    runs = run_jobs(client, avatar.id, speech, sr, args)
+                    result["jobs"] = summarize_jobs(runs, args.concurrency)
+                    first = runs[0]
+                job = first["job"]
+                result["submit_rpc_seconds"] = first["submit_rpc_seconds"]
+                result["submit_to_mp4_seconds"] = first["submit_to_mp4_seconds"]
                 if job.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                     raise SystemExit(f"job {gateway_pb2.JobState.Name(job.state)}: {job.error}")
 
@@ -289,6 +310,67 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     return result
 
 
+def submit_and_wait(
+    client: LiplineClient, avatar_id: str, speech: bytes, sr: bool, crf: int, on_event: Callable | None = None
+) -> dict:
+    """One job, SubmitJob to its final WatchJob event, timed on the client (queueing in the gateway included)."""
+    submitted_at = time.perf_counter()
+    submitted = client.submit(avatar_id, speech, super_resolution=sr, crf=crf)
+    submit_rpc = time.perf_counter() - submitted_at
+    job = client.wait(submitted.id, on_event)
+    finished_at = time.perf_counter()
+    return {"job": job, "submit_rpc_seconds": submit_rpc, "submit_to_mp4_seconds": finished_at - submitted_at,
+            "submitted_at": submitted_at, "finished_at": finished_at}
+
+
+def run_jobs(client: LiplineClient, avatar_id: str, speech: bytes, sr: bool, args: argparse.Namespace) -> list[dict]:
+    """--jobs jobs, at most --concurrency in flight; returns their runs in submission order.
+
+    The client's calls block, and a gRPC channel is safe to share between threads, so a pool of
+    --concurrency threads over one client keeps exactly that many jobs in flight. One line per
+    finished job (not the per-job progress printer: N of them would interleave unreadably).
+    """
+    from lipline.v1 import gateway_pb2
+
+    n = args.jobs
+    log(f"{n} jobs, at most {args.concurrency} in flight")
+    runs: list[dict | None] = [None] * n
+    with ThreadPoolExecutor(max_workers=args.concurrency, thread_name_prefix="job") as pool:
+        futures = {pool.submit(submit_and_wait, client, avatar_id, speech, sr, args.crf): i for i in range(n)}
+        try:
+            for done, future in enumerate(as_completed(futures), 1):
+                i, run_ = futures[future], future.result()
+                runs[i] = run_
+                job = run_["job"]
+                log(f"  [{done:>3}/{n} done] job {i + 1:<3} {gateway_pb2.JobState.Name(job.state):20s} "
+                    f"SubmitJob -> MP4 {run_['submit_to_mp4_seconds']:6.1f} s  gateway elapsed {job.elapsed_seconds:6.1f} s")
+        except BaseException:
+            for future in futures:
+                future.cancel()  # the ones not started yet; those in flight run out
+            raise
+    failed = [f"job {i + 1} ({r['job'].id}) {gateway_pb2.JobState.Name(r['job'].state)}: {r['job'].error}"
+              for i, r in enumerate(runs) if r["job"].state != gateway_pb2.JOB_STATE_SUCCEEDED]
+    if failed:
+        raise SystemExit(f"{len(failed)} of {n} jobs failed:\n" + "\n".join(failed))
+    return runs
+
+
+def summarize_jobs(runs: list[dict], concurrency: int) -> dict:
+    """Throughput over the whole batch: the wall clock runs from the first SubmitJob to the last job finished."""
+    wall = max(r["finished_at"] for r in runs) - min(r["submitted_at"] for r in runs)
+    latencies = [r["submit_to_mp4_seconds"] for r in runs]
+    audio = sum(r["job"].audio_seconds for r in runs)
+    return {
+        "count": len(runs), "concurrency": concurrency, "wall_seconds": wall,
+        "jobs_per_minute": len(runs) / wall * 60, "audio_seconds_per_wall_second": audio / wall,
+        "frames_per_second": sum(r["job"].total_frames for r in runs) / wall,
+        "submit_to_mp4_p50_seconds": statistics.median(latencies), "submit_to_mp4_max_seconds": max(latencies),
+        "submit_to_mp4_seconds": latencies,
+        "elapsed_seconds": [r["job"].elapsed_seconds for r in runs],
+        "ids": [r["job"].id for r in runs],
+    }
+
+
 # --------------------------------------------------------------------------------------------------
 # report
 # --------------------------------------------------------------------------------------------------
@@ -298,6 +380,8 @@ def table(result: dict) -> str:
     job, mp4, args = result["job"], result["mp4"], result["args"]
     frames = job["frames"]
     total = result["submit_to_mp4_seconds"]
+    batch = result.get("jobs")
+    of_first = f"job 1 of {batch['count']}" if batch else ""
     rows = [
         ("audio seconds", f"{job['audio_seconds']:.2f}"),
         ("frames", f"{frames}"),
@@ -306,7 +390,7 @@ def table(result: dict) -> str:
         ("models", ", ".join(job["models"]) + ("" if args["super_resolution"] == "on" else " (superres off)")),
         ("services start-up s", f"{result['startup_seconds']:.2f}"),
         ("CreateAvatar s", f"{result['create_avatar_seconds']:.2f}"),
-        ("**SubmitJob -> MP4 ready s**", f"**{total:.2f}**"),
+        (f"**SubmitJob -> MP4 ready s**{f' ({of_first})' if batch else ''}", f"**{total:.2f}**"),
         ("**real-time factor** (audio s / that)", f"**{result['realtime_factor']:.2f}x**"),
         ("frames/s", f"{frames / total:.1f}"),
         ("job elapsed s (gateway)", f"{job['elapsed_seconds']:.2f}"),
@@ -316,10 +400,19 @@ def table(result: dict) -> str:
     ]
     if "warmup_seconds" in result:
         rows.insert(7, ("warm-up job s", f"{result['warmup_seconds']:.2f}"))
+    if batch:
+        rows += [
+            ("jobs", f"{batch['count']}, at most {batch['concurrency']} in flight"),
+            ("**jobs wall s** (first SubmitJob -> last finished)", f"**{batch['wall_seconds']:.2f}**"),
+            ("**jobs/minute**", f"**{batch['jobs_per_minute']:.2f}**"),
+            ("audio s rendered / wall s", f"{batch['audio_seconds_per_wall_second']:.2f}"),
+            ("per-job SubmitJob -> MP4 s, p50 / max",
+             f"{batch['submit_to_mp4_p50_seconds']:.2f} / {batch['submit_to_mp4_max_seconds']:.2f}"),
+        ]
     lines = ["| | |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows), ""]
     stages = job["stage_seconds"]
     render_total = stages.get("total") or total
-    lines += ["| stage (Job.stage_seconds) | seconds | of job total | ms/frame | what |", "|---|---:|---:|---:|---|"]
+    lines += [f"| stage (Job.stage_seconds{f', {of_first}' if batch else ''}) | seconds | of job total | ms/frame | what |", "|---|---:|---:|---:|---|"]
     for name in [*STAGE_ORDER, *sorted(set(stages) - set(STAGE_ORDER))]:
         if name not in stages:
             continue
@@ -327,7 +420,7 @@ def table(result: dict) -> str:
         per_frame = f"{1000 * v / frames:.1f}" if frames and name not in ("first_frame", "total", "audio_decode") else ""
         lines.append(f"| {name} | {v:.2f} | {100 * v / render_total:.0f}% | {per_frame} | {STAGE_NOTES.get(name, '')} |")
     lines.append("")
-    lines.append("Stages stream and overlap: the slowest one sets the total; composite + encode run on one thread.")
+    lines.append("Stages stream and overlap: the slowest one sets the total; composite runs on a thread pool ahead of the one encoder thread.")
     return "\n".join(lines)
 
 
@@ -353,6 +446,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--super-resolution", choices=["on", "off"], default="on", help="JobOptions.super_resolution")
     p.add_argument("--crf", type=int, default=0, help="JobOptions.crf (0: the gateway's default, 20)")
     p.add_argument("--warmup-seconds", type=float, default=0.0, help="run an unmeasured job of this length first")
+    p.add_argument("--jobs", type=int, default=1, help="measured jobs (same avatar and audio); >1 adds jobs/minute")
+    p.add_argument("--concurrency", type=int, default=0, help="most jobs in flight at once (default: --jobs)")
     p.add_argument("--lipsync-flags", default="", help="more lipsync flags, e.g. '--backend=compile --max-batch=256'")
     p.add_argument("--superres-flags", default="", help="more superres flags")
     p.add_argument("--audio-flags", default="", help="more audio flags")
@@ -367,6 +462,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--width and --height must be even (H.264 yuv420p)")
     if args.checkpoint and args.procedural:
         p.error("--checkpoint and --procedural exclude each other")
+    if args.jobs < 1 or args.concurrency < 0:
+        p.error("--jobs must be at least 1 and --concurrency at least 0")
+    args.concurrency = min(args.concurrency or args.jobs, args.jobs)
     return args
 
 
