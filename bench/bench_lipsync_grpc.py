@@ -93,7 +93,15 @@ def lipsync_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--detector", "none"]  # only Generate is measured; OpenCV 5 on GPU images lacks Haar cascades
     if args.checkpoint:
         flags += ["--checkpoint", args.checkpoint]
-    for flag in ("backend", "precision", "batch_buckets", "pipeline_depth"):
+    if args.precision:
+        flags += ["--precision", args.precision]
+    return flags + serving_flags(args)
+
+
+def serving_flags(args: argparse.Namespace) -> list[str]:
+    """The model-serving flags both model stages share (`add_load_args`), where given."""
+    flags = []
+    for flag in ("backend", "batch_buckets", "pipeline_depth", "compile_cache_dir"):
         value = getattr(args, flag)
         if value:
             flags += ["--" + flag.replace("_", "-"), str(value)]
@@ -358,6 +366,10 @@ def add_load_args(p: argparse.ArgumentParser, stage: str) -> None:
     p.add_argument("--log-level", default="WARNING", help="service log level")
     p.add_argument("--keep-log", default="", help="copy the service log here")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--backend", default="", help="service --backend (auto, cpu, torch, compile, tensorrt)")
+    p.add_argument("--batch-buckets", default="", help="service --batch-buckets, e.g. 8,32,128,256")
+    p.add_argument("--pipeline-depth", type=int, default=0, help="service --pipeline-depth (model batches in flight)")
+    p.add_argument("--compile-cache-dir", default="", help="service --compile-cache-dir (share it between runs and replicas)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -365,10 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--max-batch", type=int, default=128, help="service --max-batch")
     p.add_argument("--max-delay-ms", type=float, default=5.0, help="service --max-delay-ms")
-    p.add_argument("--backend", default="", help="service --backend (auto, cpu, torch, compile, tensorrt)")
     p.add_argument("--precision", default="", help="service --precision (fp32, fp16, bf16)")
-    p.add_argument("--batch-buckets", default="", help="service --batch-buckets, e.g. 8,32,128,256")
-    p.add_argument("--pipeline-depth", type=int, default=0, help="service --pipeline-depth (model batches in flight)")
     p.add_argument("--checkpoint", default="", help="a wav2lip.pth; default: a seeded synthetic one")
     p.add_argument("--procedural", action="store_true", help="no checkpoint: the weight-free stand-in model")
     p.add_argument("--streams", type=int, default=16, help="concurrent Generate streams")

@@ -47,7 +47,9 @@ if __package__ in (None, ""):
 import grpc
 import numpy as np
 
-from bench.bench_lipsync_grpc import Stats, add_load_args, check_service_imports, report_errors_and_write, serve_and_load
+from bench.bench_lipsync_grpc import (
+    Stats, add_load_args, check_service_imports, report_errors_and_write, serve_and_load, serving_flags,
+)
 from lipline.v1 import superres_pb2, superres_pb2_grpc
 from services.common.codec import image_to_proto
 
@@ -122,7 +124,7 @@ def superres_flags(args: argparse.Namespace) -> list[str]:
     """The superres-only service flags (ServiceProcess adds the common ones)."""
     if args.lanczos:
         return ["--model", "lanczos"]
-    return ["--model", args.model, "--checkpoint", args.checkpoint]
+    return ["--model", args.model, "--checkpoint", args.checkpoint, *serving_flags(args)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

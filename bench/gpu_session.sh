@@ -35,21 +35,50 @@ superres() {
     --warmup-seconds 5 --out "$OUT/$name.json" "$@" 2>&1 | grep -E '^\||rror' | tail -3
 }
 
+gpus=$(nvidia-smi -L | wc -l)
+CACHE=$PWD/var/compile-cache
 case $phase in
-services)
+services)  # the default backend (auto: fp16 + folded BN + CUDA graphs), batches overlapped (depth 2)
   KEEP=("$@")
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/superres/test_engine.py tests/unit/lipsync/test_engine.py tests/unit/common/test_backends.py tests/unit/common/test_resize.py 2>&1 | tail -5 | tee "$OUT/tests.txt"
-  name=lipsync-r1; lipsync lipsync-r1 --streams 64 --procs 8
-  name=lipsync-depth2; lipsync lipsync-depth2 --streams 64 --procs 8 --pipeline-depth 2
-  name=lipsync-r2-gpu0; lipsync lipsync-r2-gpu0 --streams 96 --procs 10 --replicas 2 --gpus 0,0
-  name=lipsync-r3-gpu0; lipsync lipsync-r3-gpu0 --streams 96 --procs 10 --replicas 3 --gpus 0,0,0
-  name=superres-r1; superres superres-r1 --streams 32 --procs 4
-  name=superres-r2-gpu0; superres superres-r2-gpu0 --streams 64 --procs 8 --replicas 2 --gpus 0,0
+  name=tests; if wanted "${KEEP[@]}"; then
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/superres/test_engine.py tests/unit/lipsync/test_engine.py tests/unit/common/test_backends.py tests/unit/common/test_resize.py 2>&1 | tail -5 | tee "$OUT/tests.txt"
+  fi
+  name=lipsync-d2-r1; lipsync $name --streams 64 --procs 8 --pipeline-depth 2
+  name=lipsync-d2-r2-gpu00; lipsync $name --streams 96 --procs 12 --replicas 2 --gpus 0,0 --pipeline-depth 2
+  if [ "$gpus" -ge 2 ]; then
+    name=lipsync-d2-r2-gpu01; lipsync $name --streams 128 --procs 12 --replicas 2 --gpus 0,1 --pipeline-depth 2
+    name=lipsync-d2-r4-gpu0011; lipsync $name --streams 192 --procs 16 --replicas 4 --gpus 0,0,1,1 --pipeline-depth 2
+  fi
+  name=superres-d2-r1; superres $name --streams 32 --procs 4 --pipeline-depth 2
+  name=superres-d2-r2-gpu00; superres $name --streams 64 --procs 8 --replicas 2 --gpus 0,0 --pipeline-depth 2
   ;;
-e2e)
-  timeout 500 python3 bench/bench_e2e.py --device cuda --warmup-seconds 4 --log-level INFO \
-    --workdir "$OUT/e2e-work" --out "$OUT/e2e-720p-60s.json" "$@" 2>&1 | grep -vE '^\s*$' | tail -45
-  rm -f "$OUT"/e2e-work/*.mp4 "$OUT"/e2e-work/*.wav 2>/dev/null
+compile)  # --backend compile: a cold compile that fills $CACHE, then replicas that start from it
+  KEEP=("$@")
+  name=lipsync-compile-cold; T=400 lipsync $name --backend compile --batch-buckets 256 --compile-cache-dir "$CACHE" \
+    --streams 64 --procs 8 --pipeline-depth 2
+  export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # only our artifacts, not Inductor's local cache
+  name=lipsync-compile-warm-r2-gpu00; T=200 lipsync $name --backend compile --batch-buckets 256 --compile-cache-dir "$CACHE" \
+    --streams 128 --procs 12 --replicas 2 --gpus 0,0 --pipeline-depth 2
+  name=lipsync-compile-warm-r3-gpu000; T=200 lipsync $name --backend compile --batch-buckets 256 --compile-cache-dir "$CACHE" \
+    --streams 144 --procs 12 --replicas 3 --gpus 0,0,0 --pipeline-depth 2
+  ls -la "$CACHE" | tee "$OUT/compile-cache.txt"
   ;;
-*) echo "usage: $0 services|e2e [...]" >&2; exit 2 ;;
+e2e)  # needs OpenCV 4 (Haar) for CreateAvatar: carry .whlcv; reuses .whl from a `services` call
+  timeout 300 python3 bench/bench_e2e.py --device cuda --warmup-seconds 4 --log-level INFO \
+    --workdir "$OUT/e2e-work" --out "$OUT/e2e-720p-60s.json" "$@" 2>&1 | grep -vE '^\s*$' | tail -40
+  if [ "$gpus" -ge 2 ]; then
+    for r in 1 2; do
+      g=$([ $r = 1 ] && echo 0 || echo 0,1)
+      timeout 240 python3 bench/bench_e2e.py --device cuda --replicas $r --gpus $g --jobs 8 --concurrency 8 \
+        --gateway-flags=--max-concurrent-jobs=8 --audio-seconds 30 --warmup-seconds 4 --out "$OUT/e2e-jobs-r$r.json" 2>&1 \
+        | grep -E 'jobs|SubmitJob|rror' | tail -8
+    done
+  fi
+  rm -rf "$OUT"/e2e-work/*.mp4 "$OUT"/e2e-work/*.wav "$OUT"/e2e-work/*.pth "$OUT"/e2e-work/cluster/outputs "$OUT"/e2e-work/cluster/var 2>/dev/null
+  ;;
+*) echo "usage: $0 services|compile|e2e [...]" >&2; exit 2 ;;
 esac
+# At most 8 files come back from a device call: pack the results into one archive.
+( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$phase.tgz" -print0 \
+    | tar czf "$phase.tgz" --null -T - && find . -mindepth 1 ! -name "$phase.tgz" -delete )
+ls -la "$OUT"
