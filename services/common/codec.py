@@ -30,15 +30,15 @@ def image_to_proto(image: np.ndarray) -> common_pb2.Image:
 
 def image_from_proto(msg: common_pb2.Image, what: str = "image") -> np.ndarray:
     """Image -> (H, W, 3) uint8 BGR; raises InvalidMedia naming `what` when the message is unusable."""
+    data = msg.data  # read once: each read of a bytes field copies it out of the message
     if msg.format == common_pb2.PIXEL_FORMAT_BGR24:
-        expected = msg.width * msg.height * 3
-        if msg.width == 0 or msg.height == 0 or len(msg.data) != expected:
-            raise InvalidMedia(
-                f"{what}: BGR24 {msg.width}x{msg.height} needs {expected} bytes, got {len(msg.data)}"
-            )
-        return np.frombuffer(msg.data, dtype=np.uint8).reshape(msg.height, msg.width, 3)
+        width, height = msg.width, msg.height
+        expected = width * height * 3
+        if width == 0 or height == 0 or len(data) != expected:
+            raise InvalidMedia(f"{what}: BGR24 {width}x{height} needs {expected} bytes, got {len(data)}")
+        return np.frombuffer(data, dtype=np.uint8).reshape(height, width, 3)
     if msg.format in (common_pb2.PIXEL_FORMAT_JPEG, common_pb2.PIXEL_FORMAT_PNG):
-        decoded = cv2.imdecode(np.frombuffer(msg.data, dtype=np.uint8), cv2.IMREAD_COLOR) if msg.data else None
+        decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR) if data else None
         if decoded is None:
             raise InvalidMedia(f"{what}: could not decode {common_pb2.PixelFormat.Name(msg.format)} data")
         return decoded

@@ -99,11 +99,32 @@ def lanczos4_matrix(in_size: int, out_size: int, fixed_point: bool = False) -> n
 # Paste sizes vary from frame to frame: keep plenty of device matrices (a 384 -> 400 one is 0.6 MB
 # in float32; the 2,048 px cap bounds one at 16 MB). A miss costs ~0.1 ms of numpy and one upload.
 @functools.lru_cache(maxsize=512)
-def _matrix(in_size: int, out_size: int, fixed_point: bool, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def _cached_matrix(
+    in_size: int, out_size: int, fixed_point: bool, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """The device matrix and, on CUDA, an event recorded after its upload on the current stream."""
     host = torch.from_numpy(_matrix_np(in_size, out_size, fixed_point).copy())
     if device.type == "cuda":  # through pinned memory: a pageable upload would wait for the stream
-        return host.pin_memory().to(device, non_blocking=True).to(dtype)
-    return host.to(device=device, dtype=dtype)
+        matrix = host.pin_memory().to(device, non_blocking=True).to(dtype)
+        uploaded = torch.cuda.Event()
+        uploaded.record(torch.cuda.current_stream(device))
+        return matrix, uploaded
+    return host.to(device=device, dtype=dtype), None
+
+
+def _matrix(in_size: int, out_size: int, fixed_point: bool, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A cached device matrix, safe to use on the current CUDA stream whichever stream uploaded it.
+
+    Callers on several threads may each run on their own stream (the superres engine's overlap):
+    the current stream waits for the upload, and the matrix is marked as used on it, so that once
+    evicted from the cache its memory is not reused before this stream's kernels have read it.
+    """
+    matrix, uploaded = _cached_matrix(in_size, out_size, fixed_point, device, dtype)
+    if uploaded is not None:
+        stream = torch.cuda.current_stream(matrix.device)
+        stream.wait_event(uploaded)
+        matrix.record_stream(stream)
+    return matrix
 
 
 def lanczos4_resize(x: torch.Tensor, size: tuple[int, int], *, fixed_point: bool = False) -> torch.Tensor:

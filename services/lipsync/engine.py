@@ -15,7 +15,6 @@ and doing the maths on the GPU removes that host work.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 from collections import defaultdict
@@ -25,14 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from services.common.backends import TorchBackend
+from services.common.device import on_stream
 from services.common.errors import InvalidRequest, TooLarge
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 
 MEL_SHAPE = (80, 16)
-
-
-def _on_stream(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _resize(faces: torch.Tensor, width: int, height: int) -> torch.Tensor:
@@ -143,8 +139,11 @@ class LipSyncEngine:
         Args:
             backend: the generator backend.
             overlap: use per-thread CUDA streams so concurrent batches overlap (the batcher's
-                concurrency > 1). Off, everything runs on the current stream, as measured on the H200
-                on 2026-11-30; on (not yet measured on a GPU), see `run`.
+                concurrency > 1; the service turns it on with pipeline_depth > 1, by default on
+                CUDA). Measured on an H200 through gRPC (2026-11-30, 64 streams): 10,581 frames/s
+                off, 14,370 (+36%) on at depth 2 (docs/bench/h200-2026-11-30b/); see `run`. Off (and
+                always on the CPU) everything runs on the current stream; the network call is under
+                a lock either way.
         """
         self.backend = backend
         self.device = backend.device
@@ -167,7 +166,7 @@ class LipSyncEngine:
         batch k+1's transfers and host work overlap batch k's compute.
         """
         io = self._io_stream()
-        with _on_stream(io):
+        with on_stream(io):
             mels = np.concatenate([c.mels for c in chunks])
             mel_t = torch.from_numpy(mels)
             if self._pin:
@@ -175,7 +174,7 @@ class LipSyncEngine:
             mel_t = mel_t.to(self.device, non_blocking=True).to(torch.float32).unsqueeze(1)
             faces = torch.cat([c.bank.tensor()[torch.from_numpy(c.rows).to(self.device)] for c in chunks])
             x = model_inputs_torch(faces)  # prep.model_inputs' maths, on the device
-            with self._compute_lock, _on_stream(self._compute):
+            with self._compute_lock, on_stream(self._compute):
                 if io is not None:
                     self._compute.wait_stream(io)
                 pred = self.backend.forward_device(mel_t, x)

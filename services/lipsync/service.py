@@ -16,8 +16,8 @@ from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.common.backends import CompiledBackend, make_backend, numerics_check
 from services.common.batcher import DynamicBatcher
 from services.common.codec import image_from_proto, unpack_generate_items
-from services.common.config import ServiceSettings, _field
-from services.common.device import prepare_device
+from services.common.config import ModelStageSettings, _field
+from services.common.device import prepare_device, resolve_pipeline_depth
 from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
 from services.common.server import Service
 from services.common.streams import ordered_stream
@@ -32,32 +32,17 @@ IMG = prep.IMG_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
-class LipSyncSettings(ServiceSettings):
+class LipSyncSettings(ModelStageSettings):
     """Settings of the lipsync service."""
 
     port: int = _field(50062, "gRPC port")
     metrics_port: int = _field(9092, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
     checkpoint: str = _field("", "wav2lip.pth / wav2lip_gan.pth; empty = the weight-free 'procedural' model")
     max_batch: int = _field(128, "largest model batch (Wav2Lip's inference default)")
-    max_delay_ms: float = _field(5.0, "how long a batch waits to fill up")
-    max_pending_per_stream: int = _field(512, "items one stream may have in flight (back-pressure)")
     max_crops_per_stream: int = _field(4096, "reference crops one Generate stream may register")
     max_detect_frames: int = _field(3000, "frames one DetectFaces stream may send")
-    pipeline_depth: int = _field(
-        1, "model batches in flight at once (2 overlaps one batch's transfers with the previous one's compute)"
-    )
-    compile_cache_dir: str = _field(
-        "var/compile-cache", "backend=compile: where compiled-kernel caches are kept (a volume, so new pods start warm)"
-    )
     detector: str = _field("haar", "face detector for DetectFaces: haar (OpenCV's bundled cascade) or none")
-    max_rel_error: float = _field(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
-    backend: str = _field(
-        "auto", "model backend: auto (CUDA: torch fp16 + folded BN + CUDA graphs; CPU: cpu), cpu, torch, compile, tensorrt"
-    )
     precision: str = _field("", "fp32, fp16 or bf16; empty = the backend's default (fp16 on CUDA, fp32 on CPU)")
-    batch_buckets: tuple[int, ...] = _field(
-        (), "batch sizes a model batch is padded up to (static shapes for CUDA graphs/compile); empty = default up to max_batch"
-    )
 
 
 class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
@@ -183,7 +168,8 @@ class LipSyncService(Service[LipSyncSettings]):
             # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
             cuda_graphs=None if name == "wav2lip" else False,
         )
-        self.engine = LipSyncEngine(self.backend, overlap=s.pipeline_depth > 1)
+        depth = resolve_pipeline_depth(s.pipeline_depth, device)
+        self.engine = LipSyncEngine(self.backend, overlap=depth > 1)
         warm_bank = self.engine.new_bank(1)
         warm_bank.add(0, np.zeros((IMG, IMG, 3), np.uint8))
 
@@ -203,11 +189,14 @@ class LipSyncService(Service[LipSyncSettings]):
             await asyncio.to_thread(self.detector.detect, [np.zeros((64, 64, 3), np.uint8)])
         self.model_info = common_pb2.ModelInfo(name=name, backend=self.backend.name, precision=self.backend.precision)
         self.batcher: DynamicBatcher[GenerateChunk, ChunkFaces] = DynamicBatcher(
-            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len, concurrency=s.pipeline_depth
+            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len, concurrency=depth
         )
         self.batcher.start()
         self.metrics.set_backend(name, self.backend.name, self.backend.precision)
-        _LOGGER.info("lipsync ready", extra={"model": name, "backend": self.backend.describe(), "detector": s.detector})
+        _LOGGER.info(
+            "lipsync ready",
+            extra={"model": name, "backend": self.backend.describe(), "detector": s.detector, "pipeline_depth": depth},
+        )
 
     def _numerics_guard(self, model: nn.Module) -> None:
         """Refuse to serve if the fast backend disagrees with the fp32 model on a fixed input."""

@@ -16,6 +16,11 @@ crop) to the host and resized it with cv2 there; on an H200 the network with tha
 660-810 crops/s (bench_models.py, e2e column) while the network alone does ~6,500. The result matches that CPU path within one uint8 level
 (tests/unit/superres/test_engine.py). On a CPU the same code runs with CPU tensors (what CI runs,
 with both resize variants).
+
+Several batches can be in `run` at once (the service's `pipeline_depth`, the batcher's concurrency):
+with `overlap` on a GPU, each thread uploads, prepares, resizes and copies back on its own CUDA
+stream while the network runs on one compute stream under a lock, as in `LipSyncEngine`, so batch
+k+1's host work and transfers overlap batch k's compute.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from services.common.backends import TorchBackend
+from services.common.device import on_stream
 from services.common.resize import lanczos4_resize, round_like_opencv
 from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple
 
@@ -44,11 +50,12 @@ class UpscaleChunk:
     """The items of one request message: what the batcher queues (never split across batches).
 
     Attributes:
-        groups: per distinct input size, (item positions (k,) int64, crops (k, h, w, 3) uint8 BGR).
+        groups: per distinct input size, (item positions (k,) int64, its k (h, w, 3) uint8 BGR crops).
+            The crops are not stacked here: the engine copies them once, into its upload buffer.
         sizes: per item, the (width, height) to return.
     """
 
-    groups: list[tuple[np.ndarray, np.ndarray]]
+    groups: list[tuple[np.ndarray, list[np.ndarray]]]
     sizes: list[Size]
 
     def __len__(self) -> int:
@@ -56,7 +63,7 @@ class UpscaleChunk:
 
     @classmethod
     def from_items(cls, crops: Sequence[np.ndarray], sizes: Sequence[Size]) -> UpscaleChunk:
-        """Group (h, w, 3) uint8 crops by size (stacking each group once); `sizes` are (w, h) per item."""
+        """Group (h, w, 3) uint8 crops by size; `sizes` are (w, h) per item."""
         if len(crops) != len(sizes):
             raise ValueError(f"got {len(sizes)} output sizes for {len(crops)} crops")
         by_shape: dict[tuple[int, ...], list[int]] = defaultdict(list)
@@ -64,7 +71,7 @@ class UpscaleChunk:
             if crop.dtype != np.uint8 or crop.ndim != 3 or crop.shape[2] != 3:
                 raise ValueError(f"crop {i} must be a (H, W, 3) uint8 array, got {crop.dtype} {crop.shape}")
             by_shape[crop.shape].append(i)
-        groups = [(np.asarray(idx, np.int64), np.stack([crops[i] for i in idx])) for idx in by_shape.values()]
+        groups = [(np.asarray(idx, np.int64), [crops[i] for i in idx]) for idx in by_shape.values()]
         out_sizes = [(int(w), int(h)) for w, h in sizes]
         if any(w <= 0 or h <= 0 for w, h in out_sizes):
             raise ValueError(f"output sizes must be positive, got {out_sizes}")
@@ -110,6 +117,10 @@ class SuperResEngine:
             96 px -> 150x170 and 384x384, Lanczos fallback, 2 cores).
         backend: runs the network (services.common.backends: fp16, CUDA graphs per batch bucket);
             None = call the upscaler's module directly. Its output is consumed before the next call.
+        overlap: on CUDA, let concurrent `run` calls (the batcher's concurrency > 1) overlap: a CUDA
+            stream per thread for uploads, pre/post-processing, resize and the copy back, one compute
+            stream for the network, under a lock. Off (and always on the CPU) a lock runs one batch
+            at a time on the current stream.
     """
 
     def __init__(
@@ -121,6 +132,7 @@ class SuperResEngine:
         channels_last: bool | None = None,
         resize: str | None = None,
         backend: TorchBackend | None = None,
+        overlap: bool = False,
     ) -> None:
         self.upscaler = upscaler
         self.backend = backend
@@ -145,49 +157,53 @@ class SuperResEngine:
         if self.resize not in ("torch", "cv2") or (self.resize == "cv2" and self.device.type != "cpu"):
             raise ValueError(f"resize must be 'torch', or 'cv2' on the CPU; got {resize!r} on {self.device}")
         self._pin = self.device.type == "cuda"
-        self._lock = threading.Lock()  # one batch at a time (the batcher has one thread; tests may not)
+        self._overlap = bool(overlap) and self.device.type == "cuda"
+        self._compute = torch.cuda.Stream(self.device) if self._overlap else None
+        self._compute_lock = threading.Lock()  # one network call at a time (CUDA graphs' static buffers)
+        self._lock = threading.Lock()  # without overlap: one batch at a time
+        self._local = threading.local()
 
     @torch.inference_mode()
     def run(self, chunks: list[UpscaleChunk]) -> list[ChunkImages]:
-        """One pass over all chunks' items; returns, per chunk, its images in item order."""
+        """One pass over all chunks' items; returns, per chunk, its images in item order.
+
+        Thread-safe. With `overlap` (CUDA) several batches are in here at once, each on its thread's
+        I/O stream, the network serialised on the compute stream; otherwise one batch at a time.
+        """
+        if self._overlap:
+            with on_stream(self._io_stream()):
+                return self._run(chunks)
         with self._lock:
             return self._run(chunks)
+
+    def _io_stream(self) -> torch.cuda.Stream:
+        """This thread's CUDA stream for uploads, pre/post-processing, resize and the copy back."""
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = torch.cuda.Stream(self.device)
+        return stream
 
     def _run(self, chunks: list[UpscaleChunk]) -> list[ChunkImages]:
         sizes: list[Size] = [size for chunk in chunks for size in chunk.sizes]
         if not sizes:
             return [ChunkImages([], [], []) for _ in chunks]
         # Items of all chunks with the same input size share an upload and forward passes.
-        by_shape: dict[tuple[int, ...], list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+        by_shape: dict[tuple[int, ...], list[tuple[np.ndarray, list[np.ndarray]]]] = defaultdict(list)
         offset = 0
         for chunk in chunks:
             for positions, crops in chunk.groups:
-                by_shape[crops.shape[1:]].append((positions + offset, crops))
+                by_shape[crops[0].shape].append((positions + offset, crops))
             offset += len(chunk)
-        per_item: list[torch.Tensor | None] = [None] * len(sizes)
-        for parts in by_shape.values():
-            items = np.concatenate([p for p, _ in parts])
-            crops = self._upload([c for _, c in parts])
+        parts: list[tuple[list[int], torch.Tensor]] = []  # (batch positions, their images)
+        for group in by_shape.values():
+            items = np.concatenate([p for p, _ in group])
+            crops = self._upload([c for _, cs in group for c in cs])
             step = self.max_batch or len(items)
             for start in range(0, len(items), step):
                 idx = items[start : start + step].tolist()
-                outs = self._process(crops[start : start + step], [sizes[i] for i in idx])
-                for i, out in zip(idx, outs):
-                    per_item[i] = out
-        if self.device.type == "cpu":
-            # Already host memory: one bytes object per item straight from each result (no concat).
-            blobs = [t.numpy().tobytes() for t in per_item]  # type: ignore[union-attr]
-        else:
-            # One device->host copy for the whole batch (pinned; torch caches pinned blocks), then
-            # one bytes object per item, cut here on the model thread.
-            flat = torch.cat(per_item)  # type: ignore[arg-type]
-            host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=self._pin)
-            host.copy_(flat)
-            buffer = memoryview(host.numpy())
-            blobs, offset = [], 0
-            for w, h in sizes:
-                blobs.append(bytes(buffer[offset : offset + w * h * 3]))
-                offset += w * h * 3
+                for ks, images in self._process(crops[start : start + step], [sizes[i] for i in idx]):
+                    parts.append(([idx[k] for k in ks], images))
+        blobs = self._to_bytes(parts, len(sizes))
         results, pos = [], 0
         for chunk in chunks:
             chunk_sizes = sizes[pos : pos + len(chunk)]
@@ -196,15 +212,36 @@ class SuperResEngine:
             results.append(ChunkImages([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], data))
         return results
 
-    def _upload(self, arrays: list[np.ndarray]) -> torch.Tensor:
-        """Stack same-size (k, h, w, 3) uint8 arrays into one (n, h, w, 3) device tensor, one copy."""
-        n = sum(len(a) for a in arrays)
-        host = torch.empty((n, *arrays[0].shape[1:]), dtype=torch.uint8, pin_memory=self._pin)
-        np.concatenate(arrays, out=host.numpy())
+    def _upload(self, crops: list[np.ndarray]) -> torch.Tensor:
+        """Same-size (h, w, 3) uint8 crops -> one (n, h, w, 3) device tensor: one host copy, one upload."""
+        host = torch.empty((len(crops), *crops[0].shape), dtype=torch.uint8, pin_memory=self._pin)
+        np.stack(crops, out=host.numpy())
         return host.to(self.device, non_blocking=True)
 
-    def _process(self, crops: torch.Tensor, sizes: list[Size]) -> list[torch.Tensor]:
-        """(n, h, w, 3) uint8 BGR on the device -> n flat uint8 BGR images at their sizes (views)."""
+    def _to_bytes(self, parts: list[tuple[list[int], torch.Tensor]], n: int) -> list[bytes]:
+        """Per batch position, its image's bytes, from (positions, (k, oh, ow, 3) uint8) parts.
+
+        On the device: one device->host copy for the whole batch (pinned; torch caches pinned
+        blocks). Then one bytes object per item (the copy protobuf needs), cut here on the model thread.
+        """
+        if self.device.type == "cpu":
+            flats = [images.reshape(-1).numpy() for _, images in parts]
+        else:
+            flats_dev = [images.reshape(-1) for _, images in parts]
+            flat = flats_dev[0] if len(flats_dev) == 1 else torch.cat(flats_dev)
+            host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=self._pin)
+            host.copy_(flat)  # waits for this stream's work (and, through it, for the network)
+            ends = np.cumsum([images.numel() for _, images in parts])
+            flats = np.split(host.numpy(), ends[:-1])
+        blobs: list[bytes] = [b""] * n
+        for (positions, images), data in zip(parts, flats):
+            view, step = memoryview(data), images.numel() // len(positions)
+            for j, pos in enumerate(positions):
+                blobs[pos] = bytes(view[j * step : (j + 1) * step])
+        return blobs
+
+    def _process(self, crops: torch.Tensor, sizes: list[Size]) -> list[tuple[list[int], torch.Tensor]]:
+        """(n, h, w, 3) uint8 BGR on the device -> (positions in `crops`, (k, oh, ow, 3) uint8 BGR) per output size."""
         if self.model is None:
             # Weight-free fallback: resize the crop itself (BGR throughout, nothing to flip).
             return self._resize_split(crops.permute(0, 3, 1, 2), sizes)
@@ -220,14 +257,23 @@ class SuperResEngine:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         net = self.backend.forward_device if self.backend is not None else self.model
-        y = net(x)[:, :, : h * s, : w * s]  # type: ignore[misc]
-        # process.from_model_output in float32: clamp, *255, round half to even, RGB->BGR. These are
-        # the exact uint8 values the CPU path hands to cv2, still as floats for the resize.
-        img = y.float().clamp(0, 1).mul_(255.0).round_().flip(1)
+        io = torch.cuda.current_stream(self.device) if self._overlap else None
+        with self._compute_lock, on_stream(self._compute):
+            if io is not None:
+                self._compute.wait_stream(io)  # type: ignore[union-attr]
+            y = net(x)[:, :, : h * s, : w * s]  # type: ignore[misc]
+            # process.from_model_output in float32: clamp, *255, round half to even, RGB->BGR. These
+            # are the exact uint8 values the CPU path hands to cv2, still as floats for the resize.
+            # On the compute stream: `y` may be a CUDA graph's output, reused by the next replay.
+            img = y.float().clamp(0, 1).mul_(255.0).round_().flip(1)
+            if io is not None:
+                io.wait_stream(self._compute)  # type: ignore[arg-type]
+                img.record_stream(io)  # made on the compute stream, read on this one: no early reuse
         return self._resize_split(img, sizes)
 
-    def _resize_split(self, img: torch.Tensor, sizes: list[Size]) -> list[torch.Tensor]:
-        """(n, 3, H, W) integer-valued BGR (float or uint8) -> per item flat (oh*ow*3,) uint8 BGR HWC.
+    def _resize_split(self, img: torch.Tensor, sizes: list[Size]) -> list[tuple[list[int], torch.Tensor]]:
+        """(n, 3, H, W) integer-valued BGR (float or uint8) -> per distinct output size, (positions in
+        `img`, (k, oh, ow, 3) uint8 BGR, contiguous).
 
         One resize per distinct output size (a few kernels each, ~0.1 ms of host time per group).
         """
@@ -245,7 +291,7 @@ class SuperResEngine:
                 order = order.pin_memory()
             img = img.index_select(0, order.to(img.device, non_blocking=True))
         in_h, in_w = img.shape[2:]
-        out: list[torch.Tensor | None] = [None] * len(sizes)
+        out = []
         start = 0
         for (ow, oh), ks in groups.items():
             g = img[start : start + len(ks)]
@@ -255,20 +301,18 @@ class SuperResEngine:
                 g = round_like_opencv(lanczos4_resize(g.float(), (oh, ow), fixed_point=True))
             else:
                 g = g.to(torch.uint8)
-            g = g.permute(0, 2, 3, 1).contiguous()
-            for j, k in enumerate(ks):
-                out[k] = g[j].reshape(-1)
-        return out  # type: ignore[return-value]
+            out.append((ks, g.permute(0, 2, 3, 1).contiguous()))
+        return out
 
     @staticmethod
-    def _resize_split_cv2(img: torch.Tensor, sizes: list[Size]) -> list[torch.Tensor]:
+    def _resize_split_cv2(img: torch.Tensor, sizes: list[Size]) -> list[tuple[list[int], torch.Tensor]]:
         """The CPU variant of `_resize_split`: cv2.resize per item on the uint8 image (process.py's path)."""
         hwc = img.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
         in_h, in_w = hwc.shape[1:3]
         out = []
         for k, (ow, oh) in enumerate(sizes):
             item = hwc[k] if (oh, ow) == (in_h, in_w) else cv2.resize(hwc[k], (ow, oh), interpolation=cv2.INTER_LANCZOS4)
-            out.append(torch.from_numpy(np.ascontiguousarray(item)).reshape(-1))
+            out.append(([k], torch.from_numpy(np.ascontiguousarray(item))[None]))
         return out
 
     def warmup(self, batch_size: int = 1, size: Size = (96, 96), out_size: Size | None = None) -> None:

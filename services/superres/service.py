@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
-from services.common.backends import make_backend, numerics_check
+from services.common.backends import CompiledBackend, make_backend, numerics_check
 from services.common.batcher import DynamicBatcher
 from services.common.codec import image_from_proto
-from services.common.config import ServiceSettings, _field
-from services.common.device import prepare_device
+from services.common.config import ModelStageSettings, _field
+from services.common.device import prepare_device, resolve_pipeline_depth
 from services.common.errors import InvalidRequest
 from services.common.server import Service
 from services.common.streams import ordered_stream
@@ -34,7 +34,7 @@ MAX_SIDE = 2048
 
 
 @dataclasses.dataclass(frozen=True)
-class SuperResSettings(ServiceSettings):
+class SuperResSettings(ModelStageSettings):
     """Settings of the superres service."""
 
     port: int = _field(50063, "gRPC port")
@@ -42,10 +42,9 @@ class SuperResSettings(ServiceSettings):
     model: str = _field("realesr-general-x4v3", "SR model name, or 'lanczos' for the weight-free resize")
     checkpoint: str = _field("", "Real-ESRGAN .pth file; empty = the weight-free 'lanczos' fallback")
     max_batch: int = _field(64, "largest model batch")
-    max_delay_ms: float = _field(5.0, "how long a batch waits to fill up")
-    max_pending_per_stream: int = _field(512, "items one stream may have in flight (back-pressure)")
-    backend: str = _field("auto", "network backend: auto (CUDA: fp16 + CUDA graphs per batch bucket; CPU: cpu), cpu, torch, compile")
-    max_rel_error: float = _field(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
+    backend: str = _field(
+        "auto", "network backend: auto (CUDA: fp16 + CUDA graphs per batch bucket; CPU: cpu), cpu, torch, compile"
+    )
 
 
 class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
@@ -57,6 +56,7 @@ class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
     ) -> AsyncIterator[superres_pb2.UpscaleResponse]:
         svc = self._service
         model_info = svc.model_info
+        bgr24 = common_pb2.PIXEL_FORMAT_BGR24
 
         def decode(request: superres_pb2.UpscaleRequest) -> tuple[list[int], UpscaleChunk | None]:
             indices: list[int] = []
@@ -76,22 +76,18 @@ class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
 
         async def run(request: superres_pb2.UpscaleRequest) -> superres_pb2.UpscaleResponse:
             indices, chunk = decode(request)
+            response = superres_pb2.UpscaleResponse()
             if chunk is None:
-                return superres_pb2.UpscaleResponse()
+                return response
             # The whole message is one batcher item (never split): one result object back.
             images: ChunkImages = await svc.batcher.submit(chunk)
-            bgr24 = common_pb2.PIXEL_FORMAT_BGR24
-            return superres_pb2.UpscaleResponse(
-                items=[
-                    superres_pb2.UpscaleItem(
-                        index=i,
-                        image=common_pb2.Image(width=w, height=h, format=bgr24, data=data),
-                        out_width=w,
-                        out_height=h,
-                    )
-                    for i, w, h, data in zip(indices, images.widths, images.heights, images.data)
-                ]
-            )
+            # Items are added in place (`add`, the image as a dict): building UpscaleItem/Image messages
+            # first and passing them to a constructor copies each one again, image bytes included
+            # (~170 vs ~15 us per 192x192 item, measured on a CPU).
+            add = response.items.add
+            for i, w, h, data in zip(indices, images.widths, images.heights, images.data):
+                add(index=i, image={"width": w, "height": h, "format": bgr24, "data": data}, out_width=w, out_height=h)
+            return response
 
         first = True
         async for response in ordered_stream(request_iterator, run, svc.settings.max_pending_per_stream):
@@ -127,26 +123,32 @@ class SuperResService(Service[SuperResSettings]):
             reference = copy.deepcopy(self.upscaler.model).float() if device.type == "cuda" else None
             backend = make_backend(
                 s.backend, self.upscaler.model, device, precision=precision if device.type == "cuda" else None,
-                max_batch=s.max_batch, cache_dir=None,
+                batch_buckets=s.batch_buckets or None, max_batch=s.max_batch, cache_dir=s.compile_cache_dir,
             )
             self.model_info.backend = backend.name
-        self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch, backend=backend)
+        depth = resolve_pipeline_depth(s.pipeline_depth, device)
+        self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch, backend=backend, overlap=depth > 1)
         for n in sorted(backend.batch_buckets if backend is not None and backend.batch_buckets else (1,), reverse=True):
             await asyncio.to_thread(self.engine.warmup, n, (96, 96))  # the network's native size, per bucket
         await asyncio.to_thread(self.engine.warmup, 1, (96, 96), (150, 150))  # and a resize
+        if isinstance(backend, CompiledBackend) and not backend.cache_loaded:
+            await asyncio.to_thread(backend.save_cache)
         if backend is not None and reference is not None and s.max_rel_error > 0:
             gen = torch.Generator().manual_seed(0)
             err = numerics_check(backend, reference, [torch.rand((4, 3, 96, 96), generator=gen)], bound=s.max_rel_error)
             self.metrics.numerics_error.labels(self.stage).set(err)
             _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": s.max_rel_error})
         self.batcher: DynamicBatcher[UpscaleChunk, ChunkImages] = DynamicBatcher(
-            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len
+            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len, concurrency=depth
         )
         self.batcher.start()
         self.metrics.set_backend(self.upscaler.model_name, self.model_info.backend, precision)
         _LOGGER.info(
             "superres ready",
-            extra={"model": self.upscaler.model_name, "device": str(device), "precision": precision, "resize": self.engine.resize},
+            extra={
+                "model": self.upscaler.model_name, "device": str(device), "precision": precision,
+                "resize": self.engine.resize, "pipeline_depth": depth,
+            },
         )
 
     async def close(self) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from services.common.config import Device, LogFormat, ServiceSettings, _field, parse_settings
+from services.common.config import Device, LogFormat, ModelStageSettings, ServiceSettings, _field, parse_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,3 +185,19 @@ def test_help_names_flags_and_env_variables(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert "--metrics-port" in out
     assert "LIPLINE_METRICS_PORT" in out
+
+
+def test_model_stage_settings_are_shared_and_checked() -> None:
+    """lipsync and superres take the same batching/backend settings, from one class."""
+    from services.lipsync.service import LipSyncSettings
+    from services.superres.service import SuperResSettings
+
+    for cls in (LipSyncSettings, SuperResSettings):
+        assert issubclass(cls, ModelStageSettings)
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert {"pipeline_depth", "batch_buckets", "compile_cache_dir", "max_rel_error", "backend"} <= names
+    ModelStageSettings(max_batch=64, batch_buckets=(16, 64)).validate()
+    with pytest.raises(ValueError) as err:
+        ModelStageSettings(max_batch=64, batch_buckets=(16, 128), pipeline_depth=-1).validate()
+    assert "batch_buckets [16, 128] must lie in 1..max_batch (64)" in str(err.value)
+    assert "pipeline_depth must be >= 0" in str(err.value)

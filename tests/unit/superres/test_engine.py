@@ -130,7 +130,7 @@ def test_warmup_and_empty_batches() -> None:
 def test_chunk_grouping_and_validation() -> None:
     chunk = UpscaleChunk.from_items([_crop(4, 5, 0), _crop(6, 5, 1), _crop(4, 5, 2)], [(8, 8), (9, 9), (10, 10)])
     assert len(chunk) == 3
-    assert [(p.tolist(), c.shape) for p, c in chunk.groups] == [([0, 2], (2, 4, 5, 3)), ([1], (1, 6, 5, 3))]
+    assert [(p.tolist(), [c.shape for c in cs]) for p, cs in chunk.groups] == [([0, 2], [(4, 5, 3)] * 2), ([1], [(6, 5, 3)])]
     with pytest.raises(ValueError, match="output sizes"):
         UpscaleChunk.from_items([_crop(4, 5, 0)], [(8, 8), (9, 9)])
     with pytest.raises(ValueError, match="positive"):
@@ -187,3 +187,59 @@ def test_engine_on_cuda_matches_cpu() -> None:
     lanczos = SuperResEngine(LanczosUpscaler(), "cuda").run([UpscaleChunk.from_items(crops, sizes)])[0]
     expected = _expected(LanczosUpscaler(), crops, sizes)
     assert max(np.abs(g.astype(int) - e).max() for g, e in zip(lanczos.arrays(), expected)) <= 1
+
+
+def _concurrent_runs_match_serial(device: str, resize: str | None = None) -> None:
+    """Batches run from several threads at once (the service's pipeline_depth) give the serial results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.common.backends import make_backend
+
+    upscaler = ModelUpscaler(_srvgg(), scale=4, device=device)
+    backend = make_backend("auto", upscaler.model, device, max_batch=16)
+    engine = SuperResEngine(upscaler, max_batch=16, resize=resize, backend=backend, overlap=True)
+    engine.warmup(16)  # captures the CUDA graph of the bucket first, as the service does, on one thread
+    crops_a, sizes_a, crops_b, sizes_b = _two_chunks()
+    batches = [
+        [UpscaleChunk.from_items(crops_a, sizes_a)],
+        [UpscaleChunk.from_items(crops_b, sizes_b), UpscaleChunk.from_items(crops_a[:2], sizes_a[:2])],
+        [UpscaleChunk.from_items([_crop(24, 20, s) for s in range(20)], [(60 + s, 70) for s in range(20)])],
+    ]
+    serial = [engine.run(b) for b in batches]
+    with ThreadPoolExecutor(3) as pool:
+        for _ in range(3):
+            for want, got in zip(serial, pool.map(engine.run, batches)):
+                assert got == want  # same sizes and bytes, chunk by chunk
+
+
+@pytest.mark.parametrize("resize", RESIZES)
+def test_concurrent_runs_match_serial_cpu(resize: str) -> None:
+    """On the CPU, overlap is off: a lock runs one batch at a time, whatever the callers' threads."""
+    _concurrent_runs_match_serial("cpu", resize)
+
+
+def test_overlap_is_off_on_the_cpu() -> None:
+    engine = SuperResEngine(ModelUpscaler(_srvgg(), scale=4), overlap=True)
+    assert not engine._overlap and engine._compute is None
+
+
+@pytest.mark.gpu
+def test_concurrent_runs_match_serial_cuda() -> None:
+    """Per-thread I/O streams + one compute stream with CUDA graphs: no race on the static buffers."""
+    _concurrent_runs_match_serial("cuda")
+
+
+@pytest.mark.gpu
+def test_overlap_matches_serial_engine_cuda() -> None:
+    """Depth 2 (overlap, concurrent callers) gives the bytes of depth 1 (no overlap, one caller)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    crops = [_crop(96, 96, s) for s in range(48)]
+    chunks = [UpscaleChunk.from_items(crops[k : k + 8], [(150 + k, 170)] * 4 + [(384, 384)] * 4) for k in range(0, 48, 8)]
+    model = _srvgg()
+    plain = SuperResEngine(ModelUpscaler(copy.deepcopy(model), scale=4, device="cuda"), max_batch=16)
+    overlap = SuperResEngine(ModelUpscaler(copy.deepcopy(model), scale=4, device="cuda"), max_batch=16, overlap=True)
+    want = [plain.run([c])[0] for c in chunks]
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda c: overlap.run([c])[0], chunks))
+    assert got == want

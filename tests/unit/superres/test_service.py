@@ -1,0 +1,143 @@
+"""The superres service in-process on the CPU: its settings, what load() builds, and Upscale's responses.
+
+The network is a small seeded SRVGGNetCompact (create_upscaler is replaced), so load() goes through
+make_backend and the engine as in production. Upscale is driven through the servicer directly (no
+socket); each test runs its own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lipline.v1 import common_pb2, superres_pb2
+from services.common.checkpoints import seeded_state_dict
+from services.common.codec import image_to_proto
+from services.common.config import Device, parse_settings
+from services.common.metrics import Metrics
+from services.superres import service as superres_service
+from services.superres.engine import SuperResEngine, UpscaleChunk
+from services.superres.models import SRVGGNetCompact
+from services.superres.process import ModelUpscaler
+from services.superres.service import SuperResService, SuperResServicer, SuperResSettings
+
+
+def _srvgg() -> SRVGGNetCompact:
+    model = SRVGGNetCompact(num_conv=3)
+    model.load_state_dict(seeded_state_dict(model, scale=0.05))
+    return model.eval()
+
+
+def _crop(h: int, w: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def test_settings_defaults_and_flags() -> None:
+    s = SuperResSettings()
+    assert s.pipeline_depth == 0 and s.compile_cache_dir == "var/compile-cache"
+    s = parse_settings(SuperResSettings, ["--pipeline-depth", "3", "--compile-cache-dir", "/cache"], environ={})
+    assert s.pipeline_depth == 3 and s.compile_cache_dir == "/cache"
+    with pytest.raises(SystemExit):
+        parse_settings(SuperResSettings, ["--pipeline-depth", "-1"], environ={})
+
+
+class _Loaded:
+    """A SuperResService loaded on the CPU with a small model, plus what make_backend was given."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> None:
+        self.backend_kwargs: dict[str, Any] = {}
+        real_make_backend = superres_service.make_backend
+
+        def make_backend(*args: Any, **kwargs: Any) -> Any:
+            self.backend_kwargs = kwargs
+            return real_make_backend(*args, **kwargs)
+
+        monkeypatch.setattr(superres_service, "make_backend", make_backend)
+        monkeypatch.setattr(superres_service, "create_upscaler", lambda *_a, **_k: ModelUpscaler(_srvgg(), scale=4))
+        self.service = SuperResService(SuperResSettings(device=Device.CPU, max_batch=8, **settings), Metrics("superres"))
+
+
+async def _requests(messages: Iterable[superres_pb2.UpscaleRequest]) -> AsyncIterator[superres_pb2.UpscaleRequest]:
+    for m in messages:
+        yield m
+
+
+async def _upscale(svc: SuperResService, messages: list[superres_pb2.UpscaleRequest]) -> list[superres_pb2.UpscaleResponse]:
+    return [r async for r in SuperResServicer(svc).Upscale(_requests(messages), None)]  # type: ignore[arg-type]
+
+
+def test_load_on_cpu_resolves_auto_depth_and_passes_the_compile_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    loaded = _Loaded(monkeypatch, compile_cache_dir=str(tmp_path))
+
+    async def main() -> None:
+        await loaded.service.load()
+        try:
+            assert loaded.service.batcher.concurrency == 1  # pipeline_depth 0 (auto) is 1 on the CPU
+            assert not loaded.service.engine._overlap
+        finally:
+            await loaded.service.close()
+
+    asyncio.run(main())
+    assert loaded.backend_kwargs["cache_dir"] == str(tmp_path)
+
+
+def _messages(stream: int) -> tuple[list[superres_pb2.UpscaleRequest], list[tuple[np.ndarray, tuple[int, int]]]]:
+    """Three messages of a stream: native size, paste sizes, and an input of another size."""
+    items, messages, index = [], [], 0
+    for m in range(3):
+        request = superres_pb2.UpscaleRequest()
+        for k in range(3):
+            crop = _crop(12, 10, 100 * stream + 10 * m + k) if m < 2 else _crop(9, 11, 100 * stream + k)
+            size = (0, 0) if m == 0 else (31 + k, 29)
+            request.items.add(index=index, image=image_to_proto(crop), out_width=size[0], out_height=size[1])
+            items.append((crop, size))
+            index += 1
+        messages.append(request)
+    return messages, items
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_upscale_responses_match_the_engine_at_any_depth(monkeypatch: pytest.MonkeyPatch, depth: int) -> None:
+    """Concurrent streams at pipeline_depth 1 and 2 (two batches in the engine at once) give the engine's bytes."""
+    loaded = _Loaded(monkeypatch, pipeline_depth=depth, max_delay_ms=1.0)
+    streams = [_messages(s) for s in range(4)]
+
+    async def main() -> list[list[superres_pb2.UpscaleResponse]]:
+        await loaded.service.load()
+        try:
+            assert loaded.service.batcher.concurrency == depth
+            return await asyncio.gather(*(_upscale(loaded.service, messages) for messages, _ in streams))
+        finally:
+            await loaded.service.close()
+
+    results = asyncio.run(main())
+    reference = SuperResEngine(ModelUpscaler(_srvgg(), scale=4))
+    for responses, (_, items) in zip(results, streams):
+        assert responses[0].model.name == loaded.service.upscaler.model_name and not responses[1].HasField("model")
+        got = [item for r in responses for item in r.items]
+        sizes = [(w or crop.shape[1] * 4, h or crop.shape[0] * 4) for crop, (w, h) in items]
+        (want,) = reference.run([UpscaleChunk.from_items([c for c, _ in items], sizes)])
+        assert [g.index for g in got] == list(range(len(items)))
+        assert [(g.out_width, g.out_height) for g in got] == sizes
+        assert [(g.image.width, g.image.height) for g in got] == sizes
+        assert all(g.image.format == common_pb2.PIXEL_FORMAT_BGR24 for g in got)
+        assert [g.image.data for g in got] == want.data
+
+
+def test_empty_message_gets_an_empty_response(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = _Loaded(monkeypatch)
+
+    async def main() -> list[superres_pb2.UpscaleResponse]:
+        await loaded.service.load()
+        try:
+            return await _upscale(loaded.service, [superres_pb2.UpscaleRequest()])
+        finally:
+            await loaded.service.close()
+
+    (response,) = asyncio.run(main())
+    assert len(response.items) == 0 and response.HasField("model")
