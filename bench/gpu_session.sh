@@ -41,7 +41,7 @@ case $phase in
 services)  # the default backend (auto: fp16 + folded BN + CUDA graphs), batches overlapped (depth 2)
   KEEP=("$@")
   name=tests; if wanted "${KEEP[@]}"; then
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/superres/test_engine.py tests/unit/lipsync/test_engine.py tests/unit/common/test_backends.py tests/unit/common/test_resize.py 2>&1 | tail -5 | tee "$OUT/tests.txt"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/superres/test_engine.py tests/unit/lipsync/test_engine.py tests/unit/common/test_backends.py tests/unit/common/test_resize.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
   fi
   name=lipsync-d2-r1; lipsync $name --streams 64 --procs 8 --pipeline-depth 2
   name=lipsync-d2-r2-gpu00; lipsync $name --streams 96 --procs 12 --replicas 2 --gpus 0,0 --pipeline-depth 2

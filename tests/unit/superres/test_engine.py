@@ -36,6 +36,21 @@ def _assert_close(got: list[np.ndarray], expected: list[np.ndarray], max_diff: i
     assert np.mean([(d > 0).mean() for d in diffs]) < 1e-3  # same maths: (nearly) bit-exact
 
 
+def _assert_same_chunks(got: list[ChunkImages], want: list[ChunkImages], exact: bool) -> None:
+    """Chunk by chunk: same sizes; bytes identical (`exact`) or within one level on a few pixels.
+
+    Why not always exact on CUDA: cuBLAS (the Lanczos matrix products) and cuDNN promise bit-wise
+    reproducible results only while a single stream is active; with concurrent streams they may pick
+    other kernels, whose float rounding can move a pixel across a .5 boundary.
+    """
+    assert [(c.widths, c.heights) for c in got] == [(c.widths, c.heights) for c in want]
+    for g, w in zip(got, want):
+        if exact:
+            assert g.data == w.data
+        else:
+            _assert_close(g.arrays(), w.arrays())
+
+
 def _two_chunks() -> tuple[list[np.ndarray], list[tuple[int, int]], list[np.ndarray], list[tuple[int, int]]]:
     # Chunk a mixes two input sizes and repeats an output size; chunk b shares a's main input size.
     crops_a = [_crop(24, 20, 1), _crop(17, 23, 2), _crop(24, 20, 3), _crop(24, 20, 4), _crop(17, 23, 5)]
@@ -209,7 +224,7 @@ def _concurrent_runs_match_serial(device: str, resize: str | None = None) -> Non
     with ThreadPoolExecutor(3) as pool:
         for _ in range(3):
             for want, got in zip(serial, pool.map(engine.run, batches)):
-                assert got == want  # same sizes and bytes, chunk by chunk
+                _assert_same_chunks(got, want, exact=device == "cpu")
 
 
 @pytest.mark.parametrize("resize", RESIZES)
@@ -242,4 +257,4 @@ def test_overlap_matches_serial_engine_cuda() -> None:
     want = [plain.run([c])[0] for c in chunks]
     with ThreadPoolExecutor(2) as pool:
         got = list(pool.map(lambda c: overlap.run([c])[0], chunks))
-    assert got == want
+    _assert_same_chunks(got, want, exact=False)
