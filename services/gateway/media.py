@@ -12,6 +12,7 @@ import io
 import os
 import uuid
 from fractions import Fraction
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -216,6 +217,65 @@ def exact_rate(fps: float) -> Fraction:
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 
 
+class _AacTrack:
+    """A mono AAC stream of a container, encoded in step with the video (an interleaved file)."""
+
+    _FRAME = 1024  # samples per AAC frame
+
+    def __init__(self, container: av.container.OutputContainer, audio: np.ndarray, rate: int) -> None:
+        self._audio = np.ascontiguousarray(audio, dtype=np.float32)
+        if self._audio.ndim != 1:
+            raise ValueError(f"audio must be mono (1-D), got shape {self._audio.shape}")
+        self._container = container
+        self.rate = int(rate)
+        self._pos = 0  # samples already encoded
+        self._stream = container.add_stream("aac", rate=self.rate)
+        self._stream.layout = "mono"
+        # The native aac encoder accepts only planar float ("fltp"); ask it rather than assume.
+        self._format = self._stream.codec_context.codec.audio_formats[0].name
+
+    def encode(self, until: int | None) -> None:
+        """Encodes 1024-sample frames up to sample ``until`` (None: to the end, the last frame short)."""
+        end = len(self._audio)
+        while self._pos < end:
+            stop = min(self._pos + self._FRAME, end)
+            # Mid-stream, only full frames: the encoder accepts a short frame only as the last one.
+            if until is not None and (stop - self._pos < self._FRAME or stop > until):
+                return
+            frame = av.AudioFrame.from_ndarray(self._audio[None, self._pos : stop], format=self._format, layout="mono")
+            frame.sample_rate = self.rate
+            frame.pts = self._pos
+            frame.time_base = Fraction(1, self.rate)
+            self._container.mux(self._stream.encode(frame))
+            self._pos = stop
+
+    def finish(self) -> None:
+        """Encodes the rest of the audio (even past the last video frame) and flushes the encoder."""
+        self.encode(None)
+        self._container.mux(self._stream.encode(None))
+
+
+class _AtomicMp4:
+    """An MP4 container opened on a temporary name next to ``path``, renamed to it by `commit`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
+        # format= is needed because the temporary name does not end in .mp4.
+        self.container = av.open(str(self._tmp), mode="w", format="mp4", container_options={"movflags": "+faststart"})
+
+    def commit(self) -> None:
+        self.container.close()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        try:
+            self.container.close()
+        except Exception:  # noqa: BLE001 - already failing; the original error matters
+            pass
+        self._tmp.unlink(missing_ok=True)
+
+
 class Mp4Writer:
     """Writes an MP4 with H.264 video and optional mono AAC audio, atomically.
 
@@ -229,8 +289,6 @@ class Mp4Writer:
         ...         writer.write(frame)
     """
 
-    _AAC_FRAME = 1024  # samples per AAC frame
-
     def __init__(
         self,
         path: Path,
@@ -241,6 +299,7 @@ class Mp4Writer:
         audio_rate: int,
         crf: int = 20,
         preset: str = "veryfast",
+        threads: int = 0,
     ) -> None:
         """Opens the temporary file and sets up the streams.
 
@@ -253,26 +312,19 @@ class Mp4Writer:
             audio_rate: Audio sample rate in Hz.
             crf: x264 constant rate factor (lower is better quality, bigger files).
             preset: x264 speed preset.
+            threads: x264 frame threads; 0 = x264's choice (1.5 per core). Writers that run side by
+                side (segments of one clip) split the cores between them instead.
         """
         if width % 2 or height % 2:
             raise ValueError(f"H.264 yuv420p needs an even size, got {width}x{height}")
         if preset not in X264_PRESETS:
             raise ValueError(f"unknown x264 preset {preset!r}; one of {', '.join(X264_PRESETS)}")
         self.path = Path(path)
-        self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
         self._rate = exact_rate(fps)
-        self._audio = None if audio is None else np.ascontiguousarray(audio, dtype=np.float32)
-        if self._audio is not None and self._audio.ndim != 1:
-            raise ValueError(f"audio must be mono (1-D), got shape {self._audio.shape}")
-        self._audio_rate = int(audio_rate)
-        self._audio_pos = 0  # samples of audio already encoded
         self._frames = 0
         self._closed = False
-
-        # format= is needed because the temporary name does not end in .mp4.
-        self._container = av.open(
-            str(self._tmp), mode="w", format="mp4", container_options={"movflags": "+faststart"}
-        )
+        self._file = _AtomicMp4(self.path)
+        self._container = self._file.container
         try:
             self._video = self._container.add_stream("libx264", rate=self._rate)
             self._video.width = width
@@ -282,18 +334,18 @@ class Mp4Writer:
             # 13.4 ms per 720p frame on 2 cores, and it scales further on more; the added latency
             # (a few frames in flight) does not matter for a file.
             self._video.codec_context.thread_type = "FRAME"
-            self._video.codec_context.thread_count = 0
+            self._video.codec_context.thread_count = threads
             self._video.codec_context.time_base = 1 / self._rate
             self._video.options = {"crf": str(crf), "preset": preset}
-            self._audio_stream = None
-            if self._audio is not None:
-                self._audio_stream = self._container.add_stream("aac", rate=self._audio_rate)
-                self._audio_stream.layout = "mono"
-                # The native aac encoder accepts only planar float ("fltp"); ask it rather than assume.
-                self._audio_format = self._audio_stream.codec_context.codec.audio_formats[0].name
+            self._audio = None if audio is None else _AacTrack(self._container, audio, audio_rate)
         except BaseException:
             self.abort()
             raise
+
+    @property
+    def frames(self) -> int:
+        """Frames written so far."""
+        return self._frames
 
     def write(self, frame_bgr: np.ndarray) -> None:
         """Encodes one (height, width, 3) uint8 BGR frame."""
@@ -319,50 +371,29 @@ class Mp4Writer:
         self._frames += 1
         # Encode the audio alongside the video so the file is interleaved (small read-ahead for
         # players streaming it) instead of all video followed by all audio.
-        self._encode_audio(until=round(self._frames / self._rate * self._audio_rate))
+        if self._audio is not None:
+            self._audio.encode(until=round(self._frames / self._rate * self._audio.rate))
 
     def close(self) -> None:
         """Encodes the rest of the audio, flushes both encoders and moves the file to ``path``."""
         if self._closed:
             return
         try:
-            self._encode_audio(until=None)  # all of it, even past the last video frame
+            if self._audio is not None:
+                self._audio.encode(until=None)
             self._container.mux(self._video.encode(None))
-            if self._audio_stream is not None:
-                self._container.mux(self._audio_stream.encode(None))
-            self._container.close()
+            if self._audio is not None:
+                self._audio.finish()
+            self._file.commit()
         except BaseException:
             self.abort()
             raise
         self._closed = True
-        os.replace(self._tmp, self.path)
-
-    def _encode_audio(self, until: int | None) -> None:
-        """Encodes audio in 1024-sample frames up to sample ``until`` (None: to the end, last frame short)."""
-        if self._audio is None or self._audio_stream is None:
-            return
-        end = len(self._audio)
-        while self._audio_pos < end:
-            stop = min(self._audio_pos + self._AAC_FRAME, end)
-            # Mid-stream, only full frames: the encoder accepts a short frame only as the last one.
-            if until is not None and (stop - self._audio_pos < self._AAC_FRAME or stop > until):
-                return
-            chunk = self._audio[self._audio_pos : stop]
-            frame = av.AudioFrame.from_ndarray(chunk[None, :], format=self._audio_format, layout="mono")
-            frame.sample_rate = self._audio_rate
-            frame.pts = self._audio_pos
-            frame.time_base = Fraction(1, self._audio_rate)
-            self._container.mux(self._audio_stream.encode(frame))
-            self._audio_pos = stop
 
     def abort(self) -> None:
         """Closes the container without finishing it and deletes the temporary file."""
         self._closed = True
-        try:
-            self._container.close()
-        except Exception:  # noqa: BLE001 - already failing; the original error matters
-            pass
-        self._tmp.unlink(missing_ok=True)
+        self._file.abort()
 
     def __enter__(self) -> Mp4Writer:
         return self
@@ -377,6 +408,53 @@ class Mp4Writer:
             self.close()
         else:
             self.abort()
+
+
+def concat_segments(parts: Sequence[Path], path: Path, fps: float, audio: np.ndarray | None, audio_rate: int) -> int:
+    """Joins H.264 MP4 segments of one clip into ``path`` without re-encoding, adding mono AAC audio.
+
+    The gateway encodes long clips as consecutive segments on parallel x264 encoders (one encoder
+    tops out well below what the GPU stages deliver); this is the stream-copy concatenation. Every
+    part must come from `Mp4Writer` with the same size, rate and encoder settings (so one set of
+    SPS/PPS describes them all) and start at its own frame 0. Each part's timestamps are shifted by
+    the frames before it; B-frame reordering keeps decode times increasing across the joins because
+    every part has the same reorder delay. Written atomically like `Mp4Writer`.
+
+    Returns:
+        The number of video frames written.
+    """
+    if not parts:
+        raise ValueError("no segments to join")
+    rate = exact_rate(fps)
+    out = _AtomicMp4(path)
+    try:
+        frames = 0
+        with av.open(str(parts[0])) as first:
+            video = out.container.add_stream_from_template(first.streams.video[0])
+        aac = None if audio is None else _AacTrack(out.container, audio, audio_rate)
+        for part in parts:
+            with av.open(str(part)) as source:
+                stream = source.streams.video[0]
+                shift = round(frames / rate / stream.time_base)  # this part's start, in its time base
+                count = 0
+                for packet in source.demux(stream):
+                    if packet.dts is None:  # the demuxer's end-of-stream marker
+                        continue
+                    packet.pts += shift
+                    packet.dts += shift
+                    packet.stream = video
+                    out.container.mux(packet)
+                    count += 1
+                    if aac is not None:
+                        aac.encode(until=round((frames + count) / rate * aac.rate))
+            frames += count
+        if aac is not None:
+            aac.finish()
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+    return frames
 
 
 # --------------------------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ class GatewaySettings(ServiceSettings):
     max_active_jobs: int = _field(64, "queued + running jobs; more are rejected RESOURCE_EXHAUSTED")
     job_timeout_s: float = _field(3600.0, "a job running longer than this fails DEADLINE_EXCEEDED")
     stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
+    encoder_segments: int = _field(4, "most parts of a clip encoded in parallel (x264 instances, joined by a stream copy)")
+    encoder_segment_min_s: float = _field(4.0, "shortest part in seconds of video (each part starts with a keyframe)")
     x264_preset: str = _field(
         "veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf"
     )
@@ -203,6 +205,10 @@ class GatewayService(Service[GatewaySettings]):
 
     async def load(self) -> None:
         s = self.settings
+        if s.encoder_segments < 1:
+            raise ValueError(f"--encoder-segments must be >= 1, got {s.encoder_segments}")
+        if s.encoder_segment_min_s <= 0:
+            raise ValueError(f"--encoder-segment-min-s must be > 0, got {s.encoder_segment_min_s}")
         if s.x264_preset not in X264_PRESETS:
             raise ValueError(f"--x264-preset {s.x264_preset!r} is not one of {', '.join(X264_PRESETS)}")
         self.clients = StageClients(s.audio_address, s.lipsync_address, s.superres_address, s.max_message_bytes)
@@ -239,7 +245,8 @@ class GatewayService(Service[GatewaySettings]):
                     render(
                         self.clients, avatar, audio, pcm, MUX_AUDIO_RATE, output,
                         job.options.super_resolution, job.options.crf or 20, on_progress, request_id,
-                        job.stage_seconds, preset=self.settings.x264_preset,
+                        job.stage_seconds, preset=self.settings.x264_preset, segments=self.settings.encoder_segments,
+                        min_segment_frames=max(1, round(self.settings.encoder_segment_min_s * avatar.fps)),
                     ),
                     self.settings.job_timeout_s,
                 )

@@ -22,6 +22,7 @@ from services.audio.mel import MelExtractor
 from services.common.audio_decode import decode_audio
 from services.common.codec import mel_from_bytes, mel_to_bytes
 from services.gateway.client import LiplineClient
+from services.gateway.encoding import COMPOSITE_THREADS
 from services.gateway.media import Mp4Writer, decode_avatar, probe_media
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from services.lipsync.procedural import ProceduralLipSync
@@ -189,10 +190,12 @@ def test_stage_seconds(rendered: Rendered) -> None:
         expected.add("superres")
     assert times.keys() == expected, times
     assert all(v > 0 for v in times.values()), times
-    # Every part runs inside the render, so none takes longer than it (they overlap: no sum).
-    for part in expected - {"audio_decode", "total"}:
+    # Every stage call runs inside the render, so none takes longer than it (they overlap: no sum).
+    for part in expected - {"audio_decode", "total", "composite", "encode"}:
         assert times[part] <= times["total"], (part, times)
-    assert times["composite"] + times["encode"] <= times["total"]  # one writer thread
+    # composite and encode are summed over threads: at most that many times the render.
+    assert times["composite"] <= COMPOSITE_THREADS * times["total"], times
+    assert times["encode"] <= 3 * times["total"], times  # 3 parts (see conftest), the join on top
     assert times["total"] <= rendered.job.elapsed_seconds + 0.05
 
 
@@ -207,6 +210,13 @@ def test_output_format(rendered: Rendered, photo: gateway_pb2.Avatar, speech_byt
     assert abs(info["video_duration"] - info["audio_duration"]) <= 1 / FPS
     assert info["audio_duration"] == pytest.approx(audio_seconds, abs=1 / FPS)
     assert info["audio_rate"] == 48_000
+
+
+def test_clip_was_encoded_in_parts(rendered: Rendered, cluster: LocalCluster) -> None:
+    """The session cluster cuts clips into 0.8 s parts: this output went through the parallel encoders and the join."""
+    assert len(rendered.frames) >= 60
+    lines = [line for line in cluster.processes["gateway"].log().splitlines() if '"msg": "encoding"' in line]
+    assert lines and all('"parts": 3' in line for line in lines if f'"frames": {len(rendered.frames)}' in line)
 
 
 def test_models_reported(rendered: Rendered) -> None:

@@ -13,6 +13,7 @@ import pytest
 from services.common.errors import InvalidMedia, TooLarge
 from services.gateway.media import (
     Mp4Writer,
+    concat_segments,
     decode_avatar,
     exact_rate,
     feather_mask,
@@ -247,3 +248,40 @@ def test_unknown_x264_preset_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="preset"):
         Mp4Writer(tmp_path / "x.mp4", 64, 48, 25.0, None, 16000, preset="warpspeed")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fps", [25.0, 30000 / 1001])
+def test_concat_segments_is_one_playable_clip(tmp_path: Path, fps: float) -> None:
+    """Segments encoded apart (B-frames and all) join into one clip: frames in order, audio whole."""
+    lengths = [30, 25, 20]
+    levels = np.arange(sum(lengths)) * 3 % 256  # each frame its own grey level, to check the order
+    parts, start = [], 0
+    for k, n in enumerate(lengths):
+        part = tmp_path / f"part{k}.mp4"
+        with Mp4Writer(part, 64, 48, fps, None, 16000, crf=0, threads=2) as writer:
+            for level in levels[start : start + n]:
+                writer.write(np.full((48, 64, 3), level, np.uint8))
+        parts.append(part)
+        start += n
+    seconds = sum(lengths) / fps
+    out = tmp_path / "joined.mp4"
+    assert concat_segments(parts, out, fps, _sine(seconds, 16000), 16000) == 75
+    info = probe_media(out)
+    assert (info["video_codec"], info["audio_codec"]) == ("h264", "aac")
+    assert info["frames"] == 75
+    assert info["video_duration"] == pytest.approx(seconds)
+    assert abs(info["audio_duration"] - seconds) < 0.05
+    with av.open(str(out)) as container:
+        decoded = [f.to_ndarray(format="gray").mean() for f in container.decode(video=0)]
+    assert np.abs(np.array(decoded) - levels).max() < 2  # every frame in its place
+    data = out.read_bytes()
+    assert data.find(b"moov") < data.find(b"mdat")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["joined.mp4", "part0.mp4", "part1.mp4", "part2.mp4"]
+
+
+def test_concat_segments_failure_leaves_no_file(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.mp4"
+    bogus.write_bytes(b"not an mp4")
+    with pytest.raises(Exception):
+        concat_segments([bogus], tmp_path / "out.mp4", 25.0, None, 16000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bogus.mp4"]
