@@ -80,7 +80,7 @@ STAGE_NOTES = {
     "lipsync": "Generate call start -> last face",
     "superres": "Upscale call start -> last restored face",
     "composite": "compositor threads: paste + I420 conversion (sum over threads)",
-    "encode": "encoder thread: x264 + AAC + mux (sum)",
+    "encode": "encoder threads: x264 + AAC + mux + the join of the parts (sum over threads)",
     "first_frame": "job start -> first frame encoded",
     "total": "job start -> MP4 in place",
 }
@@ -420,7 +420,7 @@ def table(result: dict) -> str:
         per_frame = f"{1000 * v / frames:.1f}" if frames and name not in ("first_frame", "total", "audio_decode") else ""
         lines.append(f"| {name} | {v:.2f} | {100 * v / render_total:.0f}% | {per_frame} | {STAGE_NOTES.get(name, '')} |")
     lines.append("")
-    lines.append("Stages stream and overlap: the slowest one sets the total; composite runs on a thread pool ahead of the one encoder thread.")
+    lines.append("Stages stream and overlap: the slowest one sets the total; composite and encode are sums over threads (4 compositors; one x264 per part of the clip), so they can exceed the total.")
     return "\n".join(lines)
 
 
