@@ -61,6 +61,12 @@ compile)  # --backend compile: a cold compile that fills $CACHE, then replicas t
     --streams 128 --procs 12 --replicas 2 --gpus 0,0 --pipeline-depth 2
   name=lipsync-compile-warm-r3-gpu000; T=200 lipsync $name --backend compile --batch-buckets 256 --compile-cache-dir "$CACHE" \
     --streams 144 --procs 12 --replicas 3 --gpus 0,0,0 --pipeline-depth 2
+  unset TORCHINDUCTOR_CACHE_DIR
+  name=superres-compile-cold; T=400 superres $name --backend compile --batch-buckets 128 --compile-cache-dir "$CACHE" \
+    --streams 32 --procs 4 --pipeline-depth 2
+  export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
+  name=superres-compile-warm-r2-gpu00; T=200 superres $name --backend compile --batch-buckets 128 --compile-cache-dir "$CACHE" \
+    --streams 64 --procs 8 --replicas 2 --gpus 0,0 --pipeline-depth 2
   ls -la "$CACHE" | tee "$OUT/compile-cache.txt"
   ;;
 e2e)  # needs OpenCV 4 (Haar) for CreateAvatar: carry .whlcv; reuses .whl from a `services` call
