@@ -6,6 +6,8 @@ still answer a real call, so a request that crashed or wedged a server fails the
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -193,17 +195,27 @@ def test_unknown_job(mclient: LiplineClient) -> None:
     )
 
 
-def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
-    # 60 s of audio = 1,500 frames: seconds of work, so the job is surely not finished yet.
+def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.Avatar, cluster: LocalCluster) -> None:
+    # 60 s of audio = 1,500 frames: seconds of work, so the job is surely not finished yet. It is
+    # encoded as 4 parallel parts (the session cluster's parts are 0.8 s): a cancel removes them all.
     job = mclient.submit(avatar.id, encode_tone("wav", 60.0, rate=16000, channels=1))
     stub = mclient.stub
     download = lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id))  # noqa: E731
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "SUCCEEDED")
+    deadline = time.monotonic() + 60
+    while (now := stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id))).frames_done < 50 and time.monotonic() < deadline:
+        time.sleep(0.05)  # cancel mid-render, with the part files open
+    assert now.state == gateway_pb2.JOB_STATE_RUNNING and now.frames_done < now.total_frames
     cancelled = stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=30)
     assert cancelled.state == gateway_pb2.JOB_STATE_CANCELLED
     assert cancelled.error_code == grpc.StatusCode.CANCELLED.value[0]
     assert mclient.wait(job.id).state == gateway_pb2.JOB_STATE_CANCELLED
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "CANCELLED")
+    outputs = cluster.output_dir or cluster.workdir / "outputs"
+    deadline = time.monotonic() + 10
+    while (left := [p.name for p in outputs.iterdir() if job.id in p.name]) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the render task cleans up just after the job turns CANCELLED
+    assert left == []
 
 
 # --------------------------------------------------------------------------------------------------
