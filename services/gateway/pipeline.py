@@ -1,20 +1,21 @@
 """One job's render pipeline: audio -> mel windows -> lipsync (-> superres) -> paste -> H.264/AAC MP4.
 
-The stages are chained as gRPC streams: mel windows go to the lipsync stream as the audio stage
-produces them, generated faces go to the superres stream as they arrive, and the compositor pastes
-and encodes each frame as soon as its face is back. Nothing waits for the whole clip, memory stays
-flat, and bounded queues (gRPC flow control, the writer's pending list) push back on faster stages.
+The stages are chained as gRPC streams: mel windows go to the lipsync stream, generated faces go to
+the superres stream as they arrive, and the compositor pastes and encodes each frame as soon as its
+face is back. Memory stays flat, and bounded queues (gRPC flow control, the encoders' queues) push
+back on faster stages.
 
 Compositing and encoding (`services.gateway.encoding.ClipEncoder`) run in parallel over up to
 `segments` consecutive parts of the clip, each with its own x264 encoder, joined at the end by a
-stream copy. For that the frames are requested from the stages interleaved across the parts: the
-mel windows of the whole clip are collected first (the audio stage takes ~0.1 s per minute of
-audio) and sent part 1 frame 1, part 2 frame 1, ..., so that every encoder works from the start.
+stream copy. For that the frames are requested from the stages interleaved across the parts: when
+there is more than one part, the mel windows of the whole clip are collected first (the audio stage
+takes ~0.1 s per minute of audio) and sent part 1 frame 1, part 2 frame 1, ..., so that every
+encoder works from the start.
 
-Each render is timed per part (Job.stage_seconds): the wall time of each stage call from its start to
-its last response, the compositor threads' summed time pasting and converting, and the encoder
-threads' summed time (the join included). The parts overlap (that is the point of streaming), so they do not add up to
-the total.
+Each render is timed per part (Job.stage_seconds): the wall time of each stage call from its start
+to its last response, the compositor threads' summed time pasting and converting, and the encoder
+threads' summed time (the join included). The parts overlap (that is the point of streaming), so
+they do not add up to the total.
 """
 
 from __future__ import annotations
