@@ -49,6 +49,9 @@ services)  # the default backend (auto: fp16 + folded BN + CUDA graphs), batches
     name=lipsync-d2-r2-gpu01; lipsync $name --streams 128 --procs 12 --replicas 2 --gpus 0,1 --pipeline-depth 2
     name=lipsync-d2-r4-gpu0011; lipsync $name --streams 192 --procs 16 --replicas 4 --gpus 0,0,1,1 --pipeline-depth 2
   fi
+  name=superres-stages; if wanted "${KEEP[@]}"; then
+    timeout 120 python3 bench/bench_superres_stages.py --device cuda --batch 128 --out "$OUT/$name.json" 2>&1 | tail -9
+  fi
   name=superres-d2-r1; superres $name --streams 32 --procs 4 --pipeline-depth 2
   name=superres-d2-r2-gpu00; superres $name --streams 64 --procs 8 --replicas 2 --gpus 0,0 --pipeline-depth 2
   ;;
