@@ -106,14 +106,18 @@ async def render(
                         yield window
 
     async def ordered_windows() -> AsyncIterator[common_pb2.MelWindow]:
-        """The windows in the order the encoders want them: interleaved across the clip's parts."""
-        if segments <= 1:
-            async for window in windows():
+        """The windows in the order the encoders want them: interleaved across the clip's parts.
+
+        A clip of one part (short, or `segments` 1) streams straight through; the parts are known
+        from the audio stage's first response, before its first window.
+        """
+        collected: list[common_pb2.MelWindow] = []
+        async for window in windows():
+            if len(progress.bounds) > 1:
+                collected.append(window)
+            else:
                 yield window
-            return
-        collected = [window async for window in windows()]
-        if len(progress.bounds) > 1:
-            collected.sort(key=lambda window: interleave_key(window.frame_index, progress.bounds))
+        collected.sort(key=lambda window: interleave_key(window.frame_index, progress.bounds))
         for window in collected:
             yield window
 
