@@ -50,16 +50,38 @@ def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float
     return float(np.median(samples))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_stage_args(p: argparse.ArgumentParser, unit: str, gpu_batch: int, cpu_batch: int) -> None:
+    """The flags both per-step benchmarks take."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=int, default=None, help="default 256 on GPU, 4 on CPU")
+    p.add_argument("--batch", type=int, default=None, help=f"{unit} per batch; default {gpu_batch} on GPU, {cpu_batch} on CPU")
     p.add_argument("--backend", default="auto", help="make_backend kind (auto, cpu, torch, compile)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", default=None)
+
+
+def device_and_batch(args: argparse.Namespace, gpu_batch: int, cpu_batch: int) -> tuple[torch.device, int]:
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    return device, args.batch or (gpu_batch if use_cuda else cpu_batch)
+
+
+def report(title: str, rows: dict[str, float], serial: float, batch: int, unit: str, out: str | None, **extra: object) -> None:
+    """Print the per-step table (ms per batch, `unit`/s if that step ran alone) and write --out JSON."""
+    print(title)
+    print(f"| step | ms per batch | {unit}/s if alone |")
+    print("|---|---:|---:|")
+    for k, v in rows.items():
+        print(f"| {k} | {v:.2f} | {batch / v * 1e3:,.0f} |")
+    print(f"| sum of the serial steps (one process, one GIL) | {serial:.2f} | {batch / serial * 1e3:,.0f} |")
+    if out:
+        Path(out).write_text(json.dumps({"batch": batch, **extra, "ms": rows, "serial_ms": serial}, indent=2))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_stage_args(p, "frames", 256, 4)
     args = p.parse_args(argv)
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
-    batch = args.batch or (256 if device.type == "cuda" else 4)
+    device, batch = device_and_batch(args, 256, 4)
 
     model = Wav2Lip()
     model.load_state_dict(seeded_state_dict(model))
@@ -98,15 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         mel_d, face_d = mel_t.to(device), face_t.to(device)
         rows["model only (forward_device, inputs already on GPU)"] = timed(
             lambda: backend.forward_device(mel_d, face_d), device, r)
-    print(f"batch {batch} on {device} ({backend.describe()}), median of {r}:")
-    print("| stage | ms per batch | frames/s if alone |")
-    print("|---|---:|---:|")
-    for k, v in rows.items():
-        print(f"| {k} | {v:.2f} | {batch / v * 1e3:,.0f} |")
-    print(f"| sum of the service's serial steps | {serial:.2f} | {batch / serial * 1e3:,.0f} |")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"batch": batch, "device": str(device), "backend": backend.describe(),
-                                              "ms": rows, "serial_ms": serial}, indent=2))
+    report(f"batch {batch} on {device} ({backend.describe()}), median of {r}:", rows, serial, batch, "frames", args.out,
+           device=str(device), backend=backend.describe())
     return 0
 
 

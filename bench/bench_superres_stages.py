@@ -18,7 +18,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ if __package__ in (None, ""):
 import numpy as np
 import torch
 
-from bench.bench_lipsync_stages import timed
+from bench.bench_lipsync_stages import add_stage_args, device_and_batch, report, timed
 from bench.bench_superres_grpc import parse_size
 from lipline.v1 import common_pb2, superres_pb2
 from services.common.backends import make_backend
@@ -43,15 +42,10 @@ ITEMS_PER_MESSAGE = 32  # what the gateway sends
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=int, default=None, help="crops per batch; default 128 on GPU, 8 on CPU")
+    add_stage_args(p, "crops", 128, 8)
     p.add_argument("--out-size", type=parse_size, default=(192, 192), help="WxH each crop comes back at")
-    p.add_argument("--backend", default="auto", help="make_backend kind (auto, cpu, torch, compile)")
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
-    batch = args.batch or (128 if device.type == "cuda" else 8)
+    device, batch = device_and_batch(args, 128, 8)
 
     torch.manual_seed(0)
     network = create_sr_model("realesr-general-x4v3")  # seeded random weights: speed does not depend on them
@@ -100,15 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     serial = sum(rows.values())
     rows["(inside engine.run) network alone, input on the device"] = timed(lambda: backend.forward_device(x), device, r)
-    print(f"batch {batch} of 96x96 -> {args.out_size[0]}x{args.out_size[1]} on {device} ({backend.describe()}), median of {r}:")
-    print("| step | ms per batch | crops/s if alone |")
-    print("|---|---:|---:|")
-    for k, v in rows.items():
-        print(f"| {k} | {v:.2f} | {batch / v * 1e3:,.0f} |")
-    print(f"| sum of the serial steps (one process, one GIL) | {serial:.2f} | {batch / serial * 1e3:,.0f} |")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"batch": batch, "device": str(device), "backend": backend.describe(),
-                                              "out_size": list(args.out_size), "ms": rows, "serial_ms": serial}, indent=2))
+    report(f"batch {batch} of 96x96 -> {args.out_size[0]}x{args.out_size[1]} on {device} ({backend.describe()}), median of {r}:",
+           rows, serial, batch, "crops", args.out, device=str(device), backend=backend.describe(), out_size=list(args.out_size))
     return 0
 
 
