@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+from collections.abc import Iterator
 
 import torch
 
@@ -35,9 +37,46 @@ def resolve_pipeline_depth(depth: int, device: torch.device) -> int:
     return 2 if device.type == "cuda" else 1
 
 
-def on_stream(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
-    """`torch.cuda.stream(stream)`, or no change of stream for None (the CPU, or overlap off)."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+class BatchStreams:
+    """The CUDA streams with which a model stage overlaps consecutive batches (pipeline_depth > 1).
+
+    Each batch thread does its uploads, pre/post-processing and copy back on its own I/O stream
+    (`io()`), and the model runs on one compute stream under a lock (`compute()`), because CUDA
+    graphs reuse their static buffers: batch k+1's transfers and host work overlap batch k's
+    compute. Disabled (overlap off, or the CPU), everything runs on the current stream and
+    `compute()` is only the lock.
+    """
+
+    def __init__(self, device: torch.device, overlap: bool) -> None:
+        self.device = device
+        self.enabled = bool(overlap) and device.type == "cuda"
+        self._compute = torch.cuda.Stream(device) if self.enabled else None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def io(self) -> contextlib.AbstractContextManager:
+        """Run on this thread's I/O stream (made on first use); no change when disabled."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = torch.cuda.Stream(self.device)
+        return torch.cuda.stream(stream)
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """The model's turn: under the lock, on the compute stream after it has waited for the
+        caller's stream; on leaving, the caller's stream waits for the compute stream. A tensor made
+        inside and read by the caller afterwards should be `record_stream`-ed on the caller's stream."""
+        with self._lock:
+            if self._compute is None:
+                yield
+                return
+            caller = torch.cuda.current_stream(self.device)
+            self._compute.wait_stream(caller)
+            with torch.cuda.stream(self._compute):
+                yield
+            caller.wait_stream(self._compute)
 
 
 def cudnn_self_check(device: torch.device) -> tuple[bool, str]:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from services.common.backends import TorchBackend
-from services.common.device import on_stream
+from services.common.device import BatchStreams
 from services.common.errors import InvalidRequest, TooLarge
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 
@@ -148,10 +148,7 @@ class LipSyncEngine:
         self.backend = backend
         self.device = backend.device
         self._pin = self.device.type == "cuda"
-        self._overlap = overlap and self.device.type == "cuda"
-        self._compute = torch.cuda.Stream(self.device) if self._overlap else None
-        self._compute_lock = threading.Lock()
-        self._local = threading.local()
+        self.streams = BatchStreams(self.device, overlap)
 
     def new_bank(self, max_crops: int) -> CropBank:
         return CropBank(self.device, max_crops)
@@ -165,8 +162,7 @@ class LipSyncEngine:
         model itself runs on one compute stream under a lock (CUDA graphs reuse static buffers), so
         batch k+1's transfers and host work overlap batch k's compute.
         """
-        io = self._io_stream()
-        with on_stream(io):
+        with self.streams.io():
             mels = np.concatenate([c.mels for c in chunks])
             mel_t = torch.from_numpy(mels)
             if self._pin:
@@ -174,25 +170,14 @@ class LipSyncEngine:
             mel_t = mel_t.to(self.device, non_blocking=True).to(torch.float32).unsqueeze(1)
             faces = torch.cat([c.bank.tensor()[torch.from_numpy(c.rows).to(self.device)] for c in chunks])
             x = model_inputs_torch(faces)  # prep.model_inputs' maths, on the device
-            with self._compute_lock, on_stream(self._compute):
-                if io is not None:
-                    self._compute.wait_stream(io)
+            with self.streams.compute():
                 pred = self.backend.forward_device(mel_t, x)
                 # upstream: (p * 255).astype(uint8) -> truncation toward zero; clamp keeps it from
                 # wrapping. Done on the compute stream, before the next replay reuses `pred`'s buffer.
                 out = (pred.float() * 255.0).clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-                if io is not None:
-                    io.wait_stream(self._compute)
+            if self.streams.enabled:
+                out.record_stream(torch.cuda.current_stream(self.device))  # made there, read here
             return self._split_resized(out, chunks)
-
-    def _io_stream(self) -> torch.cuda.Stream | None:
-        """This thread's CUDA stream for uploads, pre/post-processing and the copy back (None: current)."""
-        if not self._overlap:
-            return None
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = self._local.stream = torch.cuda.Stream(self.device)
-        return stream
 
     def _split_resized(self, out: torch.Tensor, chunks: list[GenerateChunk]) -> list[ChunkFaces]:
         """Resize each face to its paste size on the device (grouped by size), then one copy to host."""

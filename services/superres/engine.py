@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from services.common.backends import TorchBackend
-from services.common.device import on_stream
+from services.common.device import BatchStreams
 from services.common.resize import lanczos4_resize, round_like_opencv
 from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple
 
@@ -157,11 +157,8 @@ class SuperResEngine:
         if self.resize not in ("torch", "cv2") or (self.resize == "cv2" and self.device.type != "cpu"):
             raise ValueError(f"resize must be 'torch', or 'cv2' on the CPU; got {resize!r} on {self.device}")
         self._pin = self.device.type == "cuda"
-        self._overlap = bool(overlap) and self.device.type == "cuda"
-        self._compute = torch.cuda.Stream(self.device) if self._overlap else None
-        self._compute_lock = threading.Lock()  # one network call at a time (CUDA graphs' static buffers)
+        self.streams = BatchStreams(self.device, overlap)
         self._lock = threading.Lock()  # without overlap: one batch at a time
-        self._local = threading.local()
 
     @torch.inference_mode()
     def run(self, chunks: list[UpscaleChunk]) -> list[ChunkImages]:
@@ -170,18 +167,11 @@ class SuperResEngine:
         Thread-safe. With `overlap` (CUDA) several batches are in here at once, each on its thread's
         I/O stream, the network serialised on the compute stream; otherwise one batch at a time.
         """
-        if self._overlap:
-            with on_stream(self._io_stream()):
+        if self.streams.enabled:
+            with self.streams.io():
                 return self._run(chunks)
         with self._lock:
             return self._run(chunks)
-
-    def _io_stream(self) -> torch.cuda.Stream:
-        """This thread's CUDA stream for uploads, pre/post-processing, resize and the copy back."""
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = self._local.stream = torch.cuda.Stream(self.device)
-        return stream
 
     def _run(self, chunks: list[UpscaleChunk]) -> list[ChunkImages]:
         sizes: list[Size] = [size for chunk in chunks for size in chunk.sizes]
@@ -257,18 +247,14 @@ class SuperResEngine:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         net = self.backend.forward_device if self.backend is not None else self.model
-        io = torch.cuda.current_stream(self.device) if self._overlap else None
-        with self._compute_lock, on_stream(self._compute):
-            if io is not None:
-                self._compute.wait_stream(io)  # type: ignore[union-attr]
+        with self.streams.compute():
             y = net(x)[:, :, : h * s, : w * s]  # type: ignore[misc]
             # process.from_model_output in float32: clamp, *255, round half to even, RGB->BGR. These
             # are the exact uint8 values the CPU path hands to cv2, still as floats for the resize.
             # On the compute stream: `y` may be a CUDA graph's output, reused by the next replay.
             img = y.float().clamp(0, 1).mul_(255.0).round_().flip(1)
-            if io is not None:
-                io.wait_stream(self._compute)  # type: ignore[arg-type]
-                img.record_stream(io)  # made on the compute stream, read on this one: no early reuse
+        if self.streams.enabled:
+            img.record_stream(torch.cuda.current_stream(self.device))  # made there, read here: no early reuse
         return self._resize_split(img, sizes)
 
     def _resize_split(self, img: torch.Tensor, sizes: list[Size]) -> list[tuple[list[int], torch.Tensor]]:

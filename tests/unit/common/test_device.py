@@ -1,11 +1,11 @@
-"""services.common.device: the pipeline depth's auto default and the optional-stream context."""
+"""services.common.device: the pipeline depth's auto default and the streams that overlap batches."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from services.common.device import on_stream, resolve_pipeline_depth
+from services.common.device import BatchStreams, resolve_pipeline_depth
 
 
 def test_auto_pipeline_depth_is_two_on_cuda_and_one_on_the_cpu() -> None:
@@ -17,14 +17,51 @@ def test_auto_pipeline_depth_is_two_on_cuda_and_one_on_the_cpu() -> None:
         resolve_pipeline_depth(-1, torch.device("cpu"))
 
 
-def test_on_stream_without_a_stream_changes_nothing() -> None:
-    with on_stream(None):
-        assert torch.ones(2).sum().item() == 2
+def test_batch_streams_are_off_on_the_cpu_and_compute_is_serialised() -> None:
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    streams = BatchStreams(torch.device("cpu"), overlap=True)
+    assert not streams.enabled
+    inside, most = 0, 0
+    guard = threading.Lock()
+
+    def model_turn(_: int) -> None:
+        nonlocal inside, most
+        with streams.io(), streams.compute():
+            with guard:
+                inside += 1
+                most = max(most, inside)
+            time.sleep(0.01)
+            with guard:
+                inside -= 1
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(model_turn, range(8)))
+    assert most == 1  # one model call at a time, whatever the callers' threads
 
 
 @pytest.mark.gpu
-def test_on_stream_switches_the_current_stream() -> None:
-    stream = torch.cuda.Stream()
-    with on_stream(stream):
-        assert torch.cuda.current_stream() == stream
-    assert torch.cuda.current_stream() != stream
+def test_batch_streams_give_each_thread_its_io_stream_and_one_compute_stream() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import threading
+
+    streams = BatchStreams(torch.device("cuda"), overlap=True)
+    default = torch.cuda.current_stream()
+    both = threading.Barrier(2)  # two threads for sure
+
+    def seen(_: int) -> tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]:
+        both.wait()
+        with streams.io():
+            io = torch.cuda.current_stream()
+            with streams.compute():
+                compute = torch.cuda.current_stream()
+            return io, compute, torch.cuda.current_stream()
+
+    with ThreadPoolExecutor(2) as pool:
+        (io_a, compute_a, back_a), (io_b, compute_b, back_b) = pool.map(seen, range(2))
+    assert io_a != io_b and default not in (io_a, io_b)  # one I/O stream per thread
+    assert compute_a == compute_b not in (io_a, io_b)  # one compute stream
+    assert (back_a, back_b) == (io_a, io_b)  # back on the thread's own stream afterwards

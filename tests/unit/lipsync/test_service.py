@@ -40,7 +40,7 @@ def test_pipeline_depth_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, 
         await svc.load()
         try:
             assert svc.batcher.concurrency == concurrency
-            assert not svc.engine._overlap
+            assert not svc.engine.streams.enabled
         finally:
             await svc.close()
 

@@ -236,7 +236,7 @@ def test_concurrent_runs_match_serial_cpu(resize: str) -> None:
 
 def test_overlap_is_off_on_the_cpu() -> None:
     engine = SuperResEngine(ModelUpscaler(_srvgg(), scale=4), overlap=True)
-    assert not engine._overlap and engine._compute is None
+    assert not engine.streams.enabled
 
 
 @pytest.mark.gpu

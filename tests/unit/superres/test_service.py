@@ -78,7 +78,7 @@ def test_load_on_cpu_resolves_auto_depth_and_passes_the_compile_cache_dir(monkey
         await loaded.service.load()
         try:
             assert loaded.service.batcher.concurrency == 1  # pipeline_depth 0 (auto) is 1 on the CPU
-            assert not loaded.service.engine._overlap
+            assert not loaded.service.engine.streams.enabled
         finally:
             await loaded.service.close()
 
