@@ -342,11 +342,6 @@ class Mp4Writer:
             self.abort()
             raise
 
-    @property
-    def frames(self) -> int:
-        """Frames written so far."""
-        return self._frames
-
     def write(self, frame_bgr: np.ndarray) -> None:
         """Encodes one (height, width, 3) uint8 BGR frame."""
         expected = (self._video.height, self._video.width, 3)
