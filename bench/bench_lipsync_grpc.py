@@ -177,6 +177,14 @@ class Stats:
         self.model_info: common_pb2.ModelInfo | None = None
         self.errors: list[str] = []
 
+    def received(self, sent_at: float, items: int, response: object) -> None:
+        """Record one response: its latency (from when its request was yielded), item count and model."""
+        now = time.perf_counter()
+        self.latencies.append((now, now - sent_at))
+        self.arrivals.append((now, items))
+        if response.HasField("model") and self.model_info is None:  # type: ignore[attr-defined]
+            self.model_info = response.model  # type: ignore[attr-defined]
+
 
 async def run_stream(stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: argparse.Namespace,
                      stop_at: float, stats: Stats) -> None:
@@ -204,12 +212,8 @@ async def run_stream(stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: 
     try:
         call = stub.Generate(requests())
         async for response in call:
-            now = time.perf_counter()
             window.release()
-            stats.latencies.append((now, now - sent.popleft()))
-            stats.arrivals.append((now, len(response.faces.frame_indices)))
-            if response.HasField("model") and stats.model_info is None:
-                stats.model_info = response.model
+            stats.received(sent.popleft(), len(response.faces.frame_indices), response)
     except grpc.aio.AioRpcError as exc:
         stats.errors.append(f"stream {sid}: {exc.code().name}: {exc.details()}")
 
@@ -354,6 +358,24 @@ def report_errors_and_write(result: dict, args: argparse.Namespace, tail: str, u
 
 
 
+def print_result_table(args: argparse.Namespace, result: dict, unit: str, extra: dict[str, str] | None = None) -> None:
+    """The one-row markdown table both gRPC benchmarks print; `extra` adds stage-specific columns."""
+    m = result["model"] or {}
+    extra = extra or {}
+    cells = {
+        "device": args.device, "replicas": args.replicas, "model": m.get("name", "?"), "backend": m.get("backend", "?"),
+        "precision": m.get("precision", "?"), "max batch": args.max_batch,
+        "streams x items": f"{args.streams} x {args.items} (window {args.window})", **extra,
+        f"{unit}/s": f"{result[f'{unit}_per_s']:,.1f}", "p50 ms": f"{result['latency_p50_ms']:.1f}",
+        "p99 ms": f"{result['latency_p99_ms']:.1f}", "est. batch": f"{result['est_batch_mean']:.1f}",
+        "start-up s": f"{result['startup_s']:.1f}",
+    }
+    numeric = {"replicas", "max batch", f"{unit}/s", "p50 ms", "p99 ms", "est. batch", "start-up s"}
+    print("| " + " | ".join(cells) + " |")
+    print("|" + "|".join("---:" if k in numeric else "---" for k in cells) + "|")
+    print("| " + " | ".join(str(v) for v in cells.values()) + " |")
+
+
 def add_load_args(p: argparse.ArgumentParser, stage: str) -> None:
     """The load and output flags both gRPC benchmarks share (the stage-specific ones stay in each)."""
     p.add_argument("--procs", type=int, default=1, help="client processes the streams are spread over")
@@ -400,17 +422,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_seeded_checkpoint(Path(args.checkpoint))
         result, tail = serve_and_load(args, workdir, "lipsync", lipsync_flags(args),
                                       lipsync_pb2_grpc.LipSyncServiceStub, run_stream, "frames")
-    startup_s = result["startup_s"]
 
     result.update(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   args={k: v for k, v in vars(args).items() if k != "checkpoint"},
                   checkpoint="seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural"))
-    m = result["model"] or {}
-    print("| device | replicas | model | backend | precision | max batch | streams x items | frames/s | p50 ms | p99 ms | est. batch | start-up s |")
-    print("|---|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|")
-    print(f"| {args.device} | {args.replicas} | {m.get('name', '?')} | {m.get('backend', '?')} | {m.get('precision', '?')} | {args.max_batch} | "
-          f"{args.streams} x {args.items} (window {args.window}) | {result['frames_per_s']:,.1f} | "
-          f"{result['latency_p50_ms']:.1f} | {result['latency_p99_ms']:.1f} | {result['est_batch_mean']:.1f} | {startup_s:.1f} |")
+    print_result_table(args, result, "frames")
     return report_errors_and_write(result, args, tail, "frames")
 
 

@@ -48,7 +48,7 @@ import grpc
 import numpy as np
 
 from bench.bench_lipsync_grpc import (
-    Stats, add_load_args, check_service_imports, report_errors_and_write, serve_and_load, serving_flags,
+    Stats, add_load_args, check_service_imports, print_result_table, report_errors_and_write, serve_and_load, serving_flags,
 )
 from lipline.v1 import superres_pb2, superres_pb2_grpc
 from services.common.codec import image_to_proto
@@ -104,12 +104,8 @@ async def run_stream(stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args
     try:
         call = stub.Upscale(requests())
         async for response in call:
-            now = time.perf_counter()
             window.release()
-            stats.latencies.append((now, now - sent.popleft()))
-            stats.arrivals.append((now, len(response.items)))
-            if response.HasField("model") and stats.model_info is None:
-                stats.model_info = response.model
+            stats.received(sent.popleft(), len(response.items), response)
             if not checked:  # the first response: all items back, at the size asked for
                 checked = True
                 got = {(it.image.width, it.image.height) for it in response.items}
@@ -164,20 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_seeded_checkpoint(Path(args.checkpoint), args.model)
         result, tail = serve_and_load(args, workdir, "superres", superres_flags(args),
                                       superres_pb2_grpc.SuperResServiceStub, run_stream, "crops")
-    startup_s = result["startup_s"]
 
     result.update(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   args={k: v for k, v in vars(args).items() if k != "checkpoint"},
                   checkpoint="lanczos" if args.lanczos else ("seeded" if seeded else args.checkpoint))
-    m = result["model"] or {}
     out_w, out_h = args.out_size
-    size = f"{out_w}x{out_h}" if out_w else "native"
-    print("| device | replicas | model | backend | precision | max batch | streams x items | out size | crops/s "
-          "| p50 ms | p99 ms | est. batch | start-up s |")
-    print("|---|---:|---|---|---|---:|---|---|---:|---:|---:|---:|---:|")
-    print(f"| {args.device} | {args.replicas} | {m.get('name', '?')} | {m.get('backend', '?')} | {m.get('precision', '?')} | "
-          f"{args.max_batch} | {args.streams} x {args.items} (window {args.window}) | {size} | {result['crops_per_s']:,.1f} | "
-          f"{result['latency_p50_ms']:.1f} | {result['latency_p99_ms']:.1f} | {result['est_batch_mean']:.1f} | {startup_s:.1f} |")
+    print_result_table(args, result, "crops", {"out size": f"{out_w}x{out_h}" if out_w else "native"})
     return report_errors_and_write(result, args, tail, "crops")
 
 
