@@ -91,11 +91,16 @@ WAV2LIP_ROWS = [
     Config("fp16 + BN folded + CUDA graph", "fp16", channels_last=True, fold_bn=True, cuda_graphs=True, gpu_only=True),
     Config("bf16 + BN folded + CUDA graph", "bf16", channels_last=True, fold_bn=True, cuda_graphs=True, gpu_only=True),
     Config("torch.compile max-autotune (fp16, folded)", "fp16", channels_last=True, fold_bn=True, compile=True),
+    Config("torch.compile max-autotune + CUDA graph", "fp16", channels_last=True, fold_bn=True, compile=True,
+           cuda_graphs=True, gpu_only=True),
 ]
 SR_ROWS = [
     Config("fp32", "fp32"),
     Config("fp16", "fp16"),
     Config("fp16 channels_last + CUDA graph", "fp16", channels_last=True, cuda_graphs=True, gpu_only=True),
+    Config("torch.compile max-autotune (fp16)", "fp16", channels_last=True, compile=True),
+    Config("torch.compile max-autotune + CUDA graph", "fp16", channels_last=True, compile=True, cuda_graphs=True,
+           gpu_only=True),
 ]
 
 
@@ -193,7 +198,7 @@ def make_row_backend(cfg: Config, model: nn.Module, device: torch.device, batche
                   batch_buckets=tuple(batches))
     if cfg.compile:
         return make_backend("compile", copy.deepcopy(model), device, cache_dir=args.cache_dir,
-                            compile_mode=args.compile_mode, **common)
+                            compile_mode=args.compile_mode, cuda_graphs=cfg.cuda_graphs, **common)
     return make_backend("torch", copy.deepcopy(model), device, cuda_graphs=cfg.cuda_graphs, **common)
 
 

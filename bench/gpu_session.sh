@@ -2,7 +2,8 @@
 # The GPU measurements of one lent-H200 session (device time is scarce), in two calls because the
 # wheels the device lacks do not fit one 64 MiB carry (bench/README.md, "On the lent H200"):
 #   bash bench/gpu_session.sh services   carry .whl   : installs .whl into .devsite, GPU unit tests,
-#                                                     lipsync + superres services through gRPC
+#                                                     bare SRVGG rows, lipsync + superres through gRPC
+#   bash bench/gpu_session.sh compile    (after services): --backend compile, cold then warm replicas
 #   bash bench/gpu_session.sh e2e        carry .whlcv : adds OpenCV 4 (Haar) to .devsite, 60 s 720p e2e
 # `e2e` reuses the .devsite of a `services` call on the same warm machine. Results: JSON + logs in $OUT.
 # Extra arguments after the phase are passed on (`services`: run names to keep; `e2e`: bench_e2e flags).
@@ -41,13 +42,17 @@ case $phase in
 services)  # the default backend (auto: fp16 + folded BN + CUDA graphs), batches overlapped (depth 2)
   KEEP=("$@")
   name=tests; if wanted "${KEEP[@]}"; then
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/superres/test_engine.py tests/unit/lipsync/test_engine.py tests/unit/common/test_backends.py tests/unit/common/test_resize.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/superres/test_engine.py tests/unit/lipsync/test_engine.py tests/unit/common/test_backends.py tests/unit/common/test_resize.py tests/unit/common/test_device.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
   fi
   name=lipsync-d2-r1; lipsync $name --streams 64 --procs 8 --pipeline-depth 2
   name=lipsync-d2-r2-gpu00; lipsync $name --streams 96 --procs 12 --replicas 2 --gpus 0,0 --pipeline-depth 2
   if [ "$gpus" -ge 2 ]; then
     name=lipsync-d2-r2-gpu01; lipsync $name --streams 128 --procs 12 --replicas 2 --gpus 0,1 --pipeline-depth 2
     name=lipsync-d2-r4-gpu0011; lipsync $name --streams 192 --procs 16 --replicas 4 --gpus 0,0,1,1 --pipeline-depth 2
+  fi
+  name=models-srvgg; if wanted "${KEEP[@]}"; then  # the bare network, compile rows included (one compile)
+    timeout 300 python3 bench/bench_models.py --device cuda --models srvgg --sr-batch 128 --compile --no-e2e \
+      --cache-dir "$CACHE" --out "$OUT/$name.json" 2>&1 | grep -E '^\|' | tail -8
   fi
   name=superres-stages; if wanted "${KEEP[@]}"; then
     timeout 120 python3 bench/bench_superres_stages.py --device cuda --batch 128 --out "$OUT/$name.json" 2>&1 | tail -9
@@ -57,6 +62,7 @@ services)  # the default backend (auto: fp16 + folded BN + CUDA graphs), batches
   ;;
 compile)  # --backend compile: a cold compile that fills $CACHE, then replicas that start from it
   KEEP=("$@")
+  export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # a cold compile: nothing from earlier calls on this machine
   name=lipsync-compile-cold; T=400 lipsync $name --backend compile --batch-buckets 256 --compile-cache-dir "$CACHE" \
     --streams 64 --procs 8 --pipeline-depth 2
   export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # only our artifacts, not Inductor's local cache
@@ -64,12 +70,14 @@ compile)  # --backend compile: a cold compile that fills $CACHE, then replicas t
     --streams 128 --procs 12 --replicas 2 --gpus 0,0 --pipeline-depth 2
   name=lipsync-compile-warm-r3-gpu000; T=200 lipsync $name --backend compile --batch-buckets 256 --compile-cache-dir "$CACHE" \
     --streams 144 --procs 12 --replicas 3 --gpus 0,0,0 --pipeline-depth 2
-  unset TORCHINDUCTOR_CACHE_DIR
+  export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
   name=superres-compile-cold; T=400 superres $name --backend compile --batch-buckets 128 --compile-cache-dir "$CACHE" \
     --streams 32 --procs 4 --pipeline-depth 2
   export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
   name=superres-compile-warm-r2-gpu00; T=200 superres $name --backend compile --batch-buckets 128 --compile-cache-dir "$CACHE" \
     --streams 64 --procs 8 --replicas 2 --gpus 0,0 --pipeline-depth 2
+  name=superres-compile-warm-r3-gpu000; T=200 superres $name --backend compile --batch-buckets 128 --compile-cache-dir "$CACHE" \
+    --streams 96 --procs 12 --replicas 3 --gpus 0,0,0 --pipeline-depth 2
   ls -la "$CACHE" | tee "$OUT/compile-cache.txt"
   ;;
 e2e)  # needs OpenCV 4 (Haar) for CreateAvatar: carry .whlcv; reuses .whl from a `services` call

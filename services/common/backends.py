@@ -48,6 +48,7 @@ __all__ = [
     "CompiledBackend",
     "TensorRTBackend",
     "TorchBackend",
+    "compile_mode_allows_graphs",
     "default_buckets",
     "make_backend",
     "numerics_check",
@@ -338,12 +339,20 @@ def compile_cache_key(module: nn.Module, device: torch.device, precision: str, b
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+def compile_mode_allows_graphs(mode: str) -> bool:
+    """True for torch.compile modes without Inductor's own CUDA graphs (which must not be nested in ours)."""
+    return mode in ("default", "max-autotune-no-cudagraphs")
+
+
 class CompiledBackend(TorchBackend):
     """`TorchBackend` whose forward is `torch.compile(module, mode=...)` with static (bucketed) shapes.
 
     mode "max-autotune-no-cudagraphs" (default) benchmarks Triton/cuBLAS/cuDNN choices per shape;
     "reduce-overhead"/"max-autotune" also let Inductor use its own CUDA graphs (our cuda_graphs
-    option is then ignored: the two must not nest). The compiler's cache artifacts (Inductor/AOT
+    option is then ignored: the two must not nest). With a mode without Inductor graphs, our
+    `cuda_graphs` option captures the compiled forward per bucket like the eager backend does: the
+    compiled code is plain kernel launches, and a graph removes their per-launch host cost, which
+    matters for models of many small layers (SRVGG: 66 kernels per batch). The compiler's cache artifacts (Inductor/AOT
     caches, autotuning results) are loaded from `<cache_dir>/<key>.bin` before the first compile and
     saved there after `warmup`, so a restarted pod with the same model/torch/GPU skips most of the
     compile. Compilation happens lazily on the first call per bucket: call `warmup` at start-up.
@@ -354,9 +363,9 @@ class CompiledBackend(TorchBackend):
     def __init__(self, module: nn.Module, device: torch.device | str, precision: str | None = None, *,
                  mode: str = "max-autotune-no-cudagraphs", cache_dir: str | os.PathLike | None = None,
                  **options: object) -> None:
-        if options.get("cuda_graphs"):
-            _LOGGER.info("compile backend: cuda_graphs option ignored (use mode='reduce-overhead' instead)")
-        options["cuda_graphs"] = False
+        if options.get("cuda_graphs") and not compile_mode_allows_graphs(mode):
+            _LOGGER.info("compile backend: cuda_graphs option ignored (mode %r brings Inductor's own graphs)", mode)
+            options["cuda_graphs"] = False
         super().__init__(module, device, precision, **options)  # type: ignore[arg-type]
         self.name = self.kind
         self.mode = mode
@@ -619,7 +628,8 @@ def make_backend(
     """Build the backend `kind` ("auto", "cpu", "torch", "compile", "tensorrt") for `module`.
 
     Options left as None take the kind's defaults: `torch` = fp16 + channels_last eager on CUDA
-    (fp32 on CPU); `auto` on CUDA = `torch` + fold_bn + cuda_graphs. Buckets default (where graphs
+    (fp32 on CPU); `auto` on CUDA = `torch` + fold_bn + cuda_graphs; `compile` on CUDA = fold_bn,
+    plus our cuda_graphs when the mode has none of Inductor's own. Buckets default (where graphs
     or compilation need them) to `default_buckets(max_batch)`. Call `.warmup(...)` afterwards.
     """
     device = torch.device(device)
@@ -632,8 +642,10 @@ def make_backend(
             cuda_graphs = True if cuda_graphs is None else cuda_graphs
         else:
             kind = "cpu"
-    if kind == "compile" and device.type == "cuda" and fold_bn is None:
-        fold_bn = True  # folded BN gives Inductor plain convolutions to fuse
+    if kind == "compile" and device.type == "cuda":
+        fold_bn = True if fold_bn is None else fold_bn  # folded BN gives Inductor plain convolutions to fuse
+        if cuda_graphs is None:
+            cuda_graphs = compile_mode_allows_graphs(compile_mode)
     buckets = batch_buckets
     if buckets is None and (kind in ("compile", "tensorrt") or (cuda_graphs and device.type == "cuda")):
         buckets = default_buckets(max_batch)
@@ -645,7 +657,8 @@ def make_backend(
     if kind == "torch":
         return TorchBackend(module, device, precision, cuda_graphs=bool(cuda_graphs), **common)
     if kind == "compile":
-        return CompiledBackend(module, device, precision, mode=compile_mode, cache_dir=cache_dir, **common)
+        return CompiledBackend(module, device, precision, mode=compile_mode, cache_dir=cache_dir,
+                               cuda_graphs=bool(cuda_graphs), **common)
     # tensorrt
     if importlib.util.find_spec("tensorrt") is None:
         raise RuntimeError(

@@ -18,6 +18,7 @@ from services.common.backends import (
     DEFAULT_BUCKETS,
     CompiledBackend,
     TorchBackend,
+    compile_mode_allows_graphs,
     default_buckets,
     export_onnx,
     make_backend,
@@ -325,6 +326,27 @@ def test_bf16_graphs_on_gpu(wav2lip: Wav2Lip) -> None:
                            cuda_graphs=True, batch_buckets=(2,))
     backend.warmup(_wav2lip_inputs)
     numerics_check(backend, wav2lip, _wav2lip_inputs(2), bound=2e-2)
+
+
+@pytest.mark.gpu
+def test_compile_backend_captures_its_compiled_forward_in_cuda_graphs(tiny: _Tiny, tmp_path: Path) -> None:
+    backend = make_backend("compile", copy.deepcopy(tiny), "cuda", batch_buckets=(2, 4), cache_dir=tmp_path,
+                           compile_mode="default")
+    assert backend.cuda_graphs and backend.fold_bn
+    backend.warmup(_tiny_inputs)
+    assert sorted(backend._graphs) == [2, 4] and not backend._graphs_failed
+    eager = make_backend("torch", copy.deepcopy(tiny), "cuda", fold_bn=True, batch_buckets=(2, 4))
+    for n in (3, 1, 4):  # replays with fewer rows than the bucket stay right
+        assert relative_error(backend(*_tiny_inputs(n)), eager(*_tiny_inputs(n))) < 1e-2
+    numerics_check(backend, tiny, _tiny_inputs(3), bound=1e-2)
+
+
+def test_compile_modes_with_inductor_graphs_turn_ours_off(tiny: _Tiny) -> None:
+    assert compile_mode_allows_graphs("max-autotune-no-cudagraphs") and compile_mode_allows_graphs("default")
+    assert not compile_mode_allows_graphs("reduce-overhead") and not compile_mode_allows_graphs("max-autotune")
+    backend = CompiledBackend(copy.deepcopy(tiny), "cpu", "fp32", mode="reduce-overhead", cuda_graphs=True,
+                              batch_buckets=(4,))
+    assert backend.cuda_graphs is False
 
 
 @pytest.mark.tensorrt
