@@ -42,14 +42,15 @@ def _assert_same_chunks(got: list[ChunkImages], want: list[ChunkImages], exact: 
     Why not always exact on CUDA: cuBLAS (the Lanczos matrix products) and cuDNN promise bit-wise
     reproducible results only while a single stream is active; with concurrent streams they may pick
     other kernels, whose float rounding can move a pixel across a .5 boundary (measured on an H200:
-    at most 2 levels apart, fp16 network; a race on a shared buffer would differ everywhere).
+    at most 2 levels apart on up to 1.2% of the pixels, fp16 network; a race on a shared buffer would
+    put other crops' pixels, many levels off, into whole images).
     """
     assert [(c.widths, c.heights) for c in got] == [(c.widths, c.heights) for c in want]
     for g, w in zip(got, want):
         if exact:
             assert g.data == w.data
         else:
-            _assert_close(g.arrays(), w.arrays(), max_diff=2, max_changed=0.01)
+            _assert_close(g.arrays(), w.arrays(), max_diff=2, max_changed=0.05)
 
 
 def _two_chunks() -> tuple[list[np.ndarray], list[tuple[int, int]], list[np.ndarray], list[tuple[int, int]]]:
