@@ -42,7 +42,7 @@ case $phase in
 services)  # the default backend (auto: fp16 + folded BN + CUDA graphs), batches overlapped (depth 2)
   KEEP=("$@")
   name=tests; if wanted "${KEEP[@]}"; then
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/superres/test_engine.py tests/unit/lipsync/test_engine.py tests/unit/common/test_backends.py tests/unit/common/test_resize.py tests/unit/common/test_device.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit 2>&1 | tail -25 | tee "$OUT/tests.txt"
   fi
   name=lipsync-d2-r1; lipsync $name --streams 64 --procs 8 --pipeline-depth 2
   name=lipsync-d2-r2-gpu00; lipsync $name --streams 96 --procs 12 --replicas 2 --gpus 0,0 --pipeline-depth 2
@@ -78,6 +78,8 @@ compile)  # --backend compile: a cold compile that fills $CACHE, then replicas t
     --streams 64 --procs 8 --replicas 2 --gpus 0,0 --pipeline-depth 2
   name=superres-compile-warm-r3-gpu000; T=200 superres $name --backend compile --batch-buckets 128 --compile-cache-dir "$CACHE" \
     --streams 96 --procs 12 --replicas 3 --gpus 0,0,0 --pipeline-depth 2
+  name=superres-auto-warm-r2-gpu00; T=200 superres $name --backend auto --batch-buckets 128 --compile-cache-dir "$CACHE" \
+    --streams 64 --procs 8 --replicas 2 --gpus 0,0 --pipeline-depth 2  # auto finds the warm cache: compile
   ls -la "$CACHE" | tee "$OUT/compile-cache.txt"
   ;;
 e2e)  # needs OpenCV 4 (Haar) for CreateAvatar: carry .whlcv; reuses .whl from a `services` call

@@ -9,7 +9,8 @@ Every backend has `name`, `precision`, `device`, `warmup(example_inputs_fn)` and
 * `compile`  - `torch.compile` (max-autotune by default) over the same options, with the compiler's
                cache artifacts persisted per model/torch/GPU/precision/buckets key.
 * `tensorrt` - an ONNX -> TensorRT engine (only where the `tensorrt` package is importable).
-* `auto`     - CUDA: `torch` with fp16 + fold_bn + CUDA graphs; CPU: `cpu`.
+* `auto`     - CUDA: `compile` when its cache artifacts for this model and options are on disk
+               (a warm start), else `torch` with fp16 + fold_bn + CUDA graphs; CPU: `cpu`.
 
 Batch buckets: with `batch_buckets=(8, 32, 128)` a batch of n is padded with zero rows up to the
 smallest bucket >= n (batches larger than the largest bucket are split into chunks), so the model
@@ -48,6 +49,8 @@ __all__ = [
     "CompiledBackend",
     "TensorRTBackend",
     "TorchBackend",
+    "auto_kind",
+    "compile_cache_path",
     "compile_mode_allows_graphs",
     "default_buckets",
     "make_backend",
@@ -73,6 +76,14 @@ def default_buckets(max_batch: int | None = None) -> tuple[int, ...]:
     if not max_batch:
         return DEFAULT_BUCKETS
     return tuple(b for b in DEFAULT_BUCKETS if b < max_batch) + (int(max_batch),)
+
+
+def _default_precision(device: torch.device, precision: str | None) -> str:
+    return precision or ("fp16" if device.type == "cuda" else "fp32")
+
+
+def _default_channels_last(device: torch.device, channels_last: bool | None) -> bool:
+    return device.type == "cuda" if channels_last is None else bool(channels_last)
 
 
 def _normalise_buckets(buckets: Sequence[int] | None) -> tuple[int, ...]:
@@ -152,12 +163,12 @@ class TorchBackend:
     ) -> None:
         device = torch.device(device)
         self.device = device
-        self.precision = precision or ("fp16" if device.type == "cuda" else "fp32")
+        self.precision = _default_precision(device, precision)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {sorted(PRECISIONS)}")
         self.dtype = PRECISIONS[self.precision]
         self.name = "cpu" if device.type == "cpu" else self.kind
-        self.channels_last = device.type == "cuda" if channels_last is None else bool(channels_last)
+        self.channels_last = _default_channels_last(device, channels_last)
         self.fold_bn = bool(fold_bn)
         self.batch_buckets = _normalise_buckets(batch_buckets)
         if cuda_graphs and device.type != "cuda":
@@ -339,6 +350,22 @@ def compile_cache_key(module: nn.Module, device: torch.device, precision: str, b
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+def compile_cache_path(module: nn.Module, device: torch.device | str, cache_dir: str | os.PathLike, *,
+                       precision: str | None = None, batch_buckets: Sequence[int] | None = None,
+                       channels_last: bool | None = None, fold_bn: bool = False,
+                       mode: str = "max-autotune-no-cudagraphs") -> Path:
+    """Where `CompiledBackend` keeps (and looks for) the cache artifacts of `module` with these options.
+
+    The key hashes the module as given (before folding or casting) with every option that changes
+    the compiled code, so `auto` can ask "is there a warm cache?" without building anything.
+    """
+    device = torch.device(device)
+    buckets = _normalise_buckets(batch_buckets) or DEFAULT_BUCKETS
+    extra = f"mode={mode} channels_last={_default_channels_last(device, channels_last)} fold_bn={bool(fold_bn)}"
+    key = compile_cache_key(module, device, _default_precision(device, precision), buckets, extra=extra)
+    return Path(cache_dir) / f"{key}.bin"
+
+
 def compile_mode_allows_graphs(mode: str) -> bool:
     """True for torch.compile modes without Inductor's own CUDA graphs (which must not be nested in ours)."""
     return mode in ("default", "max-autotune-no-cudagraphs")
@@ -366,14 +393,19 @@ class CompiledBackend(TorchBackend):
         if options.get("cuda_graphs") and not compile_mode_allows_graphs(mode):
             _LOGGER.info("compile backend: cuda_graphs option ignored (mode %r brings Inductor's own graphs)", mode)
             options["cuda_graphs"] = False
+        # Keyed on the module as given: TorchBackend folds, casts and moves it next.
+        path = compile_cache_path(
+            module, device, cache_dir or ".", precision=precision, mode=mode,
+            batch_buckets=options.get("batch_buckets"), channels_last=options.get("channels_last"),  # type: ignore[arg-type]
+            fold_bn=bool(options.get("fold_bn")),
+        )
         super().__init__(module, device, precision, **options)  # type: ignore[arg-type]
         self.name = self.kind
         self.mode = mode
         if not self.batch_buckets:
             self.batch_buckets = DEFAULT_BUCKETS
-        self.cache_key = compile_cache_key(self.module, self.device, self.precision, self.batch_buckets,
-                                           extra=f"mode={mode} channels_last={self.channels_last}")
-        self.cache_path = Path(cache_dir) / f"{self.cache_key}.bin" if cache_dir else None
+        self.cache_key = path.stem
+        self.cache_path = path if cache_dir else None
         self.cache_loaded = self._load_cache()
         self.compile_seconds: float | None = None
         self._compiled = torch.compile(self.module, mode=mode, dynamic=False)
@@ -611,6 +643,18 @@ def numerics_check(backend: TorchBackend, reference: nn.Module, inputs: Sequence
     return err
 
 
+def auto_kind(device: torch.device, *, warm_compile_cache: bool) -> str:
+    """What `auto` runs: `compile` where its artifacts are already cached (the fastest backend, at a
+    warm start of seconds), else `torch` fp16 + CUDA graphs on CUDA (a cold compile takes minutes,
+    which a pod must not spend by surprise), `cpu` elsewhere. Measured on an H200: SRVGG 13,443 vs
+    6,424 crops/s, Wav2Lip 35,415 vs 22,336 frames/s (docs/performance.md)."""
+    if device.type != "cuda":
+        return "cpu"
+    if warm_compile_cache and importlib.util.find_spec("triton") is not None:
+        return "compile"
+    return "torch"
+
+
 def make_backend(
     kind: str,
     module: nn.Module,
@@ -628,8 +672,9 @@ def make_backend(
     """Build the backend `kind` ("auto", "cpu", "torch", "compile", "tensorrt") for `module`.
 
     Options left as None take the kind's defaults: `torch` = fp16 + channels_last eager on CUDA
-    (fp32 on CPU); `auto` on CUDA = `torch` + fold_bn + cuda_graphs; `compile` on CUDA = fold_bn,
-    plus our cuda_graphs when the mode has none of Inductor's own. Buckets default (where graphs
+    (fp32 on CPU); `compile` on CUDA = fold_bn, plus our cuda_graphs when the mode has none of
+    Inductor's own; `auto` on CUDA = `compile` if `cache_dir` holds its artifacts for exactly these
+    options (`auto_kind`), else `torch` + fold_bn + cuda_graphs. Buckets default (where graphs
     or compilation need them) to `default_buckets(max_batch)`. Call `.warmup(...)` afterwards.
     """
     device = torch.device(device)
@@ -637,11 +682,17 @@ def make_backend(
         raise ValueError(f"backend {kind!r} is not one of {list(BACKEND_KINDS)}")
     if kind == "auto":
         if device.type == "cuda":
-            kind = "torch"
             fold_bn = True if fold_bn is None else fold_bn
-            cuda_graphs = True if cuda_graphs is None else cuda_graphs
+            warm = cache_dir is not None and compile_cache_path(
+                module, device, cache_dir, precision=precision, channels_last=channels_last, fold_bn=fold_bn,
+                mode=compile_mode, batch_buckets=batch_buckets or default_buckets(max_batch),
+            ).is_file()
+            kind = auto_kind(device, warm_compile_cache=warm)
+            if kind == "torch":
+                cuda_graphs = True if cuda_graphs is None else cuda_graphs
         else:
             kind = "cpu"
+        _LOGGER.info("backend auto -> %s", kind, extra={"backend": kind, "device": str(device)})
     if kind == "compile" and device.type == "cuda":
         fold_bn = True if fold_bn is None else fold_bn  # folded BN gives Inductor plain convolutions to fuse
         if cuda_graphs is None:

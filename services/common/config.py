@@ -79,13 +79,15 @@ class ModelStageSettings(ServiceSettings):
         "overlap the previous one's compute: +36% frames/s for lipsync on an H200), 1 on the CPU",
     )
     backend: str = _field(
-        "auto", "model backend: auto (CUDA: torch fp16 + folded BN + CUDA graphs; CPU: cpu), cpu, torch, compile, tensorrt"
+        "auto", "model backend: auto (CUDA: compile if compile_cache_dir holds this model's artifacts, else torch "
+        "fp16 + folded BN + CUDA graphs; CPU: cpu), cpu, torch, compile, tensorrt",
     )
     batch_buckets: tuple[int, ...] = _field(
         (), "batch sizes a model batch is padded up to (static shapes for CUDA graphs/compile); empty = default up to max_batch"
     )
     compile_cache_dir: str = _field(
-        "var/compile-cache", "backend=compile: where compiled-kernel caches are kept (a volume, so new pods start warm)"
+        "var/compile-cache", "compiled-kernel caches, keyed by model/torch/GPU/options (a shared volume: the first backend=compile "
+        "pod fills it, later pods start warm and backend=auto then uses it)"
     )
     max_rel_error: float = _field(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
 

@@ -7,6 +7,7 @@ the same code the GPU runs); the GPU-only checks are marked `gpu` and skipped wi
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from services.common.backends import (
     DEFAULT_BUCKETS,
     CompiledBackend,
     TorchBackend,
+    auto_kind,
+    compile_cache_path,
     compile_mode_allows_graphs,
     default_buckets,
     export_onnx,
@@ -275,6 +278,21 @@ def test_compile_cache_key_depends_on_weights_precision_and_buckets(tiny: _Tiny,
     assert base != key(other, precision="fp32", batch_buckets=(4, 8))
 
 
+def test_compile_cache_path_is_known_before_building_the_backend(tiny: _Tiny, tmp_path: Path) -> None:
+    opts = dict(precision="fp32", batch_buckets=(4,), fold_bn=True)
+    path = compile_cache_path(tiny, "cpu", tmp_path, mode="default", **opts)  # type: ignore[arg-type]
+    backend = CompiledBackend(copy.deepcopy(tiny), "cpu", mode="default", cache_dir=tmp_path, **opts)  # type: ignore[arg-type]
+    assert backend.cache_path == path
+    assert path != compile_cache_path(tiny, "cpu", tmp_path, mode="default", precision="fp32", batch_buckets=(4,))
+
+
+def test_auto_compiles_only_where_a_warm_cache_exists() -> None:
+    assert auto_kind(torch.device("cpu"), warm_compile_cache=True) == "cpu"
+    assert auto_kind(torch.device("cuda"), warm_compile_cache=False) == "torch"
+    expected = "compile" if importlib.util.find_spec("triton") is not None else "torch"
+    assert auto_kind(torch.device("cuda"), warm_compile_cache=True) == expected
+
+
 def test_compile_backend_survives_a_corrupt_cache_file(tiny: _Tiny, tmp_path: Path) -> None:
     backend = CompiledBackend(copy.deepcopy(tiny), "cpu", "fp32", cache_dir=tmp_path, batch_buckets=(4,))
     assert backend.cache_path is not None and backend.cache_loaded is False
@@ -339,6 +357,19 @@ def test_compile_backend_captures_its_compiled_forward_in_cuda_graphs(tiny: _Tin
     for n in (3, 1, 4):  # replays with fewer rows than the bucket stay right
         assert relative_error(backend(*_tiny_inputs(n)), eager(*_tiny_inputs(n))) < 1e-2
     numerics_check(backend, tiny, _tiny_inputs(3), bound=1e-2)
+
+
+@pytest.mark.gpu
+def test_auto_picks_compile_once_its_cache_is_warm(tiny: _Tiny, tmp_path: Path) -> None:
+    opts = dict(batch_buckets=(2,), cache_dir=tmp_path, compile_mode="default")
+    cold = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)  # type: ignore[arg-type]
+    assert cold.kind == "torch" and cold.cuda_graphs
+    filled = make_backend("compile", copy.deepcopy(tiny), "cuda", **opts)  # type: ignore[arg-type]
+    filled.warmup(_tiny_inputs)
+    warm = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)  # type: ignore[arg-type]
+    assert isinstance(warm, CompiledBackend) and warm.cache_loaded and warm.cuda_graphs
+    warm.warmup(_tiny_inputs)
+    numerics_check(warm, tiny, _tiny_inputs(2), bound=1e-2)
 
 
 def test_compile_modes_with_inductor_graphs_turn_ours_off(tiny: _Tiny) -> None:
