@@ -50,3 +50,6 @@ fi
 
 # 3. gRPC stubs, generated from protos/ (regenerated when a .proto is newer than its stub).
 "$VENV/bin/python" scripts/gen_protos.py
+
+# 4. Tools the chart tests run for real: Helm (a pinned, checksummed official build; see the script).
+"$VENV/bin/python" scripts/install_helm.py "$VENV/bin/helm"

@@ -52,6 +52,9 @@ class LiplineClient:
         assert job is not None
         return job
 
+    def delete_avatar(self, avatar_id: str) -> None:
+        self.stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar_id), timeout=self.timeout)
+
     def download(self, job_id: str, path: Path) -> int:
         tmp = path.with_name(path.name + ".part")
         size = 0
@@ -61,6 +64,24 @@ class LiplineClient:
                 size += len(chunk.data)
         tmp.replace(path)
         return size
+
+
+def render_file(client: LiplineClient, avatar: Path, audio: Path, output: Path, *, super_resolution: bool = True,
+                write: Callable[[str], None] = print) -> tuple[gateway_pb2.Avatar, gateway_pb2.Job]:
+    """Register `avatar`, render `audio` onto it and download the MP4 to `output` (when the job succeeds).
+
+    The round trip the demo and the deployment's smoke test both make; progress goes to `write`.
+    Returns the avatar and the job's final state; the caller decides what a failure means.
+    """
+    registered = client.create_avatar(avatar.read_bytes(), name=avatar.name)
+    write(f"avatar {registered.id}: {registered.width}x{registered.height}, {registered.frame_count} frame(s), "
+          f"face found in {registered.faces_found}")
+    job = client.submit(registered.id, audio.read_bytes(), super_resolution=super_resolution)
+    write(f"job {job.id}: {job.audio_seconds:.2f} s of audio")
+    job = client.wait(job.id, progress_printer(write))
+    if job.state == gateway_pb2.JOB_STATE_SUCCEEDED:
+        client.download(job.id, output)
+    return registered, job
 
 
 def progress_printer(write: Callable[[str], None], step: float = 0.1) -> Callable[[gateway_pb2.Job], None]:

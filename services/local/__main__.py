@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from lipline.v1 import gateway_pb2
-from services.gateway.client import LiplineClient, progress_printer
+from services.gateway.client import LiplineClient, render_file
 from services.gateway.media import probe_media
 from services.local.cluster import REPO_ROOT, LocalCluster
 
@@ -43,15 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     with LocalCluster(args.workdir, output_dir=args.workdir / "outputs", extra_args=extra) as cluster:
         print(f"all services SERVING after {time.perf_counter() - started:.1f} s; gateway at {cluster.gateway_address}")
         with LiplineClient(cluster.gateway_address) as client:
-            avatar = client.create_avatar(args.avatar.read_bytes(), name=args.avatar.name)
-            print(f"avatar {avatar.id}: {avatar.width}x{avatar.height}, {avatar.frame_count} frame(s), face found in {avatar.faces_found}")
-            job = client.submit(avatar.id, args.audio.read_bytes(), super_resolution=not args.no_super_resolution)
-            print(f"job {job.id}: {job.audio_seconds:.2f} s of audio")
-            job = client.wait(job.id, progress_printer(lambda line: print(line, flush=True)))
+            _, job = render_file(client, args.avatar, args.audio, args.output,
+                                 super_resolution=not args.no_super_resolution,
+                                 write=lambda line: print(line, flush=True))
             if job.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                 print(f"job failed: {job.error}", file=sys.stderr)
                 return 1
-            client.download(job.id, args.output)
     info = probe_media(args.output)
     models = ", ".join(f"{m.name} ({m.backend}, {m.precision})" for m in job.models)
     print(f"wrote {args.output}: {info['width']}x{info['height']} {info['video_codec']} + {info['audio_codec']}, "
