@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-unit test-integration protos bench bench-cpu clean
+.PHONY: help install demo test test-unit test-integration protos bench bench-cpu images chart clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -30,6 +30,20 @@ bench-cpu: install ## model micro-benchmarks on the CPU (small; GPU commands in 
 	$(PY) bench/bench_models.py --device cpu --batch 4 --seconds 1
 
 bench: bench-cpu ## alias of bench-cpu on machines without a GPU
+
+IMAGE_REGISTRY ?= ghcr.io/lipline
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' helm/lipline/Chart.yaml)
+CPU_BASE ?= python:3.11-slim-bookworm
+CPU_TORCH ?= https://download.pytorch.org/whl/cpu
+
+images: ## build the four images (needs a Docker engine): $(IMAGE_REGISTRY)/lipline-<service>:$(IMAGE_TAG)
+	for s in audio gateway; do docker build -f services/Dockerfile --build-arg SERVICE=$$s \
+	  --build-arg BASE_IMAGE=$(CPU_BASE) --build-arg TORCH_INDEX=$(CPU_TORCH) -t $(IMAGE_REGISTRY)/lipline-$$s:$(IMAGE_TAG) . || exit 1; done
+	for s in lipsync superres; do docker build -f services/Dockerfile --build-arg SERVICE=$$s \
+	  -t $(IMAGE_REGISTRY)/lipline-$$s:$(IMAGE_TAG) . || exit 1; done
+
+chart: install ## lint and render the Helm chart (what tests/helm checks, by hand)
+	.venv/bin/helm lint --strict helm/lipline && .venv/bin/helm template lipline helm/lipline > /dev/null
 
 clean: ## remove generated files and outputs (keeps .venv)
 	rm -rf lipline outputs var .pytest_cache
