@@ -43,7 +43,8 @@ class SuperResSettings(ModelStageSettings):
     checkpoint: str = _field("", "Real-ESRGAN .pth file; empty = the weight-free 'lanczos' fallback")
     max_batch: int = _field(64, "largest model batch")
     backend: str = _field(
-        "auto", "network backend: auto (CUDA: fp16 + CUDA graphs per batch bucket; CPU: cpu), cpu, torch, compile"
+        "auto", "network backend: auto (CUDA: compile if compile_cache_dir holds this network's artifacts, else fp16 + "
+        "CUDA graphs per batch bucket; CPU: cpu), cpu, torch, compile"
     )
 
 
