@@ -52,6 +52,9 @@ class LiplineClient:
         assert job is not None
         return job
 
+    def avatar_ids(self) -> set[str]:
+        return {a.id for a in self.stub.ListAvatars(gateway_pb2.ListAvatarsRequest(), timeout=self.timeout).avatars}
+
     def delete_avatar(self, avatar_id: str) -> None:
         self.stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar_id), timeout=self.timeout)
 

@@ -2,7 +2,7 @@
 
 The deployment's `helm test` runs this in a pod: it registers the bundled sample photo, renders the
 bundled speech onto it, downloads the MP4, checks that it holds H.264 video and AAC audio as long as
-the speech, and deletes the avatar again. Exit status 0 = the deployment works; 1 = it does not,
+the speech, and deletes the avatar again (unless it existed before). Exit status 0 = the deployment works; 1 = it does not,
 with the reason (a gRPC status code and message, or what was wrong with the video) on stderr.
 """
 
@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         output = Path(tmp) / "smoke.mp4"
         avatar = None
         try:
+            # Avatar ids are content-addressed: a user's avatar made from the same sample must survive.
+            existing = client.avatar_ids()
             avatar, job = render_file(client, args.avatar, args.audio, output,
                                       super_resolution=not args.no_super_resolution,
                                       write=lambda line: print(line, flush=True))
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"smoke: the gateway at {args.address} answered {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
         finally:
-            if avatar is not None:
+            if avatar is not None and avatar.id not in existing:
                 try:
                     client.delete_avatar(avatar.id)
                 except grpc.RpcError as exc:
