@@ -15,9 +15,11 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@"
 }
 
-# 1. Debian packages the project needs at run or test time (none yet beyond what Python wheels carry:
-#    PyAV ships FFmpeg with libx264 and AAC, opencv-python-headless ships its Haar cascades).
-APT_PACKAGES=(${LIPLINE_APT_PACKAGES:-})
+# 1. Debian packages the project needs at run or test time: the Prometheus server and promtool, which
+#    the tests run against the services and the chart's rules. (FFmpeg with libx264 and AAC comes with
+#    PyAV's wheel, the Haar cascades with opencv-python-headless.) The package's service is not
+#    started here; the tests start their own Prometheus on a free port.
+APT_PACKAGES=(${LIPLINE_APT_PACKAGES-prometheus})
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

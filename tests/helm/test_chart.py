@@ -287,3 +287,14 @@ def test_values_schema_is_generated_from_the_services_settings() -> None:
     assert (CHART / "values.schema.json").read_text() == gen_chart_schema.render(), (
         "values.schema.json is stale: run `python scripts/gen_chart_schema.py`"
     )
+
+
+def test_promtool_accepts_the_chart_rules() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("needs promtool (Debian package 'prometheus'; bash scripts/install.sh installs it)")
+    rules = CHART / "files" / "prometheus-rules.yaml"
+    result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    count = sum(len(group["rules"]) for group in yaml.safe_load(rules.read_text())["groups"])
+    assert f"SUCCESS: {count} rules found" in result.stdout
