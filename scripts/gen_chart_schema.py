@@ -92,6 +92,8 @@ def build() -> dict[str, Any]:
             "stages": {"type": "object", "additionalProperties": False, "required": list(settings),
                        "properties": {name: _stage_schema(cls, name == "gateway") for name, cls in settings.items()}},
             "autoscalingBehavior": OBJ,
+            "keda": {"type": "object", "additionalProperties": False, "properties": {
+                "enabled": {"type": "boolean"}, "prometheusAddress": {"type": "string", "pattern": "^https?://"}}},
             "podSecurityContext": OBJ, "securityContext": OBJ, "podAnnotations": OBJ, "podLabels": OBJ,
             "nodeSelector": OBJ, "tolerations": {"type": "array"}, "affinity": OBJ,
             "serviceAccount": {"type": "object", "additionalProperties": False, "properties": {

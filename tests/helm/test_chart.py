@@ -73,6 +73,7 @@ VARIANTS = {
         "monitoring.serviceMonitor.enabled=false", "monitoring.prometheusRule.enabled=false",
         "networkPolicy.enabled=false", "gpu.runtimeClassName=nvidia",
     ),
+    "KEDA": ("keda.enabled=true", "stages.superres.autoscaling.metric=queue", "stages.lipsync.autoscaling.minReplicas=2"),
     "queue-time autoscaling, gateway LoadBalancer": (
         "stages.lipsync.autoscaling.metric=queue", "stages.lipsync.autoscaling.target:=0.05",
         "stages.gateway.service.type=LoadBalancer", "stages.gateway.autoscaling.enabled=true",
@@ -98,7 +99,7 @@ def test_helm_lint_passes_strict() -> None:
 def test_every_builtin_manifest_matches_the_kubernetes_schema(rendered: list[dict[str, Any]]) -> None:
     checked = 0
     for doc in rendered:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        if doc["apiVersion"].startswith(("monitoring.coreos.com/", "keda.sh/")):
             continue  # CRDs: not in the core schemas, checked below
         try:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -216,12 +217,34 @@ def test_hpas_scale_gpu_stages_on_the_adapters_metrics(rendered: list[dict[str, 
         assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
 
 
+def _replica_floor(docs: list[dict[str, Any]], name: str) -> int:
+    """The fewest replicas a stage runs: its HPA's or ScaledObject's minimum, else its fixed count."""
+    if name in (hpas := by_kind(docs, "HorizontalPodAutoscaler")):
+        return hpas[name]["spec"]["minReplicas"]
+    if name in (scaled := by_kind(docs, "ScaledObject")):
+        return scaled[name]["spec"]["minReplicaCount"]
+    return by_kind(docs, "Deployment")[name]["spec"]["replicas"]
+
+
 def test_pdbs_never_pin_a_single_replica(rendered: list[dict[str, Any]]) -> None:
-    deployments = by_kind(rendered, "Deployment")
-    hpas = by_kind(rendered, "HorizontalPodAutoscaler")
     for name, pdb in by_kind(rendered, "PodDisruptionBudget").items():
-        floor = hpas[name]["spec"]["minReplicas"] if name in hpas else deployments[name]["spec"]["replicas"]
-        assert floor > pdb["spec"]["minAvailable"], name
+        assert _replica_floor(rendered, name) > pdb["spec"]["minAvailable"], name
+
+
+def test_keda_replaces_the_hpas_of_the_gpu_stages() -> None:
+    docs = render(*VARIANTS["KEDA"])
+    scaled = by_kind(docs, "ScaledObject")
+    hpas = by_kind(docs, "HorizontalPodAutoscaler")
+    assert set(scaled) == {"lip-lipline-lipsync", "lip-lipline-superres"}
+    assert set(hpas) == {"lip-lipline-audio"}  # CPU-scaled: a plain HPA, KEDA not needed
+    deployments = by_kind(docs, "Deployment")
+    for name, obj in scaled.items():
+        assert obj["spec"]["scaleTargetRef"]["name"] in deployments and "replicas" not in deployments[name]["spec"]
+        (trigger,) = obj["spec"]["triggers"]
+        assert trigger["type"] == "prometheus" and float(trigger["metadata"]["threshold"]) > 0
+        assert f'pod=~"{name}-.*"' in trigger["metadata"]["query"] and 'namespace="media"' in trigger["metadata"]["query"]
+    assert "lipline_stage_queue_seconds_sum" in scaled["lip-lipline-superres"]["spec"]["triggers"][0]["metadata"]["query"]
+    assert "PodDisruptionBudget" in {d["kind"] for d in docs}  # lipsync keeps 2 replicas: it gets a PDB
 
 
 def test_stages_accept_grpc_only_from_the_gateway(default_docs: list[dict[str, Any]]) -> None:

@@ -14,6 +14,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -31,6 +32,7 @@ from services.local.cluster import REPO_ROOT, LocalCluster
 RULES = REPO_ROOT / "helm" / "lipline" / "files" / "prometheus-rules.yaml"
 ADAPTER = REPO_ROOT / "helm" / "lipline" / "files" / "adapter-rules.yaml"
 NAMESPACE = "lipline-test"
+RELEASE = "lipline"  # the chart names its objects lipline-<stage> for this release name
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None,
@@ -51,6 +53,11 @@ class Prometheus:
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         return self.api("query", query=expr)["result"]
+
+
+def _pod(service: str) -> str:
+    """The pod name a Deployment of release RELEASE would give this service's replica."""
+    return f"{RELEASE}-{service}-7c9f5-x2x4q"
 
 
 def _free_port() -> int:
@@ -80,7 +87,7 @@ def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
         "scrape_configs": [{
             "job_name": "lipline",
             "static_configs": [
-                {"targets": [f"127.0.0.1:{p.metrics_port}"], "labels": {"namespace": NAMESPACE, "pod": name}}
+                {"targets": [f"127.0.0.1:{p.metrics_port}"], "labels": {"namespace": NAMESPACE, "pod": _pod(name)}}
                 for name, p in cluster.processes.items()
             ],
         }],
@@ -119,7 +126,7 @@ def test_prometheus_scrapes_every_service(prometheus: Prometheus, cluster: Local
         return targets if len(targets) == len(cluster.processes) and all(t["health"] == "up" for t in targets) else []
 
     targets = _eventually(all_up, what="every service's /metrics to be scraped")
-    assert {t["labels"]["pod"] for t in targets} == set(cluster.processes)
+    assert {t["labels"]["pod"] for t in targets} == {_pod(name) for name in cluster.processes}
 
 
 def test_a_job_shows_up_per_stage_and_in_the_chart_rules(
@@ -163,7 +170,7 @@ def _adapter_query(rule: dict[str, Any]) -> str:
     """The query prometheus-adapter sends for the HPA of the pods in NAMESPACE (its <<.X>> templating)."""
     series = rule["seriesQuery"].split("{")[0]
     return (rule["metricsQuery"].replace("<<.Series>>", series)
-            .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"lipsync|superres"')
+            .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{_pod("lipsync")}|{_pod("superres")}"')
             .replace("<<.GroupBy>>", "pod"))
 
 
@@ -175,9 +182,31 @@ def test_adapter_queries_give_one_value_per_pod(prometheus: Prometheus, client: 
 
     queue = _adapter_query(rules["lipline_stage_queue_mean_seconds"])
     rows = _eventually(lambda: prometheus.query(queue), what=f"a value of {queue}")
-    assert {r["metric"]["pod"] for r in rows} <= {"lipsync", "superres"} and rows
+    assert rows and {r["metric"]["pod"] for r in rows} <= {_pod("lipsync"), _pod("superres")}
     assert all(float(r["value"][1]) >= 0 for r in rows)
     # NVML exports GPU utilisation only where a GPU is: on the CPU the query is valid and empty.
     gpu_rows = prometheus.query(_adapter_query(rules["lipline_gpu_utilization_ratio"]))
     assert all(0 <= float(r["value"][1]) <= 1 for r in gpu_rows)
 
+
+def test_keda_trigger_queries_as_rendered_by_the_chart(prometheus: Prometheus, client: LiplineClient,
+                                                       avatar_bytes: bytes, speech_bytes: bytes) -> None:
+    helm = shutil.which("helm", path=str(Path(sys.executable).parent))
+    if helm is None:
+        pytest.skip("needs the helm binary (bash scripts/install.sh installs it into .venv/bin)")
+    rendered = subprocess.run(
+        [helm, "template", RELEASE, str(REPO_ROOT / "helm" / "lipline"), "--namespace", NAMESPACE,
+         "--set", "keda.enabled=true", "--set", "stages.superres.autoscaling.metric=queue"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout
+    triggers = {d["metadata"]["name"]: d["spec"]["triggers"][0]["metadata"]["query"]
+                for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ScaledObject"}
+    assert set(triggers) == {f"{RELEASE}-lipsync", f"{RELEASE}-superres"}
+    avatar = client.create_avatar(avatar_bytes)
+    client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
+    # superres scales on queue time, which the job above gives a value.
+    rows = _eventually(lambda: prometheus.query(triggers[f"{RELEASE}-superres"]), what="the superres KEDA query")
+    assert len(rows) == 1 and float(rows[0]["value"][1]) >= 0
+    # lipsync scales on GPU utilisation, which only exists on a GPU: valid, and empty here.
+    for row in prometheus.query(triggers[f"{RELEASE}-lipsync"]):
+        assert 0 <= float(row["value"][1]) <= 1

@@ -58,3 +58,20 @@ app.kubernetes.io/part-of: lipline
   value: {{ if kindIs "slice" $value }}{{ join "," $value | quote }}{{ else }}{{ toString $value | quote }}{{ end }}
 {{- end }}
 {{- end -}}
+
+{{/* True (non-empty) when KEDA, not a chart HPA, scales this stage: only GPU-metric or queue stages. */}}
+{{- define "lipline.kedaScales" -}}
+{{- $s := index .root.Values.stages .stage -}}
+{{- if and .root.Values.keda.enabled $s.autoscaling.enabled (ne $s.autoscaling.metric "cpu") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The per-stage PromQL of the autoscaling metric, averaged over the stage's pods (KEDA's trigger). */}}
+{{- define "lipline.scalingQuery" -}}
+{{- $s := index .root.Values.stages .stage -}}
+{{- $match := printf "namespace=\"%s\",pod=~\"%s-.*\"" .root.Release.Namespace (include "lipline.stageName" .) -}}
+{{- if eq $s.autoscaling.metric "gpu" -}}
+avg(avg_over_time(lipline_gpu_utilization_ratio{ {{- $match -}} }[1m]))
+{{- else -}}
+sum(rate(lipline_stage_queue_seconds_sum{ {{- $match -}} }[2m])) / clamp_min(sum(rate(lipline_stage_queue_seconds_count{ {{- $match -}} }[2m])), 1e-9)
+{{- end -}}
+{{- end -}}
