@@ -165,6 +165,8 @@ def test_gateway_dials_every_stage_through_its_headless_service(default_docs: li
         port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc")
         assert env[f"LIPLINE_{stage.upper()}_ADDRESS"] == f"dns:///lip-lipline-{stage}.media.svc:{port}"
     assert services["lip-lipline-gateway"]["spec"]["type"] == "ClusterIP"
+    # Jobs live in one gateway's memory: a reconnecting client must land on the same one.
+    assert services["lip-lipline-gateway"]["spec"]["sessionAffinity"] == "ClientIP"
 
 
 def _settings_classes() -> dict[str, type]:
