@@ -143,10 +143,10 @@ def test_a_job_shows_up_per_stage_and_in_the_chart_rules(
 
     _eventually(stages_with_items, what="items of the audio, lipsync and superres stages")
 
-    def recorded() -> set[str]:
-        return {r["metric"].get("stage", "") for r in prometheus.query("lipline:stage_items:rate1m")}
+    def recorded() -> bool:  # a new series needs two scrapes before rate() has a value: wait for both stages
+        return {"lipsync", "superres"} <= {r["metric"].get("stage", "") for r in prometheus.query("lipline:stage_items:rate1m")}
 
-    assert {"lipsync", "superres"} <= _eventually(recorded, what="the chart's recording rule lipline:stage_items:rate1m")
+    _eventually(recorded, what="the chart's recording rule lipline:stage_items:rate1m for lipsync and superres")
     jobs = prometheus.query(f'sum by (status) (lipline_jobs_total{{namespace="{NAMESPACE}"}})')
     assert any(r["metric"]["status"] == "succeeded" and float(r["value"][1]) >= 1 for r in jobs)
 
