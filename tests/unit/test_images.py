@@ -67,3 +67,12 @@ def test_make_images_builds_the_tags_the_chart_pulls() -> None:
                               text=True, check=True).stdout
     pulled = set(re.findall(r'image: "(\S+)"', rendered))
     assert pulled == built and len(built) == len(STAGES), (sorted(pulled), sorted(built))
+
+
+def test_chart_app_version_is_the_package_version() -> None:
+    """The chart pulls images tagged appVersion; `make images` tags them with it too."""
+    import tomllib
+
+    chart = yaml.safe_load((REPO / "helm" / "lipline" / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
