@@ -685,7 +685,8 @@ def make_backend(
             fold_bn = True if fold_bn is None else fold_bn
             warm = cache_dir is not None and compile_cache_path(
                 module, device, cache_dir, precision=precision, channels_last=channels_last, fold_bn=fold_bn,
-                mode=compile_mode, batch_buckets=batch_buckets or default_buckets(max_batch),
+                mode=compile_mode,
+                batch_buckets=batch_buckets if batch_buckets is not None else default_buckets(max_batch),
             ).is_file()
             kind = auto_kind(device, warm_compile_cache=warm)
             if kind == "torch":
