@@ -302,23 +302,16 @@ def test_chunks_fill_batches_by_rows_and_are_never_split() -> None:
 def test_concurrency_runs_batches_in_parallel() -> None:
     """With concurrency=2 the next batch starts while the previous one is still in the model."""
     import asyncio
-    import threading
-    import time
 
     from services.common.batcher import DynamicBatcher
     from services.common.metrics import Metrics
+    from tests.helpers.occupancy import Occupancy
 
-    active, peak, lock = 0, 0, threading.Lock()
+    occupancy = Occupancy()
 
     def run_batch(items: list[int]) -> list[int]:
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.2)
-        with lock:
-            active -= 1
-        return [i * 2 for i in items]
+        with occupancy.inside(0.2):
+            return [i * 2 for i in items]
 
     async def main(concurrency: int) -> list[int]:
         batcher = DynamicBatcher(run_batch, Metrics(f"c{concurrency}"), max_batch=2, max_delay_s=0.001, concurrency=concurrency)
@@ -328,6 +321,6 @@ def test_concurrency_runs_batches_in_parallel() -> None:
         finally:
             await batcher.close()
 
-    assert asyncio.run(main(1)) == [0, 2, 4, 6, 8, 10] and peak == 1
-    peak = 0
-    assert asyncio.run(main(2)) == [0, 2, 4, 6, 8, 10] and peak == 2
+    assert asyncio.run(main(1)) == [0, 2, 4, 6, 8, 10] and occupancy.peak == 1
+    occupancy.peak = 0
+    assert asyncio.run(main(2)) == [0, 2, 4, 6, 8, 10] and occupancy.peak == 2

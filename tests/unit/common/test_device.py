@@ -18,28 +18,21 @@ def test_auto_pipeline_depth_is_two_on_cuda_and_one_on_the_cpu() -> None:
 
 
 def test_batch_streams_are_off_on_the_cpu_and_compute_is_serialised() -> None:
-    import threading
-    import time
     from concurrent.futures import ThreadPoolExecutor
+
+    from tests.helpers.occupancy import Occupancy
 
     streams = BatchStreams(torch.device("cpu"), overlap=True)
     assert not streams.enabled
-    inside, most = 0, 0
-    guard = threading.Lock()
+    occupancy = Occupancy()
 
     def model_turn(_: int) -> None:
-        nonlocal inside, most
-        with streams.io(), streams.compute():
-            with guard:
-                inside += 1
-                most = max(most, inside)
-            time.sleep(0.01)
-            with guard:
-                inside -= 1
+        with streams.io(), streams.compute(), occupancy.inside(0.01):
+            pass
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(model_turn, range(8)))
-    assert most == 1  # one model call at a time, whatever the callers' threads
+    assert occupancy.peak == 1  # one model call at a time, whatever the callers' threads
 
 
 @pytest.mark.gpu
