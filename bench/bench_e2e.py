@@ -162,7 +162,9 @@ def write_seeded_srvgg(path: Path) -> None:
 
 
 def environment(device: str) -> dict:
-    info: dict = {"python": platform.python_version(), "machine": platform.machine(), "cpus": _cpus()}
+    from services.gateway.encoding import usable_cpus
+
+    info: dict = {"python": platform.python_version(), "machine": platform.machine(), "cpus": usable_cpus()}
     try:
         import torch
 
@@ -172,12 +174,6 @@ def environment(device: str) -> dict:
     except ImportError:
         pass
     return info
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
 
 
 def check_detector() -> None:

@@ -42,7 +42,7 @@ PROGRESS_EVERY = 25  # frames between progress reports
 Bounds = list[tuple[int, int]]  # [start, end) frame ranges of the parts, consecutive, covering the clip
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask, which a container's cpuset narrows), not the host's."""
     try:
         return len(os.sched_getaffinity(0))
@@ -148,7 +148,7 @@ class ClipEncoder:
         height, width = self._avatar.frames.shape[1:3]
         single = len(self._parts) == 1
         # Parallel parts split the cores; a single encoder lets x264 choose (1.5 threads per core).
-        threads = 0 if single else max(2, _usable_cpus() // len(self._parts))
+        threads = 0 if single else max(2, usable_cpus() // len(self._parts))
         audio, rate = self._audio if single else (None, self._audio[1])
 
         def open_writer(part: _Part) -> Mp4Writer:

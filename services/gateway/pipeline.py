@@ -46,7 +46,6 @@ class RenderResult:
     frames: int
     models: list[common_pb2.ModelInfo]
     first_frame_seconds: float  # render start to the first frame handed to the encoder
-    stage_seconds: dict[str, float]  # see render()
 
 
 @dataclasses.dataclass
@@ -77,7 +76,7 @@ async def render(
 ) -> RenderResult:
     """Render one job into `output`; raises grpc.aio.AioRpcError (from a stage) or a LiplineError.
 
-    `stage_seconds` (also returned in the result) is filled in as the render goes, on the event loop,
+    `stage_seconds` is filled in as the render goes, on the event loop,
     so a failed or cancelled job keeps what was measured: "audio", "lipsync", "superres" (each call's
     start to its last response), "composite" and "encode" (the threads' summed time),
     "first_frame" (render start to the first encoded frame) and, on success, "total" (render start
@@ -214,7 +213,7 @@ async def render(
         times["composite"], times["encode"] = clock.composite, clock.encode
         if clock.first_frame:
             times["first_frame"] = clock.first_frame
-    return RenderResult(progress.total_frames, progress.models, clock.first_frame, times)
+    return RenderResult(progress.total_frames, progress.models, clock.first_frame)
 
 
 def _reference_crop(avatar: Avatar, frame: int) -> lipsync_pb2.ReferenceCrop:

@@ -54,6 +54,18 @@ class GatewaySettings(ServiceSettings):
         "veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf"
     )
 
+    def validate(self) -> None:
+        super().validate()
+        problems = []
+        if self.encoder_segments < 1:
+            problems.append(f"encoder_segments must be >= 1, got {self.encoder_segments}")
+        if self.encoder_segment_min_s <= 0:
+            problems.append(f"encoder_segment_min_s must be > 0, got {self.encoder_segment_min_s}")
+        if self.x264_preset not in X264_PRESETS:
+            problems.append(f"x264_preset {self.x264_preset!r} is not one of {', '.join(X264_PRESETS)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 def _avatar_proto(avatar: Avatar) -> gateway_pb2.Avatar:
     created = Timestamp()
@@ -205,12 +217,6 @@ class GatewayService(Service[GatewaySettings]):
 
     async def load(self) -> None:
         s = self.settings
-        if s.encoder_segments < 1:
-            raise ValueError(f"--encoder-segments must be >= 1, got {s.encoder_segments}")
-        if s.encoder_segment_min_s <= 0:
-            raise ValueError(f"--encoder-segment-min-s must be > 0, got {s.encoder_segment_min_s}")
-        if s.x264_preset not in X264_PRESETS:
-            raise ValueError(f"--x264-preset {s.x264_preset!r} is not one of {', '.join(X264_PRESETS)}")
         self.clients = StageClients(s.audio_address, s.lipsync_address, s.superres_address, s.max_message_bytes)
         self._slots = asyncio.Semaphore(s.max_concurrent_jobs)
         deadline = time.monotonic() + s.stage_wait_s

@@ -52,6 +52,11 @@ class LocalCluster:
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
 
     @property
+    def outputs_dir(self) -> Path:
+        """Where the gateway writes finished MP4s."""
+        return self.output_dir or self.workdir / "outputs"
+
+    @property
     def gateway_address(self) -> str:
         return self.processes["gateway"].address
 
@@ -69,7 +74,7 @@ class LocalCluster:
                 for stage in STAGES
             ] + [
                 f"--data-dir={self.workdir / 'var'}",
-                f"--output-dir={self.output_dir or self.workdir / 'outputs'}",
+                f"--output-dir={self.outputs_dir}",
                 *self.extra_args.get("gateway", []),
             ]
             self._start("gateway", gateway_args)

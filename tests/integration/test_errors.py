@@ -6,7 +6,6 @@ still answer a real call, so a request that crashed or wedged a server fails the
 
 from __future__ import annotations
 
-import time
 
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,7 +29,7 @@ from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_it
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.helpers.audio_files import encode_tone
-from tests.integration.util import assert_all_serving
+from tests.integration.util import assert_all_serving, eventually
 
 MiB = 1 << 20
 DEFAULT_MAX_MESSAGE = 64 * MiB  # ServiceSettings.max_message_bytes
@@ -202,20 +201,20 @@ def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.
     stub = mclient.stub
     download = lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id))  # noqa: E731
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "SUCCEEDED")
-    deadline = time.monotonic() + 60
-    while (now := stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id))).frames_done < 50 and time.monotonic() < deadline:
-        time.sleep(0.05)  # cancel mid-render, with the part files open
+    def rendering() -> gateway_pb2.Job | None:  # cancel mid-render, with the part files open
+        now = stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id))
+        return now if now.frames_done >= 50 else None
+
+    now = eventually(rendering, timeout=60, what="50 frames of the job", every=0.05)
     assert now.state == gateway_pb2.JOB_STATE_RUNNING and now.frames_done < now.total_frames
     cancelled = stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=30)
     assert cancelled.state == gateway_pb2.JOB_STATE_CANCELLED
     assert cancelled.error_code == grpc.StatusCode.CANCELLED.value[0]
     assert mclient.wait(job.id).state == gateway_pb2.JOB_STATE_CANCELLED
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "CANCELLED")
-    outputs = cluster.output_dir or cluster.workdir / "outputs"
-    deadline = time.monotonic() + 10
-    while (left := [p.name for p in outputs.iterdir() if job.id in p.name]) and time.monotonic() < deadline:
-        time.sleep(0.1)  # the render task cleans up just after the job turns CANCELLED
-    assert left == []
+    # The render task cleans up just after the job turns CANCELLED.
+    eventually(lambda: not [p for p in cluster.outputs_dir.iterdir() if job.id in p.name], timeout=10,
+               what=f"the part files of job {job.id} to be removed")
 
 
 # --------------------------------------------------------------------------------------------------

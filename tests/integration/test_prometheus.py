@@ -28,6 +28,7 @@ import yaml
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
 from services.local.cluster import REPO_ROOT, LocalCluster
+from tests.integration.util import eventually
 
 RULES = REPO_ROOT / "helm" / "lipline" / "files" / "prometheus-rules.yaml"
 ADAPTER = REPO_ROOT / "helm" / "lipline" / "files" / "adapter-rules.yaml"
@@ -66,18 +67,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _eventually(check: Callable[[], Any], timeout: float = 40.0, what: str = "") -> Any:
-    """Polls `check` until it returns something truthy (scrapes and rule evaluations run every second)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
 def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     workdir = tmp_path_factory.mktemp("prometheus")
@@ -112,7 +101,7 @@ def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
             return False
 
     try:
-        _eventually(ready, 30, "prometheus to be ready")
+        eventually(ready, 30, "prometheus to be ready")
         yield prom
     finally:
         proc.terminate()
@@ -125,7 +114,7 @@ def test_prometheus_scrapes_every_service(prometheus: Prometheus, cluster: Local
         targets = prometheus.api("targets")["activeTargets"]
         return targets if len(targets) == len(cluster.processes) and all(t["health"] == "up" for t in targets) else []
 
-    targets = _eventually(all_up, what="every service's /metrics to be scraped")
+    targets = eventually(all_up, what="every service's /metrics to be scraped")
     assert {t["labels"]["pod"] for t in targets} == {_pod(name) for name in cluster.processes}
 
 
@@ -141,14 +130,14 @@ def test_a_job_shows_up_per_stage_and_in_the_chart_rules(
         found = {r["metric"]["stage"] for r in rows}
         return found if {"audio", "lipsync", "superres"} <= found else set()
 
-    _eventually(stages_with_items, what="items of the audio, lipsync and superres stages")
+    eventually(stages_with_items, what="items of the audio, lipsync and superres stages")
 
     def recorded() -> bool:  # a new series needs two scrapes before rate() has a value: wait for both stages
         return {"lipsync", "superres"} <= {r["metric"].get("stage", "") for r in prometheus.query("lipline:stage_items:rate1m")}
 
-    _eventually(recorded, what="the chart's recording rule lipline:stage_items:rate1m for lipsync and superres")
-    jobs = prometheus.query(f'sum by (status) (lipline_jobs_total{{namespace="{NAMESPACE}"}})')
-    assert any(r["metric"]["status"] == "succeeded" and float(r["value"][1]) >= 1 for r in jobs)
+    eventually(recorded, what="the chart's recording rule lipline:stage_items:rate1m for lipsync and superres")
+    succeeded = f'sum(lipline_jobs_total{{namespace="{NAMESPACE}",status="succeeded"}}) >= 1'
+    eventually(lambda: prometheus.query(succeeded), what="the gateway's count of succeeded jobs")
 
 
 def test_every_chart_rule_loads_and_evaluates_cleanly(prometheus: Prometheus) -> None:
@@ -158,7 +147,7 @@ def test_every_chart_rule_loads_and_evaluates_cleanly(prometheus: Prometheus) ->
         rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]
         return rules if len(rules) == len(expected) and all(r.get("lastEvaluation", "").startswith("20") for r in rules) else []
 
-    rules = _eventually(evaluated, what="every chart rule to be evaluated")
+    rules = eventually(evaluated, what="every chart rule to be evaluated")
     assert {r["name"] for r in rules} == expected
     bad = {r["name"]: r.get("lastError") for r in rules if r["health"] != "ok"}
     assert not bad, f"rules failing in Prometheus: {bad}"
@@ -181,7 +170,7 @@ def test_adapter_queries_give_one_value_per_pod(prometheus: Prometheus, client: 
     client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
 
     queue = _adapter_query(rules["lipline_stage_queue_mean_seconds"])
-    rows = _eventually(lambda: prometheus.query(queue), what=f"a value of {queue}")
+    rows = eventually(lambda: prometheus.query(queue), what=f"a value of {queue}")
     assert rows and {r["metric"]["pod"] for r in rows} <= {_pod("lipsync"), _pod("superres")}
     assert all(float(r["value"][1]) >= 0 for r in rows)
     # NVML exports GPU utilisation only where a GPU is: on the CPU the query is valid and empty.
@@ -205,7 +194,7 @@ def test_keda_trigger_queries_as_rendered_by_the_chart(prometheus: Prometheus, c
     avatar = client.create_avatar(avatar_bytes)
     client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
     # superres scales on queue time, which the job above gives a value.
-    rows = _eventually(lambda: prometheus.query(triggers[f"{RELEASE}-superres"]), what="the superres KEDA query")
+    rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-superres"]), what="the superres KEDA query")
     assert len(rows) == 1 and float(rows[0]["value"][1]) >= 0
     # lipsync scales on GPU utilisation, which only exists on a GPU: valid, and empty here.
     for row in prometheus.query(triggers[f"{RELEASE}-lipsync"]):

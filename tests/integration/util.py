@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 import wave
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -64,3 +66,15 @@ def assert_all_serving(cluster: LocalCluster) -> None:
         proc = cluster.processes[name]
         assert proc.process.poll() is None, f"{name} exited with {proc.process.returncode}:\n{proc.log()[-LOG_TAIL:]}"
         assert health_status(proc.address) == health_pb2.HealthCheckResponse.SERVING, name
+
+
+def eventually(check: Callable[[], Any], timeout: float = 40.0, what: str = "", every: float = 0.25) -> Any:
+    """Poll `check` until it returns something truthy and return that; fail the test after `timeout`."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+    return result

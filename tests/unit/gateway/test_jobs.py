@@ -154,12 +154,6 @@ def test_to_proto_stage_seconds() -> None:
     job.stage_seconds.update(times)
     msg = job.to_proto()
     assert dict(msg.stage_seconds) == pytest.approx(times)
-    # The map survives the wire (WatchJob and GetJob send serialized Jobs).
-    back = gateway_pb2.Job.FromString(msg.SerializeToString())
-    assert dict(back.stage_seconds) == pytest.approx(times)
-    # A snapshot: later measurements do not change a message already built.
-    job.stage_seconds["total"] = 99.0
-    assert msg.stage_seconds["total"] == 7.0
 
 
 def test_to_proto_failed_carries_the_error() -> None:
