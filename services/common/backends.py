@@ -133,7 +133,8 @@ class TorchBackend:
     """Runs an eval-mode module under inference_mode on one device.
 
     Args:
-        module: the model; moved and cast **in place** (fold_bn works on a copy and leaves it alone).
+        module: the model; the backend works on a copy, so the caller's module stays as it was (it is
+            the fp32 reference of the start-up numerics check).
         device: where to run.
         precision: "fp32", "fp16" or "bf16"; None = fp16 on CUDA, fp32 on CPU.
         channels_last: NHWC weights and inputs; None = on for CUDA, off for CPU.
@@ -179,8 +180,7 @@ class TorchBackend:
             _LOGGER.info("cuda_graphs without batch buckets: using %s", DEFAULT_BUCKETS)
         self.cuda_graphs = bool(cuda_graphs)
         self.graph_warmup_iters = graph_warmup_iters
-        if self.fold_bn:
-            module = fold_conv_bn(module)
+        module = fold_conv_bn(module) if self.fold_bn else copy.deepcopy(module)  # both copy
         module = module.eval().to(device=device, dtype=self.dtype)
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)
@@ -331,7 +331,8 @@ def _state_hash(module: nn.Module) -> str:
     for key, value in module.state_dict().items():
         t = value.detach().cpu().contiguous()
         h.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 
@@ -389,12 +390,13 @@ class CompiledBackend(TorchBackend):
 
     def __init__(self, module: nn.Module, device: torch.device | str, precision: str | None = None, *,
                  mode: str = "max-autotune-no-cudagraphs", cache_dir: str | os.PathLike | None = None,
-                 **options: object) -> None:
+                 cache_path: Path | None = None, **options: object) -> None:
         if options.get("cuda_graphs") and not compile_mode_allows_graphs(mode):
             _LOGGER.info("compile backend: cuda_graphs option ignored (mode %r brings Inductor's own graphs)", mode)
             options["cuda_graphs"] = False
-        # Keyed on the module as given: TorchBackend folds, casts and moves it next.
-        path = compile_cache_path(
+        # Keyed on the module as given: TorchBackend folds, casts and moves it next. `cache_path`: the
+        # same, already computed by the caller (make_backend's `auto`), to hash the weights only once.
+        path = cache_path or compile_cache_path(
             module, device, cache_dir or ".", precision=precision, mode=mode,
             batch_buckets=options.get("batch_buckets"), channels_last=options.get("channels_last"),  # type: ignore[arg-type]
             fold_bn=bool(options.get("fold_bn")),
@@ -405,7 +407,7 @@ class CompiledBackend(TorchBackend):
         if not self.batch_buckets:
             self.batch_buckets = DEFAULT_BUCKETS
         self.cache_key = path.stem
-        self.cache_path = path if cache_dir else None
+        self.cache_path = path if cache_dir or cache_path else None
         self.cache_loaded = self._load_cache()
         self.compile_seconds: float | None = None
         self._compiled = torch.compile(self.module, mode=mode, dynamic=False)
@@ -678,17 +680,19 @@ def make_backend(
     or compilation need them) to `default_buckets(max_batch)`. Call `.warmup(...)` afterwards.
     """
     device = torch.device(device)
+    known_cache: Path | None = None  # the compile cache file `auto` looked for
     if kind not in BACKEND_KINDS:
         raise ValueError(f"backend {kind!r} is not one of {list(BACKEND_KINDS)}")
     if kind == "auto":
         if device.type == "cuda":
             fold_bn = True if fold_bn is None else fold_bn
-            warm = cache_dir is not None and compile_cache_path(
-                module, device, cache_dir, precision=precision, channels_last=channels_last, fold_bn=fold_bn,
-                mode=compile_mode,
-                batch_buckets=batch_buckets if batch_buckets is not None else default_buckets(max_batch),
-            ).is_file()
-            kind = auto_kind(device, warm_compile_cache=warm)
+            if cache_dir is not None:
+                known_cache = compile_cache_path(
+                    module, device, cache_dir, precision=precision, channels_last=channels_last, fold_bn=fold_bn,
+                    mode=compile_mode,
+                    batch_buckets=batch_buckets if batch_buckets is not None else default_buckets(max_batch),
+                )
+            kind = auto_kind(device, warm_compile_cache=known_cache is not None and known_cache.is_file())
             if kind == "torch":
                 cuda_graphs = True if cuda_graphs is None else cuda_graphs
         else:
@@ -710,7 +714,7 @@ def make_backend(
         return TorchBackend(module, device, precision, cuda_graphs=bool(cuda_graphs), **common)
     if kind == "compile":
         return CompiledBackend(module, device, precision, mode=compile_mode, cache_dir=cache_dir,
-                               cuda_graphs=bool(cuda_graphs), **common)
+                               cache_path=known_cache, cuda_graphs=bool(cuda_graphs), **common)
     # tensorrt
     if importlib.util.find_spec("tensorrt") is None:
         raise RuntimeError(

@@ -73,11 +73,12 @@ def unpack_generate_items(items: lipsync_pb2.GenerateItems) -> tuple[np.ndarray,
     n = len(frames)
     if len(crops) != n:
         raise InvalidMedia(f"items: {n} frame indices but {len(crops)} crop indices")
-    if len(items.mels) != n * _MEL_BYTES:
+    raw = items.mels  # read a bytes field once: each read copies it out of the message
+    if len(raw) != n * _MEL_BYTES:
         raise InvalidMedia(
-            f"items: {n} items need {n * _MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(items.mels)}"
+            f"items: {n} items need {n * _MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(raw)}"
         )
-    mels = np.frombuffer(items.mels, dtype="<f2").reshape(n, MEL_BANDS, MEL_STEP)
+    mels = np.frombuffer(raw, dtype="<f2").reshape(n, MEL_BANDS, MEL_STEP)
     return frames, crops, mels
 
 
@@ -87,9 +88,10 @@ def unpack_faces(faces: lipsync_pb2.GeneratedFaces) -> list[tuple[int, np.ndarra
     if not len(faces.frame_indices) == len(sizes):
         raise InvalidMedia("generated faces: index and size lists differ in length")
     expected = sum(w * h * 3 for w, h in sizes)
-    if len(faces.data) != expected:
-        raise InvalidMedia(f"generated faces: sizes need {expected} bytes, got {len(faces.data)}")
-    data = np.frombuffer(faces.data, dtype=np.uint8)
+    raw = faces.data  # read once (see above)
+    if len(raw) != expected:
+        raise InvalidMedia(f"generated faces: sizes need {expected} bytes, got {len(raw)}")
+    data = np.frombuffer(raw, dtype=np.uint8)
     out, offset = [], 0
     for frame, (w, h) in zip(faces.frame_indices, sizes):
         out.append((frame, data[offset : offset + w * h * 3].reshape(h, w, 3)))

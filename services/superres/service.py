@@ -8,7 +8,6 @@ paste size and the uint8 conversion on the model's device and copies the bytes b
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -121,7 +120,7 @@ class SuperResService(Service[SuperResSettings]):
         # network itself through a Backend like every model stage (CUDA graphs per batch bucket).
         backend, reference = None, None
         if isinstance(self.upscaler, ModelUpscaler):
-            reference = copy.deepcopy(self.upscaler.model).float() if device.type == "cuda" else None
+            reference = self.upscaler.model if device.type == "cuda" else None  # backends work on copies
             backend = make_backend(
                 s.backend, self.upscaler.model, device, precision=precision if device.type == "cuda" else None,
                 batch_buckets=s.batch_buckets or None, max_batch=s.max_batch, cache_dir=s.compile_cache_dir,

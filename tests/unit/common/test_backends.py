@@ -406,3 +406,15 @@ def test_lipsync_service_import_chain_needs_no_av_or_librosa() -> None:
     root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_backends_leave_the_callers_module_alone(tiny: _Tiny) -> None:
+    """The caller's module is the fp32 reference of the numerics guard: no backend may cast it."""
+    model = copy.deepcopy(tiny)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for fold in (False, True):
+        make_backend("torch", model, "cpu", precision="bf16", fold_bn=fold, channels_last=True)
+    after = model.state_dict()
+    for key, value in before.items():
+        assert after[key].dtype == value.dtype and torch.equal(after[key], value), key
+        assert after[key].is_contiguous(), f"{key} was made channels_last"
