@@ -137,25 +137,6 @@ def build_speech(seconds: float, rate: int) -> bytes:
     return out.getvalue()
 
 
-def write_seeded_wav2lip(path: Path) -> None:
-    import torch
-
-    from services.common.checkpoints import seeded_state_dict
-    from services.lipsync.wav2lip import Wav2Lip
-
-    torch.save({"state_dict": seeded_state_dict(Wav2Lip())}, path)
-
-
-def write_seeded_srvgg(path: Path) -> None:
-    """realesr-general-x4v3's architecture with seeded weights, in Real-ESRGAN's file layout."""
-    import torch
-
-    from services.common.checkpoints import seeded_state_dict
-    from services.superres.models import SRVGGNetCompact
-
-    torch.save({"params": seeded_state_dict(SRVGGNetCompact(num_conv=32))}, path)
-
-
 # --------------------------------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------------------------------
@@ -193,14 +174,18 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
         lipsync.append(f"--checkpoint={args.checkpoint}")
     elif not args.procedural:
         path = workdir / "wav2lip-seeded.pth"
-        write_seeded_wav2lip(path)
+        from bench.bench_lipsync_grpc import write_seeded_checkpoint
+
+        write_seeded_checkpoint(path)
         lipsync.append(f"--checkpoint={path}")
     superres = [f"--device={args.device}", f"--log-level={args.log_level}", "--model=realesr-general-x4v3"]
     if args.sr_checkpoint:
         superres.append(f"--checkpoint={args.sr_checkpoint}")
     elif not args.no_sr_weights and args.super_resolution == "on":
         path = workdir / "realesr-general-x4v3-seeded.pth"
-        write_seeded_srvgg(path)
+        from bench.bench_superres_grpc import write_seeded_checkpoint as write_seeded_sr
+
+        write_seeded_sr(path, "realesr-general-x4v3")
         superres.append(f"--checkpoint={path}")
     return {
         "audio": [f"--log-level={args.log_level}", *shlex.split(args.audio_flags)],

@@ -125,9 +125,9 @@ def wav2lip_inputs(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build_srvgg() -> nn.Module:
-    from services.superres.models import SRVGGNetCompact
+    from services.superres.models import create_sr_model
 
-    model = SRVGGNetCompact(num_in_ch=3, num_out_ch=3, num_feat=64, num_conv=32, upscale=4, act_type="prelu")
+    model = create_sr_model("realesr-general-x4v3")
     state = seeded_state_dict(model)
     # PReLU slopes ~0.25 like the trained nets (seeded draws are ~N(0, 0.02)).
     state = {k: (v + 0.25 if ".weight" in k and v.dim() == 1 else v) for k, v in state.items()}

@@ -63,7 +63,6 @@ def write_seeded_checkpoint(path: Path, model_name: str) -> None:
     from services.common.checkpoints import seeded_state_dict
     from services.superres.models import create_sr_model
 
-    # realesr-general-x4v3 -> SRVGGNetCompact(num_conv=32, upscale=4), as bench_e2e.write_seeded_srvgg.
     torch.save({"params": seeded_state_dict(create_sr_model(model_name))}, path)
 
 
