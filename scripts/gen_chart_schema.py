@@ -20,8 +20,10 @@ CHART_MANAGED = {"host", "port", "port_file", "metrics_port", "device", "compile
                  "lipsync_address", "superres_address", "data_dir", "output_dir"}
 
 
-def _settings() -> dict[str, type]:
-    sys.path.insert(0, str(REPO))
+def settings_classes() -> dict[str, type]:
+    """Each stage's settings dataclass (what `stages.<stage>.config` may set)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     from services.audio.service import AudioSettings
     from services.gateway.service import GatewaySettings
     from services.lipsync.service import LipSyncSettings
@@ -30,8 +32,8 @@ def _settings() -> dict[str, type]:
     return {"audio": AudioSettings, "lipsync": LipSyncSettings, "superres": SuperResSettings, "gateway": GatewaySettings}
 
 
-def _config_schema(cls: type, exclude: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
-    names = sorted(f.name for f in dataclasses.fields(cls) if f.name not in CHART_MANAGED | exclude)
+def _config_schema(cls: type) -> dict[str, Any]:
+    names = sorted(f.name for f in dataclasses.fields(cls) if f.name not in CHART_MANAGED)
     return {"type": "object", "description": f"LIPLINE_* settings of {cls.__name__} (python -m services.<stage> --help)",
             "propertyNames": {"enum": names},
             "additionalProperties": {"type": ["string", "number", "boolean", "array"]}}
@@ -55,7 +57,8 @@ def _stage_schema(cls: type, gateway: bool) -> dict[str, Any]:
                                        "maxReplicas": {"type": "integer", "minimum": 1},
                                        "metric": {"enum": ["cpu", "gpu", "queue"]},
                                        "target": {"type": "number", "exclusiveMinimum": 0}}},
-        "pdb": {"type": ["object", "null"], "properties": {"minAvailable": {"type": ["integer", "string"]}}},
+        "pdb": {"type": ["object", "null"], "additionalProperties": False,
+                "properties": {"minAvailable": {"type": ["integer", "string"]}}},
         "startupSeconds": {"type": "integer", "minimum": 5},
     }
     if gateway:
@@ -67,12 +70,12 @@ def _stage_schema(cls: type, gateway: bool) -> dict[str, Any]:
 
 
 def build() -> dict[str, Any]:
-    settings = _settings()
+    settings = settings_classes()
     from services.common.config import ServiceSettings
 
     claim = {"type": "object", "additionalProperties": False,
              "properties": {"existingClaim": {"type": "string"}, "mountPath": {"type": "string"}}}
-    enabled = {"type": "object", "properties": {"enabled": {"type": "boolean"}}}
+    enabled = {"type": "object", "additionalProperties": False, "properties": {"enabled": {"type": "boolean"}}}
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "title": "lipline chart values",

@@ -23,6 +23,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.helpers.tools import helm_binary
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "lipline"
 KUBE_VERSION = "1.29.0"
@@ -30,17 +32,20 @@ GPU_STAGES = ("lipsync", "superres")
 STAGES = ("audio", "lipsync", "superres", "gateway")
 
 
-def _helm() -> str:
-    found = shutil.which("helm", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    if found is None:
-        pytest.skip("needs the helm binary (bash scripts/install.sh installs Helm v3.19.0 into .venv/bin)")
-    return found
+def _gen_chart_schema() -> Any:
+    """scripts/gen_chart_schema.py, which writes values.schema.json from the services' settings."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gen_chart_schema
+    finally:
+        sys.path.pop(0)
+    return gen_chart_schema
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HELM_CACHE_HOME": "/tmp/lipline-helm/cache", "HELM_CONFIG_HOME": "/tmp/lipline-helm/config",
            "HELM_DATA_HOME": "/tmp/lipline-helm/data"}
-    return subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60, check=check, env=env)
+    return subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=60, check=check, env=env)
 
 
 def render(*sets: str, release: str = "lip") -> list[dict[str, Any]]:
@@ -120,7 +125,8 @@ def test_the_validator_rejects_a_broken_manifest(default_docs: list[dict[str, An
 
 def test_values_schema_rejects_bad_values() -> None:
     for bad in ("stages.lipsync.autoscaling.metric=memory", "stages.lipsync.gpu=-1", "image.pullPolicy=Sometimes",
-                "stages.superres.port=70000", "stages.lipsync.config.no_such_setting=1"):
+                "stages.superres.port=70000", "stages.lipsync.config.no_such_setting=1",
+                "monitoring.serviceMonitor.enabeld=false", "stages.lipsync.pdb.minAvailabel=1"):
         result = helm("template", "x", str(CHART), "--set", bad, check=False)
         assert result.returncode != 0, f"--set {bad} was accepted"
         assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
@@ -170,12 +176,7 @@ def test_gateway_dials_every_stage_through_its_headless_service(default_docs: li
 
 
 def _settings_classes() -> dict[str, type]:
-    from services.audio.service import AudioSettings
-    from services.gateway.service import GatewaySettings
-    from services.lipsync.service import LipSyncSettings
-    from services.superres.service import SuperResSettings
-
-    return {"audio": AudioSettings, "lipsync": LipSyncSettings, "superres": SuperResSettings, "gateway": GatewaySettings}
+    return _gen_chart_schema().settings_classes()
 
 
 def test_every_lipline_variable_is_a_real_setting_of_its_service(rendered: list[dict[str, Any]]) -> None:
@@ -226,6 +227,13 @@ def _replica_floor(docs: list[dict[str, Any]], name: str) -> int:
     if name in (scaled := by_kind(docs, "ScaledObject")):
         return scaled[name]["spec"]["minReplicaCount"]
     return by_kind(docs, "Deployment")[name]["spec"]["replicas"]
+
+
+def test_gpu_stages_autoscale_on_a_pods_metric_by_default(default_docs: list[dict[str, Any]]) -> None:
+    hpas = by_kind(default_docs, "HorizontalPodAutoscaler")
+    for stage in GPU_STAGES:
+        (metric,) = hpas[f"lip-lipline-{stage}"]["spec"]["metrics"]
+        assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == "lipline_gpu_utilization_ratio"
 
 
 def test_pdbs_never_pin_a_single_replica(rendered: list[dict[str, Any]]) -> None:
@@ -304,12 +312,7 @@ def test_helm_test_hook_runs_the_smoke_check_against_the_gateway(default_docs: l
 
 
 def test_values_schema_is_generated_from_the_services_settings() -> None:
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import gen_chart_schema
-    finally:
-        sys.path.pop(0)
-    assert (CHART / "values.schema.json").read_text() == gen_chart_schema.render(), (
+    assert (CHART / "values.schema.json").read_text() == _gen_chart_schema().render(), (
         "values.schema.json is stale: run `python scripts/gen_chart_schema.py`"
     )
 

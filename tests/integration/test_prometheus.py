@@ -14,12 +14,9 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +26,7 @@ import yaml
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
 from services.local.cluster import REPO_ROOT, LocalCluster
+from tests.helpers.tools import helm_binary
 from tests.integration.util import eventually
 
 RULES = REPO_ROOT / "helm" / "lipline" / "files" / "prometheus-rules.yaml"
@@ -187,9 +185,7 @@ def _check_gpu_rows(rows: list[dict[str, Any]]) -> None:
 
 def test_keda_trigger_queries_as_rendered_by_the_chart(prometheus: Prometheus, client: LiplineClient,
                                                        avatar_bytes: bytes, speech_bytes: bytes) -> None:
-    helm = shutil.which("helm", path=str(Path(sys.executable).parent))
-    if helm is None:
-        pytest.skip("needs the helm binary (bash scripts/install.sh installs it into .venv/bin)")
+    helm = helm_binary()
     rendered = subprocess.run(
         [helm, "template", RELEASE, str(REPO_ROOT / "helm" / "lipline"), "--namespace", NAMESPACE,
          "--set", "keda.enabled=true", "--set", "stages.superres.autoscaling.metric=queue"],

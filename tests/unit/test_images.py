@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.tools import helm_binary
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO / "services" / "Dockerfile").read_text()
 VALUES = yaml.safe_load((REPO / "helm" / "lipline" / "values.yaml").read_text())
@@ -55,15 +57,13 @@ def test_copied_paths_exist_and_are_in_the_build_context() -> None:
 def test_make_images_builds_the_tags_the_chart_pulls() -> None:
     if shutil.which("make") is None:
         pytest.skip("needs make")
-    helm = REPO / ".venv" / "bin" / "helm"
-    if not helm.exists():
-        pytest.skip("needs the helm binary (bash scripts/install.sh)")
+    helm = helm_binary()
     dry = subprocess.run(["make", "-n", "images"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     built = set()
     for loop in re.findall(r"for s in ([a-z ]+); do .*?-t (\S+) \.", dry.replace("\\\n", " ")):
         stages, tag = loop
         built |= {tag.replace("$s", s) for s in stages.split()}
-    rendered = subprocess.run([str(helm), "template", "x", str(REPO / "helm" / "lipline")], capture_output=True,
+    rendered = subprocess.run([helm, "template", "x", str(REPO / "helm" / "lipline")], capture_output=True,
                               text=True, check=True).stdout
     pulled = set(re.findall(r'image: "(\S+)"', rendered))
     assert pulled == built and len(built) == len(STAGES), (sorted(pulled), sorted(built))
