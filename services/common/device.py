@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -77,6 +78,28 @@ class BatchStreams:
             with torch.cuda.stream(self._compute):
                 yield
             caller.wait_stream(self._compute)
+
+
+Size = tuple[int, int]  # (width, height), cv2 order
+
+
+def group_rows_by_size(rows: torch.Tensor, sizes: Sequence[Size], pin: bool) -> tuple[torch.Tensor, list[tuple[Size, list[int]]]]:
+    """Reorder `rows` (batch first) so that the rows of each output size are one contiguous slice.
+
+    Returns the reordered rows and the groups in their order: [(size, positions in `rows`)]. Both
+    engines resize per output size; one gather beats a gather per size. The index goes up through
+    pinned memory without blocking: `torch.tensor(..., device=cuda)` would make the host wait for
+    all queued work (the network) before it could queue the resizes.
+    """
+    groups: dict[Size, list[int]] = defaultdict(list)
+    for k, size in enumerate(sizes):
+        groups[size].append(k)
+    if len(groups) > 1:
+        order = torch.tensor([k for ks in groups.values() for k in ks], dtype=torch.int64)
+        if pin:
+            order = order.pin_memory()
+        rows = rows.index_select(0, order.to(rows.device, non_blocking=True))
+    return rows, list(groups.items())
 
 
 def cudnn_self_check(device: torch.device) -> tuple[bool, str]:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections import defaultdict
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from services.common.backends import TorchBackend
-from services.common.device import BatchStreams
+from services.common.device import BatchStreams, group_rows_by_size
 from services.common.errors import InvalidRequest, TooLarge
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 
@@ -184,30 +183,27 @@ class LipSyncEngine:
         sizes = [
             size for chunk in chunks for size in (chunk.sizes or [(IMG_SIZE, IMG_SIZE)] * len(chunk))
         ]
-        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for pos, size in enumerate(sizes):
-            groups[size].append(pos)
-        if len(groups) == 1:
-            # One paste size for the whole batch (a photo avatar, or raw 96 px): already in item order.
-            ((w, h),) = groups
-            flat = _resize(out, w, h).reshape(-1)
-        else:
-            per_item: list[torch.Tensor | None] = [None] * len(sizes)
-            for (w, h), idx in groups.items():
-                group = _resize(out[torch.tensor(idx, device=out.device)], w, h)
-                for k, pos in enumerate(idx):
-                    per_item[pos] = group[k].reshape(-1)
-            flat = torch.cat(per_item)  # type: ignore[arg-type]
+        ordered, groups = group_rows_by_size(out, sizes, self._pin)  # a photo avatar: one group, no gather
+        pieces, start = [], 0
+        for (w, h), idx in groups:
+            pieces.append(_resize(ordered[start : start + len(idx)], w, h).reshape(-1))
+            start += len(idx)
+        flat = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         # One device->host copy for the whole batch (pinned on a GPU; torch caches pinned blocks),
-        # then one bytes object per chunk, cut here on the model thread.
+        # then one bytes object per chunk, cut here on the model thread, back in item order.
         host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=self._pin)
         host.copy_(flat)
         buffer = memoryview(host.numpy())
-        results, offset, pos = [], 0, 0
+        spans: list[tuple[int, int]] = [(0, 0)] * len(sizes)  # each item's bytes in `buffer`
+        offset = 0
+        for (w, h), idx in groups:
+            for pos in idx:
+                spans[pos] = (offset, offset + w * h * 3)
+                offset += w * h * 3
+        results, pos = [], 0
         for chunk in chunks:
             chunk_sizes = sizes[pos : pos + len(chunk)]
+            data = b"".join(buffer[a:b] for a, b in spans[pos : pos + len(chunk)])
             pos += len(chunk)
-            nbytes = sum(w * h * 3 for w, h in chunk_sizes)
-            results.append(ChunkFaces([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], bytes(buffer[offset : offset + nbytes])))
-            offset += nbytes
+            results.append(ChunkFaces([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], data))
         return results

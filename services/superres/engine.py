@@ -36,11 +36,10 @@ import torch
 import torch.nn.functional as F
 
 from services.common.backends import TorchBackend
-from services.common.device import BatchStreams
+from services.common.device import BatchStreams, Size, group_rows_by_size
 from services.common.resize import lanczos4_resize, round_like_opencv
 from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple
 
-Size = tuple[int, int]  # (width, height), cv2 order
 
 __all__ = ["ChunkImages", "SuperResEngine", "UpscaleChunk"]
 
@@ -265,21 +264,11 @@ class SuperResEngine:
         """
         if self.resize == "cv2":
             return self._resize_split_cv2(img, sizes)
-        groups: dict[Size, list[int]] = defaultdict(list)  # one resize per output size
-        for k, size in enumerate(sizes):
-            groups[size].append(k)
-        if len(groups) > 1:
-            # Reorder once so that every group is a contiguous slice. The index goes up through
-            # pinned memory without blocking: a plain torch.tensor(..., device=cuda) would wait for
-            # the network to finish before the host could queue the resizes.
-            order = torch.tensor([k for ks in groups.values() for k in ks], dtype=torch.int64)
-            if self._pin:
-                order = order.pin_memory()
-            img = img.index_select(0, order.to(img.device, non_blocking=True))
+        img, groups = group_rows_by_size(img, sizes, self._pin)  # one resize per output size
         in_h, in_w = img.shape[2:]
         out = []
         start = 0
-        for (ow, oh), ks in groups.items():
+        for (ow, oh), ks in groups:
             g = img[start : start + len(ks)]
             start += len(ks)
             if (oh, ow) != (in_h, in_w):

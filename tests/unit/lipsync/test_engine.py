@@ -60,15 +60,18 @@ def test_engine_matches_numpy_path_across_chunks_and_banks(model: Wav2Lip) -> No
 
 def test_engine_resizes_like_cv2_inter_linear(model: Wav2Lip) -> None:
     engine = LipSyncEngine(TorchBackend(model, "cpu"))
-    faces, mels = _inputs(2, 3)
+    faces, mels = _inputs(4, 3)
     bank = engine.new_bank(4)
-    bank.add(0, faces[0])
-    bank.add(1, faces[1])
-    sizes = [(150, 170), (64, 80)]  # one upscale, one downscale, different per item
-    (out,) = engine.run([GenerateChunk(bank, np.array([0, 1]), mels, sizes)])
+    for i, face in enumerate(faces):
+        bank.add(i, face)
+    # One upscale, one downscale and the model's own size, interleaved over two chunks: the engine
+    # resizes per size (out of item order) and must hand every face back in its item's place.
+    sizes = [(150, 170), (64, 80), (150, 170), (96, 96)]
+    out_a, out_b = engine.run([GenerateChunk(bank, np.array([0, 1, 2]), mels[:3], sizes[:3]),
+                               GenerateChunk(bank, np.array([3]), mels[3:], sizes[3:])])
     raw = _numpy_path(model, faces, mels)
-    assert list(zip(out.widths, out.heights)) == sizes
-    for face, (w, h), r in zip(out.arrays(), sizes, raw):
+    assert list(zip(out_a.widths + out_b.widths, out_a.heights + out_b.heights)) == sizes
+    for face, (w, h), r in zip(out_a.arrays() + out_b.arrays(), sizes, raw):
         assert face.shape == (h, w, 3)
         expected = prep.resize_to(r, w, h)
         # Bilinear on the GPU vs OpenCV's fixed-point INTER_LINEAR: a level or two of rounding.
