@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from services.common.backends import TorchBackend
+from services.common.codec import MEL_BANDS, MEL_STEP
 from services.common.device import BatchStreams, group_rows_by_size
 from services.common.errors import InvalidRequest, TooLarge
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 
-MEL_SHAPE = (80, 16)
+MEL_SHAPE = (MEL_BANDS, MEL_STEP)
 
 
 def _resize(faces: torch.Tensor, width: int, height: int) -> torch.Tensor:

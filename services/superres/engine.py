@@ -26,19 +26,17 @@ k+1's host work and transfers overlap batch k's compute.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections import defaultdict
 from collections.abc import Sequence
 
 import cv2
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from services.common.backends import TorchBackend
 from services.common.device import BatchStreams, Size, group_rows_by_size
 from services.common.resize import lanczos4_resize, round_like_opencv
-from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple
+from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple, reflect_pad
 
 
 __all__ = ["ChunkImages", "SuperResEngine", "UpscaleChunk"]
@@ -104,7 +102,7 @@ class SuperResEngine:
 
     Args:
         upscaler: a `ModelUpscaler` (its network, dtype and scale are used; the network is switched
-            to channels_last on CUDA, in place) or the weight-free `LanczosUpscaler` (resize only).
+            to channels_last on CUDA, in place, when no backend runs it) or the weight-free `LanczosUpscaler` (resize only).
         device: where the maths runs; for a ModelUpscaler it must be the model's device (default:
             the model's device; "cpu" for the Lanczos fallback).
         max_batch: largest number of crops one forward pass sees (a chunk bigger than this is run
@@ -150,26 +148,23 @@ class SuperResEngine:
             self.dtype = torch.float32
             self.scale = 1
         self.channels_last = self.device.type == "cuda" if channels_last is None else bool(channels_last)
-        if self.model is not None and self.channels_last:
-            self.model.to(memory_format=torch.channels_last)
+        if self.model is not None and self.channels_last and backend is None:
+            self.model.to(memory_format=torch.channels_last)  # a backend lays out its own copy
         self.resize = resize or ("cv2" if self.device.type == "cpu" else "torch")
         if self.resize not in ("torch", "cv2") or (self.resize == "cv2" and self.device.type != "cpu"):
             raise ValueError(f"resize must be 'torch', or 'cv2' on the CPU; got {resize!r} on {self.device}")
         self._pin = self.device.type == "cuda"
         self.streams = BatchStreams(self.device, overlap)
-        self._lock = threading.Lock()  # without overlap: one batch at a time
 
     @torch.inference_mode()
     def run(self, chunks: list[UpscaleChunk]) -> list[ChunkImages]:
         """One pass over all chunks' items; returns, per chunk, its images in item order.
 
-        Thread-safe. With `overlap` (CUDA) several batches are in here at once, each on its thread's
-        I/O stream, the network serialised on the compute stream; otherwise one batch at a time.
+        Thread-safe, like LipSyncEngine.run: several batches may be in here at once (on CUDA with
+        `overlap`, each on its thread's I/O stream); the network runs one batch at a time
+        (`BatchStreams.compute`), the rest of the work is per call.
         """
-        if self.streams.enabled:
-            with self.streams.io():
-                return self._run(chunks)
-        with self._lock:
+        with self.streams.io():
             return self._run(chunks)
 
     def _run(self, chunks: list[UpscaleChunk]) -> list[ChunkImages]:
@@ -238,11 +233,7 @@ class SuperResEngine:
         s = self.scale
         # Same maths as process.to_model_input: BGR->RGB, /255 in float32, then the model's dtype.
         x = crops.flip(-1).permute(0, 3, 1, 2).to(torch.float32).div_(255.0).to(self.dtype)
-        # process.reflect_pad: right/bottom, to the multiple the network needs.
-        m = pad_multiple(s)
-        pad_h, pad_w = -h % m, -w % m
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h), mode="reflect")
+        x, _, _ = reflect_pad(x, pad_multiple(s))  # right/bottom, to the multiple the network needs
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         net = self.backend.forward_device if self.backend is not None else self.model

@@ -41,10 +41,6 @@ class SuperResSettings(ModelStageSettings):
     model: str = _field("realesr-general-x4v3", "SR model name, or 'lanczos' for the weight-free resize")
     checkpoint: str = _field("", "Real-ESRGAN .pth file; empty = the weight-free 'lanczos' fallback")
     max_batch: int = _field(64, "largest model batch")
-    backend: str = _field(
-        "auto", "network backend: auto (CUDA: compile if compile_cache_dir holds this network's artifacts, else fp16 + "
-        "CUDA graphs per batch bucket; CPU: cpu), cpu, torch, compile"
-    )
 
 
 class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
