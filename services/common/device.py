@@ -10,7 +10,10 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from services.common.config import Device, ServiceSettings
+from torch import nn
+
+from services.common.backends import CompiledBackend, TorchBackend, numerics_check
+from services.common.config import Device, ModelStageSettings, ServiceSettings
 from services.common.metrics import Metrics
 
 _LOGGER = logging.getLogger(__name__)
@@ -133,3 +136,22 @@ def prepare_device(settings: ServiceSettings, metrics: Metrics) -> torch.device:
         if not ok and settings.require_cudnn:
             raise RuntimeError(f"cuDNN self-check failed and require_cudnn is set: {detail}")
     return device
+
+
+def finish_backend_start(backend: TorchBackend, reference: nn.Module | None, inputs: Sequence[torch.Tensor],
+                         settings: ModelStageSettings, metrics: Metrics) -> None:
+    """After a model stage's warm-up passes: keep a fresh compile's artifacts, then the numerics guard.
+
+    The guard skips an fp32 backend on the CPU (that *is* the reference computation); otherwise
+    `numerics_check` raises, and so stops the start-up, when the backend's relative error against
+    `reference` (the caller's untouched model, run in fp32) on `inputs` exceeds `max_rel_error`; 0
+    turns it off.
+    """
+    if isinstance(backend, CompiledBackend) and not backend.cache_loaded:
+        backend.save_cache()
+    as_reference = backend.device.type == "cpu" and backend.precision == "fp32"
+    if reference is None or as_reference or settings.max_rel_error <= 0:
+        return
+    err = numerics_check(backend, reference, inputs, bound=settings.max_rel_error)
+    metrics.numerics_error.labels(metrics.stage).set(err)
+    _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": settings.max_rel_error})

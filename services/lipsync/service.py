@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.common.backends import CompiledBackend, make_backend, numerics_check
+from services.common.backends import make_backend
 from services.common.batcher import DynamicBatcher
 from services.common.codec import image_from_proto, unpack_generate_items
 from services.common.config import ModelStageSettings, _field
-from services.common.device import prepare_device, resolve_pipeline_depth
+from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth
 from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
 from services.common.server import Service
 from services.common.streams import ordered_stream
@@ -180,10 +180,9 @@ class LipSyncService(Service[LipSyncSettings]):
         # first, through the same engine the requests use; then the numerics guard.
         for n in sorted(self.backend.batch_buckets or (2,), reverse=True):
             await asyncio.to_thread(self.engine.run, [warm_chunk(n)])
-        if isinstance(self.backend, CompiledBackend) and not self.backend.cache_loaded:
-            await asyncio.to_thread(self.backend.save_cache)
-        if device.type == "cuda" and s.max_rel_error > 0:
-            await asyncio.to_thread(self._numerics_guard, model)
+        gen = torch.Generator().manual_seed(0)
+        guard_inputs = (torch.rand((8, 1, 80, 16), generator=gen) * 8 - 4, torch.rand((8, 6, IMG, IMG), generator=gen))
+        await asyncio.to_thread(finish_backend_start, self.backend, model, guard_inputs, s, self.metrics)
         if s.detector == "haar":
             self.detector = HaarFaceDetector()
             await asyncio.to_thread(self.detector.detect, [np.zeros((64, 64, 3), np.uint8)])
@@ -197,14 +196,6 @@ class LipSyncService(Service[LipSyncSettings]):
             "lipsync ready",
             extra={"model": name, "backend": self.backend.describe(), "detector": s.detector, "pipeline_depth": depth},
         )
-
-    def _numerics_guard(self, model: nn.Module) -> None:
-        """Refuse to serve if the fast backend disagrees with the fp32 model on a fixed input."""
-        gen = torch.Generator().manual_seed(0)
-        inputs = (torch.rand((8, 1, 80, 16), generator=gen) * 8 - 4, torch.rand((8, 6, IMG, IMG), generator=gen))
-        err = numerics_check(self.backend, model, inputs, bound=self.settings.max_rel_error)
-        self.metrics.numerics_error.labels(self.stage).set(err)
-        _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": self.settings.max_rel_error})
 
     async def close(self) -> None:
         if hasattr(self, "batcher"):

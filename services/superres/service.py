@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
-from services.common.backends import CompiledBackend, make_backend, numerics_check
+from services.common.backends import make_backend
 from services.common.batcher import DynamicBatcher
 from services.common.codec import image_from_proto
 from services.common.config import ModelStageSettings, _field
-from services.common.device import prepare_device, resolve_pipeline_depth
+from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth
 from services.common.errors import InvalidRequest
 from services.common.server import Service
 from services.common.streams import ordered_stream
@@ -127,13 +127,9 @@ class SuperResService(Service[SuperResSettings]):
         for n in sorted(backend.batch_buckets if backend is not None and backend.batch_buckets else (1,), reverse=True):
             await asyncio.to_thread(self.engine.warmup, n, (96, 96))  # the network's native size, per bucket
         await asyncio.to_thread(self.engine.warmup, 1, (96, 96), (150, 150))  # and a resize
-        if isinstance(backend, CompiledBackend) and not backend.cache_loaded:
-            await asyncio.to_thread(backend.save_cache)
-        if backend is not None and reference is not None and s.max_rel_error > 0:
-            gen = torch.Generator().manual_seed(0)
-            err = numerics_check(backend, reference, [torch.rand((4, 3, 96, 96), generator=gen)], bound=s.max_rel_error)
-            self.metrics.numerics_error.labels(self.stage).set(err)
-            _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": s.max_rel_error})
+        if backend is not None:
+            guard_inputs = [torch.rand((4, 3, 96, 96), generator=torch.Generator().manual_seed(0))]
+            await asyncio.to_thread(finish_backend_start, backend, reference, guard_inputs, s, self.metrics)
         self.batcher: DynamicBatcher[UpscaleChunk, ChunkImages] = DynamicBatcher(
             self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len, concurrency=depth
         )

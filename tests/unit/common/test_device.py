@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.common.device import BatchStreams, resolve_pipeline_depth
+from services.common.backends import make_backend
+from services.common.config import ModelStageSettings
+from services.common.device import BatchStreams, finish_backend_start, resolve_pipeline_depth
+from services.common.metrics import Metrics
 
 
 def test_auto_pipeline_depth_is_two_on_cuda_and_one_on_the_cpu() -> None:
@@ -58,3 +61,22 @@ def test_batch_streams_give_each_thread_its_io_stream_and_one_compute_stream() -
     assert io_a != io_b and default not in (io_a, io_b)  # one I/O stream per thread
     assert compute_a == compute_b not in (io_a, io_b)  # one compute stream
     assert (back_a, back_b) == (io_a, io_b)  # back on the thread's own stream afterwards
+
+
+def test_start_up_guard_refuses_a_backend_too_far_from_the_fp32_model() -> None:
+    """The numerics guard, run as the services run it (bf16 on the CPU stands in for a GPU backend)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 3, 3, padding=1))
+    inputs = [torch.rand(2, 3, 16, 16)]
+    backend = make_backend("torch", model, "cpu", precision="bf16")
+    metrics = Metrics("guard")
+    finish_backend_start(backend, model, inputs, ModelStageSettings(max_rel_error=5e-2), metrics)
+    err = metrics.registry.get_sample_value("lipline_numerics_relative_error", {"stage": "guard"})
+    assert err is not None and 0 < err < 5e-2  # bf16 rounding: measured, exported, within the bound
+    with pytest.raises(RuntimeError, match="relative error"):
+        finish_backend_start(backend, model, inputs, ModelStageSettings(max_rel_error=err / 10), metrics)
+    # An fp32 CPU backend is the reference computation itself: nothing to check, nothing exported.
+    fp32 = make_backend("cpu", model, "cpu")
+    quiet = Metrics("fp32")
+    finish_backend_start(fp32, model, inputs, ModelStageSettings(max_rel_error=1e-9), quiet)
+    assert quiet.registry.get_sample_value("lipline_numerics_relative_error", {"stage": "fp32"}) is None
