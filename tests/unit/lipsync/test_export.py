@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from services.common.backends import relative_error
-from services.common.checkpoints import seeded_state_dict
+from services.common.onnx_check import seeded
 from services.lipsync.export import example_inputs, main
 from services.lipsync.wav2lip import Wav2Lip
 
@@ -24,12 +24,6 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
     return code, out.getvalue(), err.getvalue()
-
-
-def _seeded() -> Wav2Lip:
-    model = Wav2Lip()
-    model.load_state_dict(seeded_state_dict(model))
-    return model.eval()
 
 
 def _session(path: Path) -> "ort.InferenceSession":
@@ -66,7 +60,7 @@ def test_graph_names_and_dynamic_batch(seeded_export: tuple[Path, str]) -> None:
                                                                  ("face", ["batch", 6, 96, 96])]
     assert [(o.name, o.shape) for o in session.get_outputs()] == [("pred", ["batch", 3, 96, 96])]
     # Exported with batch 2, verified by the CLI with 3: here 1 and 4.
-    assert max(_rel_errors(path, _seeded(), (1, 4))) < 1e-4
+    assert max(_rel_errors(path, seeded(Wav2Lip()), (1, 4))) < 1e-4
     assert [p.name for p in path.parent.iterdir()] == ["wav2lip.onnx"]  # no temp file left behind
 
 
@@ -89,7 +83,7 @@ def test_prints_errors_and_a_one_line_summary(seeded_export: tuple[Path, str]) -
 
 def test_checkpoint_with_real_batchnorm_statistics_folds_exactly(tmp_path: Path) -> None:
     """From a checkpoint (DataParallel keys, non-trivial BN): the folded graph matches the unfolded model."""
-    model = _seeded()
+    model = seeded(Wav2Lip())
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for m in model.modules():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from services.common.backends import relative_error
-from services.common.checkpoints import seeded_state_dict
+from services.common.onnx_check import seeded
 from services.superres import export as sr_export
 from services.superres.models import SR_MODELS, create_sr_model
 
@@ -27,12 +27,6 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = sr_export.main(argv)
     return code, out.getvalue(), err.getvalue()
-
-
-def _seeded(name: str) -> torch.nn.Module:
-    model = create_sr_model(name)
-    model.load_state_dict(seeded_state_dict(model))
-    return model.eval()
 
 
 @pytest.mark.parametrize("name", ["realesr-general-x4v3", "realesr-animevideov3", "RealESRGAN_x2plus"])
@@ -54,13 +48,13 @@ def test_export_matches_torch_with_dynamic_batch_and_size(tmp_path: Path, name: 
     scale = SR_MODELS[name]["scale"]
     assert got.shape == (1, 3, 20 * scale, 28 * scale)
     with torch.inference_mode():
-        want = _seeded(name)(image)
+        want = seeded(create_sr_model(name))(image)
     assert relative_error(torch.from_numpy(got), want) < 1e-4
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temp file left behind
 
 
 def test_from_checkpoint(tmp_path: Path) -> None:
-    model = _seeded("realesr-animevideov3")
+    model = seeded(create_sr_model("realesr-animevideov3"))
     ckpt = tmp_path / "anime.pth"
     torch.save({"params": model.state_dict()}, ckpt)
     code, _, stderr = _run(["--model", "realesr-animevideov3", "--checkpoint", str(ckpt),
@@ -72,7 +66,7 @@ def test_from_checkpoint(tmp_path: Path) -> None:
 def test_bad_checkpoint_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> None:
     ckpt = tmp_path / "bad.pth"
     if kind == "wrong-architecture":  # 16-conv weights for the 32-conv model
-        torch.save({"params": _seeded("realesr-animevideov3").state_dict()}, ckpt)
+        torch.save({"params": seeded(create_sr_model("realesr-animevideov3")).state_dict()}, ckpt)
     out = tmp_path / "sr.onnx"
     code, stdout, stderr = _run(["--model", "realesr-general-x4v3", "--checkpoint", str(ckpt), "--out", str(out)])
     assert code == 2
