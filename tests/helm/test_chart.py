@@ -204,6 +204,8 @@ def test_checkpoints_are_only_configured_with_a_models_volume() -> None:
     assert env_of(with_models["lip-lipline-lipsync"])["LIPLINE_CHECKPOINT"] == "/models/wav2lip.pth"
     mounts = container(with_models["lip-lipline-superres"])["volumeMounts"]
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in mounts
+    moved = by_kind(render("models.existingClaim=weights", "models.mountPath=/weights/"), "Deployment")
+    assert env_of(moved["lip-lipline-superres"])["LIPLINE_CHECKPOINT"] == "/weights/realesr-general-x4v3.pth"
 
 
 def test_hpas_scale_gpu_stages_on_the_adapters_metrics(rendered: list[dict[str, Any]]) -> None:
