@@ -151,27 +151,56 @@ class DynamicBatcher(Generic[In, Out]):
         return [p for p in batch if not p.future.done()]  # callers that went away
 
     async def _dispatch(self, batch: list[_Pending[In]]) -> None:
-        """Run one batch on a model thread and hand each caller its output (or the batch's error)."""
+        """Run one batch on a model thread and hand each caller its output (or its own error).
+
+        A batch mixes items of every stream, so one item that fails the model call (a size the
+        device cannot allocate, a value the model rejects) must not fail the others: when a batch
+        of several items fails, each item is run again on its own and only the ones that still fail
+        get an error. That costs one extra pass per item, only on the rare failed batch.
+        """
         loop = asyncio.get_running_loop()
         m, stage = self._metrics, self._metrics.stage
         now = time.perf_counter()
         for p in batch:
             m.queue_seconds.labels(stage).observe(now - p.enqueued)
         m.queue_depth.labels(stage).set(self._queue.qsize())
-        rows = sum(self._size_of(p.item) for p in batch)
-        m.batch_size.labels(stage).observe(rows)
         try:
-            outputs = await loop.run_in_executor(self._executor, self._run_batch, [p.item for p in batch])
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(batch)} items")
-        except Exception as exc:  # noqa: BLE001 - the callers of this batch get the error, the loop lives on
-            _LOGGER.warning("batch of %d failed: %s", len(batch), exc)
+            outputs = await self._run(loop, batch)
+        except Exception as exc:  # noqa: BLE001 - isolate the culprit; the loop lives on
+            if len(batch) == 1:
+                _LOGGER.warning("item failed: %s", exc)
+                _fail(batch[0], exc)
+                return
+            _LOGGER.warning("batch of %d failed (%s); running its items one by one", len(batch), exc)
             for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(exc)
+                if p.future.done():
+                    continue
+                try:
+                    (out,) = await self._run(loop, [p])
+                except Exception as item_exc:  # noqa: BLE001 - only this caller gets the error
+                    _LOGGER.warning("item failed: %s", item_exc)
+                    _fail(p, item_exc)
+                else:
+                    if not p.future.done():
+                        p.future.set_result(out)
             return
         m.compute_seconds.labels(stage).observe(time.perf_counter() - now)
-        m.items.labels(stage).inc(rows)
         for p, out in zip(batch, outputs):
             if not p.future.done():
                 p.future.set_result(out)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending[In]]) -> Sequence[Out]:
+        """One model call on the executor; counts the batch's size and, when it succeeds, its items."""
+        m, stage = self._metrics, self._metrics.stage
+        rows = sum(self._size_of(p.item) for p in batch)
+        m.batch_size.labels(stage).observe(rows)
+        outputs = await loop.run_in_executor(self._executor, self._run_batch, [p.item for p in batch])
+        if len(outputs) != len(batch):
+            raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(batch)} items")
+        m.items.labels(stage).inc(rows)
+        return outputs
+
+
+def _fail(pending: _Pending, exc: BaseException) -> None:
+    if not pending.future.done():
+        pending.future.set_exception(exc)

@@ -16,6 +16,9 @@ from services.common.errors import InvalidMedia
 MEL_BANDS = 80
 MEL_STEP = 16
 _MEL_BYTES = MEL_BANDS * MEL_STEP * 2
+# Largest width or height of any image a stage accepts or returns (a paste size, an upscale): a whole
+# 1080p frame fits; a larger one is refused at the edge, before it can reach a shared batch.
+MAX_IMAGE_SIDE = 2048
 
 
 def image_to_proto(image: np.ndarray) -> common_pb2.Image:
@@ -79,6 +82,9 @@ def unpack_generate_items(items: lipsync_pb2.GenerateItems) -> tuple[np.ndarray,
             f"items: {n} items need {n * _MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(raw)}"
         )
     mels = np.frombuffer(raw, dtype="<f2").reshape(n, MEL_BANDS, MEL_STEP)
+    if not np.isfinite(mels).all():
+        bad = int(np.argmax(~np.isfinite(mels).reshape(n, -1).all(axis=1)))
+        raise InvalidMedia(f"items: the mel window of frame {int(frames[bad])} holds NaN or infinity")
     return frames, crops, mels
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.common.backends import make_backend
 from services.common.batcher import DynamicBatcher
-from services.common.codec import image_from_proto, unpack_generate_items
+from services.common.codec import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items
 from services.common.config import ModelStageSettings, _field
 from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth
 from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
@@ -103,8 +103,14 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
 
         def decode(request: lipsync_pb2.GenerateRequest) -> GenerateChunk | None:
             for crop in request.crops:
+                size = (crop.paste_width or IMG, crop.paste_height or IMG)
+                if max(size) > MAX_IMAGE_SIDE:  # at the edge, before it can reach a shared batch
+                    raise InvalidRequest(
+                        f"reference crop {crop.crop_index}: paste size {size[0]}x{size[1]} is above "
+                        f"{MAX_IMAGE_SIDE} px per side"
+                    )
                 bank.add(crop.crop_index, image_from_proto(crop.image, f"reference crop {crop.crop_index}"))
-                paste[crop.crop_index] = (crop.paste_width or IMG, crop.paste_height or IMG)
+                paste[crop.crop_index] = size
             frames, crops, mels = unpack_generate_items(request.items)
             if not len(frames):
                 return None

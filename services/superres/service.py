@@ -19,7 +19,7 @@ import torch
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
 from services.common.backends import make_backend
 from services.common.batcher import DynamicBatcher
-from services.common.codec import image_from_proto
+from services.common.codec import MAX_IMAGE_SIDE, image_from_proto
 from services.common.config import ModelStageSettings, _field
 from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth
 from services.common.errors import InvalidRequest
@@ -29,7 +29,6 @@ from services.superres.engine import ChunkImages, SuperResEngine, UpscaleChunk
 from services.superres.process import ModelUpscaler, create_upscaler
 
 _LOGGER = logging.getLogger(__name__)
-MAX_SIDE = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +62,8 @@ class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
                 h, w = crop.shape[:2]
                 out_w = item.out_width or w * svc.scale
                 out_h = item.out_height or h * svc.scale
-                if max(out_w, out_h, w, h) > MAX_SIDE:
-                    raise InvalidRequest(f"item {item.index}: sizes above {MAX_SIDE} px are not supported")
+                if max(out_w, out_h, w, h) > MAX_IMAGE_SIDE:
+                    raise InvalidRequest(f"item {item.index}: sizes above {MAX_IMAGE_SIDE} px are not supported")
                 indices.append(item.index)
                 crops.append(crop)
                 sizes.append((out_w, out_h))

@@ -7,6 +7,7 @@ FFmpeg build PyAV ships with, and any duration, rate or channel count is one cal
 from __future__ import annotations
 
 import io
+import wave
 
 import av
 import numpy as np
@@ -63,4 +64,21 @@ def encode_tone(fmt: str, seconds: float, rate: int = 44100, channels: int = 2, 
             frame.pts = start
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
+    return buf.getvalue()
+
+
+def multichannel_wav(seconds: float, channels: int, rate: int = 16000, freq: float = 440.0) -> bytes:
+    """A 16-bit PCM WAV with `channels` channels (the same tone on each), written by the stdlib.
+
+    PyAV's encoder wants a named layout; a WAV from a multitrack recorder has any count (8 and 16
+    channels once crashed the decoder), so this writes the header itself.
+    """
+    mono = tone(seconds, rate, 1, freq)[0]
+    pcm = np.repeat((mono * 32767).astype("<i2")[:, None], channels, axis=1)
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(channels)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(pcm.tobytes())
     return buf.getvalue()

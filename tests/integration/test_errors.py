@@ -28,7 +28,7 @@ from lipline.v1 import (
 from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_items
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
-from tests.helpers.audio_files import encode_tone
+from tests.helpers.audio_files import encode_tone, multichannel_wav
 from tests.integration.util import assert_all_serving, eventually
 
 MiB = 1 << 20
@@ -136,6 +136,20 @@ def test_message_over_gateway_limit(mclient: LiplineClient, avatar: gateway_pb2.
     expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, submit(mclient, avatar.id, bytes(DEFAULT_MAX_MESSAGE + 1)))
 
 
+@pytest.mark.parametrize("channels", [8, 16])
+def test_multichannel_wav_renders(mclient: LiplineClient, avatar: gateway_pb2.Avatar, channels: int) -> None:
+    # A 2 s WAV with 8 or 16 channels used to kill the gateway (SIGSEGV in the decoder); the autouse
+    # fixture checks that every process is still alive and serving afterwards.
+    job = mclient.submit(avatar.id, multichannel_wav(2.0, channels))
+    done = mclient.wait(job.id)
+    assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
+    assert done.total_frames == 50
+
+
+def test_too_many_channels_is_refused(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, submit(mclient, avatar.id, multichannel_wav(0.5, 64)), "64 channels")
+
+
 def test_bad_crf(mclient: LiplineClient, avatar: gateway_pb2.Avatar, speech_bytes: bytes) -> None:
     expect_status(grpc.StatusCode.INVALID_ARGUMENT, submit(mclient, avatar.id, speech_bytes, crf=52), "crf")
 
@@ -240,6 +254,12 @@ def test_audio_stage_bad_audio(audio_stub: audio_pb2_grpc.AudioServiceStub) -> N
     expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: extract(audio_stub, b"RIFF" + bytes(100), 25), "audio")
 
 
+@pytest.mark.parametrize("channels", [8, 16])
+def test_audio_stage_multichannel_wav(audio_stub: audio_pb2_grpc.AudioServiceStub, channels: int) -> None:
+    responses = extract(audio_stub, multichannel_wav(2.0, channels), 25)  # used to kill the audio stage
+    assert responses[0].total_frames == 50 == sum(len(r.windows) for r in responses)
+
+
 def test_audio_stage_message_over_limit(audio_stub: audio_pb2_grpc.AudioServiceStub) -> None:
     expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, lambda: extract(audio_stub, bytes(DEFAULT_MAX_MESSAGE + 1), 25))
 
@@ -285,6 +305,29 @@ def test_lipsync_bad_images(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -
     expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(bad_png), item_request()), "PNG")
     unknown = common_pb2.Image(width=96, height=96, format=99, data=good.data)
     expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(unknown), item_request()), "format")
+
+
+def test_poisoned_generate_stream_fails_alone(
+    lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub, mclient: LiplineClient, avatar: gateway_pb2.Avatar,
+    speech_bytes: bytes,
+) -> None:
+    # A stream asking for a 65535x65535 paste size, sent while three normal jobs run, used to fail
+    # all three (its item failed the shared batch). Now it fails alone, at the edge.
+    jobs = [mclient.submit(avatar.id, speech_bytes) for _ in range(3)]
+    poisoned = crop_request(image_to_proto(FACE))
+    poisoned.crops[0].paste_width = poisoned.crops[0].paste_height = 65535
+    for _ in range(3):
+        expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, poisoned, item_request()), "paste size")
+        nan_mel = np.zeros((80, 16), np.float32)
+        nan_mel[3, 4] = np.nan
+        expect_status(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            lambda: generate(lipsync_stub, crop_request(image_to_proto(FACE)), item_request(mel=mel_to_bytes(nan_mel))),
+            "NaN",
+        )
+    for job in jobs:
+        done = mclient.wait(job.id)
+        assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
 
 
 def test_lipsync_bad_mel(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:

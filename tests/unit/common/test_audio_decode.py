@@ -8,9 +8,9 @@ import av
 import numpy as np
 import pytest
 
-from services.common.audio_decode import decode_audio
+from services.common.audio_decode import MAX_CHANNELS, decode_audio
 from services.common.errors import InvalidMedia, TooLarge
-from tests.helpers.audio_files import FORMATS, can_encode, encode_tone
+from tests.helpers.audio_files import FORMATS, can_encode, encode_tone, multichannel_wav
 
 
 def _dominant_frequency(signal: np.ndarray, sample_rate: int) -> float:
@@ -72,3 +72,17 @@ def test_max_seconds():
     with pytest.raises(TooLarge, match=r"audio is 1.5 s long; the limit is 1 s"):
         decode_audio(data, max_seconds=1.0)
     assert len(decode_audio(data, max_seconds=2.0)) == 24000
+
+
+@pytest.mark.parametrize("channels", [3, 7, 8, 9, 16, 32])
+def test_any_channel_count_up_to_the_limit_is_averaged(channels: int) -> None:
+    # 8 and 16 channels used to kill the process (PyAV read planar planes past AVFrame.data[8]).
+    signal = decode_audio(multichannel_wav(1.0, channels))
+    assert abs(len(signal) - 16000) <= 160
+    assert np.abs(signal).max() == pytest.approx(0.5, abs=0.02)
+    assert _dominant_frequency(signal, 16000) == pytest.approx(440.0, abs=2.0)
+
+
+def test_more_channels_than_the_limit_is_refused_from_the_header() -> None:
+    with pytest.raises(InvalidMedia, match=f"{MAX_CHANNELS + 1} channels; the limit is {MAX_CHANNELS}"):
+        decode_audio(multichannel_wav(0.2, MAX_CHANNELS + 1))

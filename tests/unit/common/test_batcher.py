@@ -158,13 +158,13 @@ def test_model_runs_off_the_event_loop_thread() -> None:
     assert all(name.startswith(f"{STAGE}-model") for name in model.threads)
 
 
-def test_exception_reaches_only_the_callers_of_that_batch_and_the_loop_lives_on() -> None:
+def test_a_failing_item_fails_only_its_caller_and_the_loop_lives_on() -> None:
     async def body(batcher: DynamicBatcher, _model: FakeModel, _m: Metrics) -> None:
-        # Same batch: both callers get the model's exception.
+        # Same batch: the batch fails, its items are run again one by one, only "bad" fails.
         bad, innocent = await asyncio.gather(batcher.submit("bad"), batcher.submit(1), return_exceptions=True)
         assert isinstance(bad, ValueError) and str(bad) == "model exploded"
-        assert isinstance(innocent, ValueError)
-        # Different batches (max_batch=2): only the caller in the failing batch fails.
+        assert innocent == 10
+        # A caller whose items span the failing item gets the error; the other caller its outputs.
         failed, fine = await asyncio.gather(
             batcher.submit_many(["bad", 2]), batcher.submit_many([3, 4]), return_exceptions=True
         )
@@ -174,9 +174,10 @@ def test_exception_reaches_only_the_callers_of_that_batch_and_the_loop_lives_on(
         assert await batcher.submit_many([5, 6, 7]) == [50, 60, 70]
 
     model, metrics = _run(body, max_batch=2, max_delay_s=0.05)
-    assert model.batches[:3] == [["bad", 1], ["bad", 2], [3, 4]]
-    assert _sample(metrics, "lipline_stage_items_total") == 5  # failed batches are not counted
-    assert _sample(metrics, "lipline_stage_batch_size_count") == 5  # every dispatched batch is
+    # The failed batch ["bad", 1] is retried item by item; so is ["bad", 2].
+    assert model.batches[:7] == [["bad", 1], ["bad"], [1], ["bad", 2], ["bad"], [2], [3, 4]]
+    assert _sample(metrics, "lipline_stage_items_total") == 7  # 1, 2, 3, 4, 5, 6, 7: failed calls are not counted
+    assert _sample(metrics, "lipline_stage_batch_size_count") == 9  # every model call is
     assert _sample(metrics, "lipline_stage_inflight_items") == 0
 
 
@@ -188,7 +189,7 @@ def test_wrong_number_of_outputs_is_an_error_for_the_callers() -> None:
         batcher: DynamicBatcher = DynamicBatcher(short, Metrics(STAGE), max_batch=4, max_delay_s=0.0)
         batcher.start()
         try:
-            with pytest.raises(RuntimeError, match="returned 1 outputs for 2 items"):
+            with pytest.raises(RuntimeError, match="returned 0 outputs for 1 items"):
                 await asyncio.wait_for(batcher.submit_many([1, 2]), 5)
         finally:
             await batcher.close()

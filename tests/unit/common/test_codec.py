@@ -166,6 +166,11 @@ def test_generate_items_pack_round_trip_and_validation() -> None:
         unpack_generate_items(lipsync_pb2.GenerateItems(frame_indices=[1, 2], crop_indices=[0], mels=bytes(5120)))
     with pytest.raises(InvalidMedia, match="need 5120 bytes"):
         unpack_generate_items(lipsync_pb2.GenerateItems(frame_indices=[1, 2], crop_indices=[0, 0], mels=bytes(5119)))
+    for bad in (np.nan, np.inf, -np.inf):
+        poisoned = windows[1].copy()
+        poisoned[40, 3] = bad
+        with pytest.raises(InvalidMedia, match="frame 8 holds NaN or infinity"):
+            unpack_generate_items(pack_generate_items([7, 8, 9], [0, 0, 0], [mel_to_bytes(w) for w in (windows[0], poisoned, windows[2])]))
 
 
 def test_unpack_faces_sizes_and_validation() -> None:
