@@ -16,10 +16,11 @@ apt_install() {
 }
 
 # 1. Debian packages the project needs at run or test time: the Prometheus server and promtool, which
-#    the tests run against the services and the chart's rules. (FFmpeg with libx264 and AAC comes with
+#    the tests run against the services and the chart's rules, and the PostgreSQL server (every job
+#    store test runs on SQLite and on a real PostgreSQL). (FFmpeg with libx264 and AAC comes with
 #    PyAV's wheel, the Haar cascades with opencv-python-headless.) The package's service is not
-#    started here; the tests start their own Prometheus on a free port.
-APT_PACKAGES=(${LIPLINE_APT_PACKAGES-prometheus})
+#    started here; the tests start their own Prometheus and PostgreSQL on free ports.
+APT_PACKAGES=(${LIPLINE_APT_PACKAGES-prometheus postgresql})
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -104,6 +104,24 @@ class ModelStageSettings(ServiceSettings):
             raise ValueError("; ".join(problems))
 
 
+@dataclasses.dataclass(frozen=True)
+class StoreSettings(ServiceSettings):
+    """Settings of a service that uses the stores (gateway, render workers): where jobs and blobs live.
+
+    In a cluster every gateway and worker points at the same PostgreSQL and the same ReadWriteMany
+    volume or S3 bucket (the chart fills these from a Secret); the defaults are the embedded stores
+    of one machine.
+    """
+
+    job_store: str = _field(
+        "sqlite:///var/lipline.db", "job store: sqlite:///path.db (embedded, one machine) or postgresql://user:password@host:port/db"
+    )
+    blob_store: str = _field(
+        "var/blobs", "blob store: a folder (file:///path or a path; a ReadWriteMany volume in a cluster) or s3://bucket/prefix "
+        "(credentials and endpoint from the AWS_* variables)"
+    )
+
+
 SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
 
 

@@ -56,3 +56,7 @@ class CheckpointError(LiplineError):
     """A weights file that does not match the architecture; the message lists missing/unexpected keys."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class StoreUnavailable(NotReady):
+    """The job store or blob store cannot be reached (database restarting, network); retry later."""

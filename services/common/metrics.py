@@ -17,6 +17,7 @@ _LOGGER = logging.getLogger(__name__)
 
 # Latency buckets from 1 ms to 2 min: stage calls are short, whole streams and jobs are long.
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_FRAME_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -65,6 +66,24 @@ class Metrics:
         self.render_first_frame_seconds = Histogram(
             "lipline_render_first_frame_seconds", "start of a job to its first encoded frame", buckets=_SECONDS, registry=r
         )
+        # Render workers and the job store (DESIGN.md section 5). The queue gauges describe the one
+        # shared queue, so every worker exports the same value: aggregate with max(), not sum().
+        self.segments = Counter("lipline_segments", "tasks (segments and joins) ended by this worker, by status", ["status"], registry=r)
+        self.queue_tasks = Gauge("lipline_queue_depth", "tasks waiting to be claimed, by kind (segment, join)", ["kind"], registry=r)
+        self.queue_leased = Gauge("lipline_queue_leased", "tasks held by a live lease", registry=r)
+        self.queue_oldest_seconds = Gauge("lipline_queue_oldest_seconds", "age of the oldest claimable task", registry=r)
+        self.queue_wait_seconds = Histogram(
+            "lipline_queue_wait_seconds", "task creation (or last release) to its claim", buckets=_SECONDS, registry=r
+        )
+        self.lease_lost = Counter("lipline_lease_lost", "leases lost while working (expired, or the job was cancelled)", registry=r)
+        self.render_frames = Counter("lipline_render_frames", "frames composited and encoded", registry=r)
+        self.render_composite_seconds = Histogram(
+            "lipline_render_composite_seconds", "compositing time per frame", buckets=_FRAME_SECONDS, registry=r
+        )
+        self.render_encode_seconds = Histogram(
+            "lipline_render_encode_seconds", "x264 time per frame", buckets=_FRAME_SECONDS, registry=r
+        )
+        self.render_busy = Gauge("lipline_render_busy", "1 while this worker holds a task", registry=r)
         r.register(GpuCollector())
 
     def set_backend(self, model: str, backend: str, precision: str) -> None:

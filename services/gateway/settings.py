@@ -1,0 +1,35 @@
+"""Settings of the gateway (`python -m services.gateway`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.common.config import StoreSettings, _field
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewaySettings(StoreSettings):
+    """Settings of the gateway: the public API. It keeps no state of its own (jobs and blobs live in the stores)."""
+
+    port: int = _field(50051, "gRPC port of the public API")
+    metrics_port: int = _field(9094, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    audio_address: str = _field("127.0.0.1:50061", "audio stage (host:port, a list, or dns:///name:port)")
+    lipsync_address: str = _field("127.0.0.1:50062", "lipsync stage (DetectFaces for CreateAvatar)")
+    max_audio_bytes: int = _field(50 * 1024 * 1024, "largest audio file of a job")
+    max_audio_seconds: float = _field(600.0, "longest audio of a job")
+    max_avatar_bytes: int = _field(200 * 1024 * 1024, "largest avatar upload")
+    max_avatar_frames: int = _field(1500, "most frames of an avatar video (60 s at 25 fps)")
+    max_avatar_pixels: int = _field(1920 * 1080, "largest avatar frame size in pixels")
+    max_active_jobs: int = _field(256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED")
+    segment_seconds: float = _field(2.0, "length of a render segment (the unit of work a render worker claims)")
+    stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
+
+    def validate(self) -> None:
+        super().validate()
+        problems = []
+        if not 0.2 <= self.segment_seconds <= 60:
+            problems.append(f"segment_seconds must be in 0.2..60, got {self.segment_seconds}")
+        if self.max_active_jobs < 1:
+            problems.append(f"max_active_jobs must be >= 1, got {self.max_active_jobs}")
+        if problems:
+            raise ValueError("; ".join(problems))

@@ -1,0 +1,41 @@
+"""Settings of a render worker (`python -m services.render`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.common.config import StoreSettings, _field
+
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderSettings(StoreSettings):
+    """Settings of a render worker: claims segments from the job store, renders them through the stages."""
+
+    port: int = _field(50064, "gRPC port (health and reflection only: a worker serves no API)")
+    metrics_port: int = _field(9095, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    lipsync_address: str = _field("127.0.0.1:50062", "lipsync stage (host:port, a list, or dns:///name:port)")
+    superres_address: str = _field("127.0.0.1:50063", "superres stage")
+    cache_dir: str = _field("var/render-cache", "local cache of avatars converted for compositing (per worker; safe to lose)")
+    lease_s: float = _field(10.0, "a claimed task's lease; a worker that stops renewing loses it after this long")
+    heartbeat_s: float = _field(0.5, "how often a worker renews its lease (and notices a cancel)")
+    max_attempts: int = _field(3, "claims of one task before its job fails")
+    poll_s: float = _field(0.2, "how often an idle worker looks for work")
+    x264_preset: str = _field(
+        "veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf"
+    )
+    x264_threads: int = _field(0, "x264 threads per segment encoder; 0 = auto (the cores this process may use, at most 4)")
+    stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
+
+    def validate(self) -> None:
+        super().validate()
+        problems = []
+        if self.x264_preset not in X264_PRESETS:
+            problems.append(f"x264_preset {self.x264_preset!r} is not one of {', '.join(X264_PRESETS)}")
+        if self.lease_s <= 2 * self.heartbeat_s:
+            problems.append(f"lease_s ({self.lease_s}) must be more than twice heartbeat_s ({self.heartbeat_s})")
+        if self.max_attempts < 1:
+            problems.append(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if problems:
+            raise ValueError("; ".join(problems))
