@@ -36,11 +36,12 @@ IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' helm/lipline/Chart.ya
 CPU_BASE ?= python:3.11-slim-bookworm
 CPU_TORCH ?= https://download.pytorch.org/whl/cpu
 
-images: ## build the four images (needs a Docker engine): $(IMAGE_REGISTRY)/lipline-<service>:$(IMAGE_TAG)
-	for s in audio gateway; do docker build -f services/Dockerfile --build-arg SERVICE=$$s \
-	  --build-arg BASE_IMAGE=$(CPU_BASE) --build-arg TORCH_INDEX=$(CPU_TORCH) -t $(IMAGE_REGISTRY)/lipline-$$s:$(IMAGE_TAG) . || exit 1; done
-	for s in lipsync superres; do docker build -f services/Dockerfile --build-arg SERVICE=$$s \
+images: ## build the five images (needs a Docker engine): $(IMAGE_REGISTRY)/lipline-<service>:$(IMAGE_TAG)
+	for s in audio render gateway; do docker build -f services/Dockerfile --build-arg SERVICE=$$s \
+	  --build-arg BASE_IMAGE=$(CPU_BASE) --build-arg PROTOC_IMAGE=$(CPU_BASE) --build-arg TORCH_INDEX=$(CPU_TORCH) \
 	  -t $(IMAGE_REGISTRY)/lipline-$$s:$(IMAGE_TAG) . || exit 1; done
+	for s in lipsync superres; do docker build -f services/Dockerfile --build-arg SERVICE=$$s \
+	  --build-arg PROTOC_IMAGE=$(CPU_BASE) -t $(IMAGE_REGISTRY)/lipline-$$s:$(IMAGE_TAG) . || exit 1; done
 
 chart: install ## lint and render the Helm chart (what tests/helm checks, by hand)
 	.venv/bin/helm lint --strict helm/lipline && .venv/bin/helm template lipline helm/lipline > /dev/null

@@ -22,8 +22,10 @@ Throughput (--jobs N, --concurrency C, default C = N): after the warm-up, N jobs
 audio, at most C in flight (one client thread per slot, each SubmitJob then WatchJob). Every job must
 succeed; the first submitted one is downloaded and probed and fills the single-job rows above. Adds
 wall seconds from the first SubmitJob to the last job finished, jobs/minute, audio seconds rendered per
-wall second and per-job SubmitJob -> MP4 p50/max (result["jobs"] in the JSON). The gateway renders at
-most --max-concurrent-jobs (default 4) at once and queues the rest: raise it with --gateway-flags.
+wall second and per-job SubmitJob -> MP4 p50/max (result["jobs"] in the JSON). Render workers
+(--workers, default one per usable CPU) claim the jobs' segments; --worker-counts 16,8,4,2,1 runs
+the batch once per count (workers beyond the count are stopped between batches), so the scaling
+is visible. GPU utilisation is sampled with nvidia-smi during each measured run.
 With --replicas 2 --gpus 0,1 this is the "jobs per minute on two GPUs" number.
 
 Weights (speed does not depend on the values):
@@ -41,6 +43,8 @@ Examples:
     python bench/bench_e2e.py --device cuda --out var/bench/e2e-gpu.json
     # jobs per minute on two GPUs: 8 jobs, 4 in flight, after a warm-up job
     python bench/bench_e2e.py --device cuda --replicas 2 --gpus 0,1 --warmup-seconds 5 --jobs 8 --concurrency 4
+    # the render-workers issue's case: 16 concurrent 30 s jobs at 720p with SR, 16..1 workers
+    python bench/bench_e2e.py --device cuda --audio-seconds 30 --jobs 16 --worker-counts 16,8,4,2,1
 """
 
 from __future__ import annotations
@@ -143,7 +147,7 @@ def build_speech(seconds: float, rate: int) -> bytes:
 
 
 def environment(device: str) -> dict:
-    from services.gateway.encoding import usable_cpus
+    from services.common.encoder_threads import usable_cpus
 
     info: dict = {"python": platform.python_version(), "machine": platform.machine(), "cpus": usable_cpus()}
     try:
@@ -191,7 +195,8 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
         "audio": [f"--log-level={args.log_level}", *shlex.split(args.audio_flags)],
         "lipsync": lipsync + shlex.split(args.lipsync_flags),
         "superres": superres + shlex.split(args.superres_flags),
-        "gateway": [f"--log-level={args.log_level}", *shlex.split(args.gateway_flags)],
+        "gateway": [f"--log-level={args.log_level}", f"--segment-seconds={args.segment_seconds}", *shlex.split(args.gateway_flags)],
+        "render": [f"--log-level={args.log_level}", f"--x264-preset={args.preset}", *shlex.split(args.render_flags)],
     }
 
 
@@ -221,7 +226,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     extra = stage_args(args, workdir)
     result["stage_flags"] = extra
     t = time.perf_counter()
-    replicas = {"lipsync": args.replicas, "superres": args.replicas}
+    counts = [int(c) for c in args.worker_counts.split(",")] if args.worker_counts else [args.workers]
+    replicas = {"lipsync": args.replicas, "superres": args.replicas, "render": max(counts)}
     gpus = args.gpus.split(",") if args.gpus else []
     with LocalCluster(workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout,
                       replicas=replicas, gpus=gpus) as cluster:
@@ -251,10 +257,21 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                     log(f"warm-up job ({args.warmup_seconds:g} s of audio): {result['warmup_seconds']:.2f} s")
 
                 if args.jobs == 1:
-                    first = submit_and_wait(client, avatar.id, speech, sr, args.crf, progress_printer(log))
+                    with GpuSampler() as gpu:
+                        first = submit_and_wait(client, avatar.id, speech, sr, args.crf, progress_printer(log))
+                    result["gpu_utilization"] = gpu.summary()
                 else:
-                    runs = run_jobs(client, avatar.id, speech, sr, args)
-                    result["jobs"] = summarize_jobs(runs, args.concurrency)
+                    result["scaling"] = []
+                    for workers in sorted(counts, reverse=True):
+                        for name in cluster.replica_names("render")[workers:]:
+                            cluster.terminate(name)  # idle between batches: no task to give back
+                        with GpuSampler() as gpu:
+                            runs = run_jobs(client, avatar.id, speech, sr, args)
+                        summary = {"workers": workers, **summarize_jobs(runs, args.concurrency), "gpu_utilization": gpu.summary()}
+                        result["scaling"].append(summary)
+                        log(f"{workers} render workers: {summary['jobs_per_minute']:.1f} jobs/min, "
+                            f"GPU utilisation median {summary['gpu_utilization'].get('median', 'n/a')} %")
+                    result["jobs"] = result["scaling"][0]
                     first = runs[0]
                 job = first["job"]
                 result["submit_rpc_seconds"] = first["submit_rpc_seconds"]
@@ -289,6 +306,37 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     }
     result["realtime_factor"] = job.audio_seconds / result["submit_to_mp4_seconds"]
     return result
+
+
+class GpuSampler:
+    """GPU utilisation (nvidia-smi, every 200 ms, all GPUs averaged) while a block runs; nothing without a GPU."""
+
+    def __enter__(self) -> GpuSampler:
+        import subprocess
+
+        self.samples: list[float] = []
+        self._proc = None
+        if shutil.which("nvidia-smi"):
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
+                stdout=subprocess.PIPE, text=True,
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=10)
+        values = [float(v) for v in out.split() if v.strip().replace(".", "", 1).isdigit()]
+        self.samples = values
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {}
+        ordered = sorted(self.samples)
+        return {"samples": len(ordered), "median": statistics.median(ordered),
+                "p90": ordered[int(0.9 * (len(ordered) - 1))], "mean": statistics.fmean(ordered)}
 
 
 def submit_and_wait(
@@ -390,6 +438,13 @@ def table(result: dict) -> str:
             ("per-job SubmitJob -> MP4 s, p50 / max",
              f"{batch['submit_to_mp4_p50_seconds']:.2f} / {batch['submit_to_mp4_max_seconds']:.2f}"),
         ]
+    for run_ in result.get("scaling", []):
+        gpu = run_["gpu_utilization"]
+        rows.append((f"{run_['workers']} render workers: jobs/min, GPU util median / p90 %",
+                     f"{run_['jobs_per_minute']:.1f}, {gpu.get('median', '-')} / {gpu.get('p90', '-')}"))
+    if result.get("gpu_utilization"):
+        gpu = result["gpu_utilization"]
+        rows.append(("GPU utilisation median / p90 % (this job)", f"{gpu['median']} / {gpu['p90']}"))
     lines = ["| | |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows), ""]
     stages = job["stage_seconds"]
     render_total = stages.get("total") or total
@@ -433,6 +488,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--superres-flags", default="", help="more superres flags")
     p.add_argument("--audio-flags", default="", help="more audio flags")
     p.add_argument("--gateway-flags", default="", help="more gateway flags")
+    p.add_argument("--render-flags", default="", help="more render worker flags")
+    p.add_argument("--workers", type=int, default=0, help="render worker processes (default: the usable CPUs, at least 2)")
+    p.add_argument("--worker-counts", default="", help="with --jobs > 1: e.g. 16,8,4,2,1 runs the batch once per worker count")
+    p.add_argument("--segment-seconds", type=float, default=2.0, help="gateway --segment-seconds")
+    p.add_argument("--preset", default="veryfast", help="render workers' --x264-preset")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for each service to be SERVING")
     p.add_argument("--timeout", type=float, default=3600.0, help="client deadline of each RPC")
     p.add_argument("--log-level", default="INFO", help="services' log level")
@@ -446,6 +506,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.jobs < 1 or args.concurrency < 0:
         p.error("--jobs must be at least 1 and --concurrency at least 0")
     args.concurrency = min(args.concurrency or args.jobs, args.jobs)
+    if not args.workers:
+        from services.common.encoder_threads import usable_cpus
+
+        args.workers = max(2, usable_cpus())
     return args
 
 

@@ -5,6 +5,7 @@
 #                                                     bare SRVGG rows, lipsync + superres through gRPC
 #   bash bench/gpu_session.sh compile    (after services): --backend compile, cold then warm replicas
 #   bash bench/gpu_session.sh e2e        carry .whlcv : adds OpenCV 4 (Haar) to .devsite, 60 s 720p e2e
+#   bash bench/gpu_session.sh jobs       (after e2e)  : 16 concurrent 30 s jobs with 16, 8, 4, 2, 1 render workers
 # `e2e` reuses the .devsite of a `services` call on the same warm machine. Results: JSON + logs in $OUT.
 # Extra arguments after the phase are passed on (`services`: run names to keep; `e2e`: bench_e2e flags).
 set -u
@@ -85,20 +86,17 @@ compile)  # --backend compile: a cold compile that fills $CACHE, then replicas t
   ls -la "$CACHE" | tee "$OUT/compile-cache.txt"
   ;;
 e2e)  # needs OpenCV 4 (Haar) for CreateAvatar: carry .whlcv; reuses .whl from a `services` call
-  # E2E_SINGLE=0 skips the one-clip run and keeps only the jobs-per-minute runs (2-GPU hosts)
-  [ "${E2E_SINGLE:-1}" = 0 ] || timeout 300 python3 bench/bench_e2e.py --device cuda --warmup-seconds 4 --log-level INFO \
+  # One 60 s 720p clip with SR (render workers: one per core), SubmitJob -> MP4.
+  # The warm-up job (64 s = 32 segments) gives every worker its copy of the avatar, as in production.
+  timeout 250 python3 bench/bench_e2e.py --device cuda --warmup-seconds 64 --log-level INFO \
     --workdir "$OUT/e2e-work" --out "$OUT/e2e-720p-60s.json" "$@" 2>&1 | grep -vE '^\s*$' | tail -40
-  if [ "$gpus" -ge 2 ]; then
-    for r in 1 2; do
-      g=$([ $r = 1 ] && echo 0 || echo 0,1)
-      timeout 240 python3 bench/bench_e2e.py --device cuda --replicas $r --gpus $g --jobs 8 --concurrency 8 \
-        --gateway-flags=--max-concurrent-jobs=8 --audio-seconds 30 --warmup-seconds 4 --out "$OUT/e2e-jobs-r$r.json" 2>&1 \
-        | grep -E 'jobs|SubmitJob|rror' | tail -8
-    done
-  fi
-  rm -rf "$OUT"/e2e-work/*.mp4 "$OUT"/e2e-work/*.wav "$OUT"/e2e-work/*.pth "$OUT"/e2e-work/cluster/outputs "$OUT"/e2e-work/cluster/var 2>/dev/null
+  rm -rf "$OUT"/e2e-work
   ;;
-*) echo "usage: $0 services|compile|e2e [...]" >&2; exit 2 ;;
+jobs)  # 16 concurrent 30 s 720p jobs with SR, with 16, 8, 4, 2 and 1 render workers (after `e2e`)
+  timeout 560 python3 bench/bench_e2e.py --device cuda --audio-seconds 30 --jobs 16 --warmup-seconds 64 \
+    --worker-counts ${COUNTS:-16,8,4,2,1} --out "$OUT/e2e-jobs.json" "$@" 2>&1 | grep -E 'jobs|workers|SubmitJob|rror|Trace' | tail -30
+  ;;
+*) echo "usage: $0 services|compile|e2e|jobs [...]" >&2; exit 2 ;;
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
 ( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$phase.tgz" -print0 \

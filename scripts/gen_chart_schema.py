@@ -15,9 +15,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "helm" / "lipline" / "values.schema.json"
-# Settings the chart's templates set themselves (ports, device, addresses, volumes' paths).
+# Settings the chart's templates set themselves (ports, device, addresses, stores, volumes' paths).
 CHART_MANAGED = {"host", "port", "port_file", "metrics_port", "device", "compile_cache_dir", "audio_address",
-                 "lipsync_address", "superres_address", "data_dir", "output_dir"}
+                 "lipsync_address", "superres_address", "job_store", "blob_store", "cache_dir"}
 
 
 def settings_classes() -> dict[str, type]:
@@ -25,11 +25,13 @@ def settings_classes() -> dict[str, type]:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     from services.audio.service import AudioSettings
-    from services.gateway.service import GatewaySettings
+    from services.gateway.settings import GatewaySettings
     from services.lipsync.service import LipSyncSettings
+    from services.render.settings import RenderSettings
     from services.superres.service import SuperResSettings
 
-    return {"audio": AudioSettings, "lipsync": LipSyncSettings, "superres": SuperResSettings, "gateway": GatewaySettings}
+    return {"audio": AudioSettings, "lipsync": LipSyncSettings, "superres": SuperResSettings, "render": RenderSettings,
+            "gateway": GatewaySettings}
 
 
 def _config_schema(cls: type) -> dict[str, Any]:
@@ -44,29 +46,58 @@ PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 RESOURCES = {"type": "object", "properties": {"requests": OBJ, "limits": OBJ}, "additionalProperties": False}
 
 
-def _stage_schema(cls: type, gateway: bool) -> dict[str, Any]:
+def _stage_schema(cls: type, stages: list[str]) -> dict[str, Any]:
     props: dict[str, Any] = {
         "port": PORT, "metricsPort": PORT,
         "replicas": {"type": "integer", "minimum": 0},
         "gpu": {"type": "integer", "minimum": 0, "description": "GPUs per pod (gpu.resourceName); 0 = a CPU stage"},
+        "headless": {"type": "boolean", "description": "a headless Service (callers balance with dns:///); false = service.type"},
+        "public": {"type": "boolean", "description": "the public API: reachable by networkPolicy.gatewayFrom and helm test"},
+        "stores": {"type": "boolean", "description": "uses the job and blob stores (values `store`)"},
+        "dials": {"type": "array", "uniqueItems": True, "items": {"enum": stages},
+                  "description": "stages this one calls: LIPLINE_<STAGE>_ADDRESS, and who their NetworkPolicy admits"},
+        "cache": {"type": "object", "additionalProperties": False, "required": ["sizeLimit"],
+                  "description": "a scratch emptyDir at /cache, as LIPLINE_CACHE_DIR",
+                  "properties": {"sizeLimit": {"type": "string", "minLength": 1}}},
         "config": _config_schema(cls),
         "resources": RESOURCES,
         "autoscaling": {"type": "object", "additionalProperties": False,
                         "required": ["enabled", "minReplicas", "maxReplicas", "metric", "target"],
                         "properties": {"enabled": {"type": "boolean"}, "minReplicas": {"type": "integer", "minimum": 1},
                                        "maxReplicas": {"type": "integer", "minimum": 1},
-                                       "metric": {"enum": ["cpu", "gpu", "queue"]},
-                                       "target": {"type": "number", "exclusiveMinimum": 0}}},
+                                       "metric": {"enum": ["cpu", "gpu", "queue", "segments"]},
+                                       "target": {"type": "number", "exclusiveMinimum": 0},
+                                       "cpu": {"type": "integer", "minimum": 1, "maximum": 1000,
+                                               "description": "also scale on CPU utilisation (percent of requests)"},
+                                       "behavior": OBJ}},
         "pdb": {"type": ["object", "null"], "additionalProperties": False,
                 "properties": {"minAvailable": {"type": ["integer", "string"]}}},
         "startupSeconds": {"type": "integer", "minimum": 5},
+        "service": {"type": "object", "additionalProperties": False, "description": "the Service when headless is false",
+                    "properties": {"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "annotations": OBJ}},
     }
-    if gateway:
-        props["service"] = {"type": "object", "additionalProperties": False, "properties": {
-            "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "annotations": OBJ}}
-        props["storage"] = {"type": "object", "additionalProperties": False, "properties": {
-            "existingClaim": {"type": "string"}, "sizeLimit": {"type": "string"}}}
-    return {"type": "object", "additionalProperties": False, "required": ["port", "metricsPort", "gpu"], "properties": props}
+    return {"type": "object", "additionalProperties": False,
+            "required": ["port", "metricsPort", "gpu", "headless", "public", "stores", "dials"], "properties": props}
+
+
+def _store_schema() -> dict[str, Any]:
+    secret_ref = {"type": "string", "description": "name of an existing Secret"}
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "jobStore": {"type": "object", "additionalProperties": False, "properties": {
+            "existingSecret": secret_ref, "secretKey": {"type": "string", "minLength": 1},
+            "url": {"type": "string", "pattern": "^(postgres(ql)?://.+)?$",
+                    "description": "a PostgreSQL DSN; empty = existingSecret, else the local SQLite store"}}},
+        "blobStore": {"type": "object", "additionalProperties": False, "properties": {
+            "url": {"type": "string", "pattern": "^(s3://[^/]+.*)?$", "description": "s3://bucket/prefix"},
+            "s3": {"type": "object", "additionalProperties": False, "properties": {
+                "existingSecret": secret_ref, "endpoint": {"type": "string", "pattern": "^(https?://.+)?$"},
+                "region": {"type": "string"}}},
+            "persistence": {"type": "object", "additionalProperties": False, "properties": {
+                "existingClaim": {"type": "string"}, "mountPath": {"type": "string", "pattern": "^/"}}}}},
+        "local": {"type": "object", "additionalProperties": False, "properties": {
+            "enabled": {"type": "boolean"}, "existingClaim": {"type": "string"}, "size": {"type": "string", "minLength": 1},
+            "storageClassName": {"type": "string"}, "mountPath": {"type": "string", "pattern": "^/"}}},
+    }}
 
 
 def build() -> dict[str, Any]:
@@ -93,7 +124,8 @@ def build() -> dict[str, Any]:
             "models": claim,
             "compileCache": claim,
             "stages": {"type": "object", "additionalProperties": False, "required": list(settings),
-                       "properties": {name: _stage_schema(cls, name == "gateway") for name, cls in settings.items()}},
+                       "properties": {name: _stage_schema(cls, list(settings)) for name, cls in settings.items()}},
+            "store": _store_schema(),
             "autoscalingBehavior": OBJ,
             "keda": {"type": "object", "additionalProperties": False, "properties": {
                 "enabled": {"type": "boolean"}, "prometheusAddress": {"type": "string", "pattern": "^https?://"}}},

@@ -56,3 +56,19 @@ fi
 
 # 4. Tools the chart tests run for real: Helm (a pinned, checksummed official build; see the script).
 "$VENV/bin/python" scripts/install_helm.py "$VENV/bin/helm"
+
+# 5. The S3-compatible server the blob store tests run against (moto's standalone server), in its own
+#    virtual environment: moto needs botocore, whose python-dateutil<3 clashes with the kubernetes
+#    client's >=3 in requirements.lock. Re-installed only when requirements-s3server.lock changes.
+S3SERVER_VENV=.venv-s3server
+if [[ ! -x $S3SERVER_VENV/bin/python ]]; then
+  echo "install: creating $S3SERVER_VENV (the S3 test server) with $($PYTHON --version)"
+  "$PYTHON" -m venv "$S3SERVER_VENV"
+fi
+stamp=$S3SERVER_VENV/.lipline-lock.sha256
+want=$(sha256sum requirements-s3server.lock | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  echo "install: pip install -r requirements-s3server.lock into $S3SERVER_VENV"
+  "$S3SERVER_VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-s3server.lock
+  echo "$want" > "$stamp"
+fi

@@ -498,3 +498,83 @@ def probe_media(path: Path) -> dict:
             "audio_duration": audio_duration,
             "audio_rate": audio_rate,
         }
+
+
+# --------------------------------------------------------------------------------------------------
+# Segments of a job: AAC track once, H.264 segments by workers, joined by a stream copy
+# --------------------------------------------------------------------------------------------------
+
+
+def encode_aac(audio: np.ndarray, rate: int, path: Path) -> None:
+    """Encode mono float PCM into an AAC-in-MP4 file (`path`, atomically): the job's audio track.
+
+    Made once at SubmitJob, so the join of a job's segments is a pure stream copy of both tracks.
+    """
+    out = _AtomicMp4(path)
+    try:
+        track = _AacTrack(out.container, audio, rate)
+        track.finish()
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+
+
+def join_segments(parts: Sequence[Path], path: Path, fps: float, audio: Path | None) -> int:
+    """Join H.264 MP4 segments of one clip into ``path`` with the AAC track of ``audio``, both by stream copy.
+
+    Every part must come from `Mp4Writer` with the same size, rate and encoder settings and start
+    at its own frame 0 (what render workers write); each part's timestamps are shifted by the frames
+    before it. Audio packets are interleaved by time with the video (players read ahead little).
+    Written atomically.
+
+    Returns:
+        The number of video frames written.
+    """
+    if not parts:
+        raise ValueError("no segments to join")
+    rate = exact_rate(fps)
+    out = _AtomicMp4(path)
+    audio_in = av.open(str(audio)) if audio is not None else None
+    try:
+        with av.open(str(parts[0])) as first:
+            video = out.container.add_stream_from_template(first.streams.video[0])
+        audio_out = None
+        audio_packets = iter(())
+        if audio_in is not None:
+            source_audio = audio_in.streams.audio[0]
+            audio_out = out.container.add_stream_from_template(source_audio)
+            audio_packets = (p for p in audio_in.demux(source_audio) if p.dts is not None)
+        pending_audio = next(audio_packets, None)
+        frames = 0
+        for part in parts:
+            with av.open(str(part)) as source:
+                stream = source.streams.video[0]
+                shift = round(frames / rate / stream.time_base)  # this part's start, in its time base
+                count = 0
+                for packet in source.demux(stream):
+                    if packet.dts is None:  # the demuxer's end-of-stream marker
+                        continue
+                    packet.pts += shift
+                    packet.dts += shift
+                    packet.stream = video
+                    out.container.mux(packet)
+                    count += 1
+                    now = (frames + count) / rate
+                    while pending_audio is not None and pending_audio.dts * pending_audio.time_base <= now:
+                        pending_audio.stream = audio_out
+                        out.container.mux(pending_audio)
+                        pending_audio = next(audio_packets, None)
+            frames += count
+        while pending_audio is not None:
+            pending_audio.stream = audio_out
+            out.container.mux(pending_audio)
+            pending_audio = next(audio_packets, None)
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+    finally:
+        if audio_in is not None:
+            audio_in.close()
+    return frames

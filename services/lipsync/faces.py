@@ -14,6 +14,8 @@ from typing import Protocol
 import cv2
 import numpy as np
 
+from services.common.crops import Box  # (x1, y1, x2, y2), x2/y2 exclusive; re-exported
+
 __all__ = [
     "Box",
     "FaceDetector",
@@ -24,8 +26,6 @@ __all__ = [
     "prepare_boxes",
 ]
 
-Box = tuple[int, int, int, int]
-"""(x1, y1, x2, y2) in pixels; x2/y2 exclusive, as used for `frame[y1:y2, x1:x2]`."""
 
 DEFAULT_PADS: tuple[int, int, int, int] = (0, 10, 0, 0)  # top, bottom, left, right (upstream --pads)
 SMOOTH_T = 5  # upstream get_smoothened_boxes window

@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import torch
 
-from services.lipsync.faces import Box
+from services.common.crops import IMG_SIZE, crop_and_resize
 
 __all__ = [
     "IMG_SIZE",
@@ -21,18 +21,6 @@ __all__ = [
     "to_uint8_faces",
     "resize_to",
 ]
-
-IMG_SIZE = 96
-
-
-def crop_and_resize(frame: np.ndarray, box: Box, size: int = IMG_SIZE) -> np.ndarray:
-    """`frame[y1:y2, x1:x2]` resized to (size, size) with INTER_LINEAR (upstream's cv2 default)."""
-    x1, y1, x2, y2 = box
-    face = frame[y1:y2, x1:x2]
-    if face.size == 0:
-        raise ValueError(f"empty face crop for box {box} in a frame of shape {frame.shape}")
-    return cv2.resize(face, (size, size), interpolation=cv2.INTER_LINEAR)
-
 
 def model_inputs(faces: np.ndarray) -> np.ndarray:
     """(B, S, S, 3) uint8 BGR faces -> (B, 6, S, S) float32: [lower-half-masked face, face] / 255.

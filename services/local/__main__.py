@@ -1,13 +1,19 @@
 """`python -m services.local`: the whole pipeline on this machine, from sample inputs to an MP4.
 
-Starts the four services as separate processes on 127.0.0.1 (CPU when there is no GPU), registers
-the avatar, submits the audio through the public gRPC API, follows the job's progress, downloads the
-MP4 and checks it (H.264 + AAC, duration), then shuts the services down with SIGTERM.
+Starts the services as separate processes on 127.0.0.1 (CPU when there is no GPU): the audio,
+lipsync and superres stages, the gateway and two render workers, on the embedded stores (an SQLite
+file and a folder under --workdir). Then registers the avatar, submits the audio through the public
+gRPC API, follows the job's progress, downloads the MP4 and checks it (H.264 + AAC, duration), and
+shuts the services down with SIGTERM.
+
+`python -m services.local serve` starts the same services and keeps them running (Ctrl-C stops
+them), printing the gateway's address for a product backend or a developer to call.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,6 +26,10 @@ from services.local.cluster import REPO_ROOT, LocalCluster
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m services.local", description=__doc__.splitlines()[0])
+    p.add_argument("command", nargs="?", choices=["demo", "serve"], default="demo",
+                   help="demo: render the sample and stop (default); serve: keep the services running")
+    p.add_argument("--workers", type=int, default=2, help="render worker processes")
+    p.add_argument("--gateway-port", type=int, default=0, help="serve: the gateway's port (0 = any free port)")
     p.add_argument("--avatar", type=Path, default=REPO_ROOT / "samples" / "avatar.jpg", help="photo or video")
     p.add_argument("--audio", type=Path, default=REPO_ROOT / "samples" / "speech.wav", help="speech audio file")
     p.add_argument("--output", type=Path, default=REPO_ROOT / "outputs" / "demo.mp4")
@@ -38,10 +48,21 @@ def main(argv: list[str] | None = None) -> int:
         "lipsync": [f"--checkpoint={args.checkpoint}"] if args.checkpoint else [],
         "superres": [f"--model={args.sr_model}"] + ([f"--checkpoint={args.sr_checkpoint}"] if args.sr_checkpoint else []),
     }
-    print(f"starting audio, lipsync, superres and gateway on 127.0.0.1 (logs in {args.workdir})", flush=True)
+    if args.gateway_port:
+        extra["gateway"] = [f"--port={args.gateway_port}"]
+    print(f"starting audio, lipsync, superres, gateway and {args.workers} render workers on 127.0.0.1 "
+          f"(logs in {args.workdir})", flush=True)
     started = time.perf_counter()
-    with LocalCluster(args.workdir, output_dir=args.workdir / "outputs", extra_args=extra) as cluster:
+    with LocalCluster(args.workdir, extra_args=extra, replicas={"render": args.workers}) as cluster:
         print(f"all services SERVING after {time.perf_counter() - started:.1f} s; gateway at {cluster.gateway_address}")
+        if args.command == "serve":
+            print("serving; Ctrl-C (or SIGTERM) stops every service", flush=True)
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                pass
+            return 0
         with LiplineClient(cluster.gateway_address) as client:
             _, job = render_file(client, args.avatar, args.audio, args.output,
                                  super_resolution=not args.no_super_resolution,

@@ -33,9 +33,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # Parts of 0.8 s: the 2.4 s test speech is encoded as 3 parallel parts joined by a stream copy,
-    # so every pipeline test (frame count, mouth per frame, untouched background) covers the join.
-    gateway = ["--encoder-segment-min-s=0.8"]
+    # Segments of 0.8 s: the 2.4 s test speech is rendered as 3 segments (by the two workers) joined
+    # by a stream copy, so every pipeline test (frame count, mouth per frame, background) covers the join.
+    gateway = ["--segment-seconds=0.8"]
     with start_cluster(tmp_path_factory.mktemp("cluster"), extra_args={"gateway": gateway}) as c:
         yield c
 

@@ -210,7 +210,7 @@ def test_unknown_job(mclient: LiplineClient) -> None:
 
 def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.Avatar, cluster: LocalCluster) -> None:
     # 60 s of audio = 1,500 frames: seconds of work, so the job is surely not finished yet. It is
-    # encoded as 4 parallel parts (the session cluster's parts are 0.8 s): a cancel removes them all.
+    # rendered as 75 segments (the session cluster's are 0.8 s): a cancel removes every one.
     job = mclient.submit(avatar.id, encode_tone("wav", 60.0, rate=16000, channels=1))
     stub = mclient.stub
     download = lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id))  # noqa: E731
@@ -226,9 +226,11 @@ def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.
     assert cancelled.error_code == grpc.StatusCode.CANCELLED.value[0]
     assert mclient.wait(job.id).state == gateway_pb2.JOB_STATE_CANCELLED
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "CANCELLED")
-    # The render task cleans up just after the job turns CANCELLED.
-    eventually(lambda: not [p for p in cluster.outputs_dir.iterdir() if job.id in p.name], timeout=10,
-               what=f"the part files of job {job.id} to be removed")
+    # Workers drop the job's segments within a heartbeat; nothing of it is left in the blob store.
+    job_blobs = cluster.blob_dir / "jobs" / job.id
+    eventually(lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")), timeout=10,
+               what=f"the blobs of job {job.id} to be removed")
+    assert not (cluster.blob_dir / "outputs" / f"{job.id}.mp4").exists()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -193,7 +193,11 @@ def test_keda_trigger_queries_as_rendered_by_the_chart(prometheus: Prometheus, c
     ).stdout
     triggers = {d["metadata"]["name"]: d["spec"]["triggers"][0]["metadata"]["query"]
                 for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ScaledObject"}
-    assert set(triggers) == {f"{RELEASE}-lipsync", f"{RELEASE}-superres"}
+    assert set(triggers) == {f"{RELEASE}-lipsync", f"{RELEASE}-superres", f"{RELEASE}-render"}
+    # Render workers scale on the segments waiting (the job store is SQLite here: a Prometheus trigger);
+    # every worker exports the shared queue, so the query has one value whatever the worker count.
+    rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-render"]), what="the render KEDA query")
+    assert len(rows) == 1 and float(rows[0]["value"][1]) >= 0
     avatar = client.create_avatar(avatar_bytes)
     client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
     # superres scales on queue time, which the job above gives a value.

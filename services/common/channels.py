@@ -1,4 +1,4 @@
-"""Clients of the three stage services, as the gateway uses them.
+"""Channels to the stage services, as the gateway and the render workers use them.
 
 One aio channel per stage with explicit message limits and client-side round-robin over whatever
 the address resolves to (in Kubernetes `dns:///<headless-service>:<port>` lists every ready pod;
@@ -7,21 +7,18 @@ the address resolves to (in Kubernetes `dns:///<headless-service>:<port>` lists 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lipline.v1 import audio_pb2, audio_pb2_grpc, lipsync_pb2, lipsync_pb2_grpc, superres_pb2_grpc
-from services.common.codec import image_to_proto
 from services.common.errors import LiplineError
 from services.common.server import channel_options
-from services.common.tracing import outgoing_metadata
-from services.lipsync.faces import Box
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -70,21 +67,19 @@ def open_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
 
 
 class StageClients:
-    """Channels and stubs for the audio, lipsync and superres stages."""
+    """One channel per stage this process calls (the gateway: audio, lipsync; a render worker:
+    lipsync, superres), with explicit message limits and round-robin over the stage's replicas."""
 
-    def __init__(self, audio: str, lipsync: str, superres: str, max_message_bytes: int) -> None:
-        self.addresses = {"audio": audio, "lipsync": lipsync, "superres": superres}
+    def __init__(self, addresses: dict[str, str], max_message_bytes: int) -> None:
+        self.addresses = dict(addresses)
         self.channels = {name: open_channel(addr, max_message_bytes) for name, addr in self.addresses.items()}
-        self.audio = audio_pb2_grpc.AudioServiceStub(self.channels["audio"])
-        self.lipsync = lipsync_pb2_grpc.LipSyncServiceStub(self.channels["lipsync"])
-        self.superres = superres_pb2_grpc.SuperResServiceStub(self.channels["superres"])
 
     async def close(self) -> None:
         for channel in self.channels.values():
             await channel.close()
 
     async def check(self, stage: str, timeout: float = 2.0) -> bool:
-        """True when the stage reports SERVING (used by the gateway's own readiness)."""
+        """True when the stage reports SERVING."""
         stub = health_pb2_grpc.HealthStub(self.channels[stage])
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
@@ -92,37 +87,15 @@ class StageClients:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-    async def detect_faces(
-        self, frames: np.ndarray, request_id: str = "", per_message: int = 8, timeout: float | None = None
-    ) -> list[Box | None]:
-        """Detect (padded, smoothed) face boxes for every frame of an avatar."""
-
-        async def requests() -> AsyncIterator[lipsync_pb2.DetectFacesRequest]:
-            for start in range(0, len(frames), per_message):
-                yield lipsync_pb2.DetectFacesRequest(
-                    frames=[
-                        lipsync_pb2.IndexedFrame(index=i, image=image_to_proto(frames[i]))
-                        for i in range(start, min(start + per_message, len(frames)))
-                    ]
-                )
-
-        boxes: list[Box | None] = [None] * len(frames)
-        call = self.lipsync.DetectFaces(requests(), metadata=outgoing_metadata(request_id), timeout=timeout)
-        async for response in call:
-            for face in response.faces:
-                if face.found:
-                    boxes[face.index] = (face.box.x1, face.box.y1, face.box.x2, face.box.y2)
-        return boxes
-
-    def extract(
-        self, audio: bytes, fps: float, request_id: str = "", chunk_bytes: int = 1 << 20
-    ) -> AsyncIterator[audio_pb2.ExtractResponse]:
-        async def requests() -> AsyncIterator[audio_pb2.ExtractRequest]:
-            yield audio_pb2.ExtractRequest(options=audio_pb2.ExtractOptions(fps=fps), data=audio[:chunk_bytes])
-            for start in range(chunk_bytes, len(audio), chunk_bytes):
-                yield audio_pb2.ExtractRequest(data=audio[start : start + chunk_bytes])
-
-        return self.audio.Extract(requests(), metadata=outgoing_metadata(request_id))
+    async def wait_serving(self, timeout_s: float) -> None:
+        """Wait until every stage is SERVING (start-up); RuntimeError naming the first that is not."""
+        deadline = time.monotonic() + timeout_s
+        for stage in self.addresses:
+            while not await self.check(stage):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{stage} stage at {self.addresses[stage]} is not SERVING after {timeout_s:g} s")
+                await asyncio.sleep(0.2)
+        _LOGGER.info("stages SERVING", extra=self.addresses)
 
 
 def stage_error_message(stage: str, exc: grpc.aio.AioRpcError) -> str:
@@ -135,6 +108,18 @@ class StageFailed(LiplineError):
     def __init__(self, stage: str, exc: grpc.aio.AioRpcError) -> None:
         super().__init__(stage_error_message(stage, exc))
         self.code = exc.code()
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE_CODES
+
+
+# A stage call that ended with one of these may work on another try (another replica, later); the
+# others say the request itself is wrong, and trying again cannot help.
+RETRYABLE_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
+    grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED,
+})
 
 
 @contextlib.asynccontextmanager

@@ -1,10 +1,10 @@
-"""The gateway's discovery seam: what each stage address setting becomes as a gRPC target."""
+"""The discovery seam of stage clients (gateway, render workers): what each stage address setting becomes as a gRPC target."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.gateway.stages import grpc_target
+from services.common.channels import grpc_target
 
 
 @pytest.mark.parametrize(

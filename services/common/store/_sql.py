@@ -1,0 +1,558 @@
+"""What the SQLite and PostgreSQL job stores share: the schema, the queries and the rules of a job's life.
+
+The two stores differ only in how a transaction runs (BEGIN IMMEDIATE on one file, or a pooled
+connection with row locks), whose clock counts, and how changes are announced (NOTIFY or nothing).
+What claim, complete, cancel and the rest do is written once here, so both stores behave the same;
+the SQL below is the subset both dialects accept, with `?` placeholders (PostgreSQL's store turns
+them into `%s`).
+
+Lock order on PostgreSQL (so two transactions never wait on each other in a circle): task rows of a
+job before its job row, and a job's task rows in ascending index (the join, index -1, first). Every
+transaction that changes several tasks of a job takes the join's row first; a claim holds a single
+task row; a claim that finds a task out of attempts fails its job in a transaction of its own.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+import json
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from services.common.errors import NotFound, TooLarge
+from services.common.store.jobs import (
+    JOIN_INDEX,
+    AvatarRecord,
+    ChangeFeed,
+    Job,
+    JobState,
+    JobStore,
+    NewJob,
+    QueueStats,
+    Task,
+    TaskState,
+)
+
+T = TypeVar("T")
+Row = Mapping[str, Any]
+
+SCHEMA_VERSION = 1
+ABORTED = grpc.StatusCode.ABORTED.value[0]
+CANCELLED = grpc.StatusCode.CANCELLED.value[0]
+NOTIFY_CHANNEL = "lipline_jobs"
+# Keys of the transaction-scoped advisory locks (PostgreSQL): one per purpose, arbitrary constants.
+MIGRATE_LOCK = 0x6C69706C696E01
+CREATE_LOCK = 0x6C69706C696E02
+
+_ACTIVE = f"state IN ({int(JobState.QUEUED)}, {int(JobState.RUNNING)})"
+_WAITING, _LEASED, _BLOCKED, _DONE = (f"'{s.value}'" for s in (TaskState.WAITING, TaskState.LEASED,
+                                                               TaskState.BLOCKED, TaskState.DONE))
+
+
+def schema(blob_type: str) -> list[str]:
+    """The statements of schema version 1 (idempotent); `blob_type` is BLOB or BYTEA."""
+    task_states = ", ".join(f"'{s.value}'" for s in TaskState)
+    return [
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+        f"""CREATE TABLE IF NOT EXISTS jobs (
+            id TEXT PRIMARY KEY,
+            avatar_id TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            state INTEGER NOT NULL,
+            stage TEXT NOT NULL,
+            options {blob_type} NOT NULL,
+            audio_seconds DOUBLE PRECISION NOT NULL,
+            fps DOUBLE PRECISION NOT NULL,
+            total_frames INTEGER NOT NULL,
+            frames_done INTEGER NOT NULL DEFAULT 0,
+            segments_total INTEGER NOT NULL,
+            segments_done INTEGER NOT NULL DEFAULT 0,
+            error TEXT NOT NULL DEFAULT '',
+            error_code INTEGER NOT NULL DEFAULT 0,
+            models TEXT NOT NULL DEFAULT '[]',
+            stage_seconds TEXT NOT NULL DEFAULT '{{}}',
+            create_time DOUBLE PRECISION NOT NULL,
+            start_time DOUBLE PRECISION NOT NULL DEFAULT 0,
+            finish_time DOUBLE PRECISION NOT NULL DEFAULT 0,
+            output_key TEXT NOT NULL DEFAULT '',
+            output_bytes BIGINT NOT NULL DEFAULT 0,
+            version BIGINT NOT NULL DEFAULT 1
+        )""",
+        "CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state)",
+        "CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner)",
+        f"""CREATE TABLE IF NOT EXISTS tasks (
+            job_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ({task_states})),
+            start_frame INTEGER NOT NULL,
+            end_frame INTEGER NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            token TEXT NOT NULL DEFAULT '',
+            worker TEXT NOT NULL DEFAULT '',
+            lease_expires DOUBLE PRECISION NOT NULL DEFAULT 0,
+            ready_time DOUBLE PRECISION NOT NULL DEFAULT 0,
+            PRIMARY KEY (job_id, idx)
+        )""",
+        "CREATE INDEX IF NOT EXISTS tasks_state ON tasks (state)",
+        """CREATE TABLE IF NOT EXISTS avatars (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            fps DOUBLE PRECISION NOT NULL,
+            frame_count INTEGER NOT NULL,
+            width INTEGER NOT NULL,
+            height INTEGER NOT NULL,
+            faces_found INTEGER NOT NULL,
+            create_time DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS avatars_create_time ON avatars (create_time)",
+    ]
+
+
+# -- rows <-> dataclasses, and the texts users read ----------------------------------------------------
+def encode_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def job_from_row(row: Row) -> Job:
+    return Job(
+        id=row["id"],
+        avatar_id=row["avatar_id"],
+        owner=row["owner"],
+        state=JobState(row["state"]),
+        stage=row["stage"],
+        options=bytes(row["options"]),
+        audio_seconds=float(row["audio_seconds"]),
+        fps=float(row["fps"]),
+        total_frames=int(row["total_frames"]),
+        frames_done=int(row["frames_done"]),
+        segments_total=int(row["segments_total"]),
+        segments_done=int(row["segments_done"]),
+        error=row["error"],
+        error_code=int(row["error_code"]),
+        models=json.loads(row["models"]),
+        stage_seconds=json.loads(row["stage_seconds"]),
+        create_time=float(row["create_time"]),
+        start_time=float(row["start_time"]),
+        finish_time=float(row["finish_time"]),
+        output_key=row["output_key"],
+        output_bytes=int(row["output_bytes"]),
+        version=int(row["version"]),
+    )
+
+
+def avatar_from_row(row: Row) -> AvatarRecord:
+    return AvatarRecord(**{f.name: row[f.name] for f in dataclasses.fields(AvatarRecord)})
+
+
+def add_seconds(total: Mapping[str, float], more: Mapping[str, float]) -> dict[str, float]:
+    out = dict(total)
+    for stage, seconds in more.items():
+        out[stage] = out.get(stage, 0.0) + float(seconds)
+    return out
+
+
+def task_name(job_id: str, index: int) -> str:
+    return f"the join of job {job_id}" if index == JOIN_INDEX else f"segment {index} of job {job_id}"
+
+
+def exhausted_message(job_id: str, index: int, attempts: int) -> str:
+    return (
+        f"{task_name(job_id, index)} was started {attempts} times and never finished: each time its "
+        "render worker stopped renewing the lease (crashed, was evicted or lost the database) or gave it "
+        "back after an error; see the render workers' logs"
+    )
+
+
+def too_many_message(active: int, limit: int, owner: str | None = None) -> str:
+    who = f"client {owner!r} has" if owner is not None else "the service has"
+    scope = " for one client" if owner is not None else ""
+    return f"{who} {active} jobs queued or running (limit {limit}{scope}); retry later"
+
+
+CANCELLED_MESSAGE = "the job was cancelled"
+
+
+# -- transactions --------------------------------------------------------------------------------------
+class Tx(abc.ABC):
+    """One open transaction. SQL uses `?` placeholders; rows are mappings by column name."""
+
+    @abc.abstractmethod
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run a statement; the number of rows it changed."""
+
+    @abc.abstractmethod
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None: ...
+
+    @abc.abstractmethod
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock (Unix seconds): what leases are measured with."""
+
+    def notify(self, job_id: str) -> None:  # noqa: B027 - only PostgreSQL announces changes
+        """Announce, at commit, that the job changed."""
+
+    def lock(self, key: int) -> None:  # noqa: B027 - SQLite's write transactions are exclusive anyway
+        """Hold a lock named `key` until the transaction ends (serializes e.g. limit checks)."""
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Exhausted:
+    """A claim found a task out of attempts: its job must fail before the claim goes on."""
+
+    job_id: str
+    index: int
+    attempts: int
+
+
+class SqlJobStore(JobStore):
+    """The JobStore over a `Tx`; subclasses supply `_transaction`, the dialect bits and the feed."""
+
+    blob_type = "BLOB"
+    row_lock = ""     # appended to SELECTs of rows the transaction will change (PostgreSQL: FOR UPDATE)
+    claim_lock = ""   # appended to the claim's SELECT (PostgreSQL: FOR UPDATE OF t SKIP LOCKED)
+
+    @abc.abstractmethod
+    def _transaction(self, fn: Callable[[Tx], T], write: bool = True) -> T:
+        """Run `fn` in one transaction (committed when it returns, rolled back when it raises);
+        StoreUnavailable when the database cannot be reached."""
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def migrate(self) -> None:
+        def run(tx: Tx) -> None:
+            tx.lock(MIGRATE_LOCK)
+            for statement in schema(self.blob_type):
+                tx.execute(statement)
+            row = tx.one("SELECT max(version) AS version FROM schema_version")
+            current = int(row["version"] or 0) if row else 0
+            if current > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"the job store's schema is version {current}, newer than this lipline's "
+                    f"({SCHEMA_VERSION}): upgrade lipline before pointing it at this database"
+                )
+            if current < SCHEMA_VERSION:
+                tx.execute("DELETE FROM schema_version")
+                tx.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+
+        self._transaction(run)
+
+    # -- reads used by feeds ------------------------------------------------------------------------
+    def job_version(self, job_id: str) -> int:
+        """The job's `version` (NotFound when absent): what a ChangeFeed compares against."""
+        row = self._transaction(lambda tx: tx.one("SELECT version FROM jobs WHERE id = ?", (job_id,)), write=False)
+        if row is None:
+            raise NotFound(f"job {job_id!r} does not exist")
+        return int(row["version"])
+
+    def job_versions(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """Versions of those of `job_ids` that exist (one query per 500 ids)."""
+
+        def run(tx: Tx) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for i in range(0, len(job_ids), 500):
+                chunk = list(job_ids[i : i + 500])
+                marks = ", ".join("?" * len(chunk))
+                for row in tx.query(f"SELECT id, version FROM jobs WHERE id IN ({marks})", chunk):
+                    out[row["id"]] = int(row["version"])
+            return out
+
+        return self._transaction(run, write=False) if job_ids else {}
+
+    # -- helpers inside a transaction ---------------------------------------------------------------
+    def _job(self, tx: Tx, job_id: str, lock: bool = False) -> Job:
+        row = tx.one("SELECT * FROM jobs WHERE id = ?" + (self.row_lock if lock else ""), (job_id,))
+        if row is None:
+            raise NotFound(f"job {job_id!r} does not exist")
+        return job_from_row(row)
+
+    def _update_job(self, tx: Tx, job_id: str, only_if: str = "", **fields: Any) -> bool:
+        """The one way a job row changes: bumps `version` and announces it. `only_if` is an extra
+        SQL condition (e.g. that the job is still active); False when it did not hold."""
+        sets = "".join(f"{name} = ?, " for name in fields)
+        sql = f"UPDATE jobs SET {sets}version = version + 1 WHERE id = ?" + (f" AND {only_if}" if only_if else "")
+        changed = tx.execute(sql, [*fields.values(), job_id]) > 0
+        if changed:
+            tx.notify(job_id)
+        return changed
+
+    def _lock_tasks(self, tx: Tx, job_id: str, join_only: bool = False) -> None:
+        """Lock the job's task rows in the global order (PostgreSQL; SQLite's transaction is exclusive)."""
+        if self.row_lock:
+            where = f" AND idx = {JOIN_INDEX}" if join_only else ""
+            tx.query(f"SELECT idx FROM tasks WHERE job_id = ?{where} ORDER BY idx{self.row_lock}", (job_id,))
+
+    def _end_job(self, tx: Tx, job_id: str, **fields: Any) -> bool:
+        """Delete the job's tasks (no worker can renew or complete them after) and, if it was still
+        active, set `fields` (a terminal state). NotFound for an unknown job."""
+        self._lock_tasks(tx, job_id)
+        tx.execute("DELETE FROM tasks WHERE job_id = ?", (job_id,))
+        if self._update_job(tx, job_id, only_if=_ACTIVE, finish_time=tx.now(), **fields):
+            return True
+        self._job(tx, job_id)  # NotFound, or it was already terminal
+        return False
+
+    @staticmethod
+    def _finish_task(tx: Tx, task: Task) -> bool:
+        """DONE, if `task` still holds the lease (its token); else False."""
+        return tx.execute(
+            f"UPDATE tasks SET state = {_DONE}, lease_expires = 0 "
+            f"WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
+            (task.job_id, task.index, task.token),
+        ) > 0
+
+    # -- jobs ---------------------------------------------------------------------------------------
+    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0) -> Job:
+        segments = [(int(start), int(end)) for start, end in job.segments]
+
+        def run(tx: Tx) -> Job:
+            if max_active > 0 or max_active_per_owner > 0:
+                tx.lock(CREATE_LOCK)
+                if max_active > 0:
+                    active = int(tx.one(f"SELECT count(*) AS n FROM jobs WHERE {_ACTIVE}")["n"])
+                    if active >= max_active:
+                        raise TooLarge(too_many_message(active, max_active))
+                if max_active_per_owner > 0:
+                    mine = int(tx.one(f"SELECT count(*) AS n FROM jobs WHERE owner = ? AND {_ACTIVE}",
+                                      (job.owner,))["n"])
+                    if mine >= max_active_per_owner:
+                        raise TooLarge(too_many_message(mine, max_active_per_owner, job.owner))
+            now = tx.now()
+            values = {
+                "id": job.id, "avatar_id": job.avatar_id, "owner": job.owner, "state": int(JobState.QUEUED),
+                "stage": "queued", "options": bytes(job.options), "audio_seconds": float(job.audio_seconds),
+                "fps": float(job.fps), "total_frames": int(job.total_frames), "segments_total": len(segments),
+                "stage_seconds": encode_json({k: float(v) for k, v in job.stage_seconds.items()}),
+                "create_time": now,
+            }
+            tx.execute(f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
+                       list(values.values()))
+            join_state = TaskState.BLOCKED if segments else TaskState.WAITING
+            rows = [(job.id, i, TaskState.WAITING.value, s, e, now) for i, (s, e) in enumerate(segments)]
+            rows.append((job.id, JOIN_INDEX, join_state.value, 0, int(job.total_frames), now))
+            tx.executemany(
+                "INSERT INTO tasks (job_id, idx, state, start_frame, end_frame, ready_time) VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            tx.notify(job.id)
+            return self._job(tx, job.id)
+
+        return self._transaction(run)
+
+    def get_job(self, job_id: str) -> Job:
+        return self._transaction(lambda tx: self._job(tx, job_id), write=False)
+
+    def cancel_job(self, job_id: str) -> Job:
+        def run(tx: Tx) -> Job:
+            self._end_job(tx, job_id, state=int(JobState.CANCELLED), stage="cancelled",
+                          error=CANCELLED_MESSAGE, error_code=CANCELLED)
+            return self._job(tx, job_id)
+
+        return self._transaction(run)
+
+    def fail_job(self, job_id: str, error: str, error_code: int) -> bool:
+        return self._transaction(lambda tx: self._end_job(
+            tx, job_id, state=int(JobState.FAILED), stage="failed", error=error, error_code=int(error_code)))
+
+    # -- tasks --------------------------------------------------------------------------------------
+    def claim(self, worker: str, lease_s: float, max_attempts: int) -> Task | None:
+        while True:
+            found = self._transaction(lambda tx: self._claim_one(tx, worker, lease_s, max_attempts))
+            if not isinstance(found, _Exhausted):
+                return found
+            self.fail_job(found.job_id, exhausted_message(found.job_id, found.index, found.attempts), ABORTED)
+
+    def _claim_one(self, tx: Tx, worker: str, lease_s: float, max_attempts: int) -> Task | _Exhausted | None:
+        now = tx.now()
+        row = tx.one(
+            "SELECT t.job_id, t.idx, t.state, t.start_frame, t.end_frame, t.attempts, t.ready_time, "
+            "t.lease_expires FROM tasks t JOIN jobs j ON j.id = t.job_id "
+            f"WHERE t.state = {_WAITING} OR (t.state = {_LEASED} AND t.lease_expires <= ?) "
+            f"ORDER BY CASE WHEN t.idx = {JOIN_INDEX} THEN 0 ELSE 1 END, j.create_time, t.job_id, t.idx "
+            f"LIMIT 1{self.claim_lock}",
+            (now,),
+        )
+        if row is None:
+            return None
+        job_id, index, attempts = row["job_id"], int(row["idx"]), int(row["attempts"])
+        if 0 < max_attempts <= attempts:
+            return _Exhausted(job_id, index, attempts)
+        # An expired lease became claimable when it expired.
+        ready = float(row["lease_expires"] if row["state"] == TaskState.LEASED.value else row["ready_time"])
+        token = uuid.uuid4().hex
+        expires = now + lease_s
+        tx.execute(
+            f"UPDATE tasks SET state = {_LEASED}, attempts = attempts + 1, token = ?, worker = ?, "
+            "lease_expires = ?, ready_time = ? WHERE job_id = ? AND idx = ?",
+            (token, worker, expires, ready, job_id, index),
+        )
+        self._update_job(tx, job_id, only_if=f"state = {int(JobState.QUEUED)}", state=int(JobState.RUNNING),
+                         stage="join" if index == JOIN_INDEX else "render", start_time=now)
+        return Task(job_id=job_id, index=index, start_frame=int(row["start_frame"]), end_frame=int(row["end_frame"]),
+                    attempts=attempts + 1, token=token, lease_expires=expires, ready_time=ready)
+
+    def renew(self, task: Task, lease_s: float) -> bool:
+        # An expired lease that nobody re-claimed is still this claim's: renewing it loses nothing.
+        return self._transaction(lambda tx: tx.execute(
+            f"UPDATE tasks SET lease_expires = ? WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
+            (tx.now() + lease_s, task.job_id, task.index, task.token),
+        ) > 0)
+
+    def complete_segment(
+        self, task: Task, frames: int, stage_seconds: dict[str, float], models: list[dict]
+    ) -> bool:
+        if task.is_join:
+            raise ValueError("complete_segment was given the join; use complete_join")
+
+        def run(tx: Tx) -> bool:
+            self._lock_tasks(tx, task.job_id, join_only=True)  # one completion of a job at a time
+            if not self._finish_task(tx, task):
+                return False
+            job = self._job(tx, task.job_id, lock=True)
+            done = job.segments_done + 1
+            fields: dict[str, Any] = {
+                "frames_done": job.frames_done + int(frames),
+                "segments_done": done,
+                "stage_seconds": encode_json(add_seconds(job.stage_seconds, stage_seconds)),
+            }
+            if models and not job.models:
+                fields["models"] = encode_json(models)
+            if done >= job.segments_total:
+                fields["stage"] = "join"
+                tx.execute(
+                    f"UPDATE tasks SET state = {_WAITING}, ready_time = ? "
+                    f"WHERE job_id = ? AND idx = ? AND state = {_BLOCKED}",
+                    (tx.now(), task.job_id, JOIN_INDEX),
+                )
+            self._update_job(tx, task.job_id, **fields)
+            return True
+
+        return self._transaction(run)
+
+    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float]) -> bool:
+        if not task.is_join:
+            raise ValueError(f"complete_join was given segment {task.index}; use complete_segment")
+
+        def run(tx: Tx) -> bool:
+            if not self._finish_task(tx, task):
+                return False
+            job = self._job(tx, task.job_id)
+            return self._end_job(tx, task.job_id, state=int(JobState.SUCCEEDED), stage="done",
+                                 output_key=output_key, output_bytes=int(output_bytes),
+                                 stage_seconds=encode_json(add_seconds(job.stage_seconds, stage_seconds)))
+
+        return self._transaction(run)
+
+    def release(self, task: Task, count_attempt: bool = True) -> None:
+        self._transaction(lambda tx: tx.execute(
+            f"UPDATE tasks SET state = {_WAITING}, token = '', worker = '', lease_expires = 0, ready_time = ?, "
+            f"attempts = attempts - ? WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
+            (tx.now(), 0 if count_attempt else 1, task.job_id, task.index, task.token),
+        ))
+
+    def job_tasks_active(self, job_id: str) -> bool:
+        return self._transaction(lambda tx: tx.one(
+            f"SELECT 1 AS x FROM tasks WHERE job_id = ? AND state = {_LEASED} AND lease_expires > ? LIMIT 1",
+            (job_id, tx.now()),
+        ) is not None, write=False)
+
+    def queue_stats(self) -> QueueStats:
+        def run(tx: Tx) -> QueueStats:
+            now = tx.now()
+            claimable = f"(state = {_WAITING} OR (state = {_LEASED} AND lease_expires <= ?))"
+            row = tx.one(
+                f"SELECT count(*) AS n, min(CASE WHEN state = {_WAITING} THEN ready_time ELSE lease_expires END) "
+                f"AS oldest FROM tasks WHERE {claimable}",
+                (now,),
+            )
+            leased = tx.one(f"SELECT count(*) AS n FROM tasks WHERE state = {_LEASED} AND lease_expires > ?", (now,))
+            active = tx.one(f"SELECT count(*) AS n FROM jobs WHERE {_ACTIVE}")
+            oldest = row["oldest"]
+            return QueueStats(
+                waiting=int(row["n"]),
+                leased=int(leased["n"]),
+                oldest_wait_s=max(0.0, now - float(oldest)) if oldest is not None else 0.0,
+                active_jobs=int(active["n"]),
+            )
+
+        return self._transaction(run, write=False)
+
+    # -- avatars ------------------------------------------------------------------------------------
+    def put_avatar(self, avatar: AvatarRecord) -> None:
+        values = dataclasses.asdict(avatar)
+        self._transaction(lambda tx: tx.execute(
+            f"INSERT INTO avatars ({', '.join(values)}) VALUES ({', '.join('?' * len(values))}) "
+            "ON CONFLICT (id) DO NOTHING",
+            list(values.values()),
+        ))
+
+    def get_avatar(self, avatar_id: str) -> AvatarRecord:
+        row = self._transaction(lambda tx: tx.one("SELECT * FROM avatars WHERE id = ?", (avatar_id,)), write=False)
+        if row is None:
+            raise NotFound(f"avatar {avatar_id!r} does not exist")
+        return avatar_from_row(row)
+
+    def list_avatars(self, limit: int = 1000) -> list[AvatarRecord]:
+        rows = self._transaction(lambda tx: tx.query(
+            "SELECT * FROM avatars ORDER BY create_time, id LIMIT ?", (int(limit),)), write=False)
+        return [avatar_from_row(row) for row in rows]
+
+    def delete_avatar(self, avatar_id: str) -> None:
+        if not self._transaction(lambda tx: tx.execute("DELETE FROM avatars WHERE id = ?", (avatar_id,))):
+            raise NotFound(f"avatar {avatar_id!r} does not exist")
+
+
+# -- change feeds ------------------------------------------------------------------------------------
+@dataclasses.dataclass(eq=False)
+class _Waiter:
+    after_version: int
+    woken: asyncio.Future
+
+
+class WaiterFeed(ChangeFeed):
+    """The waiting half of a feed: coroutines park on futures (no threads); subclasses wake them."""
+
+    def __init__(self, store: SqlJobStore) -> None:
+        self._store = store
+        self._waiters: dict[str, set[_Waiter]] = {}
+
+    async def wait(self, job_id: str, after_version: int, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        waiter = _Waiter(after_version, loop.create_future())
+        # Registered before the version is read: a change after the read wakes the future.
+        self._waiters.setdefault(job_id, set()).add(waiter)
+        try:
+            if await asyncio.to_thread(self._store.job_version, job_id) > after_version:
+                return
+            remaining = deadline - loop.time()
+            if remaining > 0:
+                await asyncio.wait([waiter.woken], timeout=remaining)
+        finally:
+            waiters = self._waiters.get(job_id)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[job_id]
+
+    def _watched(self) -> list[str]:
+        return list(self._waiters)
+
+    def _wake(self, job_id: str, version: int | None = None) -> None:
+        """Wake the job's waiters (only those below `version` when it is known)."""
+        for waiter in self._waiters.get(job_id, ()):
+            if not waiter.woken.done() and (version is None or version > waiter.after_version):
+                waiter.woken.set_result(None)
+
+    def _wake_all(self) -> None:
+        for job_id in list(self._waiters):
+            self._wake(job_id)

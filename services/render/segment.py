@@ -1,0 +1,233 @@
+"""Render one segment of a job: its frames through lipsync (and superres), composited and encoded.
+
+A segment is a few seconds of one job, so every stage stream is short (no stream outlives a
+connection age) and a failure costs only that segment. Per segment:
+
+1. one Generate stream to lipsync: the reference crops of the avatar frames this segment uses,
+   then the mel windows of the frames that have a face (frames without one pass through);
+2. with super-resolution, the generated 96x96 faces go on to one Upscale stream as they arrive;
+3. each face is blended into its cached I420 template frame (only the face box changes) and the
+   frames are encoded in order by x264 on one thread, into a local MP4 of this segment only.
+
+Messages are sized by bytes, not by a fixed count: a close-up face at paste size can be megabytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
+from services.common.channels import stage_errors
+from services.common.codec import MEL_BANDS, MEL_STEP, image_from_proto, image_to_proto, pack_generate_items, unpack_faces
+from services.common.metrics import Metrics
+from services.gateway.media import Mp4Writer
+from services.render.avatar_cache import LocalAvatar
+
+# Small messages keep a segment's stages overlapped (lipsync of message k+1 while superres does k and
+# x264 encodes k-1); a 2 s segment is 50 frames, so 10 per message gives 5 steps of that pipeline.
+MAX_ITEMS_PER_MESSAGE = 10
+MAX_PENDING_FRAMES = 16  # frames handed to the encoder thread and not yet written (back-pressure)
+_MEL_BYTES = MEL_BANDS * MEL_STEP * 2
+
+
+@dataclasses.dataclass
+class SegmentResult:
+    frames: int
+    models: list[dict]
+    stage_seconds: dict[str, float]
+
+
+def items_per_message(face_bytes: int, max_message_bytes: int) -> int:
+    """How many faces of `face_bytes` fit in half a message (the other half is headroom)."""
+    return max(1, min(MAX_ITEMS_PER_MESSAGE, (max_message_bytes // 2) // max(1, face_bytes)))
+
+
+def _model_dict(info: common_pb2.ModelInfo) -> dict:
+    return {"name": info.name, "backend": info.backend, "precision": info.precision}
+
+
+class SegmentRenderer:
+    """Renders segments for one worker process; owns its encoder thread."""
+
+    def __init__(
+        self,
+        lipsync: lipsync_pb2_grpc.LipSyncServiceStub,
+        superres: superres_pb2_grpc.SuperResServiceStub,
+        metrics: Metrics,
+        max_message_bytes: int,
+        preset: str,
+        threads: int,
+    ) -> None:
+        self._lipsync = lipsync
+        self._superres = superres
+        self._metrics = metrics
+        self._max_message = max_message_bytes
+        self._preset = preset
+        self._threads = threads
+        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="encode")
+
+    def close(self) -> None:
+        self._encoder.shutdown(wait=True, cancel_futures=True)
+
+    async def render(
+        self,
+        avatar: LocalAvatar,
+        start: int,
+        end: int,
+        mels: np.ndarray,
+        super_resolution: bool,
+        crf: int,
+        output: Path,
+        metadata: tuple = (),
+    ) -> SegmentResult:
+        """Frames [start, end) into `output` (an H.264 MP4 without audio, frame 0 = `start`).
+
+        `mels`: (end - start, 80, 16) float16, one window per frame. Raises StageFailed on a stage
+        error; on any error or cancellation the partial file is removed.
+        """
+        meta = avatar.meta
+        times: dict[str, float] = {"lipsync": 0.0, "composite": 0.0, "encode": 0.0}
+        models: list[dict] = []
+        face_frames = [i for i in range(start, end) if meta.boxes[meta.frame_for(i)] is not None]
+        loop = asyncio.get_running_loop()
+        writer = await loop.run_in_executor(
+            self._encoder,
+            lambda: Mp4Writer(output, meta.width, meta.height, meta.fps, None, 48000, crf=crf, preset=self._preset,
+                              threads=self._threads),
+        )
+        pending: list[asyncio.Future] = []
+        next_frame = start
+
+        def write(frame_index: int, face: np.ndarray | None) -> None:  # on the encoder thread, in order
+            t0 = time.perf_counter()
+            i420 = avatar.compositor.frame(meta.frame_for(frame_index), face, copy=False)
+            t1 = time.perf_counter()
+            writer.write_yuv420(i420)
+            t2 = time.perf_counter()
+            times["composite"] += t1 - t0
+            times["encode"] += t2 - t1
+            self._metrics.render_composite_seconds.observe(t1 - t0)
+            self._metrics.render_encode_seconds.observe(t2 - t1)
+
+        async def emit(frame_index: int, face: np.ndarray | None) -> None:
+            nonlocal next_frame
+            while next_frame < frame_index:  # frames without a face before this one
+                await submit(next_frame, None)
+            await submit(frame_index, face)
+
+        async def submit(frame_index: int, face: np.ndarray | None) -> None:
+            nonlocal next_frame
+            pending.append(loop.run_in_executor(self._encoder, write, frame_index, face))
+            next_frame = frame_index + 1
+            if len(pending) >= MAX_PENDING_FRAMES:
+                await pending.pop(0)
+                while pending and pending[0].done():
+                    pending.pop(0).result()
+
+        try:
+            faces = self._generated(avatar, face_frames, start, mels, super_resolution, times, models, metadata)
+            if super_resolution and face_frames:
+                faces = self._restored(avatar, faces, times, models, metadata)
+            async for frame_index, face in faces:
+                await emit(frame_index, face)
+            while next_frame < end:
+                await submit(next_frame, None)
+            for future in pending:
+                await future
+            pending.clear()
+            t0 = time.perf_counter()
+            await loop.run_in_executor(self._encoder, writer.close)
+            times["encode"] += time.perf_counter() - t0
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.shield(loop.run_in_executor(self._encoder, writer.abort))
+            raise
+        self._metrics.render_frames.inc(end - start)
+        return SegmentResult(end - start, models, times)
+
+    async def _generated(
+        self, avatar: LocalAvatar, face_frames: list[int], start: int, mels: np.ndarray, raw_size: bool,
+        times: dict[str, float], models: list[dict], metadata: tuple,
+    ) -> AsyncIterator[tuple[int, np.ndarray]]:
+        """(frame index, face) from lipsync, in order: 96x96 with `raw_size`, else at paste size."""
+        if not face_frames:
+            return
+        meta = avatar.meta
+        used = sorted({meta.frame_for(i) for i in face_frames})
+        largest = max(_area(meta.boxes[f]) for f in used)  # type: ignore[arg-type]
+        per_message = items_per_message(96 * 96 * 3 if raw_size else largest * 3, self._max_message)
+
+        async def requests() -> AsyncIterator[lipsync_pb2.GenerateRequest]:
+            for k in range(0, len(used), MAX_ITEMS_PER_MESSAGE):
+                crops = []
+                for f in used[k : k + MAX_ITEMS_PER_MESSAGE]:
+                    x1, y1, x2, y2 = meta.boxes[f]  # type: ignore[misc]
+                    crops.append(lipsync_pb2.ReferenceCrop(
+                        crop_index=f, image=image_to_proto(avatar.crops[avatar.crop_row[f]]),
+                        paste_width=x2 - x1, paste_height=y2 - y1,
+                    ))
+                yield lipsync_pb2.GenerateRequest(crops=crops, raw_size=raw_size)
+            for k in range(0, len(face_frames), per_message):
+                frames = face_frames[k : k + per_message]
+                windows = [mels[i - start].tobytes() for i in frames]
+                yield lipsync_pb2.GenerateRequest(
+                    items=pack_generate_items(frames, [meta.frame_for(i) for i in frames], windows), raw_size=raw_size
+                )
+
+        t0 = time.perf_counter()
+        async with stage_errors("lipsync"):
+            async for response in self._lipsync.Generate(requests(), metadata=metadata):
+                if response.HasField("model"):
+                    models.append(_model_dict(response.model))
+                for index, face in unpack_faces(response.faces):
+                    yield index, face
+                times["lipsync"] = time.perf_counter() - t0
+
+    async def _restored(
+        self, avatar: LocalAvatar, faces: AsyncIterator[tuple[int, np.ndarray]], times: dict[str, float],
+        models: list[dict], metadata: tuple,
+    ) -> AsyncIterator[tuple[int, np.ndarray]]:
+        meta = avatar.meta
+        largest = max(_area(b) for b in meta.boxes if b is not None)
+        per_message = items_per_message(largest * 3, self._max_message)
+
+        async def requests() -> AsyncIterator[superres_pb2.UpscaleRequest]:
+            items: list[superres_pb2.UpscaleItem] = []
+            async for index, face in faces:
+                x1, y1, x2, y2 = meta.boxes[meta.frame_for(index)]  # type: ignore[misc]
+                items.append(superres_pb2.UpscaleItem(index=index, image=image_to_proto(face), out_width=x2 - x1, out_height=y2 - y1))
+                if len(items) == per_message:
+                    yield superres_pb2.UpscaleRequest(items=items)
+                    items = []
+            if items:
+                yield superres_pb2.UpscaleRequest(items=items)
+
+        t0 = time.perf_counter()
+        async with stage_errors("superres"):
+            async for response in self._superres.Upscale(requests(), metadata=metadata):
+                if response.HasField("model"):
+                    models.append(_model_dict(response.model))
+                for item in response.items:
+                    yield item.index, image_from_proto(item.image, "restored face")
+                times["superres"] = time.perf_counter() - t0
+
+
+def _area(box: tuple[int, int, int, int]) -> int:
+    x1, y1, x2, y2 = box
+    return (x2 - x1) * (y2 - y1)
+
+
+def mels_from_bytes(data: bytes, frames: int) -> np.ndarray:
+    """A segment's stored mel windows: (frames, 80, 16) float16 (what the audio stage returned)."""
+    if len(data) != frames * _MEL_BYTES:
+        raise ValueError(f"mel blob has {len(data)} bytes; {frames} frames need {frames * _MEL_BYTES}")
+    return np.frombuffer(data, dtype="<f2").reshape(frames, MEL_BANDS, MEL_STEP)

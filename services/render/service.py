@@ -1,0 +1,87 @@
+"""The render worker service: one process, one task at a time; scale with processes and pods.
+
+It serves no API, only gRPC health (SERVING once the stages answer and the stores are open) and
+/metrics, through the same bootstrap as every lipline service. SIGTERM: stop claiming, finish the
+current task within `grace_s` or give it back, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+
+import grpc
+
+from lipline.v1 import lipsync_pb2_grpc, superres_pb2_grpc
+from services.common.channels import StageClients
+from services.common.encoder_threads import x264_threads
+from services.common.server import Service
+from services.common.store.blobs import open_blob_store
+from services.common.store.jobs import open_job_store
+from services.render.avatar_cache import AvatarCache
+from services.render.segment import SegmentRenderer
+from services.render.settings import RenderSettings
+from services.render.worker import RenderWorker
+
+_LOGGER = logging.getLogger(__name__)
+QUEUE_STATS_EVERY_S = 2.0
+
+
+class RenderService(Service[RenderSettings]):
+    stage = "render"
+
+    @property
+    def service_names(self) -> Sequence[str]:
+        return []  # health ("") and reflection only
+
+    def register(self, server: grpc.aio.Server) -> None:
+        self._loops: list[asyncio.Task] = []
+
+    async def load(self) -> None:
+        s = self.settings
+        self.jobs = open_job_store(s.job_store)
+        await asyncio.to_thread(self.jobs.migrate)
+        self.blobs = open_blob_store(s.blob_store)
+        self.clients = StageClients({"lipsync": s.lipsync_address, "superres": s.superres_address}, s.max_message_bytes)
+        await self.clients.wait_serving(s.stage_wait_s)
+        threads = s.x264_threads or x264_threads()
+        self.renderer = SegmentRenderer(
+            lipsync_pb2_grpc.LipSyncServiceStub(self.clients.channels["lipsync"]),
+            superres_pb2_grpc.SuperResServiceStub(self.clients.channels["superres"]),
+            self.metrics, s.max_message_bytes, s.x264_preset, threads,
+        )
+        name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, AvatarCache(self.blobs, s.cache_dir), self.renderer, name)
+        self._loops = [asyncio.create_task(self.worker.run(), name="render-loop"),
+                       asyncio.create_task(self._export_queue_stats(), name="queue-stats")]
+        _LOGGER.info("render worker ready", extra={"worker": name, "x264_threads": threads, "preset": s.x264_preset})
+
+    async def _export_queue_stats(self) -> None:
+        m = self.metrics
+        while True:
+            with contextlib.suppress(Exception):
+                q = await asyncio.to_thread(self.jobs.queue_stats)
+                m.queue_tasks.labels("segment").set(q.waiting)
+                m.queue_leased.set(q.leased)
+                m.queue_oldest_seconds.set(q.oldest_wait_s)
+            await asyncio.sleep(QUEUE_STATS_EVERY_S)
+
+    async def close(self) -> None:
+        if hasattr(self, "worker"):
+            await self.worker.drain(self.settings.grace_s)
+        for loop in self._loops:
+            loop.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        if hasattr(self, "renderer"):
+            await asyncio.to_thread(self.renderer.close)
+        if hasattr(self, "clients"):
+            await self.clients.close()
+        if hasattr(self, "jobs"):
+            self.jobs.close()
+        if hasattr(self, "blobs"):
+            self.blobs.close()

@@ -1,0 +1,249 @@
+"""The render worker's loop: claim a task, keep its lease alive, do it, report it; repeat.
+
+A task is one segment of a job (render its frames into an MP4 segment in the blob store) or a job's
+join (stream-copy the segments and the AAC track into the output). The job store hands out tasks
+atomically with a lease; this loop renews the lease every `heartbeat_s` while it works. A renewal
+that fails means the lease is gone (the job was cancelled or failed, or this worker stalled past
+the lease and another took the task): the work is dropped at once and nothing it made is kept.
+
+Failures: a stage error that may pass (UNAVAILABLE from a replica that went away, ...) gives the task
+back for another attempt, up to `max_attempts`; one that cannot (INVALID_ARGUMENT, ...) fails the
+job with the stage's status and message. A worker killed outright loses its lease; the task is
+claimed again when the lease expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+
+from lipline.v1 import gateway_pb2
+from services.common.channels import StageFailed
+from services.common.errors import LiplineError, NotFound, StoreUnavailable
+from services.common.metrics import Metrics
+from services.common.store.blobs import BlobStore
+from services.common.store.jobs import Job, JobStore, Task
+from services.common.tracing import outgoing_metadata
+from services.common.jobkeys import audio_key, mels_key, output_key, segment_key, job_prefix
+from services.gateway.media import join_segments
+from services.render.avatar_cache import AvatarCache
+from services.render.segment import SegmentRenderer, mels_from_bytes
+from services.render.settings import RenderSettings
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class LeaseLost(Exception):
+    """The task's lease is no longer ours; drop the work."""
+
+
+class RenderWorker:
+    def __init__(
+        self, settings: RenderSettings, metrics: Metrics, jobs: JobStore, blobs: BlobStore,
+        cache: AvatarCache, renderer: SegmentRenderer, name: str,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.jobs = jobs
+        self.blobs = blobs
+        self.cache = cache
+        self.renderer = renderer
+        self.name = name
+        self._stopping = asyncio.Event()
+        self._current: asyncio.Task | None = None
+        self._current_task: Task | None = None
+        self._scratch = Path(settings.cache_dir) / "scratch"
+        self._scratch.mkdir(parents=True, exist_ok=True)
+
+    # -- loop ---------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        s = self.settings
+        while not self._stopping.is_set():
+            try:
+                task = await asyncio.to_thread(self.jobs.claim, self.name, s.lease_s, s.max_attempts)
+            except StoreUnavailable as exc:
+                _LOGGER.warning("job store unavailable; retrying", extra={"error": str(exc)})
+                await self._pause(1.0)
+                continue
+            if task is None:
+                await self._pause(s.poll_s)
+                continue
+            self.metrics.queue_wait_seconds.observe(max(0.0, time.time() - task.ready_time))
+            _LOGGER.info("task claimed", extra={"job_id": task.job_id, "segment": task.index, "attempt": task.attempts})
+            self._current_task = task
+            self._current = asyncio.create_task(self._run_task(task))
+            try:
+                await asyncio.shield(self._current)
+            except asyncio.CancelledError:
+                if not self._current.done():
+                    raise
+            finally:
+                self._current = None
+                self._current_task = None
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def drain(self, timeout: float) -> None:
+        """SIGTERM: stop claiming; let the current task finish within `timeout`, else give it back."""
+        self._stopping.set()
+        current, task = self._current, self._current_task
+        if current is None or task is None:
+            return
+        done, _ = await asyncio.wait({current}, timeout=timeout)
+        if not done:
+            current.cancel()
+            with contextlib.suppress(BaseException):
+                await current
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.jobs.release, task, False)
+            _LOGGER.info("task given back on shutdown", extra={"job_id": task.job_id, "segment": task.index})
+
+    # -- one task -------------------------------------------------------------------------------------
+
+    async def _run_task(self, task: Task) -> None:
+        m = self.metrics
+        m.render_busy.set(1)
+        work = asyncio.create_task(self._do(task))
+        heartbeat = asyncio.create_task(self._heartbeat(task))
+        try:
+            done, _ = await asyncio.wait({work, heartbeat}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:  # the lease went away first
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await work
+                raise LeaseLost()
+            heartbeat.cancel()
+            work.result()
+            m.segments.labels("done").inc()
+            _LOGGER.info("task done", extra={"job_id": task.job_id, "segment": task.index})
+        except LeaseLost:
+            m.lease_lost.inc()
+            m.segments.labels("lease_lost").inc()
+            _LOGGER.info("lease lost; work dropped", extra={"job_id": task.job_id, "segment": task.index})
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - one task's failure never stops the worker
+            await self._failed(task, exc)
+        finally:
+            heartbeat.cancel()
+            m.render_busy.set(0)
+
+    async def _heartbeat(self, task: Task) -> None:
+        """Renew the lease until it is refused (return = lost) or this task is cancelled."""
+        s = self.settings
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(s.heartbeat_s)
+            try:
+                if not await asyncio.to_thread(self.jobs.renew, task, s.lease_s):
+                    return
+                last_ok = time.monotonic()
+            except StoreUnavailable:
+                if time.monotonic() - last_ok > s.lease_s:
+                    return  # the lease has surely expired by now
+
+    async def _failed(self, task: Task, exc: Exception) -> None:
+        s, m = self.settings, self.metrics
+        where = f"segment {task.index}" if not task.is_join else "the join"
+        if isinstance(exc, StageFailed) and exc.retryable and task.attempts < s.max_attempts:
+            m.segments.labels("retried").inc()
+            _LOGGER.warning("stage failed; task given back for another attempt",
+                            extra={"job_id": task.job_id, "segment": task.index, "attempt": task.attempts, "error": str(exc)})
+            await self._quietly(self.jobs.release, task, True)
+            return
+        if isinstance(exc, LiplineError):
+            code, message = exc.code, str(exc)
+        else:
+            _LOGGER.exception("task crashed", extra={"job_id": task.job_id, "segment": task.index})
+            if task.attempts < s.max_attempts:
+                m.segments.labels("retried").inc()
+                await self._quietly(self.jobs.release, task, True)
+                return
+            code, message = grpc.StatusCode.INTERNAL, f"internal error in a render worker ({type(exc).__name__}); its log has details"
+        m.segments.labels("failed").inc()
+        if isinstance(exc, StageFailed):
+            message = f"{where} failed after {task.attempts} attempt(s): {message}"
+        if await self._quietly(self.jobs.fail_job, task.job_id, message, code.value[0]):
+            m.jobs.labels("failed").inc()
+            await self._quietly(self.blobs.delete_prefix, job_prefix(task.job_id))
+        _LOGGER.warning("job failed", extra={"job_id": task.job_id, "segment": task.index, "error": message})
+
+    async def _quietly(self, fn, *args):  # type: ignore[no-untyped-def]
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except Exception:  # noqa: BLE001 - reporting a failure must not raise another
+            _LOGGER.warning("could not record a task's outcome", exc_info=True)
+            return None
+
+    async def _do(self, task: Task) -> None:
+        job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
+        if task.is_join:
+            await self._join(task, job)
+        else:
+            await self._segment(task, job)
+
+    async def _segment(self, task: Task, job: Job) -> None:
+        options = gateway_pb2.JobOptions.FromString(job.options)
+        try:
+            avatar = await asyncio.to_thread(self.cache.get, job.avatar_id)
+        except NotFound as exc:
+            raise NotFound(f"avatar {job.avatar_id} was deleted before the job finished") from exc
+        frames = task.end_frame - task.start_frame
+        mels = mels_from_bytes(await asyncio.to_thread(self.blobs.get, mels_key(job.id, task.index)), frames)
+        local = self._scratch / f"{job.id}-{task.index}-{uuid.uuid4().hex[:8]}.mp4"
+        try:
+            result = await self.renderer.render(
+                avatar, task.start_frame, task.end_frame, mels, options.super_resolution, options.crf or 20, local,
+                outgoing_metadata(job.id),
+            )
+            key = segment_key(job.id, task.index)
+            await asyncio.to_thread(self.blobs.put_file, key, local)
+        finally:
+            local.unlink(missing_ok=True)
+        if not await asyncio.to_thread(self.jobs.complete_segment, task, result.frames, result.stage_seconds, result.models):
+            await asyncio.to_thread(self.blobs.delete, key)  # cancelled meanwhile: leave nothing behind
+            raise LeaseLost()
+
+    async def _join(self, task: Task, job: Job) -> None:
+        t0 = time.perf_counter()
+        folder = Path(tempfile.mkdtemp(prefix=f"join-{job.id}-", dir=self._scratch))
+        try:
+            parts = []
+            for k in range(job.segments_total):
+                path = folder / f"{k:05d}.mp4"
+                await asyncio.to_thread(self.blobs.get_file, segment_key(job.id, k), path)
+                parts.append(path)
+            audio = folder / "audio.m4a"
+            await asyncio.to_thread(self.blobs.get_file, audio_key(job.id), audio)
+            output = folder / "output.mp4"
+            frames = await asyncio.to_thread(join_segments, parts, output, job.fps, audio)
+            if frames != job.total_frames:
+                raise RuntimeError(f"joined {frames} frames, the job has {job.total_frames}")
+            key = output_key(job.id)
+            size = output.stat().st_size
+            await asyncio.to_thread(self.blobs.put_file, key, output)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if not await asyncio.to_thread(self.jobs.complete_join, task, key, size, {"join": time.perf_counter() - t0}):
+            await asyncio.to_thread(self.blobs.delete, key)
+            raise LeaseLost()
+        m = self.metrics
+        m.jobs.labels("succeeded").inc()
+        done = await asyncio.to_thread(self.jobs.get_job, job.id)
+        elapsed = max(1e-6, done.finish_time - done.create_time)
+        m.job_seconds.observe(elapsed)
+        m.job_realtime_factor.observe(done.audio_seconds / elapsed)
+        await self._quietly(self.blobs.delete_prefix, job_prefix(job.id))
+        _LOGGER.info("job succeeded", extra={"job_id": job.id, "frames": frames, "seconds": round(elapsed, 3)})

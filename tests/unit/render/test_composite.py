@@ -1,0 +1,294 @@
+"""services.render.composite: I420 compositing against the gateway's reference path.
+
+The reference is ``to_yuv420(paste_face(bgr, face, box))`` (services.gateway.media). Required: bytes
+outside the box expanded to even coordinates identical to ``to_yuv420(bgr)``; inside, Y within 2
+levels and U/V within 3. Measured with OpenCV 4.14 (top-left chroma siting) on every case below:
+max |diff| Y = 1, U = 1, V = 1 (0 for the tiny unfeathered boxes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+import services.render.composite as composite
+from services.gateway.media import Mp4Writer, paste_face, probe_media, to_yuv420
+from services.render.composite import Compositor, I420Frames
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+Y_TOL, UV_TOL = 2, 3
+
+
+def _planes(frame: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    flat = frame.reshape(-1)
+    n = height * width
+    return (
+        flat[:n].reshape(height, width),
+        flat[n : n + n // 4].reshape(height // 2, width // 2),
+        flat[n + n // 4 :].reshape(height // 2, width // 2),
+    )
+
+
+def _maxdiff(a: np.ndarray, b: np.ndarray) -> int:
+    return int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max()) if a.size else 0
+
+
+def _check(bgr: np.ndarray, box: tuple[int, int, int, int], face: np.ndarray, compositor: Compositor | None = None,
+           index: int = 0) -> tuple[int, int, int]:
+    """Compares Compositor.frame with the reference; asserts the outside is exact; returns the max diffs (Y, U, V)."""
+    height, width = bgr.shape[:2]
+    if compositor is None:
+        compositor = Compositor(I420Frames.from_bgr(bgr[None]), [box])
+    got = compositor.frame(index, face)
+    ref = to_yuv420(paste_face(bgr, face, box))
+    plain = to_yuv420(bgr)
+    assert got.shape == (height * 3 // 2, width) and got.dtype == np.uint8 and got.flags.c_contiguous
+
+    x1, y1, x2, y2 = box
+    ex1, ey1, ex2, ey2 = x1 // 2 * 2, y1 // 2 * 2, (x2 + 1) // 2 * 2, (y2 + 1) // 2 * 2
+    inside_y = np.zeros((height, width), bool)
+    inside_y[ey1:ey2, ex1:ex2] = True
+    inside_c = np.zeros((height // 2, width // 2), bool)
+    inside_c[ey1 // 2 : ey2 // 2, ex1 // 2 : ex2 // 2] = True
+    gy, gu, gv = _planes(got, height, width)
+    py, pu, pv = _planes(plain, height, width)
+    ry, ru, rv = _planes(ref, height, width)
+    assert np.array_equal(gy[~inside_y], py[~inside_y])
+    assert np.array_equal(gu[~inside_c], pu[~inside_c])
+    assert np.array_equal(gv[~inside_c], pv[~inside_c])
+    diffs = (_maxdiff(gy, ry), _maxdiff(gu, ru), _maxdiff(gv, rv))
+    assert diffs[0] <= Y_TOL and diffs[1] <= UV_TOL and diffs[2] <= UV_TOL, (box, diffs)
+    return diffs
+
+
+@pytest.fixture(scope="module")
+def avatar() -> np.ndarray:
+    image = cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg"), cv2.IMREAD_COLOR)
+    assert image is not None
+    h, w = image.shape[:2]
+    return np.ascontiguousarray(image[: h - h % 2, : w - w % 2])
+
+
+@pytest.fixture(scope="module")
+def random_frame() -> np.ndarray:
+    return np.random.default_rng(7).integers(0, 256, (240, 320, 3), np.uint8)
+
+
+def _boxes(width: int, height: int) -> list[tuple[int, int, int, int]]:
+    cx, cy = width // 2, height // 2
+    return [
+        (cx - 100, cy - 110, cx + 100, cy + 110),      # even coordinates, even size
+        (cx - 99, cy - 107, cx + 101, cy + 111),       # odd x1/y1, odd x2/y2 (even size)
+        (cx - 99, cy - 100, cx + 100, cy + 111),       # odd width and height
+        (0, 0, 151, 133),                             # touching the top-left corner
+        (width - 151, height - 133, width, height),    # touching the bottom-right corner
+        (0, 31, width, 150),                          # full width
+        (0, 0, width, height),                        # the whole frame
+        (7, 9, 12, 14),                               # tiny: no feathering (mask 1 over the box)
+        (5, 5, 6, 6),                                 # 1 pixel
+        (10, 11, 13, 200),                            # thin and tall: feathered in y only
+    ]
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_random_face_matches_reference(random_frame: np.ndarray, case: int) -> None:
+    height, width = random_frame.shape[:2]
+    box = _boxes(width, height)[case]
+    x1, y1, x2, y2 = box
+    face = np.random.default_rng(case).integers(0, 256, (y2 - y1, x2 - x1, 3), np.uint8)
+    _check(random_frame, box, face)
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_real_image_matches_reference(avatar: np.ndarray, case: int) -> None:
+    height, width = avatar.shape[:2]
+    box = _boxes(width, height)[case]
+    x1, y1, x2, y2 = box
+    # A plausible generated face: the template region shifted by a few pixels and blurred.
+    shifted = np.roll(avatar, (7, -5), axis=(0, 1))[y1:y2, x1:x2]
+    face = np.ascontiguousarray(cv2.GaussianBlur(shifted, (9, 9), 3))
+    _check(avatar, box, face)
+
+
+def test_non_contiguous_face(avatar: np.ndarray) -> None:
+    box = (101, 81, 301, 333)
+    face = np.ascontiguousarray(avatar[81:333, 101:301, ::-1])[:, :, ::-1]  # a negative-stride view
+    assert not face.flags.c_contiguous
+    _check(avatar, box, face)
+
+
+def test_several_frames_with_their_own_boxes(avatar: np.ndarray) -> None:
+    rng = np.random.default_rng(3)
+    bgr = np.stack([avatar, np.roll(avatar, 3, axis=1), cv2.GaussianBlur(avatar, (5, 5), 2)])
+    boxes = [(100, 80, 460, 480), None, (131, 97, 450, 421)]
+    compositor = Compositor(I420Frames.from_bgr(bgr), boxes)
+    for index, box in enumerate(boxes):
+        if box is None:
+            assert np.array_equal(compositor.frame(index, None), to_yuv420(bgr[index]))
+            continue
+        x1, y1, x2, y2 = box
+        _check(bgr[index], box, rng.integers(0, 256, (y2 - y1, x2 - x1, 3), np.uint8), compositor, index)
+
+
+def test_i420_frames_from_bgr(random_frame: np.ndarray) -> None:
+    bgr = np.stack([random_frame, random_frame[::-1].copy()])
+    frames = I420Frames.from_bgr(bgr)
+    assert (frames.count, frames.width, frames.height) == (2, 320, 240)
+    assert frames.data.shape == (2, 360, 320) and not frames.data.flags.writeable
+    for i in range(2):
+        assert np.array_equal(frames[i], to_yuv420(bgr[i]))
+    assert np.array_equal(I420Frames.from_bgr(list(bgr)).data, frames.data)  # a list of frames too
+
+
+def test_i420_frames_reject_odd_sizes() -> None:
+    with pytest.raises(ValueError):
+        I420Frames.from_bgr(np.zeros((1, 11, 16, 3), np.uint8))
+    with pytest.raises(ValueError):
+        I420Frames.from_bgr(np.zeros((1, 12, 15, 3), np.uint8))
+    with pytest.raises(ValueError):
+        I420Frames(np.zeros((1, 10, 16), np.uint8))  # 10 rows is not height * 3 / 2
+
+
+def test_face_of_wrong_size_raises(random_frame: np.ndarray) -> None:
+    compositor = Compositor(I420Frames.from_bgr(random_frame[None]), [(10, 20, 110, 140)])
+    with pytest.raises(ValueError):
+        compositor.frame(0, np.zeros((120, 101, 3), np.uint8))
+    with pytest.raises(ValueError):
+        compositor.frame(0, np.zeros((119, 100, 3), np.uint8))
+    with pytest.raises(ValueError):
+        compositor.frame(0, np.zeros((120, 100), np.uint8))
+    with pytest.raises(ValueError):
+        compositor.frame(0, np.zeros((120, 100, 3), np.float32))
+    compositor.frame(0, np.zeros((120, 100, 3), np.uint8))  # the right size works
+
+
+def test_bad_boxes_and_indices(random_frame: np.ndarray) -> None:
+    frames = I420Frames.from_bgr(random_frame[None])
+    with pytest.raises(ValueError):
+        Compositor(frames, [])  # one box per frame
+    with pytest.raises(ValueError):
+        Compositor(frames, [(0, 0, 321, 100)])  # outside
+    with pytest.raises(ValueError):
+        Compositor(frames, [(10, 10, 10, 20)])  # empty
+    compositor = Compositor(frames, [None])
+    with pytest.raises(ValueError):
+        compositor.frame(0, np.zeros((10, 10, 3), np.uint8))  # a face for a frame without a box
+    with pytest.raises(IndexError):
+        compositor.frame(1, None)
+
+
+def test_no_face_frames_equal_the_cache(random_frame: np.ndarray) -> None:
+    frames = I420Frames.from_bgr(random_frame[None])
+    compositor = Compositor(frames, [(10, 20, 110, 140)])
+    copied = compositor.frame(0, None)
+    assert np.array_equal(copied, frames[0]) and np.array_equal(copied, to_yuv420(random_frame))
+    assert copied.flags.writeable and copied.flags.c_contiguous and not np.shares_memory(copied, frames.data)
+    shared = compositor.frame(0, None, copy=False)
+    assert np.array_equal(shared, frames[0]) and np.shares_memory(shared, frames.data)
+    assert not shared.flags.writeable
+    with pytest.raises(ValueError):
+        shared[0, 0] = 1
+
+
+def test_returned_frames_are_new_arrays(random_frame: np.ndarray) -> None:
+    frames = I420Frames.from_bgr(random_frame[None])
+    before = frames.data.copy()
+    compositor = Compositor(frames, [(10, 20, 110, 140)])
+    face = np.full((120, 100, 3), 200, np.uint8)
+    first = compositor.frame(0, face)
+    second = compositor.frame(0, face)
+    assert first is not second and not np.shares_memory(first, second)
+    assert not np.shares_memory(first, frames.data)
+    expected = first.copy()
+    first[:] = 0
+    second[:] = 255
+    assert np.array_equal(frames.data, before)
+    assert np.array_equal(compositor.frame(0, face), expected)
+    none_frame = compositor.frame(0, None)
+    none_frame[:] = 0
+    assert np.array_equal(frames.data, before)
+
+
+def test_save_load_round_trip_with_mmap(tmp_path: Path, avatar: np.ndarray) -> None:
+    bgr = np.stack([avatar, np.roll(avatar, 5, axis=0)])
+    frames = I420Frames.from_bgr(bgr)
+    path = frames.save(tmp_path / "avatar.i420")  # the name is kept as given (no .npy appended)
+    assert path == tmp_path / "avatar.i420" and path.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["avatar.i420"]  # no temporary left behind
+    mapped = I420Frames.load(path)
+    assert isinstance(mapped.data, np.memmap) and not mapped.data.flags.writeable
+    assert (mapped.count, mapped.width, mapped.height) == (frames.count, frames.width, frames.height)
+    assert np.array_equal(mapped.data, frames.data)
+    loaded = I420Frames.load(path, mmap=False)
+    assert not isinstance(loaded.data, np.memmap) and np.array_equal(loaded.data, frames.data)
+
+    box = (101, 81, 460, 480)
+    face = np.random.default_rng(0).integers(0, 256, (box[3] - box[1], box[2] - box[0], 3), np.uint8)
+    from_memory = Compositor(frames, [box, None])
+    from_map = Compositor(mapped, [box, None])
+    out = from_map.frame(0, face)
+    assert type(out) is np.ndarray and out.flags.writeable
+    assert np.array_equal(out, from_memory.frame(0, face))
+    assert np.array_equal(from_map.frame(1, None), to_yuv420(bgr[1]))
+    _check(avatar, box, face, from_map, 0)
+
+
+def test_average_chroma_siting_fallback(avatar: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OpenCV that averages 2x2 blocks gets an averaged mask; pasting the template's own pixels stays a no-op."""
+    monkeypatch.setattr(composite, "chroma_siting", lambda: "average")
+    box = (101, 81, 460, 480)
+    compositor = Compositor(I420Frames.from_bgr(avatar[None]), [box])
+    same = np.ascontiguousarray(avatar[81:480, 101:460])
+    assert _maxdiff(compositor.frame(0, same), to_yuv420(avatar)) <= 1
+
+
+def test_frames_feed_the_writer(tmp_path: Path, random_frame: np.ndarray) -> None:
+    compositor = Compositor(I420Frames.from_bgr(random_frame[None]), [(31, 41, 190, 200)])
+    face = np.full((159, 159, 3), 90, np.uint8)
+    path = tmp_path / "out.mp4"
+    with Mp4Writer(path, 320, 240, 25.0, None, 16000) as writer:
+        for i in range(5):
+            writer.write_yuv420(compositor.frame(0, face if i % 2 else None))
+    info = probe_media(path)
+    assert (info["frames"], info["width"], info["height"]) == (5, 320, 240)
+
+
+def test_feather_mask_is_the_product_of_its_profiles() -> None:
+    """The compositor builds its weights from feather_mask's 1-D profiles: this must stay true of feather_mask."""
+    from services.gateway.media import feather_mask
+
+    for height, width in [(400, 360), (601, 519), (7, 5), (1, 1), (13, 200)]:
+        ry, rx = composite._profiles(height, width, 0.15)
+        assert np.allclose(np.multiply.outer(ry, rx), feather_mask(height, width)[:, :, 0], rtol=0, atol=1e-6)
+
+
+def test_many_box_sizes_reuse_the_weight_slots(avatar: np.ndarray) -> None:
+    """More geometries than a thread's weight slots, twice round: recycled buffers give the same frames."""
+    boxes = [(101 + k % 2, 81 + k, 301 + 3 * k, 333 + 2 * k) for k in range(composite._SLOTS_PER_THREAD + 5)]
+    boxes += [(40, 40, 240, 300)]  # smaller than all the others: reuses a bigger evicted buffer
+    frames = I420Frames.from_bgr(avatar[None])
+    rng = np.random.default_rng(5)
+    faces = [rng.integers(0, 256, (b[3] - b[1], b[2] - b[0], 3), np.uint8) for b in boxes]
+    first = [Compositor(frames, [b]).frame(0, f) for b, f in zip(boxes, faces)]
+    for box, face, expected in zip(boxes, faces, first):
+        assert np.array_equal(Compositor(frames, [box]).frame(0, face), expected)
+        _check(avatar, box, face)
+
+
+def test_threads_composite_concurrently(avatar: np.ndarray) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    boxes = [(101 + k, 81 + 2 * k, 301 + 5 * k, 333 + 3 * k) for k in range(12)]
+    frames = I420Frames.from_bgr(avatar[None])
+    rng = np.random.default_rng(9)
+    faces = [rng.integers(0, 256, (b[3] - b[1], b[2] - b[0], 3), np.uint8) for b in boxes]
+    compositors = [Compositor(frames, [b]) for b in boxes]
+    expected = [c.frame(0, f) for c, f in zip(compositors, faces)]
+    jobs = [k % len(boxes) for k in range(240)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda k: compositors[k].frame(0, faces[k]), jobs))
+    for k, result in zip(jobs, results):
+        assert np.array_equal(result, expected[k])
