@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Compositing cost per output frame: the gateway's BGR path against the render worker's I420 path.
 
-(a) old: ``to_yuv420(paste_face(bgr_frame, face, box))`` (services.gateway.media): blend the face
+(a) old: ``to_yuv420(paste_face(bgr_frame, face, box))`` (services.common.media): blend the face
     into a copy of the full BGR frame, then convert the whole frame to I420.
 (b) new: ``Compositor.frame(i, face)`` (services.render.composite): copy the avatar frame cached in
     I420 and blend only the face box's planes.
@@ -40,7 +40,7 @@ if __package__ in (None, ""):
 import cv2
 import numpy as np
 
-from services.gateway.media import paste_face, to_yuv420
+from services.common.media import paste_face, to_yuv420
 from services.render.composite import Compositor, I420Frames, chroma_siting
 
 

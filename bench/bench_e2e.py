@@ -7,7 +7,7 @@ the same processes and flags as `python -m services.local`), then through the pu
 1. CreateAvatar with a template video (timed on its own: decode + face detection of every frame).
    The template is samples/avatar.jpg placed in a --width x --height frame on a plain gradient and
    swaying a few pixels per frame (so every frame is different), --template-seconds long at --fps,
-   encoded with services.gateway.media.Mp4Writer. The job's frames loop over it.
+   encoded with services.common.media.Mp4Writer. The job's frames loop over it.
 2. SubmitJob with --audio-seconds of speech: samples/speech.wav decoded (resampled to --audio-rate
    with services.common.audio_decode.decode_audio), repeated to length and written as a 16-bit WAV.
 3. WatchJob until it is finished; "SubmitJob -> MP4 ready" is the client's wall time from sending
@@ -99,7 +99,7 @@ def build_template(path: Path, width: int, height: int, fps: float, seconds: flo
     """samples/avatar.jpg on a gradient, swaying slightly, as an H.264 MP4; returns the frame count."""
     import cv2
 
-    from services.gateway.media import Mp4Writer
+    from services.common.media import Mp4Writer
 
     face = cv2.imread(str(SAMPLES / "avatar.jpg"))
     if face is None:
@@ -203,7 +203,7 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
 def run(args: argparse.Namespace, workdir: Path) -> dict:
     from lipline.v1 import gateway_pb2
     from services.gateway.client import LiplineClient, progress_printer
-    from services.gateway.media import probe_media
+    from services.common.media import probe_media
     from services.local.cluster import LocalCluster
 
     result: dict = {

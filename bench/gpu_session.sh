@@ -85,6 +85,19 @@ compile)  # --backend compile: a cold compile that fills $CACHE, then replicas t
     --streams 64 --procs 8 --replicas 2 --gpus 0,0 --pipeline-depth 2  # auto finds the warm cache: compile
   ls -la "$CACHE" | tee "$OUT/compile-cache.txt"
   ;;
+aac)  # the AAC encoder alone (a job's audio task): 60 s of mono 48 kHz
+  python3 - <<'PY' 2>&1 | tee "$OUT/aac.txt"
+import os, tempfile, time
+from pathlib import Path
+import numpy as np
+from services.common.media import MUX_AUDIO_RATE, encode_aac
+pcm = (np.random.default_rng(0).standard_normal(60 * MUX_AUDIO_RATE) * 0.1).astype(np.float32)
+for _ in range(3):
+    t = time.perf_counter(); encode_aac(pcm, MUX_AUDIO_RATE, Path(tempfile.mkdtemp()) / "a.m4a")
+    print(f"encode_aac 60 s: {time.perf_counter() - t:.3f} s")
+print("cpus", os.cpu_count(), "load", open("/proc/loadavg").read().strip())
+PY
+  ;;
 e2e)  # needs OpenCV 4 (Haar) for CreateAvatar: carry .whlcv; reuses .whl from a `services` call
   # One 60 s 720p clip with SR (render workers: one per core), SubmitJob -> MP4.
   # The warm-up job (64 s = 32 segments) gives every worker its copy of the avatar, as in production.
@@ -94,9 +107,9 @@ e2e)  # needs OpenCV 4 (Haar) for CreateAvatar: carry .whlcv; reuses .whl from a
   ;;
 jobs)  # 16 concurrent 30 s 720p jobs with SR, with 16, 8, 4, 2 and 1 render workers (after `e2e`)
   timeout 560 python3 bench/bench_e2e.py --device cuda --audio-seconds 30 --jobs 16 --warmup-seconds 64 \
-    --worker-counts ${COUNTS:-16,8,4,2,1} --out "$OUT/e2e-jobs.json" "$@" 2>&1 | grep -E 'jobs|workers|SubmitJob|rror|Trace' | tail -30
+    --worker-counts ${COUNTS:-32,16,8,4,2,1} --out "$OUT/e2e-jobs.json" "$@" 2>&1 | grep -E 'jobs|workers|SubmitJob|rror|Trace' | tail -30
   ;;
-*) echo "usage: $0 services|compile|e2e|jobs [...]" >&2; exit 2 ;;
+*) echo "usage: $0 services|compile|aac|e2e|jobs [...]" >&2; exit 2 ;;
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
 ( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$phase.tgz" -print0 \

@@ -19,7 +19,7 @@ from services.common.errors import InvalidMedia, NotReady
 from services.common.store.blobs import BlobStore
 from services.common.store.jobs import AvatarRecord
 from services.common.tracing import outgoing_metadata
-from services.gateway.media import decode_avatar
+from services.common.media import decode_avatar
 
 FRAMES_PER_MESSAGE = 8
 

@@ -1,5 +1,6 @@
 """SubmitJob's work, done once per job before it is queued: check and decode the audio, make the mel
-windows (the audio stage) and the AAC track, and store them where the render workers read them.
+windows (the audio stage) and store them with the upload where the render workers read them (the
+AAC track is the job's audio task, on a worker: services.common.jobkeys).
 
 The job exists in the job store only once all of this is stored, so a worker never sees half a job.
 """
@@ -8,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -21,13 +20,12 @@ from services.common.audio_decode import decode_audio
 from services.common.channels import StageFailed
 from services.common.codec import MEL_BANDS, MEL_STEP
 from services.common.errors import InvalidMedia
-from services.common.jobkeys import audio_key, mels_key
+from services.common.jobkeys import AUDIO_TASK, mels_key, task_ranges, upload_key
+from services.common.media import MUX_AUDIO_RATE
 from services.common.store.blobs import BlobStore
 from services.common.tracing import outgoing_metadata
 from services.gateway.jobs import segment_bounds
-from services.gateway.media import encode_aac
 
-MUX_AUDIO_RATE = 48_000  # AAC in the output; the original audio resampled, mono
 _MEL_BYTES = MEL_BANDS * MEL_STEP * 2
 _CHUNK = 1 << 20
 _PUT_THREADS = 8  # mel blobs of a long job go up in parallel (S3 PUTs are latency-bound)
@@ -37,7 +35,7 @@ _PUT_THREADS = 8  # mel blobs of a long job go up in parallel (S3 PUTs are laten
 class PreparedAudio:
     audio_seconds: float
     total_frames: int
-    segments: list[tuple[int, int]]
+    segments: list[tuple[int, int]]  # the job store's task ranges: the audio task, then the segments
     stage_seconds: dict[str, float]
 
 
@@ -71,7 +69,8 @@ async def prepare_audio(
     blobs: BlobStore, audio: audio_pb2_grpc.AudioServiceStub, job_id: str, data: bytes, fps: float,
     max_audio_seconds: float, segment_seconds: float, request_id: str = "",
 ) -> PreparedAudio:
-    """Decode (limits and the AAC track) and extract (mel windows) at once; store both per segment."""
+    """Decode (the limits: a bad upload is refused before the job exists) and extract (mel windows) at
+    once; store the upload and each segment's windows."""
     t0 = time.perf_counter()
     windows_task = asyncio.create_task(extract_windows(audio, data, fps, request_id))
     try:
@@ -82,34 +81,21 @@ async def prepare_audio(
         raise
     decoded = time.perf_counter() - t0
 
-    timings: dict[str, float] = {}
+    windows = await windows_task
+    extracted = time.perf_counter() - t0
+    ranges = task_ranges(segment_bounds(len(windows), round(segment_seconds * fps)))
 
-    def store_aac() -> None:  # the slowest part for long clips (~6 ms per second of audio): in parallel
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="lipline-aac-") as folder:
-            path = Path(folder) / "audio.m4a"
-            encode_aac(pcm, MUX_AUDIO_RATE, path)
-            blobs.put_file(audio_key(job_id), path)
-        timings["store_aac"] = time.perf_counter() - started
+    def store() -> None:
+        # The upload, for the audio task (which encodes the AAC track beside the segments), and each
+        # segment's mel windows.
+        puts = [(upload_key(job_id), data)] + [
+            (mels_key(job_id, k), windows[start:end].tobytes()) for k, (start, end) in enumerate(ranges) if k != AUDIO_TASK
+        ]
+        with ThreadPoolExecutor(min(_PUT_THREADS, len(puts))) as pool:
+            list(pool.map(lambda item: blobs.put(*item), puts))
 
-    aac_task = asyncio.create_task(asyncio.to_thread(store_aac))
-    try:
-        windows = await windows_task
-        extracted = time.perf_counter() - t0
-        segments = segment_bounds(len(windows), round(segment_seconds * fps))
-
-        def store_mels() -> None:
-            started = time.perf_counter()
-            with ThreadPoolExecutor(min(_PUT_THREADS, len(segments))) as pool:
-                list(pool.map(lambda k: blobs.put(mels_key(job_id, k), windows[segments[k][0] : segments[k][1]].tobytes()),
-                              range(len(segments))))
-            timings["store_mels"] = time.perf_counter() - started
-
-        await asyncio.to_thread(store_mels)
-    finally:
-        await asyncio.gather(aac_task, return_exceptions=True)  # never leave the thread writing behind us
-    aac_task.result()
+    await asyncio.to_thread(store)
     return PreparedAudio(
-        len(pcm) / MUX_AUDIO_RATE, len(windows), segments,
-        {"audio_decode": decoded, "audio": extracted, **timings, "submit": time.perf_counter() - t0},
+        len(pcm) / MUX_AUDIO_RATE, len(windows), ranges,
+        {"audio_decode": decoded, "audio": extracted, "submit": time.perf_counter() - t0},
     )

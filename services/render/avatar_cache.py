@@ -21,7 +21,7 @@ import numpy as np
 
 from services.common.avatars import AvatarMeta, load_crops, load_meta, prefix
 from services.common.store.blobs import BlobStore
-from services.gateway.media import decode_avatar
+from services.common.media import decode_avatar
 from services.render.composite import Compositor, I420Frames
 
 _LOGGER = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Compositing in I420: the avatar's frames converted once, only the face box blended per output frame.
 
-The gateway's path (`services.gateway.media.paste_face` then `to_yuv420`) blends the face into a
+The gateway's path (`services.common.media.paste_face` then `to_yuv420`) blends the face into a
 full BGR frame and converts the whole frame to I420 for x264. A render worker instead keeps the
 avatar in I420 (`I420Frames`, converted once, memory-mapped from a local .npy) and per output frame
 (`Compositor.frame`) copies the cached frame and re-computes only the planes' face-box region:
@@ -42,7 +42,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from services.gateway.media import feather_mask
+from services.common.media import feather_mask
 
 Box = tuple[int, int, int, int]
 
@@ -57,7 +57,7 @@ __all__ = ["I420Frames", "Compositor", "chroma_siting"]
 class I420Frames:
     """An avatar's frames in I420, converted once: one ``(count, height * 3 // 2, width)`` uint8 array.
 
-    Each frame is what `services.gateway.media.to_yuv420` returns for the BGR frame (Y plane, then
+    Each frame is what `services.common.media.to_yuv420` returns for the BGR frame (Y plane, then
     U, then V, BT.601 limited range), the layout `Mp4Writer.write_yuv420` takes. The array is
     read-only: in memory it is shared by every compositor thread, and `load` memory-maps it.
     """
@@ -325,7 +325,7 @@ class Compositor:
         Args:
             frames: The avatar's frames in I420.
             boxes: Per avatar frame, the face box ``(x1, y1, x2, y2)`` (x2/y2 exclusive) or None.
-            feather: The feather mask's ramp (`services.gateway.media.feather_mask`), as `paste_face` uses.
+            feather: The feather mask's ramp (`services.common.media.feather_mask`), as `paste_face` uses.
 
         Raises:
             ValueError: ``boxes`` does not have one entry per frame, or a box is empty or outside the frame.

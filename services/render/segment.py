@@ -27,7 +27,7 @@ from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, 
 from services.common.channels import stage_errors
 from services.common.codec import MEL_BANDS, MEL_STEP, image_from_proto, image_to_proto, pack_generate_items, unpack_faces
 from services.common.metrics import Metrics
-from services.gateway.media import Mp4Writer
+from services.common.media import Mp4Writer
 from services.render.avatar_cache import LocalAvatar
 
 # Small messages keep a segment's stages overlapped (lipsync of message k+1 while superres does k and

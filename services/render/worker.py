@@ -1,7 +1,7 @@
 """The render worker's loop: claim a task, keep its lease alive, do it, report it; repeat.
 
-A task is one segment of a job (render its frames into an MP4 segment in the blob store) or a job's
-join (stream-copy the segments and the AAC track into the output). The job store hands out tasks
+A task is one segment of a job (render its frames into an MP4 segment in the blob store), a job's
+audio (its AAC track) or its join (stream-copy the segments and the AAC track into the output). The job store hands out tasks
 atomically with a lease; this loop renews the lease every `heartbeat_s` while it works. A renewal
 that fails means the lease is gone (the job was cancelled or failed, or this worker stalled past
 the lease and another took the task): the work is dropped at once and nothing it made is kept.
@@ -32,8 +32,9 @@ from services.common.metrics import Metrics
 from services.common.store.blobs import BlobStore
 from services.common.store.jobs import Job, JobStore, Task
 from services.common.tracing import outgoing_metadata
-from services.common.jobkeys import audio_key, mels_key, output_key, segment_key, job_prefix
-from services.gateway.media import join_segments
+from services.common.audio_decode import decode_audio
+from services.common.jobkeys import AUDIO_TASK, audio_key, job_prefix, mels_key, output_key, segment_key, segment_tasks, upload_key
+from services.common.media import MUX_AUDIO_RATE, encode_aac, join_segments
 from services.render.avatar_cache import AvatarCache
 from services.render.segment import SegmentRenderer, mels_from_bytes
 from services.render.settings import RenderSettings
@@ -191,8 +192,27 @@ class RenderWorker:
         job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
         if task.is_join:
             await self._join(task, job)
+        elif task.index == AUDIO_TASK:
+            await self._audio(task, job)
         else:
             await self._segment(task, job)
+
+    async def _audio(self, task: Task, job: Job) -> None:
+        """The job's AAC track, from its upload (decoded as SubmitJob did), beside the segments."""
+        t0 = time.perf_counter()
+        data = await asyncio.to_thread(self.blobs.get, upload_key(job.id))
+        local = self._scratch / f"{job.id}-audio-{uuid.uuid4().hex[:8]}.m4a"
+        try:
+            def encode() -> None:
+                encode_aac(decode_audio(data, MUX_AUDIO_RATE), MUX_AUDIO_RATE, local)
+
+            await asyncio.to_thread(encode)
+            await asyncio.to_thread(self.blobs.put_file, audio_key(job.id), local)
+        finally:
+            local.unlink(missing_ok=True)
+        if not await asyncio.to_thread(self.jobs.complete_segment, task, 0, {"aac": time.perf_counter() - t0}, []):
+            await asyncio.to_thread(self.blobs.delete, audio_key(job.id))
+            raise LeaseLost()
 
     async def _segment(self, task: Task, job: Job) -> None:
         options = gateway_pb2.JobOptions.FromString(job.options)
@@ -221,7 +241,7 @@ class RenderWorker:
         folder = Path(tempfile.mkdtemp(prefix=f"join-{job.id}-", dir=self._scratch))
         try:
             parts = []
-            for k in range(job.segments_total):
+            for k in segment_tasks(job.segments_total):
                 path = folder / f"{k:05d}.mp4"
                 await asyncio.to_thread(self.blobs.get_file, segment_key(job.id, k), path)
                 parts.append(path)

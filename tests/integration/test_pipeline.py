@@ -22,7 +22,7 @@ from services.audio.mel import MelExtractor
 from services.common.audio_decode import decode_audio
 from services.common.codec import mel_from_bytes, mel_to_bytes
 from services.gateway.client import LiplineClient
-from services.gateway.media import Mp4Writer, decode_avatar, probe_media
+from services.common.media import Mp4Writer, decode_avatar, probe_media
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from services.lipsync.procedural import ProceduralLipSync
 from services.local.cluster import LocalCluster
@@ -184,7 +184,7 @@ def test_job_events(rendered: Rendered) -> None:
 
 def test_stage_seconds(rendered: Rendered, cluster: LocalCluster) -> None:
     times = dict(rendered.job.stage_seconds)
-    expected = {"audio_decode", "audio", "store_aac", "store_mels", "submit", "lipsync", "composite", "encode", "join", "total"}
+    expected = {"audio_decode", "audio", "submit", "aac", "lipsync", "composite", "encode", "join", "total"}
     if rendered.job.options.super_resolution:
         expected.add("superres")
     assert times.keys() == expected, times
@@ -193,7 +193,7 @@ def test_stage_seconds(rendered: Rendered, cluster: LocalCluster) -> None:
     # run on the workers side by side: at most (workers x the job's time) each.
     assert times["audio_decode"] <= times["audio"] <= times["submit"]
     workers = len(cluster.replica_names("render"))
-    for part in expected - {"audio_decode", "audio", "store_aac", "store_mels", "submit", "total"}:
+    for part in expected - {"audio_decode", "audio", "submit", "total"}:
         assert times[part] <= workers * times["total"], (part, times)
     assert times["total"] <= rendered.job.elapsed_seconds + 0.05
 

@@ -22,7 +22,7 @@ import pytest
 
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
-from services.gateway.media import Mp4Writer
+from services.common.media import Mp4Writer
 from services.local.cluster import LocalCluster
 from tests.helpers.postgres import PostgresServer, missing_reason
 from tests.integration.util import SAMPLES, eventually, logs_of

@@ -24,7 +24,7 @@ from services.common.audio_decode import decode_audio
 from services.common.checkpoints import seeded_state_dict
 from services.common.codec import image_to_proto, mel_from_bytes, mel_to_bytes, pack_generate_items, unpack_faces
 from services.gateway.client import LiplineClient
-from services.gateway.media import decode_avatar, probe_media
+from services.common.media import decode_avatar, probe_media
 from services.lipsync import prep
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from services.lipsync.wav2lip import Wav2Lip, load_wav2lip

@@ -1,6 +1,6 @@
 """services.render.composite: I420 compositing against the gateway's reference path.
 
-The reference is ``to_yuv420(paste_face(bgr, face, box))`` (services.gateway.media). Required: bytes
+The reference is ``to_yuv420(paste_face(bgr, face, box))`` (services.common.media). Required: bytes
 outside the box expanded to even coordinates identical to ``to_yuv420(bgr)``; inside, Y within 2
 levels and U/V within 3. Measured with OpenCV 4.14 (top-left chroma siting) on every case below:
 max |diff| Y = 1, U = 1, V = 1 (0 for the tiny unfeathered boxes).
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import services.render.composite as composite
-from services.gateway.media import Mp4Writer, paste_face, probe_media, to_yuv420
+from services.common.media import Mp4Writer, paste_face, probe_media, to_yuv420
 from services.render.composite import Compositor, I420Frames
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -258,7 +258,7 @@ def test_frames_feed_the_writer(tmp_path: Path, random_frame: np.ndarray) -> Non
 
 def test_feather_mask_is_the_product_of_its_profiles() -> None:
     """The compositor builds its weights from feather_mask's 1-D profiles: this must stay true of feather_mask."""
-    from services.gateway.media import feather_mask
+    from services.common.media import feather_mask
 
     for height, width in [(400, 360), (601, 519), (7, 5), (1, 1), (13, 200)]:
         ry, rx = composite._profiles(height, width, 0.15)

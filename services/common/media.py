@@ -1,8 +1,8 @@
-"""Media I/O for the gateway: decode avatars, paste generated faces back, encode and probe MP4s.
+"""Media I/O: decode avatars, paste generated faces back, encode segments and AAC, join and probe MP4s.
 
-The gateway keeps the avatar's frames in memory as BGR uint8 arrays (the layout OpenCV and the face
-stages use), pastes the generated face crops into them with a feathered mask, and writes an MP4 with
-H.264 video and AAC audio that plays everywhere (yuv420p, ``+faststart``).
+The gateway decodes avatars (CreateAvatar); render workers decode them again into their cache,
+encode segments (H.264, yuv420p) and the AAC track, and join them into an MP4 that plays
+everywhere (``+faststart``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 from services.common.errors import InvalidMedia, TooLarge
 
 _DEFAULT_VIDEO_FPS = 25.0
+MUX_AUDIO_RATE = 48_000  # the output's AAC track: the original audio resampled, mono
 _SUPPORTED_HINT = "send JPEG, PNG or an MP4/WebM/MOV video"
 
 

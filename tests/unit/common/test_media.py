@@ -1,4 +1,4 @@
-"""Tests for services.gateway.media: avatar decoding, face pasting, MP4 writing and probing."""
+"""Tests for services.common.media: avatar decoding, face pasting, MP4 writing and probing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from services.common.errors import InvalidMedia, TooLarge
-from services.gateway.media import (
+from services.common.media import (
     Mp4Writer,
     concat_segments,
     decode_avatar,
