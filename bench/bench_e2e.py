@@ -265,12 +265,17 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                     for workers in sorted(counts, reverse=True):
                         for name in cluster.replica_names("render")[workers:]:
                             cluster.terminate(name)  # idle between batches: no task to give back
+                        cpu_before = process_cpu_seconds(cluster)
                         with GpuSampler() as gpu:
                             runs = run_jobs(client, avatar.id, speech, sr, args)
-                        summary = {"workers": workers, **summarize_jobs(runs, args.concurrency), "gpu_utilization": gpu.summary()}
+                        cpu = cpu_by_service(cpu_before, process_cpu_seconds(cluster))
+                        summary = {"workers": workers, **summarize_jobs(runs, args.concurrency), "gpu_utilization": gpu.summary(),
+                                   "cpu_seconds_by_service": cpu}
+                        log("  CPU seconds by service: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items())))
                         result["scaling"].append(summary)
                         log(f"{workers} render workers: {summary['jobs_per_minute']:.1f} jobs/min, "
-                            f"GPU utilisation median {summary['gpu_utilization'].get('median', 'n/a')} %")
+                            f"GPU utilisation median {summary['gpu_utilization'].get('median', 'n/a')} %, "
+                            f"host CPU {summary['gpu_utilization'].get('host_cpu') or 0:.0f} %")
                     result["jobs"] = result["scaling"][0]
                     first = runs[0]
                 job = first["job"]
@@ -308,12 +313,48 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     return result
 
 
+def process_cpu_seconds(cluster) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """CPU seconds (user + system, all threads) of each live service process so far, from /proc."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, proc in cluster.processes.items():
+        try:
+            fields = Path(f"/proc/{proc.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = (float(fields[11]) + float(fields[12])) / tick
+    return out
+
+
+def cpu_by_service(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds spent between two snapshots, summed per service (render-3 counts as render)."""
+    groups: dict[str, float] = {}
+    for name, seconds in after.items():
+        service = name.split("-", 1)[0]
+        groups[service] = groups.get(service, 0.0) + seconds - before.get(name, 0.0)
+    return groups
+
+
+def _cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat (Linux)."""
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return sum(fields) - idle, sum(fields)
+
+
 class GpuSampler:
-    """GPU utilisation (nvidia-smi, every 200 ms, all GPUs averaged) while a block runs; nothing without a GPU."""
+    """GPU utilisation (nvidia-smi, every 200 ms, all GPUs averaged) while a block runs, and the host's
+    CPU utilisation over the block (/proc/stat); the GPU part is empty without a GPU."""
 
     def __enter__(self) -> GpuSampler:
         import subprocess
 
+        self._cpu_start = _cpu_times()
         self.samples: list[float] = []
         self._proc = None
         if shutil.which("nvidia-smi"):
@@ -324,6 +365,8 @@ class GpuSampler:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        busy, total = (b - a for a, b in zip(self._cpu_start, _cpu_times()))
+        self.cpu = 100.0 * busy / total if total else None
         if self._proc is None:
             return
         self._proc.terminate()
@@ -333,9 +376,9 @@ class GpuSampler:
 
     def summary(self) -> dict:
         if not self.samples:
-            return {}
+            return {"host_cpu": self.cpu}
         ordered = sorted(self.samples)
-        return {"samples": len(ordered), "median": statistics.median(ordered),
+        return {"host_cpu": self.cpu, "samples": len(ordered), "median": statistics.median(ordered),
                 "p90": ordered[int(0.9 * (len(ordered) - 1))], "mean": statistics.fmean(ordered)}
 
 
@@ -440,8 +483,10 @@ def table(result: dict) -> str:
         ]
     for run_ in result.get("scaling", []):
         gpu = run_["gpu_utilization"]
-        rows.append((f"{run_['workers']} render workers: jobs/min, GPU util median / p90 %",
-                     f"{run_['jobs_per_minute']:.1f}, {gpu.get('median', '-')} / {gpu.get('p90', '-')}"))
+        cpu = gpu.get("host_cpu")
+        rows.append((f"{run_['workers']} render workers: jobs/min, GPU util median / p90 %, host CPU %",
+                     f"{run_['jobs_per_minute']:.1f}, {gpu.get('median', '-')} / {gpu.get('p90', '-')}, "
+                     f"{'-' if cpu is None else f'{cpu:.0f}'}"))
     if result.get("gpu_utilization"):
         gpu = result["gpu_utilization"]
         rows.append(("GPU utilisation median / p90 % (this job)", f"{gpu['median']} / {gpu['p90']}"))

@@ -232,6 +232,9 @@ class _AacTrack:
         self._pos = 0  # samples already encoded
         self._stream = container.add_stream("aac", rate=self.rate)
         self._stream.layout = "mono"
+        # FFmpeg's "fast" coder: 1.7x faster than its default "twoloop" (0.21 vs 0.36 s per minute of
+        # audio on one core), plenty for speech; the AAC track is on every job's critical path.
+        self._stream.options = {"aac_coder": "fast"}
         # The native aac encoder accepts only planar float ("fltp"); ask it rather than assume.
         self._format = self._stream.codec_context.codec.audio_formats[0].name
 
@@ -404,53 +407,6 @@ class Mp4Writer:
             self.close()
         else:
             self.abort()
-
-
-def concat_segments(parts: Sequence[Path], path: Path, fps: float, audio: np.ndarray | None, audio_rate: int) -> int:
-    """Joins H.264 MP4 segments of one clip into ``path`` without re-encoding, adding mono AAC audio.
-
-    The gateway encodes long clips as consecutive segments on parallel x264 encoders (one encoder
-    tops out well below what the GPU stages deliver); this is the stream-copy concatenation. Every
-    part must come from `Mp4Writer` with the same size, rate and encoder settings (so one set of
-    SPS/PPS describes them all) and start at its own frame 0. Each part's timestamps are shifted by
-    the frames before it; B-frame reordering keeps decode times increasing across the joins because
-    every part has the same reorder delay. Written atomically like `Mp4Writer`.
-
-    Returns:
-        The number of video frames written.
-    """
-    if not parts:
-        raise ValueError("no segments to join")
-    rate = exact_rate(fps)
-    out = _AtomicMp4(path)
-    try:
-        frames = 0
-        with av.open(str(parts[0])) as first:
-            video = out.container.add_stream_from_template(first.streams.video[0])
-        aac = None if audio is None else _AacTrack(out.container, audio, audio_rate)
-        for part in parts:
-            with av.open(str(part)) as source:
-                stream = source.streams.video[0]
-                shift = round(frames / rate / stream.time_base)  # this part's start, in its time base
-                count = 0
-                for packet in source.demux(stream):
-                    if packet.dts is None:  # the demuxer's end-of-stream marker
-                        continue
-                    packet.pts += shift
-                    packet.dts += shift
-                    packet.stream = video
-                    out.container.mux(packet)
-                    count += 1
-                    if aac is not None:
-                        aac.encode(until=round((frames + count) / rate * aac.rate))
-            frames += count
-        if aac is not None:
-            aac.finish()
-        out.commit()
-    except BaseException:
-        out.abort()
-        raise
-    return frames
 
 
 # --------------------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from services.common.errors import FailedPrecondition, InvalidMedia, InvalidRequ
 from services.common.interceptor import REQUEST_ID
 from services.common.jobkeys import job_prefix, output_key
 from services.common.server import Service
-from services.common.store.blobs import open_blob_store
-from services.common.store.jobs import AvatarRecord, JobState, NewJob, open_job_store
+from services.common.store import close_stores, open_stores
+from services.common.store.jobs import AvatarRecord, JobState, NewJob
 from services.gateway.avatars import create_avatar
 from services.gateway.jobs import job_to_proto
 from services.gateway.settings import GatewaySettings
@@ -204,9 +204,7 @@ class GatewayService(Service[GatewaySettings]):
 
     async def load(self) -> None:
         s = self.settings
-        self.jobs = open_job_store(s.job_store)
-        await asyncio.to_thread(self.jobs.migrate)
-        self.blobs = open_blob_store(s.blob_store)
+        self.jobs, self.blobs = await open_stores(s)
         self.feed = self.jobs.change_feed()
         await self.feed.start()
         self.clients = StageClients({"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes)
@@ -219,7 +217,4 @@ class GatewayService(Service[GatewaySettings]):
             await self.feed.close()
         if hasattr(self, "clients"):
             await self.clients.close()
-        if hasattr(self, "jobs"):
-            self.jobs.close()
-        if hasattr(self, "blobs"):
-            self.blobs.close()
+        close_stores(getattr(self, "jobs", None), getattr(self, "blobs", None))

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +66,7 @@ class SegmentRenderer:
         max_message_bytes: int,
         preset: str,
         threads: int,
+        nice: int = 0,
     ) -> None:
         self._lipsync = lipsync
         self._superres = superres
@@ -71,7 +74,7 @@ class SegmentRenderer:
         self._max_message = max_message_bytes
         self._preset = preset
         self._threads = threads
-        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="encode")
+        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="encode", initializer=_lower_priority, initargs=(nice,))
 
     def close(self) -> None:
         self._encoder.shutdown(wait=True, cancel_futures=True)
@@ -219,6 +222,17 @@ class SegmentRenderer:
                 for item in response.items:
                     yield item.index, image_from_proto(item.image, "restored face")
                 times["superres"] = time.perf_counter() - t0
+
+
+def _lower_priority(nice: int) -> None:
+    """Runs on the encoder thread: Linux nice values are per thread and inherited by the threads
+    libx264 starts from it, so this lowers exactly the encoding work of this process."""
+    if nice <= 0:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError):  # not Linux, or not allowed: encode at the normal priority
+        pass
 
 
 def _area(box: tuple[int, int, int, int]) -> int:

@@ -21,8 +21,7 @@ from lipline.v1 import lipsync_pb2_grpc, superres_pb2_grpc
 from services.common.channels import StageClients
 from services.common.encoder_threads import x264_threads
 from services.common.server import Service
-from services.common.store.blobs import open_blob_store
-from services.common.store.jobs import open_job_store
+from services.common.store import close_stores, open_stores
 from services.render.avatar_cache import AvatarCache
 from services.render.segment import SegmentRenderer
 from services.render.settings import RenderSettings
@@ -44,16 +43,14 @@ class RenderService(Service[RenderSettings]):
 
     async def load(self) -> None:
         s = self.settings
-        self.jobs = open_job_store(s.job_store)
-        await asyncio.to_thread(self.jobs.migrate)
-        self.blobs = open_blob_store(s.blob_store)
+        self.jobs, self.blobs = await open_stores(s)
         self.clients = StageClients({"lipsync": s.lipsync_address, "superres": s.superres_address}, s.max_message_bytes)
         await self.clients.wait_serving(s.stage_wait_s)
         threads = s.x264_threads or x264_threads()
         self.renderer = SegmentRenderer(
             lipsync_pb2_grpc.LipSyncServiceStub(self.clients.channels["lipsync"]),
             superres_pb2_grpc.SuperResServiceStub(self.clients.channels["superres"]),
-            self.metrics, s.max_message_bytes, s.x264_preset, threads,
+            self.metrics, s.max_message_bytes, s.x264_preset, threads, s.encode_nice,
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, AvatarCache(self.blobs, s.cache_dir), self.renderer, name)
@@ -81,7 +78,4 @@ class RenderService(Service[RenderSettings]):
             await asyncio.to_thread(self.renderer.close)
         if hasattr(self, "clients"):
             await self.clients.close()
-        if hasattr(self, "jobs"):
-            self.jobs.close()
-        if hasattr(self, "blobs"):
-            self.blobs.close()
+        close_stores(getattr(self, "jobs", None), getattr(self, "blobs", None))

@@ -26,6 +26,10 @@ class RenderSettings(StoreSettings):
         "veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf"
     )
     x264_threads: int = _field(0, "x264 threads per segment encoder; 0 = auto (the cores this process may use, at most 4)")
+    encode_nice: int = _field(
+        5, "nice value (0-19) of the x264 threads: encoding is bulk work with slack, so a job's audio task, "
+        "its join and the stages' host threads on the same machine get the CPU first"
+    )
     stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
 
     def validate(self) -> None:
@@ -35,6 +39,8 @@ class RenderSettings(StoreSettings):
             problems.append(f"x264_preset {self.x264_preset!r} is not one of {', '.join(X264_PRESETS)}")
         if self.lease_s <= 2 * self.heartbeat_s:
             problems.append(f"lease_s ({self.lease_s}) must be more than twice heartbeat_s ({self.heartbeat_s})")
+        if not 0 <= self.encode_nice <= 19:
+            problems.append(f"encode_nice must be in 0..19, got {self.encode_nice}")
         if self.max_attempts < 1:
             problems.append(f"max_attempts must be >= 1, got {self.max_attempts}")
         if problems:

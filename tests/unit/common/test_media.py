@@ -13,7 +13,8 @@ import pytest
 from services.common.errors import InvalidMedia, TooLarge
 from services.common.media import (
     Mp4Writer,
-    concat_segments,
+    encode_aac,
+    join_segments,
     decode_avatar,
     exact_rate,
     feather_mask,
@@ -251,8 +252,9 @@ def test_unknown_x264_preset_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fps", [25.0, 30000 / 1001])
-def test_concat_segments_is_one_playable_clip(tmp_path: Path, fps: float) -> None:
-    """Segments encoded apart (B-frames and all) join into one clip: frames in order, audio whole."""
+def test_join_segments_is_one_playable_clip(tmp_path: Path, fps: float) -> None:
+    """Segments encoded apart (B-frames and all) and an AAC track join into one clip by stream copy:
+    frames in order, audio whole, interleaved, moov first."""
     lengths = [30, 25, 20]
     levels = np.arange(sum(lengths)) * 3 % 256  # each frame its own grey level, to check the order
     parts, start = [], 0
@@ -265,7 +267,8 @@ def test_concat_segments_is_one_playable_clip(tmp_path: Path, fps: float) -> Non
         start += n
     seconds = sum(lengths) / fps
     out = tmp_path / "joined.mp4"
-    assert concat_segments(parts, out, fps, _sine(seconds, 16000), 16000) == 75
+    encode_aac(_sine(seconds, 48000), 48000, tmp_path / "audio.m4a")
+    assert join_segments(parts, out, fps, tmp_path / "audio.m4a") == 75
     info = probe_media(out)
     assert (info["video_codec"], info["audio_codec"]) == ("h264", "aac")
     assert info["frames"] == 75
@@ -276,12 +279,12 @@ def test_concat_segments_is_one_playable_clip(tmp_path: Path, fps: float) -> Non
     assert np.abs(np.array(decoded) - levels).max() < 2  # every frame in its place
     data = out.read_bytes()
     assert data.find(b"moov") < data.find(b"mdat")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["joined.mp4", "part0.mp4", "part1.mp4", "part2.mp4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audio.m4a", "joined.mp4", "part0.mp4", "part1.mp4", "part2.mp4"]
 
 
-def test_concat_segments_failure_leaves_no_file(tmp_path: Path) -> None:
+def test_join_segments_failure_leaves_no_file(tmp_path: Path) -> None:
     bogus = tmp_path / "bogus.mp4"
     bogus.write_bytes(b"not an mp4")
     with pytest.raises(Exception):
-        concat_segments([bogus], tmp_path / "out.mp4", 25.0, None, 16000)
+        join_segments([bogus], tmp_path / "out.mp4", 25.0, None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bogus.mp4"]
