@@ -258,4 +258,53 @@ def test_sixteen_concurrent_jobs_and_a_light_gateway(rcluster: LocalCluster, tem
         done = client.wait(job.id)
         assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
         peak = max(peak, rss_mb(pid))
+    print(f"gateway peak RSS with 16 concurrent jobs: {peak:.0f} MB")
     assert peak < 300, f"gateway resident memory {peak:.0f} MB"
+
+
+def long_speech(seconds: float) -> bytes:
+    """`seconds` of 16 kHz mono speech: the sample repeated (a small upload for a long clip)."""
+    import io
+    import wave
+
+    from services.common.audio_decode import decode_audio
+
+    pcm = decode_audio((SAMPLES / "speech.wav").read_bytes(), 16_000)
+    reps = int(np.ceil(seconds * 16_000 / len(pcm)))
+    samples = (np.tile(pcm, reps)[: int(seconds * 16_000)] * 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16_000)
+        out.writeframes(samples.tobytes())
+    return buf.getvalue()
+
+
+@pytest.mark.slow
+def test_ten_minute_clip_keeps_worker_memory_flat(
+    rcluster: LocalCluster, store_url: tuple[str, PostgresServer | None], client: LiplineClient
+) -> None:
+    if store_url[1] is not None:
+        pytest.skip("one store is enough for a memory test (the SQLite run covers it)")
+    photo = cv2.resize(cv2.imread(str(SAMPLES / "avatar.jpg")), (256, 256), interpolation=cv2.INTER_AREA)
+    ok, jpeg = cv2.imencode(".jpg", photo)
+    avatar = client.create_avatar(jpeg.tobytes(), name="small")
+    job = client.submit(avatar.id, long_speech(600.0))
+    assert job.total_frames == 15_000
+    pids = {name: rcluster.processes[name].process.pid for name in rcluster.replica_names("render")}
+    samples: dict[str, list[tuple[int, float]]] = {name: [] for name in pids}
+    while True:
+        now = client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id), timeout=10)
+        for name, pid in pids.items():
+            samples[name].append((now.frames_done, rss_mb(pid)))
+        if now.state != gateway_pb2.JOB_STATE_RUNNING and now.state != gateway_pb2.JOB_STATE_QUEUED:
+            break
+        time.sleep(0.25)
+    assert now.state == gateway_pb2.JOB_STATE_SUCCEEDED, now.error
+    for name, series in samples.items():
+        # From the first tenth of the clip on (the avatar is cached, the encoder warm) to the end.
+        settled = [rss for done, rss in series if done >= 1_500]
+        assert settled, series[:5]
+        growth = max(settled) - settled[0]
+        assert growth < 60, f"{name} grew by {growth:.0f} MB over a 10-minute clip ({settled[0]:.0f} -> {max(settled):.0f} MB)"
