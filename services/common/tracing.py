@@ -1,7 +1,13 @@
 """Opt-in OpenTelemetry tracing: spans per RPC, context carried in gRPC metadata.
 
-Enabled only when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_TRACES_EXPORTER`) is set, configured by the
-standard `OTEL_*` variables; otherwise every function here is a cheap no-op.
+Configured by the standard `OTEL_*` variables, read the way the SDK documents them:
+- `OTEL_SDK_DISABLED=true` turns everything off;
+- `OTEL_TRACES_EXPORTER`: `none` (off), `console`, or `otlp`; unset means `otlp` when
+  `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set, else off;
+- `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` / `OTEL_EXPORTER_OTLP_PROTOCOL`: `grpc` (default) or
+  `http/protobuf`; the exporters read their endpoint, headers and timeouts themselves;
+- `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER(_ARG)`: read by the SDK.
+When off, every function here is a cheap no-op.
 """
 
 from __future__ import annotations
@@ -20,28 +26,91 @@ _LOGGER = logging.getLogger(__name__)
 _ENABLED = False
 
 
-def configure_tracing(service_name: str) -> bool:
-    """Install an OTLP exporter if the standard variables ask for one; returns whether tracing is on."""
+EXPORTERS = ("otlp-grpc", "otlp-http", "console")
+
+
+def choose_exporter(environ: Mapping[str, str]) -> str | None:
+    """Which span exporter the standard variables ask for: one of EXPORTERS, or None (tracing off).
+
+    Raises ValueError for a value the SDK does not define (a typo must not silently disable tracing).
+    """
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if not exporter:
+        endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        exporter = "otlp" if endpoint else "none"
+    if exporter == "none":
+        return None
+    if exporter == "console":
+        return "console"
+    if exporter != "otlp":
+        raise ValueError(f"OTEL_TRACES_EXPORTER={exporter!r}: lipline supports otlp, console and none")
+    protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+    protocol = protocol.strip().lower()
+    if protocol == "grpc":
+        return "otlp-grpc"
+    if protocol == "http/protobuf":
+        return "otlp-http"
+    raise ValueError(f"OTLP protocol {protocol!r}: lipline supports grpc and http/protobuf")
+
+
+def _exporter(kind: str) -> Any:
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if kind == "otlp-http":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter()
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+    return GrpcExporter()
+
+
+def configure_tracing(service_name: str, environ: Mapping[str, str] | None = None, exporter: Any = None) -> bool:
+    """Install the exporter the standard variables ask for; returns whether tracing is on.
+
+    `exporter` replaces the chosen one (tests pass an in-memory exporter, with a simple processor).
+    """
     global _ENABLED  # one process, one tracer provider: that is OpenTelemetry's own model
-    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_TRACES_EXPORTER")):
+    environ = os.environ if environ is None else environ
+    try:
+        kind = "test" if exporter is not None else choose_exporter(environ)
+    except ValueError as exc:  # at start-up, like a bad flag: one line and exit
+        raise SystemExit(f"tracing configuration: {exc}") from exc
+    if kind is None:
         return False
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)}))
-    if os.environ.get("OTEL_TRACES_EXPORTER", "otlp") == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME; this is the default name.
+    resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", service_name)})
+    provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER(_ARG)
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(_exporter(kind)))
     trace.set_tracer_provider(provider)
     _ENABLED = True
-    _LOGGER.info("tracing enabled")
+    _LOGGER.info("tracing enabled", extra={"exporter": kind})
     return True
+
+
+@contextlib.contextmanager
+def job_span(name: str, job_id: str, **attributes: Any) -> Iterator[Any]:
+    """A span for a piece of one job's work (a segment, the audio track, the join), named after it
+    and carrying the job id, so a job's work can be found across processes by `lipline.job_id`."""
+    if not _ENABLED:
+        yield None
+        return
+    with trace.get_tracer("lipline").start_as_current_span(name, kind=trace.SpanKind.INTERNAL) as span:
+        span.set_attribute("lipline.job_id", job_id)
+        for key, value in attributes.items():
+            span.set_attribute(f"lipline.{key}", value)
+        yield span
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from services.common.errors import LiplineError, NotFound, StoreUnavailable
 from services.common.metrics import Metrics
 from services.common.store.blobs import BlobStore
 from services.common.store.jobs import Job, JobStore, Task
-from services.common.tracing import outgoing_metadata
+from services.common.tracing import job_span, outgoing_metadata
 from services.common.audio_decode import decode_audio
 from services.common.jobkeys import AUDIO_TASK, audio_key, job_prefix, mels_key, output_key, segment_key, segment_tasks, upload_key
 from services.common.media import MUX_AUDIO_RATE, encode_aac, join_segments
@@ -190,12 +190,14 @@ class RenderWorker:
 
     async def _do(self, task: Task) -> None:
         job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
-        if task.is_join:
-            await self._join(task, job)
-        elif task.index == AUDIO_TASK:
-            await self._audio(task, job)
-        else:
-            await self._segment(task, job)
+        kind = "join" if task.is_join else "audio" if task.index == AUDIO_TASK else "segment"
+        with job_span(f"render {kind}", job.id, task=task.index, attempt=task.attempts, frames=task.end_frame - task.start_frame):
+            if kind == "join":
+                await self._join(task, job)
+            elif kind == "audio":
+                await self._audio(task, job)
+            else:
+                await self._segment(task, job)
 
     async def _audio(self, task: Task, job: Job) -> None:
         """The job's AAC track, from its upload (decoded as SubmitJob did), beside the segments."""

@@ -177,9 +177,12 @@ def test_adapter_queries_give_one_value_per_pod(prometheus: Prometheus, client: 
 
 
 def _check_gpu_rows(rows: list[dict[str, Any]]) -> None:
-    """NVML exports GPU utilisation only where the services run on a GPU; on the CPU the query is empty."""
+    """NVML exports GPU utilisation only where the services run on a GPU: on the CPU the query is
+    empty, and on a GPU it must not be (a missing NVML binding is exactly what this catches)."""
     if not torch.cuda.is_available():
         assert rows == []
+    else:
+        assert rows, "no lipline_gpu_utilization_ratio on a GPU: is nvidia-ml-py (pynvml) installed?"
     assert all(0 <= float(r["value"][1]) <= 1 for r in rows)
 
 
