@@ -36,15 +36,22 @@ IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' helm/lipline/Chart.ya
 CPU_BASE ?= python:3.11-slim-bookworm
 CPU_TORCH ?= https://download.pytorch.org/whl/cpu
 
-images: ## build the five images (needs a Docker engine): $(IMAGE_REGISTRY)/lipline-<service>:$(IMAGE_TAG)
-	for s in audio render gateway; do docker build -f services/Dockerfile --build-arg SERVICE=$$s \
+images: ## lint services/Dockerfile (hadolint) and build the five images (needs a Docker engine): $(IMAGE_REGISTRY)/lipline-<service>:$(IMAGE_TAG)
+	@if [ -x $(PY) ]; then $(PY) scripts/install_hadolint.py .venv/bin/hadolint && .venv/bin/hadolint services/Dockerfile; \
+	  else echo "images: no .venv (make install), services/Dockerfile not linted"; fi
+	for s in audio render gateway; do docker build -f services/Dockerfile --build-arg SERVICE=$$s --build-arg RUNTIME=cpu \
 	  --build-arg BASE_IMAGE=$(CPU_BASE) --build-arg PROTOC_IMAGE=$(CPU_BASE) --build-arg TORCH_INDEX=$(CPU_TORCH) \
 	  -t $(IMAGE_REGISTRY)/lipline-$$s:$(IMAGE_TAG) . || exit 1; done
-	for s in lipsync superres; do docker build -f services/Dockerfile --build-arg SERVICE=$$s \
+	for s in lipsync superres; do docker build -f services/Dockerfile --build-arg SERVICE=$$s --build-arg RUNTIME=gpu \
 	  --build-arg PROTOC_IMAGE=$(CPU_BASE) -t $(IMAGE_REGISTRY)/lipline-$$s:$(IMAGE_TAG) . || exit 1; done
 
-chart: install ## lint and render the Helm chart (what tests/helm checks, by hand)
-	.venv/bin/helm lint --strict helm/lipline && .venv/bin/helm template lipline helm/lipline > /dev/null
+CHART_DIST ?= outputs/charts
+chart: install ## lint the Helm chart (defaults and every ci/*-values.yaml), render it, package it into $(CHART_DIST)
+	$(PY) scripts/gen_chart_schema.py && $(PY) scripts/gen_chart_readme.py
+	.venv/bin/helm lint --strict helm/lipline
+	for f in helm/lipline/ci/*-values.yaml; do .venv/bin/helm lint --strict helm/lipline -f $$f || exit 1; done
+	.venv/bin/helm template lipline helm/lipline --api-versions monitoring.coreos.com/v1 > /dev/null
+	.venv/bin/helm package helm/lipline -d $(CHART_DIST)
 
 clean: ## remove generated files and outputs (keeps .venv)
 	rm -rf lipline outputs var .pytest_cache

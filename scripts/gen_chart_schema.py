@@ -44,12 +44,90 @@ def _config_schema(cls: type) -> dict[str, Any]:
 OBJ = {"type": "object"}
 PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 RESOURCES = {"type": "object", "properties": {"requests": OBJ, "limits": OBJ}, "additionalProperties": False}
+STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+INT_OR_STRING = {"type": ["integer", "string"]}
+# Labels the chart sets itself: commonLabels and podLabels may not change them (selectors are immutable).
+CHART_LABELS = ["helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                "app.kubernetes.io/managed-by", "app.kubernetes.io/component", "app.kubernetes.io/part-of",
+                "lipline.io/local-store"]
+LABELS = {**STRING_MAP, "propertyNames": {"not": {"enum": CHART_LABELS}}}
+
+
+def _pod_keys() -> dict[str, Any]:
+    """The pod keys a stage may set and the chart sets for every stage (the Kubernetes objects they
+    pass through, checked as strictly as their shape allows: a typo in a key fails the install)."""
+    env_var = {"type": "object", "additionalProperties": False, "required": ["name"], "properties": {
+        "name": {"type": "string", "minLength": 1}, "value": {"type": "string"}, "valueFrom": OBJ}}
+    ref = {"type": "object", "additionalProperties": False, "required": ["name"],
+           "properties": {"name": {"type": "string", "minLength": 1}, "optional": {"type": "boolean"}}}
+    env_from = {"type": "object", "additionalProperties": False, "properties": {
+        "prefix": {"type": "string"}, "configMapRef": ref, "secretRef": ref}}
+    volume = {"type": "object", "required": ["name"], "minProperties": 2, "properties": {"name": {"type": "string", "minLength": 1}}}
+    mount = {"type": "object", "additionalProperties": False, "required": ["name", "mountPath"], "properties": {
+        "name": {"type": "string", "minLength": 1}, "mountPath": {"type": "string", "pattern": "^/"},
+        "subPath": {"type": "string"}, "subPathExpr": {"type": "string"}, "readOnly": {"type": "boolean"},
+        "mountPropagation": {"enum": ["None", "HostToContainer", "Bidirectional"]},
+        "recursiveReadOnly": {"enum": ["Disabled", "IfPossible", "Enabled"]}}}
+    toleration = {"type": "object", "additionalProperties": False, "properties": {
+        "key": {"type": "string"}, "operator": {"enum": ["Exists", "Equal"]}, "value": {"type": "string"},
+        "effect": {"enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"]},
+        "tolerationSeconds": {"type": "integer"}}}
+    affinity = {"type": "object", "additionalProperties": False, "properties": {
+        "nodeAffinity": OBJ, "podAffinity": OBJ, "podAntiAffinity": OBJ}}
+    spread = {"type": "object", "additionalProperties": False, "required": ["maxSkew", "topologyKey", "whenUnsatisfiable"],
+              "properties": {"maxSkew": {"type": "integer", "minimum": 1}, "topologyKey": {"type": "string", "minLength": 1},
+                             "whenUnsatisfiable": {"enum": ["DoNotSchedule", "ScheduleAnyway"]}, "labelSelector": OBJ,
+                             "minDomains": {"type": "integer", "minimum": 1}, "matchLabelKeys": {"type": "array", "items": {"type": "string"}},
+                             "nodeAffinityPolicy": {"enum": ["Honor", "Ignore"]}, "nodeTaintsPolicy": {"enum": ["Honor", "Ignore"]}}}
+    probe = {"type": "object", "additionalProperties": False, "properties": {
+        name: {"type": "integer", "minimum": 1} for name in ("periodSeconds", "timeoutSeconds", "failureThreshold")}}
+    probe["properties"]["initialDelaySeconds"] = {"type": "integer", "minimum": 0}
+    strategy = {"type": "object", "additionalProperties": False, "properties": {
+        "type": {"enum": ["RollingUpdate", "Recreate"]},
+        "rollingUpdate": {"type": "object", "additionalProperties": False,
+                          "properties": {"maxSurge": INT_OR_STRING, "maxUnavailable": INT_OR_STRING}}}}
+    return {
+        "podAnnotations": {**STRING_MAP, "description": "annotations on the pods (merged: the stage's over the chart-wide)"},
+        "podLabels": {**LABELS, "description": "labels on the pods (merged: the stage's over the chart-wide; never the selector labels)"},
+        "extraEnv": {"type": "array", "items": env_var,
+                     "description": "variables added after the chart's (a container's `env` entries); a name set before is replaced"},
+        "extraEnvFrom": {"type": "array", "items": env_from, "description": "ConfigMaps or Secrets as variables (a container's `envFrom`)"},
+        "extraVolumes": {"type": "array", "items": volume, "description": "volumes added to the pod (pod `volumes` entries)"},
+        "extraVolumeMounts": {"type": "array", "items": mount, "description": "mounts added to the container (`volumeMounts` entries)"},
+        "nodeSelector": {**STRING_MAP, "description": "node labels the pods require; a stage's replaces the chart-wide (and gpu.*) one"},
+        "tolerations": {"type": "array", "items": toleration,
+                        "description": "taints the pods tolerate; a stage's replaces the chart-wide (and gpu.*) list"},
+        "affinity": {**affinity, "description": "the pods' affinity; a stage's replaces the chart-wide one"},
+        "topologySpreadConstraints": {"type": "array", "items": spread,
+                                      "description": "spread rules (no labelSelector = the stage's selector labels); a stage's replace the chart-wide"},
+        "priorityClassName": {"type": "string", "description": "the pods' PriorityClass; empty = the chart-wide one"},
+        "updateStrategy": {**strategy, "description": "the Deployment's strategy; empty = the chart-wide one, else RollingUpdate "
+                                                      "(maxSurge 0 for GPU stages)"},
+        "probes": {"type": "object", "additionalProperties": False, "description": "gRPC probe timings, merged over the chart-wide `probes`",
+                   "properties": {"startup": probe, "readiness": probe, "liveness": probe}},
+    }
+
+
+def _tracing_schema() -> dict[str, Any]:
+    samplers = ["always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+                "parentbased_traceidratio"]
+    return {"type": "object", "additionalProperties": False, "description": "OpenTelemetry traces as the standard OTEL_* variables",
+            "properties": {
+                "enabled": {"type": "boolean", "description": "false = OTEL_SDK_DISABLED=true"},
+                "endpoint": {"type": "string", "pattern": "^(https?://.+)?$", "description": "OTEL_EXPORTER_OTLP_ENDPOINT"},
+                "protocol": {"enum": ["grpc", "http/protobuf"], "description": "OTEL_EXPORTER_OTLP_PROTOCOL"},
+                "sampler": {"enum": samplers, "description": "OTEL_TRACES_SAMPLER"},
+                "samplerArg": {"type": ["string", "number"], "description": "OTEL_TRACES_SAMPLER_ARG; empty = the SDK's default"},
+                "resourceAttributes": {"type": "object", "description": "added to OTEL_RESOURCE_ATTRIBUTES",
+                                       "propertyNames": {"pattern": "^[^,=\\s]+$"},
+                                       "additionalProperties": {"type": ["string", "number", "boolean"]}}}}
 
 
 def _stage_schema(cls: type, stages: list[str]) -> dict[str, Any]:
     props: dict[str, Any] = {
-        "port": PORT, "metricsPort": PORT,
-        "replicas": {"type": "integer", "minimum": 0},
+        "port": {**PORT, "description": "the gRPC port (LIPLINE_PORT, the Service's `grpc` port)"},
+        "metricsPort": {**PORT, "description": "the /metrics port (LIPLINE_METRICS_PORT, the Service's `metrics` port)"},
+        "replicas": {"type": "integer", "minimum": 0, "description": "pods when autoscaling is off"},
         "gpu": {"type": "integer", "minimum": 0, "description": "GPUs per pod (gpu.resourceName); 0 = a CPU stage"},
         "headless": {"type": "boolean", "description": "a headless Service (callers balance with dns:///); false = service.type"},
         "public": {"type": "boolean", "description": "the public API: reachable by networkPolicy.gatewayFrom and helm test"},
@@ -60,8 +138,9 @@ def _stage_schema(cls: type, stages: list[str]) -> dict[str, Any]:
                   "description": "a scratch emptyDir at /cache, as LIPLINE_CACHE_DIR",
                   "properties": {"sizeLimit": {"type": "string", "minLength": 1}}},
         "config": _config_schema(cls),
-        "resources": RESOURCES,
+        "resources": {**RESOURCES, "description": "the container's requests and limits (GPU stages add the GPU limit)"},
         "autoscaling": {"type": "object", "additionalProperties": False,
+                        "description": "an HPA (or a KEDA ScaledObject) on `metric` towards `target`, within min/maxReplicas",
                         "required": ["enabled", "minReplicas", "maxReplicas", "metric", "target"],
                         "properties": {"enabled": {"type": "boolean"}, "minReplicas": {"type": "integer", "minimum": 1},
                                        "maxReplicas": {"type": "integer", "minimum": 1},
@@ -71,10 +150,15 @@ def _stage_schema(cls: type, stages: list[str]) -> dict[str, Any]:
                                                "description": "also scale on CPU utilisation (percent of requests)"},
                                        "behavior": OBJ}},
         "pdb": {"type": ["object", "null"], "additionalProperties": False,
+                "description": "a PodDisruptionBudget, where at least two replicas run; null = none",
                 "properties": {"minAvailable": {"type": ["integer", "string"]}}},
-        "startupSeconds": {"type": "integer", "minimum": 5},
+        "startupSeconds": {"type": "integer", "minimum": 5,
+                           "description": "how long the startup probe waits for SERVING (a cold torch.compile on GPU stages)"},
         "service": {"type": "object", "additionalProperties": False, "description": "the Service when headless is false",
                     "properties": {"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "annotations": OBJ}},
+        "runtimeClassName": {"type": "string", "description": "GPU stages: replaces gpu.runtimeClassName"},
+        "gpuResourceName": {"type": "string", "description": "GPU stages: replaces gpu.resourceName (a pool with MIG or shared GPUs)"},
+        **_pod_keys(),
     }
     return {"type": "object", "additionalProperties": False,
             "required": ["port", "metricsPort", "gpu", "headless", "public", "stores", "dials"], "properties": props}
@@ -119,8 +203,12 @@ def build() -> dict[str, Any]:
             "imagePullSecrets": {"type": "array"},
             "commonConfig": _config_schema(ServiceSettings),
             "gpu": {"type": "object", "additionalProperties": False, "properties": {
-                "resourceName": {"type": "string", "minLength": 1}, "runtimeClassName": {"type": "string"},
-                "nodeSelector": OBJ, "tolerations": {"type": "array"}}},
+                "resourceName": {"type": "string", "minLength": 1,
+                                 "description": "the GPU resource GPU stages request (a stage's gpuResourceName replaces it)"},
+                "runtimeClassName": {"type": "string", "description": "GPU stages' RuntimeClass; empty = the node's default"},
+                "nodeSelector": {**STRING_MAP, "description": "added to nodeSelector for GPU stages without their own"},
+                "tolerations": {**_pod_keys()["tolerations"],
+                                "description": "added to tolerations for GPU stages without their own"}}},
             "models": claim,
             "compileCache": claim,
             "stages": {"type": "object", "additionalProperties": False, "required": list(settings),
@@ -129,15 +217,29 @@ def build() -> dict[str, Any]:
             "autoscalingBehavior": OBJ,
             "keda": {"type": "object", "additionalProperties": False, "properties": {
                 "enabled": {"type": "boolean"}, "prometheusAddress": {"type": "string", "pattern": "^https?://"}}},
-            "podSecurityContext": OBJ, "securityContext": OBJ, "podAnnotations": OBJ, "podLabels": OBJ,
-            "nodeSelector": OBJ, "tolerations": {"type": "array"}, "affinity": OBJ,
+            "podSecurityContext": OBJ, "securityContext": OBJ,
+            **_pod_keys(),
+            "terminationGraceMarginSeconds": {"type": "integer", "minimum": 0,
+                                              "description": "added to a stage's grace_s for its terminationGracePeriodSeconds"},
+            "nameOverride": {"type": "string", "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$"},
+            "fullnameOverride": {"type": "string", "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$"},
+            "commonLabels": {**LABELS, "description": "labels on every object and pod (never selectors)"},
+            "tracing": _tracing_schema(),
             "serviceAccount": {"type": "object", "additionalProperties": False, "properties": {
                 "create": {"type": "boolean"}, "name": {"type": "string"}, "annotations": OBJ}},
             "monitoring": {"type": "object", "additionalProperties": False, "properties": {
-                "serviceMonitor": {**enabled, "properties": {"enabled": {"type": "boolean"}, "interval": {"type": "string"}, "labels": OBJ}},
-                "prometheusRule": {**enabled, "properties": {"enabled": {"type": "boolean"}, "labels": OBJ}},
+                "labels": {**LABELS, "description": "on the ServiceMonitor and PrometheusRule (kube-prometheus-stack: release)"},
+                "serviceMonitor": {**enabled, "properties": {
+                    "enabled": {"type": "boolean", "description": "renders only where monitoring.coreos.com/v1 is served"},
+                    "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}, "labels": LABELS}},
+                "prometheusRule": {**enabled, "properties": {
+                    "enabled": {"type": "boolean", "description": "renders only where monitoring.coreos.com/v1 is served"},
+                    "labels": LABELS,
+                    "runbookBaseUrl": {"type": "string", "pattern": "^https?://[^#]+$",
+                                       "description": "alerts' runbook_url is <runbookBaseUrl>#<alert in lower case>"}}},
                 "dashboards": {**enabled, "properties": {"enabled": {"type": "boolean"}, "labels": OBJ}},
-                "adapterRules": enabled}},
+                "adapterRules": {"type": "object", "additionalProperties": False, "properties": {
+                    "configMap": {"type": "boolean", "description": "also render the prometheus-adapter rules as a ConfigMap"}}}}},
             "networkPolicy": {"type": "object", "additionalProperties": False, "properties": {
                 "enabled": {"type": "boolean"}, "gatewayFrom": {"type": "array"}, "metricsFrom": {"type": "array"}}},
             "tests": {"type": "object", "additionalProperties": False, "properties": {

@@ -9,19 +9,27 @@ Every image leaves out the development tools (tests, chart checks, the proto com
 generated in a build stage of their own). The gateway and the render workers run no model, so
 theirs also leave out torch and what only torch needs, the ONNX export tools and the mel
 pipeline (librosa and its scientific stack; mel windows come from the audio service).
+
+Only the GPU images (lipsync, superres: `gpu` > 0 in the chart, RUNTIME=gpu in the Dockerfile) get
+NVML's bindings, and `--check` there also wants what torch.compile needs at run time: a C compiler
+(`cc`) and the Python headers (Triton builds its launcher with them). A GPU-only package that is not
+in the lock is not an error here (the lock is the lock), but `--check` fails the GPU image without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import re
+import shutil
 import sys
+import sysconfig
 from pathlib import Path
 
 # Only the tests, the chart checks and the build need these.
 DEV = frozenset({
-    "pytest", "pytest-timeout", "iniconfig", "pluggy", "pygments",
+    "pytest", "pytest-timeout", "iniconfig", "pluggy", "pygments", "hypothesis", "sortedcontainers",
     "grpcio-tools",
     "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "kubernetes-validate", "importlib-resources",
 })
@@ -34,6 +42,11 @@ MEL = frozenset({
     "librosa", "audioread", "decorator", "joblib", "lazy-loader", "llvmlite", "msgpack", "narwhals", "numba", "pooch",
     "platformdirs", "scikit-learn", "scipy", "soundfile", "soxr", "threadpoolctl", "cffi", "pycparser",
 })
+
+# NVML's Python bindings (`import pynvml`, services/common/metrics.py): the GPU metrics, GPU images only.
+GPU_ONLY = frozenset({"nvidia-ml-py"})
+# The images that run on a GPU (the chart's stages with `gpu` > 0; tests/unit/test_images.py checks).
+GPU_SERVICES = frozenset({"lipsync", "superres"})
 
 EXCLUDED: dict[str, frozenset[str]] = {
     "audio": DEV | ONNX,
@@ -64,36 +77,79 @@ def lock_lines(lock: Path) -> list[tuple[str, str]]:
     return pinned
 
 
-def requirements(service: str, lock: Path) -> list[str]:
-    """The lock's lines this service's image installs."""
+def runtime(service: str) -> str:
+    """`gpu` or `cpu`: the Dockerfile's RUNTIME for this service's image."""
+    return "gpu" if service in GPU_SERVICES else "cpu"
+
+
+def left_out(service: str) -> frozenset[str]:
+    """Every package of the lock this service's image does not install."""
     if service not in EXCLUDED:
         raise SystemExit(f"unknown service {service!r}: one of {', '.join(EXCLUDED)}")
+    return EXCLUDED[service] | (frozenset() if service in GPU_SERVICES else GPU_ONLY)
+
+
+def requirements(service: str, lock: Path) -> list[str]:
+    """The lock's lines this service's image installs."""
+    leave_out = left_out(service)
     pinned = lock_lines(lock)
     unknown = EXCLUDED[service] - {name for name, _ in pinned}
     if unknown:  # a package left the lock: keep these lists honest
         raise SystemExit(f"excluded for {service} but not in {lock}: {sorted(unknown)}")
-    return [line for name, line in pinned if name not in EXCLUDED[service]]
+    return [line for name, line in pinned if name not in leave_out]
 
 
 def check_installed(service: str) -> list[str]:
     """Excluded packages that are installed in this environment anyway (should be none)."""
     installed = {normalize(d.metadata["Name"]) for d in importlib.metadata.distributions()}
-    return sorted(EXCLUDED[service] & installed)
+    return sorted(left_out(service) & installed)
+
+
+def gpu_problems(installed: set[str] | None = None, which: object = shutil.which,
+                 include_dir: str | None = None) -> list[str]:
+    """What a GPU image lacks for NVML and torch.compile (empty when complete). The arguments stand in
+    for this environment in tests: installed distribution names, shutil.which, the Python headers' folder."""
+    here = installed is None
+    if installed is None:
+        installed = {normalize(d.metadata["Name"]) for d in importlib.metadata.distributions()}
+    problems = [f"{name} is not installed (NVML: the GPU metrics; add it to requirements.lock)"
+                for name in sorted(GPU_ONLY - installed)]
+    if here and not problems and importlib.util.find_spec("pynvml") is None:
+        problems.append("nvidia-ml-py is installed but `import pynvml` finds nothing")
+    if which("cc") is None:  # type: ignore[operator]
+        problems.append("no C compiler `cc` (Triton builds its launcher with it: apt-get install gcc)")
+    include = Path(include_dir if include_dir is not None else sysconfig.get_paths()["include"])
+    if not (include / "Python.h").is_file():
+        problems.append(f"no Python headers ({include}/Python.h; apt-get install python3-dev)")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("service", choices=sorted(EXCLUDED))
     parser.add_argument("lock", nargs="?", type=Path, default=Path(__file__).resolve().parents[1] / "requirements.lock")
-    parser.add_argument("--check", action="store_true", help="fail if an excluded package is installed here")
+    parser.add_argument("--check", action="store_true",
+                        help="fail if an excluded package is installed here, or (GPU images) NVML, cc or Python.h is missing")
+    parser.add_argument("--runtime", choices=["gpu", "cpu"], help="fail unless this is the service's RUNTIME (Dockerfile)")
     args = parser.parse_args(argv)
+    if args.runtime is not None:
+        if args.runtime != runtime(args.service):
+            print(f"lipline-{args.service} is built with RUNTIME={runtime(args.service)}, not {args.runtime}",
+                  file=sys.stderr)
+            return 1
+        return 0
     if args.check:
+        failed = False
         present = check_installed(args.service)
         if present:
             print(f"lipline-{args.service} must not contain {', '.join(present)} (a kept package requires it?)",
                   file=sys.stderr)
-            return 1
-        return 0
+            failed = True
+        if args.service in GPU_SERVICES:
+            for problem in gpu_problems():
+                print(f"lipline-{args.service}: {problem}", file=sys.stderr)
+                failed = True
+        return 1 if failed else 0
     print("\n".join(requirements(args.service, args.lock)))
     return 0
 

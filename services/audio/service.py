@@ -13,13 +13,16 @@ import numpy as np
 from lipline.v1 import audio_pb2, audio_pb2_grpc, common_pb2
 from services.audio.mel import MelExtractor
 from services.common.audio_decode import decode_audio
-from services.common.codec import mel_to_bytes
+from services.common.codec import MEL_BANDS, MEL_STEP, mel_to_bytes
 from services.common.config import ServiceSettings, _field
 from services.common.errors import InvalidMedia, InvalidRequest, TooLarge
 from services.common.server import Service
+from services.common.streams import message_budget
 
 _LOGGER = logging.getLogger(__name__)
 SAMPLE_RATE = 16_000
+# One MelWindow on the wire: its 2,560 bytes of float16 plus the frame index and the field tags.
+_WINDOW_WIRE_BYTES = MEL_BANDS * MEL_STEP * 2 + 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +57,9 @@ class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
         fps = options.fps if options is not None and options.fps else 25.0
         if not 1.0 <= fps <= 120.0:
             raise InvalidRequest(f"fps {fps} is outside 1..120")
-        per_message = (options.windows_per_message if options is not None else 0) or 64
+        asked = (options.windows_per_message if options is not None else 0) or 64
+        # Whatever the client asks for, a response stays under half the message limit (bytes, not count).
+        per_message = max(1, min(asked, message_budget(self._settings.max_message_bytes) // _WINDOW_WIRE_BYTES))
         data = b"".join(chunks)
         # Decoding and the STFT are CPU work: keep them off the event loop so other streams flow.
         signal = await asyncio.to_thread(decode_audio, data, SAMPLE_RATE, self._settings.max_audio_seconds)

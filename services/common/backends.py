@@ -670,8 +670,12 @@ def make_backend(
     cuda_graphs: bool | None = None,
     cache_dir: str | os.PathLike | None = None,
     compile_mode: str = "max-autotune-no-cudagraphs",
+    allow_compile: bool = True,
 ) -> TorchBackend:
     """Build the backend `kind` ("auto", "cpu", "torch", "compile", "tensorrt") for `module`.
+
+    `allow_compile=False` makes `auto` skip a warm compile cache (the fallback after a compile
+    failed at start-up: `services.common.device.start_backend`).
 
     Options left as None take the kind's defaults: `torch` = fp16 + channels_last eager on CUDA
     (fp32 on CPU); `compile` on CUDA = fold_bn, plus our cuda_graphs when the mode has none of
@@ -692,7 +696,10 @@ def make_backend(
                     mode=compile_mode,
                     batch_buckets=batch_buckets if batch_buckets is not None else default_buckets(max_batch),
                 )
-            kind = auto_kind(device, warm_compile_cache=known_cache is not None and known_cache.is_file())
+            warm = allow_compile and known_cache is not None and known_cache.is_file()
+            kind = auto_kind(device, warm_compile_cache=warm)
+            if not warm:
+                known_cache = None
             if kind == "torch":
                 cuda_graphs = True if cuda_graphs is None else cuda_graphs
         else:

@@ -45,7 +45,14 @@ class ServiceSettings:
     max_message_bytes: int = _field(64 * 1024 * 1024, "max gRPC message size, both directions")
     max_connection_age_s: float = _field(300.0, "close client connections after this long so they rebalance")
     grace_s: float = _field(20.0, "on SIGTERM, seconds to let in-flight streams finish")
-    max_concurrent_streams: int = _field(256, "max concurrent RPCs; more are rejected RESOURCE_EXHAUSTED")
+    max_concurrent_streams: int = _field(
+        256, "max concurrent RPCs in all (a stream counts until it ends; health checks and reflection are never "
+        "counted nor refused); more are rejected RESOURCE_EXHAUSTED with a retry-after-ms hint; 0 = no cap"
+    )
+    max_streams_per_client: int = _field(
+        0, "max concurrent RPCs of one client (its x-api-key metadata, else its IP address); more are rejected "
+        "RESOURCE_EXHAUSTED; 0 = no cap (the stages' default: their clients are gateways and render workers)"
+    )
     log_level: str = _field("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: LogFormat = _field(LogFormat.JSON, "json (one object per line) or text")
     device: Device = _field(Device.AUTO, "auto (cuda if available), cpu or cuda")
@@ -170,7 +177,7 @@ def parse_settings(
             "--" + field.name.replace("_", "-"),
             dest=field.name,
             default=None,
-            help=f"{field.metadata.get('help', '')} [env {env_name}; default {_show(field.default)}]",
+            help=_help_text(field, env_name),
         )
         if env_name in environ:
             try:
@@ -193,9 +200,38 @@ def parse_settings(
     return settings
 
 
+def _help_text(field: dataclasses.Field, env_name: str) -> str:
+    """A flag's help line. argparse formats help strings with `%` (for `%(default)s`), so every `%`
+    of the text and of the default is escaped here: a help string may say "+36%" and a default may
+    hold any character."""
+    text = f"{field.metadata.get('help', '')} [env {env_name}; default {_default_of(field)}]"
+    return text.replace("%", "%%")
+
+
+def _default_of(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        try:
+            value = field.default_factory()
+        except Exception:  # noqa: BLE001 - help must print whatever a factory does
+            return "(computed)"
+    else:
+        return "(required)"
+    try:
+        return _show(value)
+    except Exception:  # noqa: BLE001 - a default that cannot be shown still leaves a usable --help
+        return f"<{type(value).__name__}>"
+
+
 def _show(value: Any) -> str:
+    """A default as the user would type it (`--flag=<this>`)."""
     if isinstance(value, enum.Enum):
         return str(value.value)
-    if isinstance(value, tuple):
-        return ",".join(map(str, value))
-    return repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return ",".join(v if isinstance(v, str) else _show(v) for v in value) if value else "(empty)"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import torch
 
@@ -155,3 +155,29 @@ def finish_backend_start(backend: TorchBackend, reference: nn.Module | None, inp
     err = numerics_check(backend, reference, inputs, bound=settings.max_rel_error)
     metrics.numerics_error.labels(metrics.stage).set(err)
     _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": settings.max_rel_error})
+
+
+async def start_backend(
+    kind: str, build: Callable[[bool], TorchBackend], warm: Callable[[TorchBackend], Awaitable[None]]
+) -> TorchBackend:
+    """Build and warm up a stage's backend; `auto`'s compile pick falls back to `torch` if it fails.
+
+    `build(allow_compile)` makes the backend (`make_backend(..., allow_compile=...)`) and `warm`
+    runs its warm-up, where a compile actually happens. `auto` picks `compile` only on a warm cache,
+    but a cache can still fail here (an image without the C compiler Triton needs, artifacts from
+    another driver): serving fp16 + CUDA graphs beats a pod that crash-loops. An explicit
+    `--backend compile` still fails, as asked.
+    """
+    backend = build(True)
+    try:
+        await warm(backend)
+    except Exception as exc:  # noqa: BLE001 - only auto's compile pick falls back; anything else re-raises
+        if kind != "auto" or backend.name != "compile":
+            raise
+        _LOGGER.warning(
+            "backend auto: the compiled backend failed to start (%s: %s); falling back to torch", type(exc).__name__, exc,
+            extra={"backend": "torch", "fallback_from": "compile"},
+        )
+        backend = build(False)
+        await warm(backend)
+    return backend

@@ -3,6 +3,16 @@
 Handlers raise plain exceptions (services.common.errors); this interceptor turns them into a gRPC
 status with an actionable message, counts the RPC, and keeps tracebacks in the log, never on the
 wire. It also answers UNAVAILABLE while the service is still loading its models.
+
+It also caps concurrent RPCs (`RpcLimits`): in all (`max_concurrent_streams`) and per client
+(`max_streams_per_client`). An RPC counts from its start to its end: a streaming response until the
+handler's last message or its cancellation. Health checks and reflection are never counted nor
+refused, so that no client's idle streams can make a probe, or another client's call, fail. Over
+a cap the call ends RESOURCE_EXHAUSTED at once, with trailing metadata `retry-after-ms` (a hint).
+
+The client is identified by its `x-api-key` metadata when it sends one (there is no authentication
+yet: the key's value is the identity, "key:<value>"), else by the peer's IP address ("ip:<addr>";
+every connection from one host is one client). Handlers read it from `CLIENT_ID`.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ import asyncio
 import contextvars
 import logging
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,13 +34,75 @@ from services.common.metrics import Metrics
 
 _LOGGER = logging.getLogger(__name__)
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+CLIENT_ID: contextvars.ContextVar[str] = contextvars.ContextVar("client_id", default="")
 _ALWAYS_OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+API_KEY_HEADER = "x-api-key"
+MAX_API_KEY_CHARS = 128
+RETRY_AFTER_MS = 1000  # the hint in `retry-after-ms` when a cap refuses a call
+
+
+def client_identity(metadata: dict[str, Any], peer: str) -> str:
+    """"key:<x-api-key>" when the call carries one, else "ip:<address>" of `peer` (gRPC's
+    "ipv4:1.2.3.4:5678", "ipv6:[::1]:5678", possibly percent-encoded); other peers as they are.
+
+    Raises:
+        ValueError: an `x-api-key` that is empty, longer than MAX_API_KEY_CHARS or not printable ASCII.
+    """
+    key = metadata.get(API_KEY_HEADER)
+    if key is not None:
+        key = key.decode("ascii", "replace") if isinstance(key, bytes) else str(key)
+        if not (0 < len(key) <= MAX_API_KEY_CHARS and key.isascii() and key.isprintable()):
+            raise ValueError(f"the {API_KEY_HEADER} metadata must be 1..{MAX_API_KEY_CHARS} printable ASCII characters")
+        return f"key:{key}"
+    peer = urllib.parse.unquote(peer or "")
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and address:
+        host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
+        return f"ip:{host.strip('[]')}"
+    return peer or "unknown"
+
+
+class RpcLimits:
+    """Counts concurrent RPCs in all and per client; `acquire` refuses over a cap (<= 0: no cap).
+
+    Used from the server's event loop only (no locks): a check and its increment never interleave."""
+
+    def __init__(self, max_total: int, max_per_client: int) -> None:
+        self.max_total, self.max_per_client = max_total, max_per_client
+        self.total = 0
+        self.per_client: dict[str, int] = {}
+
+    def acquire(self, client: str) -> str | None:
+        """Count one RPC of `client` and return None, or return why it is refused (nothing counted)."""
+        mine = self.per_client.get(client, 0)
+        if 0 < self.max_per_client <= mine:
+            return (
+                f"this client ({client}) already has {mine} calls in progress, the limit per client "
+                f"(max_streams_per_client {self.max_per_client}); close some streams or retry later"
+            )
+        if 0 < self.max_total <= self.total:
+            return (
+                f"the server has {self.total} calls in progress, its limit (max_concurrent_streams "
+                f"{self.max_total}); retry later or on another replica"
+            )
+        self.total += 1
+        self.per_client[client] = mine + 1
+        return None
+
+    def release(self, client: str) -> None:
+        self.total -= 1
+        left = self.per_client.get(client, 0) - 1
+        if left > 0:
+            self.per_client[client] = left
+        else:
+            self.per_client.pop(client, None)
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, metrics: Metrics, ready: asyncio.Event) -> None:
+    def __init__(self, metrics: Metrics, ready: asyncio.Event, limits: RpcLimits | None = None) -> None:
         self._metrics = metrics
         self._ready = ready
+        self.limits = limits or RpcLimits(0, 0)
 
     async def intercept_service(
         self,
@@ -64,6 +137,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             call = _Call(self, method, metadata, context)
             with call:
                 await call.check_ready()
+                await call.admit()
                 try:
                     return await behavior(request, context)
                 except BaseException as exc:  # noqa: BLE001 - funnel: every failure gets a status
@@ -76,6 +150,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             call = _Call(self, method, metadata, context)
             with call:
                 await call.check_ready()
+                await call.admit()
                 try:
                     async for response in behavior(request, context):
                         yield response
@@ -94,26 +169,49 @@ class _Call:
         self.owner, self.method, self.context = owner, method, context
         self.code = grpc.StatusCode.OK
         self.request_id = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
+        self.metadata = metadata
+        self.client = ""
+        self._admitted = False
         self._span_cm = tracing.server_span(f"{owner._metrics.stage}/{method}", metadata)
 
     def __enter__(self) -> _Call:
         self._token = REQUEST_ID.set(self.request_id)
+        self._client_token = CLIENT_ID.set("")
         self._start = time.perf_counter()
         self._span = self._span_cm.__enter__()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
+        if self._admitted:
+            self._admitted = False
+            self.owner.limits.release(self.client)
         m = self.owner._metrics
         m.requests.labels(m.stage, self.method, self.code.name).inc()
         m.request_seconds.labels(m.stage, self.method).observe(time.perf_counter() - self._start)
         tracing.set_status(self._span, self.code)
         self._span_cm.__exit__(None, None, None)
+        CLIENT_ID.reset(self._client_token)
         REQUEST_ID.reset(self._token)
 
     async def check_ready(self) -> None:
         if not self.owner._ready.is_set():
             self.code = grpc.StatusCode.UNAVAILABLE
             await self.context.abort(self.code, f"{self.owner._metrics.stage} is still loading its models; retry shortly")
+
+    async def admit(self) -> None:
+        """Identify the client and count the call against the caps, or end it RESOURCE_EXHAUSTED."""
+        try:
+            self.client = client_identity(self.metadata, self.context.peer())
+        except ValueError as exc:
+            self.code = grpc.StatusCode.UNAUTHENTICATED
+            await self.context.abort(self.code, str(exc))
+        CLIENT_ID.set(self.client)
+        refusal = self.owner.limits.acquire(self.client)
+        if refusal is not None:
+            self.code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            _LOGGER.info("%s refused: %s", self.method, refusal, extra={"request_id": self.request_id, "code": self.code.name})
+            await self.context.abort(self.code, refusal, trailing_metadata=(("retry-after-ms", str(RETRY_AFTER_MS)),))
+        self._admitted = True
 
     async def fail(self, exc: BaseException) -> None:
         if isinstance(exc, asyncio.CancelledError):

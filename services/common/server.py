@@ -2,7 +2,8 @@
 
 `run(Service, Settings)` is each service's `__main__`: parse settings, configure logs and tracing,
 start /metrics, start a grpc.aio server with health (NOT_SERVING until the models are loaded and
-warmed up), reflection and the error interceptor, then wait for SIGTERM and drain in-flight streams
+warmed up), reflection and the error interceptor (which also caps concurrent RPCs in all and per
+client, health and reflection exempt), then wait for SIGTERM and drain in-flight streams
 within `grace_s` before exiting. A service only supplies what differs: its servicers and `load()`.
 """
 
@@ -23,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from services.common import tracing
 from services.common.config import ServiceSettings, parse_settings
-from services.common.interceptor import ServerInterceptor
+from services.common.interceptor import RpcLimits, ServerInterceptor
 from services.common.logs import configure_logging
 from services.common.metrics import Metrics, start_metrics_server
 
@@ -80,10 +81,13 @@ class ServiceRunner:
             ("grpc.max_connection_age_grace_ms", int(max(s.grace_s, 1.0) * 1000)),
             ("grpc.so_reuseport", 0),
         ]
+        # No `maximum_concurrent_rpcs`: gRPC's own cap counts every RPC, health checks included, so
+        # one client's idle streams would starve probes and other clients. The interceptor caps RPCs
+        # in all and per client instead, and never counts health or reflection.
+        self.limits = RpcLimits(s.max_concurrent_streams, s.max_streams_per_client)
         self.server = grpc.aio.server(
-            interceptors=[ServerInterceptor(service.metrics, self.ready)],
+            interceptors=[ServerInterceptor(service.metrics, self.ready, self.limits)],
             options=options,
-            maximum_concurrent_rpcs=s.max_concurrent_streams,
         )
         self.port = 0
         self.metrics_port = -1

@@ -4,17 +4,44 @@ A servicer reads its request stream in a background task and starts work on each
 so several messages of one stream can sit in the same GPU batch; responses are yielded in request
 order. At most `max_pending` items are in flight per stream: beyond that the reader stops reading,
 and gRPC flow control pushes back on the client.
+
+`byte_ranges` and `message_budget` are how the servicers cut the answer to one request message into
+responses that fit: by bytes (half the message limit each), not by item count.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 _DONE = object()
+
+
+def message_budget(max_message_bytes: int) -> int:
+    """Bytes of items one response message may carry: half the configured message limit (the other
+    half is headroom for field tags, lengths and ModelInfo), as the stage clients size their requests."""
+    return max(1, max_message_bytes // 2)
+
+
+def byte_ranges(sizes: Sequence[int], budget: int, overhead: int = 0) -> list[tuple[int, int]]:
+    """Cut items of `sizes` bytes (each plus `overhead`) into consecutive [start, end) runs, in order,
+    each at most `budget` bytes; an item larger than `budget` on its own is a run of one (it is never
+    split, and it still fits when the message limit allows it). No items -> no runs.
+    """
+    ranges: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        size += overhead
+        if i > start and total + size > budget:
+            ranges.append((start, i))
+            start, total = i, 0
+        total += size
+    if len(sizes) > start:
+        ranges.append((start, len(sizes)))
+    return ranges
 
 
 def _item_count(request: Any) -> int:

@@ -1,7 +1,15 @@
-"""A small synchronous client of the public API, for product backends, the demo and tests."""
+"""A small synchronous client of the public API, for product backends, the demo and tests.
+
+The gateway identifies a client by its `x-api-key` metadata (`api_key=`), else by its IP address:
+per-client limits (concurrent calls, queued jobs) count per identity, so clients that share a host
+(or a NAT) share the limits unless they send different keys.
+"""
 
 from __future__ import annotations
 
+import logging
+import random
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,12 +18,24 @@ import grpc
 from lipline.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.server import channel_options
 
+_LOGGER = logging.getLogger(__name__)
 UPLOAD_CHUNK = 1 << 20
+TERMINAL = frozenset({gateway_pb2.JOB_STATE_SUCCEEDED, gateway_pb2.JOB_STATE_FAILED, gateway_pb2.JOB_STATE_CANCELLED})
+#: what `wait` resumes after: the stream was cut (a gateway restart or drain, a connection reaching the
+#: gateway's max_connection_age, a network blip), not refused; any other status is the answer
+RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+MAX_RECONNECT_BACKOFF_MS = 4000
 
 
 class LiplineClient:
-    def __init__(self, address: str, max_message_bytes: int = 64 * 1024 * 1024, timeout: float = 600.0) -> None:
-        self.channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    def __init__(self, address: str, max_message_bytes: int = 64 * 1024 * 1024, timeout: float = 600.0,
+                 api_key: str = "") -> None:
+        """`timeout` bounds every call (and all of `wait`); `api_key` is sent as `x-api-key` metadata."""
+        # Reconnect within a few seconds of a gateway coming back (gRPC's backoff grows to 120 s).
+        options = [*channel_options(max_message_bytes), ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS)]
+        self.channel = grpc.insecure_channel(address, options=options)
+        if api_key:
+            self.channel = grpc.intercept_channel(self.channel, _Metadata((("x-api-key", api_key),)))
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
         self.timeout = timeout
 
@@ -42,15 +62,48 @@ class LiplineClient:
             gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=self.timeout
         )
 
-    def wait(self, job_id: str, on_event: Callable[[gateway_pb2.Job], None] | None = None) -> gateway_pb2.Job:
-        """Follow WatchJob until the job is finished; returns its final state."""
-        job = None
-        for event in self.stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=job_id), timeout=self.timeout):
-            job = event.job
+    def wait(self, job_id: str, on_event: Callable[[gateway_pb2.Job], None] | None = None, *,
+             retries: int = 8, backoff_s: float = 0.25, max_backoff_s: float = 5.0) -> gateway_pb2.Job:
+        """Follow WatchJob until the job is finished; returns its final state.
+
+        A stream that is cut (a status in RESUMABLE) is resumed: after a back-off (doubling from
+        `backoff_s` up to `max_backoff_s`, with jitter) GetJob reads the job (it may have finished
+        meanwhile; `on_event` sees it too) and WatchJob is opened again. `retries` failures in a
+        row (no event in between) raise the last error, as does any other status; all of `wait`
+        takes at most `timeout` seconds (then DEADLINE_EXCEEDED). `on_event` may see a state twice.
+        """
+        deadline = time.monotonic() + self.timeout
+        request = gateway_pb2.WatchJobRequest(job_id=job_id)
+        job: gateway_pb2.Job | None = None
+        failures = 0
+
+        def seen(new: gateway_pb2.Job) -> gateway_pb2.Job:
             if on_event is not None:
-                on_event(job)
-        assert job is not None
-        return job
+                on_event(new)
+            return new
+
+        while True:
+            try:
+                if failures:
+                    job = seen(self.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job_id), timeout=_left(deadline)))
+                    if job.state in TERMINAL:
+                        return job
+                for event in self.stub.WatchJob(request, timeout=_left(deadline)):
+                    job, failures = seen(event.job), 0
+                if job is not None and job.state in TERMINAL:
+                    return job
+                error: grpc.RpcError = _StreamEnded(job_id)  # ended early without an error: resume too
+            except grpc.RpcError as exc:
+                if exc.code() not in RESUMABLE:
+                    raise
+                error = exc
+            failures += 1
+            delay = min(max_backoff_s, backoff_s * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
+            if failures > retries or time.monotonic() + delay >= deadline:
+                raise error
+            _LOGGER.info("WatchJob of %s was cut (%s); resuming in %.2f s (%d/%d)", job_id, error.code().name,
+                         delay, failures, retries)
+            time.sleep(delay)
 
     def avatar_ids(self) -> set[str]:
         return {a.id for a in self.stub.ListAvatars(gateway_pb2.ListAvatarsRequest(), timeout=self.timeout).avatars}
@@ -67,6 +120,55 @@ class LiplineClient:
                 size += len(chunk.data)
         tmp.replace(path)
         return size
+
+
+def _left(deadline: float) -> float:
+    """Seconds to `deadline`, at least a little (an expired deadline then fails as DEADLINE_EXCEEDED)."""
+    return max(deadline - time.monotonic(), 0.001)
+
+
+class _StreamEnded(grpc.RpcError):
+    """WatchJob ended without an error before the job finished (resumable, like a cut stream)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"WatchJob of {job_id} ended before the job finished")
+        self._details = str(self)
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return self._details
+
+
+class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds fixed metadata (the API key) to every call."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        return _CallDetails(details.method, details.timeout, (*(details.metadata or ()), *self._metadata),
+                            details.credentials, details.wait_for_ready, details.compression)
+
+    def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001, ANN201
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001, ANN201
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):  # noqa: ANN001, ANN201
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):  # noqa: ANN001, ANN201
+        return continuation(self._details(details), requests)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression) -> None:  # noqa: ANN001
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
 
 
 def render_file(client: LiplineClient, avatar: Path, audio: Path, output: Path, *, super_resolution: bool = True,

@@ -3,11 +3,19 @@
 Avatars, jobs and outputs live in the job store and the blob store, so any gateway replica answers
 any request and a restart loses nothing; render workers do the rendering. The gateway validates,
 prepares what every job needs once (the audio checks, mel windows and AAC track) and queues it.
+
+Every request field is bounded before it costs anything: ids that cannot exist (longer than 64
+characters, or characters an id never has) are NOT_FOUND without a store read, names are at most
+MAX_NAME_CHARS, audio and avatar uploads have byte limits, options have ranges, and responses have a
+size bound (ListAvatars at most MAX_LIST_AVATARS, DownloadOutput chunks within DOWNLOAD_CHUNK_*).
+Per client (services.common.interceptor: the x-api-key metadata, else the IP address) the
+interceptor caps concurrent calls and SubmitJob caps queued + running jobs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -19,7 +27,7 @@ from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb
 from services.common.avatars import avatar_id, is_avatar_id, prefix
 from services.common.channels import StageClients
 from services.common.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
-from services.common.interceptor import REQUEST_ID
+from services.common.interceptor import CLIENT_ID, REQUEST_ID
 from services.common.jobkeys import job_prefix, output_key
 from services.common.server import Service
 from services.common.store import close_stores, open_stores
@@ -32,6 +40,13 @@ from services.gateway.submit import prepare_audio
 _LOGGER = logging.getLogger(__name__)
 WATCH_HEARTBEAT_S = 5.0  # WatchJob re-sends the job at least this often (progress of long stages, liveness)
 MAX_NAME_CHARS = 256
+MAX_ID_CHARS = 64
+MAX_LIST_AVATARS = 1000  # ListAvatars answers the oldest this many (the API has no paging yet)
+DOWNLOAD_CHUNK_MIN = 64 * 1024     # smaller chunk_bytes requests are raised to this
+DOWNLOAD_CHUNK_DEFAULT = 1 << 20   # chunk_bytes unset
+DOWNLOAD_CHUNK_MAX = 1 << 20       # larger requests are lowered to this: a stream blocked on a client
+#   that stopped reading holds ~4 copies of a chunk (ours, the message, its serialization, gRPC's), so
+#   the gateway's worst case is max_concurrent_streams x 4 MiB
 
 
 def _avatar_proto(avatar: AvatarRecord) -> gateway_pb2.Avatar:
@@ -44,13 +59,28 @@ def _avatar_proto(avatar: AvatarRecord) -> gateway_pb2.Avatar:
 
 
 def _check_avatar_id(avatar_id: str) -> None:
+    """NOT_FOUND, without a store read, for what cannot be an avatar id (24 lowercase hex digits)."""
     if not is_avatar_id(avatar_id):
-        raise NotFound(f"avatar {avatar_id[:64]!r} does not exist; create it with CreateAvatar")
+        raise NotFound(f"avatar {avatar_id[:MAX_ID_CHARS]!r} does not exist; create it with CreateAvatar")
 
 
 def _check_job_id(job_id: str) -> None:
-    if not (0 < len(job_id) <= 64 and job_id.isalnum()):
-        raise NotFound(f"job {job_id[:64]!r} does not exist")
+    """NOT_FOUND, without a store read, for what cannot be a job id (1..64 ASCII letters and digits)."""
+    if not (0 < len(job_id) <= MAX_ID_CHARS and job_id.isascii() and job_id.isalnum()):
+        raise NotFound(f"job {job_id[:MAX_ID_CHARS]!r} does not exist")
+
+
+def _check_name(name: str) -> None:
+    if len(name) > MAX_NAME_CHARS:
+        raise InvalidRequest(f"avatar name is {len(name)} characters; the limit is {MAX_NAME_CHARS}")
+
+
+def download_chunk_bytes(requested: int, max_message_bytes: int) -> int:
+    """DownloadOutput's chunk size: `requested` (DOWNLOAD_CHUNK_DEFAULT when 0) kept within
+    DOWNLOAD_CHUNK_MIN..DOWNLOAD_CHUNK_MAX (64 KiB..1 MiB) and half the message limit. The floor
+    bounds the per-message overhead a client can cause; the ceiling the memory one stream holds."""
+    chunk = requested or DOWNLOAD_CHUNK_DEFAULT
+    return max(DOWNLOAD_CHUNK_MIN, min(chunk, DOWNLOAD_CHUNK_MAX, max_message_bytes // 2))
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -65,14 +95,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         svc, s = self._svc, self._svc.settings
         name, photo_fps, chunks, size = "", 0.0, [], 0
         async for request in request_iterator:
+            _check_name(request.name)  # every message's, at once (only the first non-empty one is used)
             name = name or request.name
             photo_fps = photo_fps or request.photo_fps
             size += len(request.data)
             if size > s.max_avatar_bytes:
                 raise TooLarge(f"avatar upload is over {s.max_avatar_bytes} bytes")
-            chunks.append(request.data)
-        if len(name) > MAX_NAME_CHARS:
-            raise InvalidRequest(f"avatar name is {len(name)} characters; the limit is {MAX_NAME_CHARS}")
+            if request.data:  # empty messages cost nothing to keep
+                chunks.append(request.data)
         photo_fps = photo_fps or 25.0
         if not 1.0 <= photo_fps <= 60.0:
             raise InvalidRequest(f"photo_fps {photo_fps} is outside 1..60")
@@ -98,8 +128,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def ListAvatars(
         self, request: gateway_pb2.ListAvatarsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListAvatarsResponse:
-        avatars = await asyncio.to_thread(self._svc.jobs.list_avatars)
-        return gateway_pb2.ListAvatarsResponse(avatars=[_avatar_proto(a) for a in avatars])
+        """The oldest MAX_LIST_AVATARS avatars, and never more than half the message limit in bytes
+        (names are bounded, so 1000 avatars take at most ~1.3 MB; the byte bound matters only when
+        max_message_bytes is set near its 1 MiB minimum)."""
+        avatars = await asyncio.to_thread(self._svc.jobs.list_avatars, MAX_LIST_AVATARS)
+        response, budget = gateway_pb2.ListAvatarsResponse(), self._svc.settings.max_message_bytes // 2
+        for record in avatars:
+            avatar = _avatar_proto(record)
+            budget -= avatar.ByteSize() + 4  # + the field's tag and length
+            if budget < 0:
+                break
+            response.avatars.append(avatar)
+        return response
 
     async def DeleteAvatar(
         self, request: gateway_pb2.DeleteAvatarRequest, context: grpc.aio.ServicerContext
@@ -117,6 +157,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise TooLarge(f"audio is {len(request.audio)} bytes; the limit is {s.max_audio_bytes}")
         if request.options.crf > 51:
             raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
+        # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
+        options = gateway_pb2.JobOptions(super_resolution=request.options.super_resolution, crf=request.options.crf)
         _check_avatar_id(request.avatar_id)
         avatar = await asyncio.to_thread(svc.jobs.get_avatar, request.avatar_id)
         stats = await asyncio.to_thread(svc.jobs.queue_stats)
@@ -130,9 +172,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             )
             job = await asyncio.to_thread(
                 svc.jobs.create_job,
-                NewJob(job_id, avatar.id, "", request.options.SerializeToString(), prepared.audio_seconds, avatar.fps,
-                       prepared.total_frames, prepared.segments, prepared.stage_seconds),
+                NewJob(job_id, avatar.id, CLIENT_ID.get(), options.SerializeToString(), prepared.audio_seconds,
+                       avatar.fps, prepared.total_frames, prepared.segments, prepared.stage_seconds),
                 s.max_active_jobs,
+                s.max_active_jobs_per_client,
             )
         except BaseException:
             await asyncio.shield(asyncio.to_thread(svc.blobs.delete_prefix, job_prefix(job_id)))
@@ -174,6 +217,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def DownloadOutput(
         self, request: gateway_pb2.DownloadOutputRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.DownloadOutputResponse]:
+        """The MP4 in chunks of `chunk_bytes` (see download_chunk_bytes: 1 MiB when unset, within
+        64 KiB..1 MiB). A chunk is read from the blob store only once gRPC has taken the previous
+        one, and gRPC takes no more while the client's HTTP/2 flow-control window is full, so a
+        client that stops reading holds a few chunks of the gateway's memory (~4 MiB), however large
+        the output (tests/integration/test_fairness.py measures it)."""
         svc = self._svc
         _check_job_id(request.job_id)
         job = await asyncio.to_thread(svc.jobs.get_job, request.job_id)
@@ -181,15 +229,20 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise FailedPrecondition(
                 f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED"
             )
-        chunk = min(request.chunk_bytes or 1 << 20, svc.settings.max_message_bytes // 2)
+        chunk = download_chunk_bytes(request.chunk_bytes, svc.settings.max_message_bytes)
         chunks = await asyncio.to_thread(svc.blobs.read_chunks, output_key(job.id), chunk)
         first = True
-        while (data := await asyncio.to_thread(next, chunks, None)) is not None:
-            response = gateway_pb2.DownloadOutputResponse(data=data)
-            if first:
-                response.total_bytes = job.output_bytes
-                first = False
-            yield response
+        try:
+            while (data := await asyncio.to_thread(next, chunks, None)) is not None:
+                response = gateway_pb2.DownloadOutputResponse(data=data)
+                del data  # the message holds its own copy: one copy less per stream while it waits
+                if first:
+                    response.total_bytes = job.output_bytes
+                    first = False
+                yield response
+        finally:  # a cancelled download closes its file (or S3 stream) now, not at garbage collection
+            with contextlib.suppress(Exception):  # ValueError if a cancelled read is still running
+                getattr(chunks, "close", lambda: None)()
 
 
 class GatewayService(Service[GatewaySettings]):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import grpc
 import numpy as np
@@ -13,14 +14,14 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.common.backends import make_backend
+from services.common.backends import TorchBackend, make_backend
 from services.common.batcher import DynamicBatcher
 from services.common.codec import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items
 from services.common.config import ModelStageSettings, _field
-from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth
+from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth, start_backend
 from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
 from services.common.server import Service
-from services.common.streams import ordered_stream
+from services.common.streams import byte_ranges, message_budget, ordered_stream
 from services.lipsync import prep
 from services.lipsync.engine import MEL_SHAPE, ChunkFaces, GenerateChunk, LipSyncEngine
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, prepare_boxes
@@ -118,29 +119,55 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
             sizes = None if request.raw_size else [paste[c] for c in crops.tolist()]
             return GenerateChunk(bank, rows, mels, sizes)
 
-        async def run(request: lipsync_pb2.GenerateRequest) -> lipsync_pb2.GenerateResponse | None:
+        async def run(request: lipsync_pb2.GenerateRequest) -> tuple[list[int], list[int], ChunkFaces] | None:
             chunk = decode(request)  # in request order: crops of message k are known to k+1
             if chunk is None:
                 return None
             faces = await svc.batcher.submit(chunk)
-            return lipsync_pb2.GenerateResponse(
-                faces=lipsync_pb2.GeneratedFaces(
-                    frame_indices=request.items.frame_indices,
-                    crop_indices=request.items.crop_indices,
-                    widths=faces.widths,
-                    heights=faces.heights,
-                    data=faces.data,
-                )
-            )
+            return list(request.items.frame_indices), list(request.items.crop_indices), faces
 
         first = True
-        async for response in ordered_stream(
+        budget = message_budget(svc.settings.max_message_bytes)
+        async for result in ordered_stream(
             request_iterator, run, svc.settings.max_pending_per_stream, size_of=lambda r: len(r.items.frame_indices)
         ):
-            if first:
-                response.model.CopyFrom(svc.model_info)
-                first = False
-            yield response
+            # One request message's faces may need several responses (at paste size a close-up face is
+            # megabytes): cut by bytes, in item order, each built only when it is sent.
+            for response in generated_responses(*result, budget):
+                if first:
+                    response.model.CopyFrom(svc.model_info)
+                    first = False
+                yield response
+
+
+# Field tags and varints of one face's frame index, crop index, width and height (at most 4 x 6 bytes).
+_FACE_OVERHEAD = 32
+
+
+def generated_responses(
+    frames: Sequence[int], crops: Sequence[int], faces: ChunkFaces, budget: int
+) -> Iterator[lipsync_pb2.GenerateResponse]:
+    """The faces of one request message as GenerateResponses of at most `budget` bytes of faces each
+    (a face larger than that alone), in item order, in the packed GeneratedFaces form."""
+    sizes = [w * h * 3 for w, h in zip(faces.widths, faces.heights)]
+    if len(sizes) != len(frames):
+        raise RuntimeError(f"the engine returned {len(sizes)} faces for {len(frames)} items")
+    ranges = byte_ranges(sizes, budget, _FACE_OVERHEAD)
+    if len(ranges) == 1:  # the usual case: the whole blob as it is, no copy of a slice
+        yield lipsync_pb2.GenerateResponse(
+            faces=lipsync_pb2.GeneratedFaces(
+                frame_indices=frames, crop_indices=crops, widths=faces.widths, heights=faces.heights, data=faces.data
+            )
+        )
+        return
+    offsets = [0, *itertools.accumulate(sizes)]
+    for a, b in ranges:
+        yield lipsync_pb2.GenerateResponse(
+            faces=lipsync_pb2.GeneratedFaces(
+                frame_indices=frames[a:b], crop_indices=crops[a:b], widths=faces.widths[a:b],
+                heights=faces.heights[a:b], data=faces.data[offsets[a] : offsets[b]],
+            )
+        )
 
 
 class LipSyncService(Service[LipSyncSettings]):
@@ -168,24 +195,28 @@ class LipSyncService(Service[LipSyncSettings]):
                 "no checkpoint configured: using the weight-free 'procedural' mouth animation, not Wav2Lip; "
                 "set --checkpoint / LIPLINE_CHECKPOINT to a wav2lip.pth for real lip sync"
             )
-        self.backend = make_backend(
-            s.backend, model, device, precision=s.precision or None, batch_buckets=s.batch_buckets or None,
-            max_batch=s.max_batch, cache_dir=s.compile_cache_dir,
-            # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
-            cuda_graphs=None if name == "wav2lip" else False,
-        )
         depth = resolve_pipeline_depth(s.pipeline_depth, device)
-        self.engine = LipSyncEngine(self.backend, overlap=depth > 1)
-        warm_bank = self.engine.new_bank(1)
-        warm_bank.add(0, np.zeros((IMG, IMG, 3), np.uint8))
 
-        def warm_chunk(n: int) -> GenerateChunk:
-            return GenerateChunk(warm_bank, np.zeros(n, np.int64), np.full((n, *MEL_SHAPE), -4.0, np.float16), None)
+        def build(allow_compile: bool) -> TorchBackend:
+            backend = make_backend(
+                s.backend, model, device, precision=s.precision or None, batch_buckets=s.batch_buckets or None,
+                max_batch=s.max_batch, cache_dir=s.compile_cache_dir, allow_compile=allow_compile,
+                # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
+                cuda_graphs=None if name == "wav2lip" else False,
+            )
+            self.engine = LipSyncEngine(backend, overlap=depth > 1)
+            return backend
 
-        # One pass per batch bucket (cuDNN algorithm search, CUDA graph capture, compilation), largest
-        # first, through the same engine the requests use; then the numerics guard.
-        for n in sorted(self.backend.batch_buckets or (2,), reverse=True):
-            await asyncio.to_thread(self.engine.run, [warm_chunk(n)])
+        async def warm(backend: TorchBackend) -> None:
+            # One pass per batch bucket (cuDNN algorithm search, CUDA graph capture, compilation),
+            # largest first, through the same engine the requests use; then the numerics guard.
+            bank = self.engine.new_bank(1)
+            bank.add(0, np.zeros((IMG, IMG, 3), np.uint8))
+            for n in sorted(backend.batch_buckets or (2,), reverse=True):
+                chunk = GenerateChunk(bank, np.zeros(n, np.int64), np.full((n, *MEL_SHAPE), -4.0, np.float16), None)
+                await asyncio.to_thread(self.engine.run, [chunk])
+
+        self.backend = await start_backend(s.backend, build, warm)
         gen = torch.Generator().manual_seed(0)
         guard_inputs = (torch.rand((8, 1, 80, 16), generator=gen) * 8 - 4, torch.rand((8, 6, IMG, IMG), generator=gen))
         await asyncio.to_thread(finish_backend_start, self.backend, model, guard_inputs, s, self.metrics)

@@ -2,7 +2,8 @@
 
 Each request message is one `UpscaleChunk` in the dynamic batcher (chunks of all streams share a
 batch, a chunk is never split); `SuperResEngine.run` does the network, the LANCZOS4 resize to the
-paste size and the uint8 conversion on the model's device and copies the bytes back once.
+paste size and the uint8 conversion on the model's device and copies the bytes back once. The
+images of one message go back in one or more responses, cut by bytes under the message limit.
 """
 
 from __future__ import annotations
@@ -10,21 +11,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import grpc
 import numpy as np
 import torch
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
-from services.common.backends import make_backend
+from services.common.backends import TorchBackend, make_backend
 from services.common.batcher import DynamicBatcher
 from services.common.codec import MAX_IMAGE_SIDE, image_from_proto
 from services.common.config import ModelStageSettings, _field
-from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth
+from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth, start_backend
 from services.common.errors import InvalidRequest
 from services.common.server import Service
-from services.common.streams import ordered_stream
+from services.common.streams import byte_ranges, message_budget, ordered_stream
 from services.superres.engine import ChunkImages, SuperResEngine, UpscaleChunk
 from services.superres.process import ModelUpscaler, create_upscaler
 
@@ -51,7 +52,6 @@ class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
     ) -> AsyncIterator[superres_pb2.UpscaleResponse]:
         svc = self._service
         model_info = svc.model_info
-        bgr24 = common_pb2.PIXEL_FORMAT_BGR24
 
         def decode(request: superres_pb2.UpscaleRequest) -> tuple[list[int], UpscaleChunk | None]:
             indices: list[int] = []
@@ -69,27 +69,49 @@ class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
                 sizes.append((out_w, out_h))
             return indices, UpscaleChunk.from_items(crops, sizes) if crops else None
 
-        async def run(request: superres_pb2.UpscaleRequest) -> superres_pb2.UpscaleResponse:
+        async def run(request: superres_pb2.UpscaleRequest) -> tuple[list[int], ChunkImages | None]:
             indices, chunk = decode(request)
-            response = superres_pb2.UpscaleResponse()
             if chunk is None:
-                return response
+                return indices, None
             # The whole message is one batcher item (never split): one result object back.
-            images: ChunkImages = await svc.batcher.submit(chunk)
-            # Items are added in place (`add`, the image as a dict): building UpscaleItem/Image messages
-            # first and passing them to a constructor copies each one again, image bytes included
-            # (~170 vs ~15 us per 192x192 item, measured on a CPU).
-            add = response.items.add
-            for i, w, h, data in zip(indices, images.widths, images.heights, images.data):
-                add(index=i, image={"width": w, "height": h, "format": bgr24, "data": data}, out_width=w, out_height=h)
-            return response
+            return indices, await svc.batcher.submit(chunk)
 
         first = True
-        async for response in ordered_stream(request_iterator, run, svc.settings.max_pending_per_stream):
-            if first:
-                response.model.CopyFrom(model_info)
-                first = False
-            yield response
+        budget = message_budget(svc.settings.max_message_bytes)
+        async for indices, images in ordered_stream(request_iterator, run, svc.settings.max_pending_per_stream):
+            # A message's images may need several responses (8 faces at 2048x2048 are 100 MB): cut
+            # by bytes, in item order, each built only when it is sent.
+            for response in upscale_responses(indices, images, budget):
+                if first:
+                    response.model.CopyFrom(model_info)
+                    first = False
+                yield response
+
+
+# Field tags and varints of one UpscaleItem around its image bytes (index, sizes, format, lengths).
+_ITEM_OVERHEAD = 64
+_BGR24 = common_pb2.PIXEL_FORMAT_BGR24
+
+
+def upscale_responses(indices: list[int], images: ChunkImages | None, budget: int) -> Iterator[superres_pb2.UpscaleResponse]:
+    """One request message's images as UpscaleResponses of at most `budget` bytes of images each (an
+    image larger than that alone), in item order; an empty message gets one empty response."""
+    if images is None:
+        yield superres_pb2.UpscaleResponse()
+        return
+    if len(images.data) != len(indices):
+        raise RuntimeError(f"the engine returned {len(images.data)} images for {len(indices)} items")
+    for a, b in byte_ranges([len(d) for d in images.data], budget, _ITEM_OVERHEAD):
+        response = superres_pb2.UpscaleResponse()
+        # Items are added in place (`add`, the image as a dict): building UpscaleItem/Image messages
+        # first and passing them to a constructor copies each one again, image bytes included
+        # (~170 vs ~15 us per 192x192 item, measured on a CPU).
+        add = response.items.add
+        for k in range(a, b):
+            w, h = images.widths[k], images.heights[k]
+            add(index=indices[k], image={"width": w, "height": h, "format": _BGR24, "data": images.data[k]},
+                out_width=w, out_height=h)
+        yield response
 
 
 class SuperResService(Service[SuperResSettings]):
@@ -114,18 +136,30 @@ class SuperResService(Service[SuperResSettings]):
         # All per-item maths on the model's device (fp16 + channels_last on CUDA), one copy back; the
         # network itself through a Backend like every model stage (CUDA graphs per batch bucket).
         backend, reference = None, None
+        depth = resolve_pipeline_depth(s.pipeline_depth, device)
+
+        def build(allow_compile: bool) -> TorchBackend | None:
+            made = None
+            if isinstance(self.upscaler, ModelUpscaler):
+                made = make_backend(
+                    s.backend, self.upscaler.model, device, precision=precision if device.type == "cuda" else None,
+                    batch_buckets=s.batch_buckets or None, max_batch=s.max_batch, cache_dir=s.compile_cache_dir,
+                    allow_compile=allow_compile,
+                )
+            self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch, backend=made, overlap=depth > 1)
+            return made
+
+        async def warm(made: TorchBackend | None) -> None:
+            for n in sorted(made.batch_buckets if made is not None and made.batch_buckets else (1,), reverse=True):
+                await asyncio.to_thread(self.engine.warmup, n, (96, 96))  # the network's native size, per bucket
+            await asyncio.to_thread(self.engine.warmup, 1, (96, 96), (150, 150))  # and a resize
+
         if isinstance(self.upscaler, ModelUpscaler):
             reference = self.upscaler.model if device.type == "cuda" else None  # backends work on copies
-            backend = make_backend(
-                s.backend, self.upscaler.model, device, precision=precision if device.type == "cuda" else None,
-                batch_buckets=s.batch_buckets or None, max_batch=s.max_batch, cache_dir=s.compile_cache_dir,
-            )
+            backend = await start_backend(s.backend, build, warm)
             self.model_info.backend = backend.name
-        depth = resolve_pipeline_depth(s.pipeline_depth, device)
-        self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch, backend=backend, overlap=depth > 1)
-        for n in sorted(backend.batch_buckets if backend is not None and backend.batch_buckets else (1,), reverse=True):
-            await asyncio.to_thread(self.engine.warmup, n, (96, 96))  # the network's native size, per bucket
-        await asyncio.to_thread(self.engine.warmup, 1, (96, 96), (150, 150))  # and a resize
+        else:
+            await warm(build(False))
         if backend is not None:
             guard_inputs = [torch.rand((4, 3, 96, 96), generator=torch.Generator().manual_seed(0))]
             await asyncio.to_thread(finish_backend_start, backend, reference, guard_inputs, s, self.metrics)

@@ -2,8 +2,11 @@
 
 `helm lint` and `helm template` run for real (the binary scripts/install_helm.py puts in .venv/bin);
 every rendered object of a built-in kind is validated strictly (unknown fields rejected) against
-the Kubernetes 1.29 OpenAPI schemas bundled with kubernetes-validate; the prometheus-operator and
-KEDA objects are checked for what Prometheus and KEDA need from them. Then what matters to an
+the Kubernetes 1.29 and 1.37 OpenAPI schemas bundled with kubernetes-validate; the prometheus-operator
+and KEDA objects are checked for what Prometheus and KEDA need from them. The chart renders as on a
+cluster with the Prometheus operator (`--api-versions monitoring.coreos.com/v1`) unless a test says
+otherwise; tests/helm/test_chart_values.py covers the values users set (ci/*-values.yaml) and the
+cluster without it. Then what matters to an
 operator: GPU requests, probes, non-root read-only pods, the stores (single-node try-out, PostgreSQL
 from a Secret, a ReadWriteMany claim, S3), HPAs on the adapter's metrics, network isolation, and
 that every LIPLINE_* variable the chart sets is a setting the service really has.
@@ -30,6 +33,11 @@ from tests.helpers.tools import helm_binary
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "lipline"
 KUBE_VERSION = "1.29.0"
+# The newest schema kubernetes-validate bundles that the chart is also checked against.
+NEWEST_KUBE_VERSION = "1.37.0"
+KUBE_VERSIONS = tuple(v for v in (KUBE_VERSION, NEWEST_KUBE_VERSION) if v in kubernetes_validate.utils.all_versions())
+# The Prometheus operator's API: ServiceMonitor and PrometheusRule render only where it is served.
+OPERATOR_API = "monitoring.coreos.com/v1"
 GPU_STAGES = ("lipsync", "superres")
 STAGES = ("audio", "lipsync", "superres", "render", "gateway")
 STORE_STAGES = ("render", "gateway")
@@ -61,9 +69,15 @@ def _set_args(sets: tuple[str, ...]) -> list[str]:
     return args
 
 
-def render(*sets: str, release: str = "lip") -> list[dict[str, Any]]:
-    args = ["template", release, str(CHART), "--namespace", "media", "--kube-version", KUBE_VERSION, *_set_args(sets)]
-    out = helm(*args).stdout
+def render(*sets: str, release: str = "lip", api_versions: tuple[str, ...] = (OPERATOR_API,),
+           values: tuple[Path, ...] = (), kube_version: str = KUBE_VERSION) -> list[dict[str, Any]]:
+    """`helm template` of the chart: `values` files first, then the --set/--set-json `sets`."""
+    args = ["template", release, str(CHART), "--namespace", "media", "--kube-version", kube_version]
+    for api in api_versions:
+        args += ["--api-versions", api]
+    for path in values:
+        args += ["-f", str(path)]
+    out = helm(*args, *_set_args(sets)).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -84,14 +98,18 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def env_of(deployment: dict[str, Any]) -> dict[str, str]:
-    """Plain env values; a variable from a Secret reads `secret:<name>/<key>`."""
+    """Plain env values; a variable from a Secret reads `secret:<name>/<key>`, from a field `field:<path>`."""
     out = {}
+    names = [e["name"] for e in container(deployment)["env"]]
+    assert len(names) == len(set(names)), f"{deployment['metadata']['name']}: a variable is set twice: {names}"
     for e in container(deployment)["env"]:
         if "value" in e:
             out[e["name"]] = e["value"]
-        else:
+        elif "secretKeyRef" in e["valueFrom"]:
             ref = e["valueFrom"]["secretKeyRef"]
             out[e["name"]] = f"secret:{ref['name']}/{ref['key']}"
+        else:
+            out[e["name"]] = f"field:{e['valueFrom']['fieldRef']['fieldPath']}"
     return out
 
 
@@ -162,17 +180,28 @@ def test_helm_lint_passes_strict(sets: tuple[str, ...]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_every_builtin_manifest_matches_the_kubernetes_schema(rendered: list[dict[str, Any]]) -> None:
+def validate_builtin(docs: list[dict[str, Any]], kube_version: str) -> int:
+    """Validate every object of a built-in kind strictly against `kube_version`'s schemas; how many."""
     checked = 0
-    for doc in rendered:
+    for doc in docs:
         if doc["apiVersion"].startswith(("monitoring.coreos.com/", "keda.sh/")):
             continue  # CRDs: not in the core schemas, checked below
         try:
-            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+            kubernetes_validate.validate(doc, kube_version, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
+            pytest.fail(f"{kube_version}: {doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
         checked += 1
-    assert checked >= 12
+    return checked
+
+
+def test_the_newest_kubernetes_schema_is_bundled() -> None:
+    """kubernetes-validate 1.37 bundles the 1.37 schemas; the chart is checked against them too."""
+    assert NEWEST_KUBE_VERSION in KUBE_VERSIONS, kubernetes_validate.utils.all_versions()[-3:]
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_builtin_manifest_matches_the_kubernetes_schema(rendered: list[dict[str, Any]], kube_version: str) -> None:
+    assert validate_builtin(rendered, kube_version) >= 12
 
 
 def test_the_validator_rejects_a_broken_manifest(default_docs: list[dict[str, Any]]) -> None:

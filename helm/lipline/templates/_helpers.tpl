@@ -1,10 +1,22 @@
 {{/* Names, labels and the pieces every stage's objects share. */}}
 
+{{/* The chart's name (nameOverride): the app.kubernetes.io/name label. */}}
+{{- define "lipline.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* <release>-<name>, or the release name when it contains the name, or fullnameOverride. 50 characters
+at most: a stage's objects add "-<stage>" and must stay within 63. */}}
 {{- define "lipline.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "lipline.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -13,16 +25,21 @@
 {{- printf "%s-%s" (include "lipline.fullname" .root) .stage -}}
 {{- end -}}
 
+{{/* The labels of every object: the chart's, then commonLabels (the schema keeps those off the chart's keys). */}}
 {{- define "lipline.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "lipline.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
+{{/* What a stage's selectors match: immutable, so never anything a value adds. Call with (dict "root" $ "stage" name). */}}
 {{- define "lipline.selectorLabels" -}}
-app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/name: {{ include "lipline.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .stage }}
 {{- end -}}
@@ -178,4 +195,146 @@ job-store-url
 - name: LIPLINE_BLOB_STORE
   value: {{ printf "%s/blobs" $local | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* ---- A stage's pod (deployments.yaml) ---- */}}
+
+{{/* The OTEL_* variables of a stage (values `tracing`): the SDK's own configuration. Disabled:
+OTEL_SDK_DISABLED=true and nothing else. Call with (dict "root" $ "stage" name). */}}
+{{- define "lipline.tracingEnv" -}}
+{{- $t := .root.Values.tracing -}}
+{{- if not $t.enabled }}
+- name: OTEL_SDK_DISABLED
+  value: "true"
+{{- else }}
+{{- if not $t.endpoint }}
+{{- fail "tracing.enabled needs tracing.endpoint: the OTLP collector, e.g. http://otel-collector.observability.svc:4317" }}
+{{- end }}
+{{- $attributes := list (printf "k8s.namespace.name=%s" .root.Release.Namespace) "k8s.pod.name=$(K8S_POD_NAME)"
+  (printf "k8s.deployment.name=%s" (include "lipline.stageName" .))
+  (printf "service.version=%s" (.root.Values.image.tag | default .root.Chart.AppVersion)) }}
+{{- range $key, $value := $t.resourceAttributes }}
+{{- $attributes = append $attributes (printf "%s=%v" $key $value) }}
+{{- end }}
+- name: OTEL_SDK_DISABLED
+  value: "false"
+- name: OTEL_SERVICE_NAME
+  value: {{ printf "lipline-%s" .stage | quote }}
+- name: OTEL_TRACES_EXPORTER
+  value: otlp
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ $t.endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ $t.protocol | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ $t.sampler | quote }}
+{{- if ne (toString $t.samplerArg) "" }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ toString $t.samplerArg | quote }}
+{{- end }}
+- name: K8S_POD_NAME
+  valueFrom:
+    fieldRef: {fieldPath: metadata.name}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $attributes | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The variables the chart sets in a stage's container, before extraEnv. Call with
+(dict "root" $ "stage" name "config" <the stage's config, checkpoint resolved>). */}}
+{{- define "lipline.stageEnv" -}}
+{{- $root := .root -}}
+{{- $s := index $root.Values.stages .stage -}}
+{{- $gpu := gt (int $s.gpu) 0 }}
+- name: LIPLINE_PORT
+  value: {{ $s.port | quote }}
+- name: LIPLINE_METRICS_PORT
+  value: {{ $s.metricsPort | quote }}
+- name: HOME
+  value: /tmp
+{{- /* commonConfig, less the keys the stage's own config sets (those come below, once). */}}
+{{- $common := dict }}
+{{- range $key, $value := $root.Values.commonConfig }}
+{{- if not (hasKey $.config $key) }}{{ $_ := set $common $key $value }}{{ end }}
+{{- end }}
+{{- include "lipline.configEnv" $common }}
+{{- if $gpu }}
+- name: LIPLINE_DEVICE
+  value: cuda
+- name: LIPLINE_COMPILE_CACHE_DIR
+  value: {{ $root.Values.compileCache.mountPath | quote }}
+- name: TORCHINDUCTOR_CACHE_DIR
+  value: /tmp/inductor
+- name: TRITON_CACHE_DIR
+  value: /tmp/triton
+{{- end }}
+{{- range $target := $s.dials }}
+- name: {{ printf "LIPLINE_%s_ADDRESS" (upper $target) }}
+  value: {{ include "lipline.stageAddress" (dict "root" $root "stage" $target) | quote }}
+{{- end }}
+{{- if $s.stores }}
+{{- include "lipline.storeEnv" $root }}
+{{- end }}
+{{- if $s.cache }}
+- name: LIPLINE_CACHE_DIR
+  value: /cache
+{{- end }}
+{{- include "lipline.configEnv" .config }}
+{{- include "lipline.tracingEnv" . }}
+{{- end -}}
+
+{{/* A stage's container env as a list: the chart's variables, then the chart-wide extraEnv, then the
+stage's; a later entry replaces an earlier one of the same name, in its place at the end (so no
+duplicate names). Call like lipline.stageEnv; renders YAML for fromYamlArray. */}}
+{{- define "lipline.env" -}}
+{{- $s := index .root.Values.stages .stage -}}
+{{- $env := include "lipline.stageEnv" . | fromYamlArray -}}
+{{- range $extra := list (default list .root.Values.extraEnv) (default list $s.extraEnv) -}}
+{{- $names := list -}}
+{{- range $extra }}{{ $names = append $names .name }}{{ end -}}
+{{- $kept := list -}}
+{{- range $env }}{{ if not (has .name $names) }}{{ $kept = append $kept . }}{{ end }}{{ end -}}
+{{- $env = concat $kept $extra -}}
+{{- end -}}
+{{- toYaml $env -}}
+{{- end -}}
+
+{{/* Where a stage's pods may run, as a YAML map of pod-spec keys: nodeSelector, tolerations, affinity,
+topologySpreadConstraints, priorityClassName, runtimeClassName. A stage's own value replaces the
+chart-wide one (and the gpu.* one of a GPU stage): lipsync and superres can go to different GPU
+pools. Call with (dict "root" $ "stage" name "local" <uses the single-node local store>). */}}
+{{- define "lipline.placement" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $s := index $v.stages .stage -}}
+{{- $gpu := gt (int $s.gpu) 0 -}}
+{{- $out := dict -}}
+{{- $nodeSelector := $s.nodeSelector | default (merge (dict) (deepCopy $v.nodeSelector) (ternary $v.gpu.nodeSelector (dict) $gpu)) -}}
+{{- with $nodeSelector }}{{ $_ := set $out "nodeSelector" . }}{{ end -}}
+{{- $tolerations := $s.tolerations | default (concat $v.tolerations (ternary $v.gpu.tolerations (list) $gpu)) -}}
+{{- with $tolerations }}{{ $_ := set $out "tolerations" . }}{{ end -}}
+{{- $affinity := deepCopy ($s.affinity | default $v.affinity) -}}
+{{- if .local -}}
+{{- /* The local store is one ReadWriteOnce volume holding a SQLite file: every pod that uses it runs on
+the node of the others (the first one anywhere). */ -}}
+{{- $podAffinity := default dict $affinity.podAffinity -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (dict "lipline.io/local-store" $root.Release.Name)) -}}
+{{- $_ := set $podAffinity "requiredDuringSchedulingIgnoredDuringExecution" (append (default list $podAffinity.requiredDuringSchedulingIgnoredDuringExecution) $term) -}}
+{{- $_ := set $affinity "podAffinity" $podAffinity -}}
+{{- end -}}
+{{- with $affinity }}{{ $_ := set $out "affinity" . }}{{ end -}}
+{{- $spread := list -}}
+{{- range ($s.topologySpreadConstraints | default $v.topologySpreadConstraints) -}}
+{{- $c := deepCopy . -}}
+{{- if not (hasKey $c "labelSelector") -}}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "lipline.selectorLabels" $ | fromYaml)) -}}
+{{- end -}}
+{{- $spread = append $spread $c -}}
+{{- end -}}
+{{- with $spread }}{{ $_ := set $out "topologySpreadConstraints" . }}{{ end -}}
+{{- with ($s.priorityClassName | default $v.priorityClassName) }}{{ $_ := set $out "priorityClassName" . }}{{ end -}}
+{{- if $gpu -}}
+{{- with ($s.runtimeClassName | default $v.gpu.runtimeClassName) }}{{ $_ := set $out "runtimeClassName" . }}{{ end -}}
+{{- end -}}
+{{- toYaml $out -}}
 {{- end -}}

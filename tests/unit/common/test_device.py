@@ -80,3 +80,40 @@ def test_start_up_guard_refuses_a_backend_too_far_from_the_fp32_model() -> None:
     quiet = Metrics("fp32")
     finish_backend_start(fp32, model, inputs, ModelStageSettings(max_rel_error=1e-9), quiet)
     assert quiet.registry.get_sample_value("lipline_numerics_relative_error", {"stage": "fp32"}) is None
+
+
+class _Fake:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _start(kind: str, picks: dict[bool, str], failing: set[str]):  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from services.common.device import start_backend
+
+    built: list[tuple[bool, str]] = []
+
+    def build(allow_compile: bool) -> _Fake:
+        built.append((allow_compile, picks[allow_compile]))
+        return _Fake(picks[allow_compile])
+
+    async def warm(backend: _Fake) -> None:
+        if backend.name in failing:
+            raise RuntimeError("InductorError: Failed to find C compiler")
+
+    return asyncio.run(start_backend(kind, build, warm)), built  # type: ignore[arg-type]
+
+
+def test_auto_falls_back_to_torch_when_the_compiled_backend_fails_to_start() -> None:
+    backend, built = _start("auto", {True: "compile", False: "torch"}, failing={"compile"})
+    assert backend.name == "torch" and built == [(True, "compile"), (False, "torch")]
+
+
+def test_an_explicit_compile_or_a_failing_torch_still_fails() -> None:
+    with pytest.raises(RuntimeError, match="C compiler"):
+        _start("compile", {True: "compile", False: "torch"}, failing={"compile"})
+    with pytest.raises(RuntimeError, match="C compiler"):
+        _start("auto", {True: "torch", False: "torch"}, failing={"torch"})
+    backend, built = _start("auto", {True: "compile", False: "torch"}, failing=set())
+    assert backend.name == "compile" and built == [(True, "compile")]
