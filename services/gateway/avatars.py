@@ -12,7 +12,7 @@ import numpy as np
 
 from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc
 from services.common.avatars import AvatarMeta, avatar_id, save_avatar
-from services.common.channels import stage_error_message
+from services.common.channels import StageFailed, stage_error_message
 from services.common.codec import image_to_proto
 from services.common.crops import Box, crop_and_resize
 from services.common.errors import InvalidMedia, NotReady
@@ -22,6 +22,7 @@ from services.common.tracing import outgoing_metadata
 from services.common.media import decode_avatar
 
 FRAMES_PER_MESSAGE = 8
+DETECT_ATTEMPTS = 3  # a replica draining or a connection reaching its age ends the stream UNAVAILABLE
 
 
 async def detect_faces(
@@ -38,15 +39,21 @@ async def detect_faces(
                 ]
             )
 
-    boxes: list[Box | None] = [None] * len(frames)
-    try:
-        async for response in lipsync.DetectFaces(requests(), metadata=outgoing_metadata(request_id)):
-            for face in response.faces:
-                if face.found and 0 <= face.index < len(frames):
-                    boxes[face.index] = (face.box.x1, face.box.y1, face.box.x2, face.box.y2)
-    except grpc.aio.AioRpcError as exc:
-        raise NotReady(stage_error_message("lipsync", exc)) from exc
-    return boxes
+    for attempt in range(1, DETECT_ATTEMPTS + 1):
+        boxes: list[Box | None] = [None] * len(frames)
+        try:
+            async for response in lipsync.DetectFaces(requests(), metadata=outgoing_metadata(request_id)):
+                for face in response.faces:
+                    if face.found and 0 <= face.index < len(frames):
+                        boxes[face.index] = (face.box.x1, face.box.y1, face.box.x2, face.box.y2)
+            return boxes
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < DETECT_ATTEMPTS:
+                continue  # the channel balances the next call onto another (or a fresh) connection
+            if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                raise StageFailed("lipsync", exc) from exc  # the avatar itself: keep the stage's status
+            raise NotReady(stage_error_message("lipsync", exc)) from exc
+    raise AssertionError("unreachable")
 
 
 async def create_avatar(

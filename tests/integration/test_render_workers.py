@@ -308,3 +308,17 @@ def test_ten_minute_clip_keeps_worker_memory_flat(
         assert settled, series[:5]
         growth = max(settled) - settled[0]
         assert growth < 60, f"{name} grew by {growth:.0f} MB over a 10-minute clip ({settled[0]:.0f} -> {max(settled):.0f} MB)"
+
+
+def test_a_stage_failure_fails_the_job_with_the_stages_status(
+    rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient
+) -> None:
+    # Both lipsync replicas gone for good: every attempt of the first segment fails with UNAVAILABLE
+    # until the attempts run out. The job must end FAILED with that status, never CANCELLED.
+    for name in rcluster.replica_names("lipsync"):
+        rcluster.kill(name)
+    job = client.submit(template.id, speech_seconds(2.0))
+    done = client.wait(job.id)
+    assert done.state == gateway_pb2.JOB_STATE_FAILED, done
+    assert done.error_code == grpc.StatusCode.UNAVAILABLE.value[0], done
+    assert "lipsync stage failed" in done.error and "attempt" in done.error, done.error
