@@ -15,12 +15,21 @@ import io
 import av
 import numpy as np
 
+from services.common import av_limits  # noqa: F401 - caps FFmpeg allocations on import
 from services.common.errors import InvalidMedia, TooLarge
 
 _FORMATS_HINT = "send WAV, MP3, FLAC, OGG or M4A"
 # More channels than any speech recording has (7.1.4 is 12, Ambisonics 3rd order 16, a 22.2 mix 24).
 # WAV allows 65,535; every channel costs a decode and resample pass, so refuse from the header.
 MAX_CHANNELS = 32
+# Sample rates a file may declare. Below 4 kHz nothing intelligible is left of speech, and the
+# resampler's output grows with target/source: a 1 MB WAV declaring 1 Hz is 500,000 s of audio, each
+# of its packets becomes millions of samples (118 MB at once, measured), and where no max_seconds
+# applies (a render worker's AAC track at 48 kHz) it would ask for 96 GB. Above 768 kHz (the highest
+# rate converters offer) there is no speech either; a header declaring 2**31-1 Hz made the resampler
+# fail with ENOMEM. Both are checked from the header, before decoding.
+MIN_SAMPLE_RATE = 4_000
+MAX_SAMPLE_RATE = 768_000
 
 
 def _reason(exc: BaseException) -> str:
@@ -50,7 +59,8 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
         Mono samples, shape (num_samples,), float32, clipped to [-1, 1].
 
     Raises:
-        InvalidMedia: empty, undecodable, no audio stream, or no samples decoded.
+        InvalidMedia: empty, undecodable, no audio stream, more than `MAX_CHANNELS` channels, a
+            sample rate outside [`MIN_SAMPLE_RATE`, `MAX_SAMPLE_RATE`], or no samples decoded.
         TooLarge: longer than `max_seconds`.
     """
     if not data:
@@ -65,17 +75,22 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
         if not container.streams.audio:
             raise InvalidMedia(f"the file has no audio stream; {_FORMATS_HINT}")
         stream = container.streams.audio[0]
+        if stream.codec_context is None:  # FFmpeg knows the container but has no decoder for the codec
+            raise InvalidMedia(f"the audio's codec is not one this service can decode; {_FORMATS_HINT}")
         channels = stream.codec_context.channels
         if channels > MAX_CHANNELS:
             raise InvalidMedia(
                 f"audio has {channels} channels; the limit is {MAX_CHANNELS}: send mono or stereo speech"
             )
+        if stream.codec_context.sample_rate:  # 0 where only decoding tells: then checked on the first frame
+            _check_rate(stream.codec_context.sample_rate)
         pieces: list[np.ndarray] = []
         total = 0
         resampler: av.AudioResampler | None = None
         try:
             for frame in container.decode(stream):
                 if resampler is None:
+                    _check_rate(frame.sample_rate)
                     # Packed float at the target rate, source channel layout kept (we average below).
                     resampler = av.AudioResampler(format="flt", layout=frame.layout, rate=sample_rate)
                 for out in resampler.resample(frame):
@@ -98,6 +113,14 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
     signal = np.concatenate(pieces).astype(np.float32, copy=False)
     # Float sources and resampler ringing can overshoot slightly; the contract is [-1, 1].
     return np.clip(signal, -1.0, 1.0)
+
+
+def _check_rate(rate: int) -> None:
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise InvalidMedia(
+            f"audio sample rate is {rate} Hz; it must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} Hz: "
+            f"send speech sampled at 8 to 48 kHz"
+        )
 
 
 def _mono(frame: av.AudioFrame) -> np.ndarray:

@@ -12,6 +12,7 @@ import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2
 from services.common.errors import InvalidMedia
+from services.common.image_header import JPEG, PNG, ImageHeaderError, read_image_size
 
 MEL_BANDS = 80
 MEL_STEP = 16
@@ -41,9 +42,25 @@ def image_from_proto(msg: common_pb2.Image, what: str = "image") -> np.ndarray:
             raise InvalidMedia(f"{what}: BGR24 {width}x{height} needs {expected} bytes, got {len(data)}")
         return np.frombuffer(data, dtype=np.uint8).reshape(height, width, 3)
     if msg.format in (common_pb2.PIXEL_FORMAT_JPEG, common_pb2.PIXEL_FORMAT_PNG):
-        decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR) if data else None
+        name = "JPEG" if msg.format == common_pb2.PIXEL_FORMAT_JPEG else "PNG"
+        # The header's size is checked before decoding: a 1 MB PNG holds 16000x16000 black pixels (768 MB
+        # decoded). Only PNG and JPEG data are decoded (either, whichever of the two is declared):
+        # cv2.imdecode would also decode TIFF, EXR, JPEG 2000... whose sizes nobody checked.
+        try:
+            header = read_image_size(data)
+        except ImageHeaderError as exc:
+            raise InvalidMedia(f"{what}: could not decode {name} data: {exc}") from exc
+        if header is None or header.format not in (PNG, JPEG):
+            found = "empty" if not data else f"a {header.format} image" if header else "not an image"
+            raise InvalidMedia(f"{what}: could not decode {name} data: the bytes are {found}, not PNG or JPEG")
+        if max(header.width, header.height) > MAX_IMAGE_SIDE:
+            raise InvalidMedia(
+                f"{what}: the {header.format} is {header.width}x{header.height} px, above the limit of "
+                f"{MAX_IMAGE_SIDE} px per side"
+            )
+        decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
         if decoded is None:
-            raise InvalidMedia(f"{what}: could not decode {common_pb2.PixelFormat.Name(msg.format)} data")
+            raise InvalidMedia(f"{what}: could not decode {name} data (corrupt or truncated)")
         return decoded
     raise InvalidMedia(f"{what}: pixel format {msg.format} is not supported (use BGR24, JPEG or PNG)")
 

@@ -72,9 +72,10 @@ class AvatarCache:
         path = self._root / f"{avatar_id}.i420.npy"
         if not path.exists():
             source = self._blobs.get(prefix(avatar_id) + "source")
-            # The same decode as CreateAvatar's, so frames and boxes line up.
+            # The same decode as CreateAvatar's; the limits are the avatar's own (the source may be one
+            # pixel wider and taller than the frames, which are cropped to even sizes).
             frames, _ = decode_avatar(source, photo_fps=meta.photo_fps, max_frames=max(meta.frame_count, 1),
-                                      max_pixels=meta.width * meta.height)
+                                      max_pixels=(meta.width + 1) * (meta.height + 1))
             if frames.shape[0] != meta.frame_count or frames.shape[1:3] != (meta.height, meta.width):
                 raise RuntimeError(
                     f"avatar {avatar_id}: the source decoded to {frames.shape[:3]}, its meta says "

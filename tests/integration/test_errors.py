@@ -7,6 +7,7 @@ still answer a real call, so a request that crashed or wedged a server fails the
 from __future__ import annotations
 
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -377,3 +378,41 @@ def test_superres_bad_items(superres_stub: superres_pb2_grpc.SuperResServiceStub
     )
     empty = common_pb2.Image(width=0, height=0, format=common_pb2.PIXEL_FORMAT_BGR24)
     expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: upscale(superres_stub, superres_pb2.UpscaleItem(index=7, image=empty)), "item 7")
+
+
+# --------------------------------------------------------------------------------------------------
+# Decompression bombs against the running processes: refused from the header, memory unchanged
+# --------------------------------------------------------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_png_bomb_avatar_is_refused_fast_and_costs_no_memory(mclient: LiplineClient, cluster: LocalCluster) -> None:
+    from tests.helpers.bombs import png_claiming
+
+    bomb = png_claiming(30000, 30000)  # 3 MiB that decode to 2.7 GB
+    pid = cluster.processes["gateway"].process.pid
+    before = rss_mb(pid)
+    started = time.monotonic()
+    expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, lambda: mclient.create_avatar(bomb), "30000x30000", "limit")
+    assert time.monotonic() - started < 1.0
+    assert rss_mb(pid) - before < 100
+
+
+def test_png_bomb_item_to_upscale_is_refused_from_its_header(
+    superres_stub: superres_pb2_grpc.SuperResServiceStub, cluster: LocalCluster
+) -> None:
+    from tests.helpers.bombs import png_claiming
+
+    item = superres_pb2.UpscaleItem(
+        index=9, image=common_pb2.Image(width=16000, height=16000, format=common_pb2.PIXEL_FORMAT_PNG, data=png_claiming(16000, 16000))
+    )
+    pid = cluster.processes["superres"].process.pid
+    before = rss_mb(pid)
+    started = time.monotonic()
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: upscale(superres_stub, item), "item 9", "16000x16000", "2048")
+    assert time.monotonic() - started < 1.0
+    assert rss_mb(pid) - before < 100

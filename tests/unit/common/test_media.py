@@ -51,7 +51,7 @@ def test_decode_photo(ext: str) -> None:
     image = _image(60, 80)
     ok, encoded = cv2.imencode(ext, image)
     assert ok
-    frames, fps = decode_avatar(encoded.tobytes(), photo_fps=30.0)
+    frames, fps = decode_avatar(encoded.tobytes(), photo_fps=30.0, min_side=1)
     assert frames.shape == (1, 60, 80, 3) and frames.dtype == np.uint8
     assert fps == 30.0
     tolerance = 0 if ext == ".png" else 8  # PNG is lossless, JPEG close on a smooth image
@@ -60,7 +60,7 @@ def test_decode_photo(ext: str) -> None:
 
 def test_odd_photo_size_is_cropped_even() -> None:
     image = _image(61, 81)
-    frames, _ = decode_avatar(cv2.imencode(".png", image)[1].tobytes())
+    frames, _ = decode_avatar(cv2.imencode(".png", image)[1].tobytes(), min_side=1)
     assert frames.shape == (1, 60, 80, 3)
     np.testing.assert_array_equal(frames[0], image[:60, :80])  # crop the last row/column, no resize
     assert frames.flags.c_contiguous
@@ -68,7 +68,7 @@ def test_odd_photo_size_is_cropped_even() -> None:
 
 def test_decode_video(tmp_path: Path) -> None:
     data = _write_video(tmp_path / "avatar.mp4", frames=10, fps=25.0).read_bytes()
-    frames, fps = decode_avatar(data)
+    frames, fps = decode_avatar(data, min_side=1)
     assert frames.shape == (10, 48, 64, 3)
     assert fps == 25.0
     # The frames come back in order (grey i*20; the yuv420p round trip shifts greys by a few levels).
@@ -90,7 +90,7 @@ def test_decode_video_applies_display_rotation(tmp_path: Path) -> None:
             frame.pts = i
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
-    frames, _ = decode_avatar(path.read_bytes())
+    frames, _ = decode_avatar(path.read_bytes(), min_side=1)
     assert frames.shape == (2, 32, 16, 3)
     assert frames[0, -8:].mean() > 200 and frames[0, :-8].mean() < 50  # the left strip is now at the bottom
 
@@ -98,8 +98,8 @@ def test_decode_video_applies_display_rotation(tmp_path: Path) -> None:
 def test_video_too_many_frames(tmp_path: Path) -> None:
     data = _write_video(tmp_path / "long.mp4", frames=10, fps=25.0).read_bytes()
     with pytest.raises(TooLarge, match="more than 5 frames"):
-        decode_avatar(data, max_frames=5)
-    assert decode_avatar(data, max_frames=10)[0].shape[0] == 10  # the limit itself is allowed
+        decode_avatar(data, max_frames=5, min_side=1)
+    assert decode_avatar(data, max_frames=10, min_side=1)[0].shape[0] == 10  # the limit itself is allowed
 
 
 def test_too_many_pixels(tmp_path: Path) -> None:
