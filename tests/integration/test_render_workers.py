@@ -25,7 +25,7 @@ from services.gateway.client import LiplineClient
 from services.common.media import Mp4Writer
 from services.local.cluster import LocalCluster
 from tests.helpers.postgres import PostgresServer, missing_reason
-from tests.integration.util import SAMPLES, eventually, logs_of
+from tests.integration.util import SAMPLES, eventually
 
 FPS = 25
 TEMPLATE_FRAMES = 200

@@ -11,7 +11,6 @@ import io
 import struct
 import time
 import wave
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ from services.common.codec import MAX_IMAGE_SIDE, image_from_proto
 from services.common.errors import InvalidMedia, TooLarge
 from services.common.image_header import ImageHeaderError, ImageSize, read_image_size
 from services.common.media import MIN_AVATAR_SIDE, Mp4Writer, decode_avatar
-from tests.helpers.bombs import jpeg_claiming, png_chunk, png_claiming
+from tests.helpers.bombs import jpeg_claiming, png_claiming
 
 MB = 1 << 20
 
