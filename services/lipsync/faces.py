@@ -1,4 +1,4 @@
-"""Face boxes for Wav2Lip: detection, padding and the upstream 5-frame smoothing.
+"""Face boxes for Wav2Lip: detection, padding and jitter-free smoothing.
 
 Upstream Wav2Lip runs S3FD on every frame, pads each box ([0, 10, 0, 0] = top, bottom, left, right),
 then smooths the boxes over a 5-frame window (see tests/data/reference/inference_facts.json). The
@@ -23,12 +23,20 @@ __all__ = [
     "DEFAULT_PADS",
     "pad_box",
     "smooth_boxes",
+    "steady_boxes",
     "prepare_boxes",
 ]
 
 
 DEFAULT_PADS: tuple[int, int, int, int] = (0, 10, 0, 0)  # top, bottom, left, right (upstream --pads)
 SMOOTH_T = 5  # upstream get_smoothened_boxes window
+# `steady_boxes`: a centred local quadratic fit (Savitzky-Golay) over 2 * STEADY_HALF + 1 frames (0.84 s
+# at 25 fps) of each box coordinate, then integer rounding with hysteresis: a coordinate moves to a new
+# integer only once the smooth track is more than 0.5 + STEADY_HYSTERESIS px away from the current one,
+# so the residual sub-pixel noise does not flip the box back and forth between two integers.
+STEADY_HALF = 10
+STEADY_ORDER = 2
+STEADY_HYSTERESIS = 0.25
 
 # The Haar frontal-face box is tighter than S3FD's: it is roughly square, starts mid-forehead and
 # ends around the lower lip, cutting off the chin. Wav2Lip was trained on S3FD crops (which include
@@ -127,9 +135,64 @@ def smooth_boxes(boxes: np.ndarray, T: int = SMOOTH_T) -> np.ndarray:
     return out
 
 
+def _local_poly(x: np.ndarray, half: int, order: int) -> np.ndarray:
+    """Centred least-squares polynomial fit of `order` over 2*half+1 samples, evaluated at each sample.
+
+    Symmetric weights, so no lag; near the ends the first/last full window's fit is evaluated at the
+    edge samples (like scipy's savgol_filter mode="interp"). Short runs shrink the window.
+    """
+    n = len(x)
+    h = min(half, (n - 1) // 2)
+    if h < 1:
+        return x.astype(np.float64, copy=True)
+    w = 2 * h + 1
+    p = min(order, w - 1)
+    t = np.arange(-h, h + 1, dtype=np.float64)
+    coef = np.linalg.pinv(np.vander(t, p + 1, increasing=True))  # (p+1, w): samples -> polynomial
+    out = np.empty(n, dtype=np.float64)
+    out[h:n - h] = np.convolve(x, coef[0][::-1], mode="valid")
+    for idx, start in ((np.arange(h), 0), (np.arange(n - h, n), n - w)):
+        c = coef @ x[start:start + w]
+        tt = (idx - start - h).astype(np.float64)
+        out[idx] = np.polyval(c[::-1], tt)
+    return out
+
+
+def _hysteresis_round(x: np.ndarray, margin: float) -> np.ndarray:
+    out = np.empty(len(x), dtype=np.int64)
+    current = int(np.round(x[0])) if len(x) else 0
+    for i, v in enumerate(x):
+        if abs(v - current) > 0.5 + margin:
+            current = int(np.round(v))
+        out[i] = current
+    return out
+
+
+def steady_boxes(boxes: np.ndarray, height: int, width: int, half: int = STEADY_HALF, order: int = STEADY_ORDER,
+                 hysteresis: float = STEADY_HYSTERESIS) -> np.ndarray:
+    """Detector jitter removed without lag: (N, 4) int boxes -> (N, 4) int64 boxes inside the frame.
+
+    The whole run of boxes is known when an avatar is created, so the fit is centred (non-causal):
+    real head motion is followed without delay while ~1 px detector noise is averaged out. Each
+    coordinate is smoothed, rounded with hysteresis, then clamped to the frame (x2 > x1, y2 > y1).
+    """
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    if len(b) == 0:
+        return np.zeros((0, 4), dtype=np.int64)
+    out = np.stack([_hysteresis_round(_local_poly(b[:, k], half, order), hysteresis) for k in range(4)], axis=1)
+    out[:, 0] = np.clip(out[:, 0], 0, width - 1)
+    out[:, 1] = np.clip(out[:, 1], 0, height - 1)
+    out[:, 2] = np.clip(np.maximum(out[:, 2], out[:, 0] + 1), 1, width)
+    out[:, 3] = np.clip(np.maximum(out[:, 3], out[:, 1] + 1), 1, height)
+    return out
+
+
 def prepare_boxes(raw: Sequence[Box | None], height: int, width: int, pads: Sequence[int] = DEFAULT_PADS,
                   smooth: bool = True) -> list[Box | None]:
     """Pad every detected box, then smooth within each contiguous run of frames that have a face.
+
+    The smoothing is `steady_boxes` (centred local polynomial fit, no lag), not upstream's 5-frame
+    running mean (`smooth_boxes`, kept for reference), which leaves ~1 px of detector jitter.
 
     Deviation from upstream, which raises on the first frame without a face: such frames stay None
     (the caller passes them through unchanged) so one bad frame never fails a whole job, and the
@@ -147,7 +210,7 @@ def prepare_boxes(raw: Sequence[Box | None], height: int, width: int, pads: Sequ
         j = i
         while j < len(padded) and padded[j] is not None:
             j += 1
-        run = smooth_boxes(np.array(padded[i:j], dtype=np.int64))
+        run = steady_boxes(np.array(padded[i:j], dtype=np.int64), height, width)
         out[i:j] = [tuple(int(v) for v in row) for row in run]
         i = j
     return out

@@ -1,4 +1,4 @@
-"""Face boxes: upstream smoothing and padding, gap handling, the Haar detector."""
+"""Face boxes: upstream and steady smoothing, padding, gap handling, the Haar detector."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from services.lipsync.faces import HaarFaceDetector, pad_box, prepare_boxes, smooth_boxes
+from services.lipsync.faces import HaarFaceDetector, pad_box, prepare_boxes, smooth_boxes, steady_boxes
 
 ROOT = Path(__file__).resolve().parents[3]
 FACTS = json.loads((ROOT / "tests" / "data" / "reference" / "inference_facts.json").read_text())
@@ -38,18 +38,78 @@ def test_prepare_boxes_keeps_gaps_and_smooths_runs() -> None:
     h, w = 1000, 1000
     out = prepare_boxes([None] + raw[:3] + [None, None] + raw[3:], h, w, pads=(0, 0, 0, 0))
     assert out[0] is None and out[4] is None and out[5] is None
-    assert out[1:4] == [tuple(b) for b in smooth_boxes(np.array(raw[:3])).tolist()]
-    assert out[6:] == [tuple(b) for b in smooth_boxes(np.array(raw[3:])).tolist()]
+    assert out[1:4] == [tuple(b) for b in steady_boxes(np.array(raw[:3]), h, w).tolist()]
+    assert out[6:] == [tuple(b) for b in steady_boxes(np.array(raw[3:]), h, w).tolist()]
     assert all(isinstance(v, int) for b in out if b is not None for v in b)
 
 
 def test_prepare_boxes_pads_before_smoothing_and_no_smooth() -> None:
     raw = [(10, 10, 50, 50), (12, 10, 52, 56)]
     assert prepare_boxes(raw, 55, 100, smooth=False) == [(10, 10, 50, 55), (12, 10, 52, 55)]
-    # Padded: (10,10,50,60), (12,10,52,66). N=2 < T: every window is all rows, and row 1 is
-    # averaged with the already-smoothed row 0 (in-place quirk), then truncated.
-    assert prepare_boxes(raw, 100, 100) == [(11, 10, 51, 63), (11, 10, 51, 64)]
+    # Padded: (10,10,50,60), (12,10,52,66); two boxes are too few to fit a window, so they stay as padded.
+    assert prepare_boxes(raw, 100, 100) == [(10, 10, 50, 60), (12, 10, 52, 66)]
     assert prepare_boxes([None, None], 100, 100) == [None, None]
+
+
+def _moving_track(kind: str, n: int = 250) -> np.ndarray:
+    """True float boxes (x1, y1, x2, y2): a slow pan/zoom/sway, or a fast side-to-side head motion."""
+    t = np.arange(n, dtype=np.float64)
+    if kind == "slow":
+        cx, cy, size = 300 + 0.02 * t, 200 + 1.5 * np.sin(2 * np.pi * t / n), 120 + 0.01 * t
+    else:
+        cx, cy, size = 300 + 30 * np.sin(2 * np.pi * t / 60), np.full(n, 200.0), np.full(n, 120.0)
+    return np.stack([cx - size / 2, cy - size / 2, cx + size / 2, cy + 0.6 * size], axis=1)
+
+
+def _centres(boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    boxes = np.asarray(boxes, dtype=np.float64)
+    return (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+
+
+def _jitter(boxes: np.ndarray) -> float:
+    """RMS of the box centre's second difference, px."""
+    cx, cy = _centres(boxes)
+    return float(np.sqrt(np.mean(np.concatenate([np.diff(cx, 2), np.diff(cy, 2)]) ** 2)))
+
+
+def _detected(true: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The true track plus ~1 px of detector noise, as integer boxes."""
+    return np.round(true + np.random.default_rng(seed).normal(0.0, 1.0, true.shape)).astype(np.int64)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_steady_boxes_remove_jitter(seed: int) -> None:
+    true = _moving_track("slow")
+    raw = _detected(true, seed)
+    out = steady_boxes(raw, 720, 1280)
+    assert out.dtype == np.int64 and out.shape == raw.shape
+    assert _jitter(raw) > 1.0 and _jitter(smooth_boxes(raw)) > 0.35  # the detector and upstream's T=5 mean
+    assert _jitter(out) < 0.3
+    error = float(np.abs(out - true).mean())
+    assert error < float(np.abs(raw - true).mean())
+    assert error < 0.5
+
+
+def test_steady_boxes_follow_motion_without_lag() -> None:
+    true = _moving_track("fast")
+    out = steady_boxes(_detected(true), 720, 1280)
+    velocity, true_velocity = np.diff(_centres(out)[0]), np.diff(_centres(true)[0])
+    lags = list(range(-5, 6))
+    xcorr = [float(np.dot(velocity[max(0, k):len(velocity) + min(0, k)],
+                          true_velocity[max(0, -k):len(true_velocity) - max(0, k)])) for k in lags]
+    assert lags[int(np.argmax(xcorr))] == 0
+    assert float(np.abs(out - true).mean()) < 0.6  # follows a 30 px swing, not just its average
+
+
+def test_steady_boxes_stay_in_frame_and_integer() -> None:
+    raw = np.array([[0, 0, 50, 60], [-3, -2, 48, 61], [2, 1, 52, 64], [5, 3, 640, 482], [6, 4, 641, 485]])
+    out = steady_boxes(raw, 480, 640)
+    assert out.dtype == np.int64
+    assert (out[:, 0] >= 0).all() and (out[:, 1] >= 0).all()
+    assert (out[:, 2] <= 640).all() and (out[:, 3] <= 480).all()
+    assert (out[:, 2] > out[:, 0]).all() and (out[:, 3] > out[:, 1]).all()
+    assert steady_boxes(np.zeros((0, 4), dtype=np.int64), 10, 10).shape == (0, 4)
+    assert steady_boxes(np.array([[1, 2, 30, 40]]), 100, 100).tolist() == [[1, 2, 30, 40]]
 
 
 def test_haar_finds_face_in_photo() -> None:
