@@ -4,7 +4,8 @@
 (a) old: ``to_yuv420(paste_face(bgr_frame, face, box))`` (services.common.media): blend the face
     into a copy of the full BGR frame, then convert the whole frame to I420.
 (b) new: ``Compositor.frame(i, face)`` (services.render.composite): copy the avatar frame cached in
-    I420 and blend only the face box's planes.
+    I420 and blend only the planes of the box's lower half (the rows the lip-sync model regenerates).
+(b') new, whole box (``regenerated_from=0``, what (b) did before issue 10).
 (c) new, with a different box size on every frame (the weights cache misses each time: what a
     template video's per-frame smoothed boxes cost at worst).
 (d) new, no face (a frame passed through: the copy alone).
@@ -92,6 +93,7 @@ def bench_size(width: int, height: int, box_w: int, box_h: int, args: argparse.N
     if args.mmap:
         frames = I420Frames.load(frames.save(tmp / f"{width}x{height}.npy"), mmap=True)
     compositor = Compositor(frames, [box] * n)
+    whole_box = Compositor(frames, [box] * n, regenerated_from=0)
 
     # (c): 97 distinct sizes around the nominal one (-48..+48 px; far more than a thread's weights
     # cache holds), one per frame.
@@ -105,6 +107,7 @@ def bench_size(width: int, height: int, box_w: int, box_h: int, args: argparse.N
     cases: list[tuple[str, Callable[[int], object]]] = [
         ("old: to_yuv420(paste_face(...))", lambda i: to_yuv420(paste_face(bgr[i % n], face, box))),
         ("new: Compositor.frame", lambda i: compositor.frame(i % n, face)),
+        ("new, whole box (regenerated_from=0)", lambda i: whole_box.frame(i % n, face)),
         ("new, box size changes every frame", lambda i: varying_compositors[i % 97].frame(i % n, varying_faces[i % 97])),
         ("new, no face (copy)", lambda i: compositor.frame(i % n, None)),
     ]

@@ -34,6 +34,24 @@ def prefix(aid: str) -> str:
     return f"avatars/{aid}/"
 
 
+LOOP_PING_PONG = "ping_pong"
+LOOP_WRAP = "wrap"
+LOOP_MODES = (LOOP_PING_PONG, LOOP_WRAP)
+
+
+def loop_frame(output_index: int, frame_count: int, loop: str = LOOP_PING_PONG) -> int:
+    """Template frame for output frame ``output_index`` of a ``frame_count``-frame template (see `AvatarMeta.frame_for`)."""
+    if output_index < 0 or frame_count < 1:
+        raise ValueError(f"output frame {output_index} of a {frame_count}-frame template")
+    if loop == LOOP_WRAP or frame_count == 1:
+        return output_index % frame_count
+    if loop != LOOP_PING_PONG:
+        raise ValueError(f"unknown loop mode {loop!r}; one of {', '.join(LOOP_MODES)}")
+    period = 2 * (frame_count - 1)
+    k = output_index % period
+    return k if k < frame_count else period - k
+
+
 @dataclasses.dataclass(frozen=True)
 class AvatarMeta:
     id: str
@@ -54,9 +72,15 @@ class AvatarMeta:
     def faces_found(self) -> int:
         return sum(b is not None for b in self.boxes)
 
-    def frame_for(self, output_index: int) -> int:
-        """Avatar frame used for output frame i: the template loops (Wav2Lip's `i % len(frames)`)."""
-        return output_index % self.frame_count
+    def frame_for(self, output_index: int, loop: str = LOOP_PING_PONG) -> int:
+        """Avatar frame used for output frame i when the audio outlasts the template.
+
+        `LOOP_PING_PONG` (the default) runs forward and back, 0, 1, ..., F-1, F-2, ..., 1, 0, 1, ...,
+        so the loop turns without a cut; `LOOP_WRAP` restarts (Wav2Lip's `i % len(frames)`). A
+        photo (one frame) is frame 0 either way. A pure function of (i, F, loop): every segment of
+        a job maps its frames the same way.
+        """
+        return loop_frame(output_index, self.frame_count, loop)
 
     def to_json(self) -> bytes:
         d = dataclasses.asdict(self)

@@ -445,6 +445,19 @@ class _AtomicMp4:
         self._tmp.unlink(missing_ok=True)
 
 
+#: The colour tags of every H.264 stream `Mp4Writer` writes (AVCodecContext values; docs/quality.md).
+#: They state what the pixels are, so that players do not guess (many assume BT.709 for HD):
+#: * matrix BT.601 (smpte170m; bt470bg has the same coefficients) and range limited (tv, 16-235/240):
+#:   the frames are converted by OpenCV's COLOR_BGR2YUV_I420 (`to_yuv420`, the compositor's
+#:   `I420Frames`), whose coefficients are BT.601 limited range (white -> Y 235, black -> Y 16,
+#:   pure red -> Y 82, V 240; checked by tests/unit/render/test_quality.py) whatever the frame size;
+#: * primaries and transfer BT.709: nothing in the pipeline converts them, so they are the
+#:   source's, and the sources are camera videos and photos (sRGB: BT.709 primaries, a
+#:   BT.709-like transfer).
+COLOR_TAGS = {"colorspace": 6, "color_range": 1, "color_primaries": 1, "color_trc": 1}
+COLOR_TAG_NAMES = {"colorspace": "smpte170m", "color_range": "tv", "color_primaries": "bt709", "color_trc": "bt709"}
+
+
 class Mp4Writer:
     """Writes an MP4 with H.264 video and optional mono AAC audio, atomically.
 
@@ -506,6 +519,9 @@ class Mp4Writer:
             self._video.codec_context.thread_count = threads
             self._video.codec_context.time_base = 1 / self._rate
             self._video.options = {"crf": str(crf), "preset": preset}
+            # Written into the H.264 VUI (libx264 takes them from the context) and the MP4's colr box.
+            for name, value in COLOR_TAGS.items():
+                setattr(self._video.codec_context, name, value)
             self._audio = None if audio is None else _AacTrack(self._container, audio, audio_rate)
         except BaseException:
             self.abort()
@@ -648,6 +664,7 @@ def join_segments(parts: Sequence[Path], path: Path, fps: float, audio: Path | N
     Every part must come from `Mp4Writer` with the same size, rate and encoder settings and start
     at its own frame 0 (what render workers write); each part's timestamps are shifted by the frames
     before it. Audio packets are interleaved by time with the video (players read ahead little).
+    The colour tags (`COLOR_TAGS`) come with the copied stream parameters (SPS/VUI and colr box).
     Written atomically.
 
     Returns:

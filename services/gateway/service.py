@@ -158,7 +158,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if request.options.crf > 51:
             raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
         # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
-        options = gateway_pb2.JobOptions(super_resolution=request.options.super_resolution, crf=request.options.crf)
+        options = gateway_pb2.JobOptions(
+            super_resolution=request.options.super_resolution, crf=request.options.crf, loop=request.options.loop
+        )
+        if options.loop not in gateway_pb2.JobOptions.LoopMode.values():
+            raise InvalidRequest(f"loop {options.loop} is not one of PING_PONG (0) or WRAP (1)")
         _check_avatar_id(request.avatar_id)
         avatar = await asyncio.to_thread(svc.jobs.get_avatar, request.avatar_id)
         stats = await asyncio.to_thread(svc.jobs.queue_stats)

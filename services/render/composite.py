@@ -3,11 +3,17 @@
 The gateway's path (`services.common.media.paste_face` then `to_yuv420`) blends the face into a
 full BGR frame and converts the whole frame to I420 for x264. A render worker instead keeps the
 avatar in I420 (`I420Frames`, converted once, memory-mapped from a local .npy) and per output frame
-(`Compositor.frame`) copies the cached frame and re-computes only the planes' face-box region:
+(`Compositor.frame`) copies the cached frame and re-computes only the planes' region that the
+lip-sync model regenerates: the lower part of the face box, from box row ``height / 2`` down (row 48
+of Wav2Lip's 96 px crop; the upper half of its crop is the reference input, so pasting it back only
+blurs the eyes through the 96 px round trip). Above that row the frame keeps the template's own
+bytes, Y, U and V, bit for bit; the blend mask is the feather mask's (left, right, bottom) times a
+smoothstep top edge from 0 on the first regenerated row up to 1 over ``0.075 * height`` rows
+(`blend_mask`, `top_ramp`). ``regenerated_from=0`` pastes the whole box, as `paste_face` does:
 
 * the face is converted to I420 on its own, after padding it (edge replicate) to the box expanded
   to even coordinates, so its chroma samples sit on the frame's 2x2 chroma grid;
-* Y is blended over the box with the feather mask, full resolution; U and V over the chroma blocks
+* Y is blended over the region with the mask, full resolution; U and V over the chroma blocks
   with the mask sampled the way OpenCV subsamples chroma (see below);
 * everything else is the cached frame's bytes.
 
@@ -17,12 +23,14 @@ each 2x2 block's U/V from the block's top-left pixel alone (checked once, see `c
 build that averages the 4 pixels gets a 2x2-averaged mask instead), so the reference's chroma of a
 block is that of the blended top-left pixel: sampling the mask there reproduces it, and blocks whose
 top-left pixel lies outside the box are left untouched, exactly as the reference leaves them.
-Measured against ``to_yuv420(paste_face(...))``: Y, U and V within 1 level (see the tests);
-outside the box's even-expanded region the bytes are identical.
+Measured against the same blend in BGR then ``to_yuv420`` (``to_yuv420(paste_face(...))`` for the
+whole box): Y, U and V within 1 level (see the tests); outside the region's even-expanded extent
+the bytes are identical.
 
-Cost (bench/bench_composite.py, one thread, 2-core Xeon VM): 0.46 ms per 720p frame with a
-360x400 box against 1.6 ms for the reference path, 0.83 against 3.6 ms at 1080p with 520x600.
-The parts at 720p: copying the cached frame (~0.08 ms), padding and converting the face (~0.07 ms),
+Cost (bench/bench_composite.py, one thread, 2-core Xeon VM, median): 0.29 ms per 720p frame with a
+360x400 box (the lower half) against 0.49 ms for the whole box and 2.4 ms for the reference path;
+0.75 against 1.20 and 5.0 ms at 1080p with 520x600. The parts at 720p (whole box; the lower half
+converts and blends half as many pixels): copying the cached frame (~0.08 ms), padding and converting the face (~0.07 ms),
 three `cv2.blendLinear` calls writing straight into the copy's planes (~0.16 ms), Python (~0.05 ms);
 all but the last release the GIL. The weights (mask, 1 - mask, chroma-sampled versions) are kept
 per box geometry in a small per-thread cache; a geometry not in it costs ~0.1-0.2 ms more (see
@@ -46,7 +54,11 @@ from services.common.media import feather_mask
 
 Box = tuple[int, int, int, int]
 
-__all__ = ["I420Frames", "Compositor", "chroma_siting"]
+__all__ = ["REGENERATED_FROM", "Compositor", "I420Frames", "blend_mask", "chroma_siting"]
+
+#: Where the lip-sync model's regenerated rows start, as a fraction of the face box height: Wav2Lip
+#: regenerates rows 48-95 of its 96x96 crop (the upper half is its reference input).
+REGENERATED_FROM = 0.5
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,15 +197,56 @@ def chroma_siting() -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _profiles(height: int, width: int, feather: float) -> tuple[np.ndarray, np.ndarray]:
-    """The feather mask's vertical (height,) and horizontal (width,) float32 profiles (cached; a few KB each).
+def _profiles(height: int, width: int, feather: float, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The blend mask's vertical profile over box rows ``[start, height)`` and horizontal profile (width,), float32 (cached).
 
     `feather_mask` is the outer product of one ramp per dimension, and a 1-pixel-wide (or -high)
     mask has no ramp across (a ramp shorter than a pixel is all ones), so ``feather_mask(h, 1)`` is
     the vertical profile itself. The 2-D weights are built from the profiles (the tests check that
     the product equals ``feather_mask(h, w)``), which is cheaper than going through the 2-D mask.
+
+    With ``start > 0`` (the regenerated region begins on box row ``start``) the vertical profile is
+    the box's one from row ``start`` on, times a smoothstep from 0 on row ``start`` itself up to 1
+    over ``top_ramp(height, feather)`` rows: the feathered top edge of the pasted region.
     """
-    return feather_mask(height, 1, feather)[:, 0, 0], feather_mask(1, width, feather)[0, :, 0]
+    ry = feather_mask(height, 1, feather)[:, 0, 0]
+    rx = feather_mask(1, width, feather)[0, :, 0]
+    if start <= 0:
+        return ry, rx
+    ramp = top_ramp(height, feather)
+    t = np.clip(np.arange(height - start, dtype=np.float64) / ramp, 0.0, 1.0) if ramp >= 1.0 else np.ones(height - start)
+    if ramp >= 1.0:
+        t = t * t * (3.0 - 2.0 * t)
+    ry = (ry[start:].astype(np.float64) * t).astype(np.float32)
+    ry.setflags(write=False)
+    return ry, rx
+
+
+def top_ramp(height: int, feather: float) -> float:
+    """Rows over which the regenerated region's top edge ramps up: half the other edges' ramp.
+
+    Half the ramp (7 rows of the model's 96, rows 48-55) keeps the lips (rows ~57-70 of 96) at full
+    weight while the edge still spans 0.075 of the box height (30 px on a 400 px box): no seam. A
+    ramp under one pixel gives a hard edge.
+    """
+    return feather * height / 2
+
+
+def regenerated_start(height: int, regenerated_from: float) -> int:
+    """The first box row the model regenerates: ``floor(height * regenerated_from)`` (row 48 of 96 -> height / 2)."""
+    return min(height - 1, int(height * regenerated_from))
+
+
+def blend_mask(height: int, width: int, feather: float = 0.15, regenerated_from: float = 0.5) -> np.ndarray:
+    """The compositor's Y blend weights over the whole ``(height, width)`` box, float32 (0 above the regenerated region).
+
+    With ``regenerated_from=0`` it is ``feather_mask(height, width, feather)[:, :, 0]``.
+    """
+    start = regenerated_start(height, regenerated_from) if regenerated_from > 0 else 0
+    ry, rx = _profiles(height, width, feather, start)
+    mask = np.zeros((height, width), np.float32)
+    mask[start:] = np.outer(ry, rx)
+    return mask
 
 
 _SLOTS_PER_THREAD = 8  # box geometries whose weights a thread keeps
@@ -245,26 +298,28 @@ class _ThreadWeights(threading.local):
 _THREAD_WEIGHTS = _ThreadWeights()
 
 
-def _weights(height: int, width: int, top: int, left: int, bottom: int, right: int, feather: float, siting: str) -> _Weights:
+def _weights(height: int, width: int, top: int, left: int, bottom: int, right: int, feather: float, siting: str,
+             start: int = 0) -> _Weights:
     """The blend weights of one box geometry, from this thread's cache.
 
-    ``wy`` is the feather mask over the box (height, width) and ``wy_inv`` is 1 - wy; ``wc`` covers
+    ``wy`` is the feather mask over the box's rows ``[start, height)`` (``height - start``, width)
+    (``start`` > 0: the regenerated region, see `_profiles`) and ``wy_inv`` is 1 - wy; ``wc`` covers
     the chroma blocks ``rows x cols`` (slices of the even-expanded region's blocks) with the mask as
     OpenCV subsamples it, and ``wc_inv`` is 1 - wc. ``top``/``left``/``bottom``/``right`` (0 or 1) is the
-    padding that expands the box to even coordinates. 10 bytes per box pixel: 1.4 MB for 360x400.
+    padding that expands that region to even coordinates. 10 bytes per box pixel: 1.4 MB for 360x400.
 
     Why a per-thread LRU of recycled buffers rather than an lru_cache of fresh arrays: a template
     video's smoothed boxes change size on most frames, and a fresh 1.4 MB of weights costs ~350 page
     faults (about 0.5 ms on a VM) before the ~0.15 ms of arithmetic; an evicted slot's buffer is
     rewritten in place instead. Memory: at most 8 slots per compositing thread (~15 MB at 720p).
     """
-    key = (height, width, top, left, feather, siting)
+    key = (height, width, top, left, feather, siting, start)
     slots = _THREAD_WEIGHTS.slots
     found = slots.get(key)
     if found is not None:
         slots.move_to_end(key)
         return found
-    ry, rx = _profiles(height, width, feather)
+    ry, rx = _profiles(height, width, feather, start)
     if siting == "top-left":
         # Blocks whose top-left pixel is inside the box: rows/cols from `top`/`left` on (the first
         # block starts on the padding when the box starts on an odd coordinate and keeps the template).
@@ -320,12 +375,16 @@ class Compositor:
     threads scales.
     """
 
-    def __init__(self, frames: I420Frames, boxes: Sequence[Box | None], feather: float = 0.15) -> None:
+    def __init__(self, frames: I420Frames, boxes: Sequence[Box | None], feather: float = 0.15,
+                 regenerated_from: float = REGENERATED_FROM) -> None:
         """
         Args:
             frames: The avatar's frames in I420.
             boxes: Per avatar frame, the face box ``(x1, y1, x2, y2)`` (x2/y2 exclusive) or None.
             feather: The feather mask's ramp (`services.common.media.feather_mask`), as `paste_face` uses.
+            regenerated_from: Where the pasted region starts, as a fraction of the box height: 0.5
+                (row 48 of the model's 96, the rows Wav2Lip regenerates; above it the template's own
+                pixels stay, bit for bit), or 0 to paste the whole box (what `paste_face` does).
 
         Raises:
             ValueError: ``boxes`` does not have one entry per frame, or a box is empty or outside the frame.
@@ -334,6 +393,9 @@ class Compositor:
             raise ValueError(f"{len(boxes)} boxes for {frames.count} frames: need one (or None) per frame")
         if not 0.0 <= feather <= 0.5:
             raise ValueError(f"feather must be in [0, 0.5], got {feather}")
+        if not 0.0 <= regenerated_from < 1.0:
+            raise ValueError(f"regenerated_from must be in [0, 1), got {regenerated_from}")
+        self._regenerated_from = float(regenerated_from)
         self._frames = frames
         self._data = frames.data.view(np.ndarray)  # a plain (read-only) ndarray, also over a memory map
         self._height = frames.height
@@ -353,6 +415,10 @@ class Compositor:
     @property
     def frames(self) -> I420Frames:
         return self._frames
+
+    @property
+    def regenerated_from(self) -> float:
+        return self._regenerated_from
 
     @property
     def boxes(self) -> list[Box | None]:
@@ -392,7 +458,15 @@ class Compositor:
                 f"the box {box} needs {(h, w, 3)} uint8"
             )
 
-        # Expand the box to even coordinates so the face's chroma grid is the frame's (x2/y2 cannot
+        # Only the regenerated region (box rows from `start` on) is blended; above it the frame keeps
+        # the cached bytes (Y rows and the chroma blocks whose top-left pixel is above `start`).
+        start = regenerated_start(h, self._regenerated_from) if self._regenerated_from > 0 else 0
+        if start:
+            face = face[start:]
+            y1 += start
+            h -= start
+
+        # Expand the region to even coordinates so the face's chroma grid is the frame's (x2/y2 cannot
         # pass the even frame size). The padding's content only feeds chroma blocks whose weight
         # there is 0 (top-left siting) or near 0, so replicating the face's edge is enough.
         top, left, bottom, right = y1 & 1, x1 & 1, y2 & 1, x2 & 1
@@ -403,7 +477,7 @@ class Compositor:
         eh, ew = h + top + bottom, w + left + right
         face_y, face_u, face_v = _planes(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
 
-        weights = _weights(h, w, top, left, bottom, right, self._feather, self._siting)
+        weights = _weights(h + start, w, top, left, bottom, right, self._feather, self._siting, start)
         out = np.array(cached, copy=True)  # C-contiguous (also from a memory map)
         out_y, out_u, out_v = _planes(out, self._height, self._width)
         _blend(face_y[top : top + h, left : left + w], out_y[y1:y2, x1:x2], weights.wy, weights.wy_inv)

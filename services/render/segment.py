@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
+from services.common.avatars import LOOP_PING_PONG
 from services.common.channels import stage_errors
 from services.common.codec import MEL_BANDS, MEL_STEP, image_from_proto, image_to_proto, pack_generate_items, unpack_faces
 from services.common.metrics import Metrics
@@ -89,16 +90,19 @@ class SegmentRenderer:
         crf: int,
         output: Path,
         metadata: tuple = (),
+        template_loop: str = LOOP_PING_PONG,
     ) -> SegmentResult:
         """Frames [start, end) into `output` (an H.264 MP4 without audio, frame 0 = `start`).
 
-        `mels`: (end - start, 80, 16) float16, one window per frame. Raises StageFailed on a stage
-        error; on any error or cancellation the partial file is removed.
+        `mels`: (end - start, 80, 16) float16, one window per frame. `template_loop`: how output
+        frames map to template frames (`AvatarMeta.frame_for`; the job's JobOptions.loop, the same
+        for every segment). Raises StageFailed on a stage error; on any error or cancellation the
+        partial file is removed.
         """
         meta = avatar.meta
         times: dict[str, float] = {"lipsync": 0.0, "composite": 0.0, "encode": 0.0}
         models: list[dict] = []
-        face_frames = [i for i in range(start, end) if meta.boxes[meta.frame_for(i)] is not None]
+        face_frames = [i for i in range(start, end) if meta.boxes[meta.frame_for(i, template_loop)] is not None]
         loop = asyncio.get_running_loop()
         writer = await loop.run_in_executor(
             self._encoder,
@@ -110,7 +114,7 @@ class SegmentRenderer:
 
         def write(frame_index: int, face: np.ndarray | None) -> None:  # on the encoder thread, in order
             t0 = time.perf_counter()
-            i420 = avatar.compositor.frame(meta.frame_for(frame_index), face, copy=False)
+            i420 = avatar.compositor.frame(meta.frame_for(frame_index, template_loop), face, copy=False)
             t1 = time.perf_counter()
             writer.write_yuv420(i420)
             t2 = time.perf_counter()
@@ -135,9 +139,9 @@ class SegmentRenderer:
                     pending.pop(0).result()
 
         try:
-            faces = self._generated(avatar, face_frames, start, mels, super_resolution, times, models, metadata)
+            faces = self._generated(avatar, face_frames, start, mels, super_resolution, times, models, metadata, template_loop)
             if super_resolution and face_frames:
-                faces = self._restored(avatar, faces, times, models, metadata)
+                faces = self._restored(avatar, faces, times, models, metadata, template_loop)
             async for frame_index, face in faces:
                 await emit(frame_index, face)
             while next_frame < end:
@@ -159,13 +163,13 @@ class SegmentRenderer:
 
     async def _generated(
         self, avatar: LocalAvatar, face_frames: list[int], start: int, mels: np.ndarray, raw_size: bool,
-        times: dict[str, float], models: list[dict], metadata: tuple,
+        times: dict[str, float], models: list[dict], metadata: tuple, template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         """(frame index, face) from lipsync, in order: 96x96 with `raw_size`, else at paste size."""
         if not face_frames:
             return
         meta = avatar.meta
-        used = sorted({meta.frame_for(i) for i in face_frames})
+        used = sorted({meta.frame_for(i, template_loop) for i in face_frames})
         largest = max(_area(meta.boxes[f]) for f in used)  # type: ignore[arg-type]
         per_message = items_per_message(96 * 96 * 3 if raw_size else largest * 3, self._max_message)
 
@@ -183,7 +187,7 @@ class SegmentRenderer:
                 frames = face_frames[k : k + per_message]
                 windows = [mels[i - start].tobytes() for i in frames]
                 yield lipsync_pb2.GenerateRequest(
-                    items=pack_generate_items(frames, [meta.frame_for(i) for i in frames], windows), raw_size=raw_size
+                    items=pack_generate_items(frames, [meta.frame_for(i, template_loop) for i in frames], windows), raw_size=raw_size
                 )
 
         t0 = time.perf_counter()
@@ -197,7 +201,7 @@ class SegmentRenderer:
 
     async def _restored(
         self, avatar: LocalAvatar, faces: AsyncIterator[tuple[int, np.ndarray]], times: dict[str, float],
-        models: list[dict], metadata: tuple,
+        models: list[dict], metadata: tuple, template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         meta = avatar.meta
         largest = max(_area(b) for b in meta.boxes if b is not None)
@@ -206,7 +210,7 @@ class SegmentRenderer:
         async def requests() -> AsyncIterator[superres_pb2.UpscaleRequest]:
             items: list[superres_pb2.UpscaleItem] = []
             async for index, face in faces:
-                x1, y1, x2, y2 = meta.boxes[meta.frame_for(index)]  # type: ignore[misc]
+                x1, y1, x2, y2 = meta.boxes[meta.frame_for(index, template_loop)]  # type: ignore[misc]
                 items.append(superres_pb2.UpscaleItem(index=index, image=image_to_proto(face), out_width=x2 - x1, out_height=y2 - y1))
                 if len(items) == per_message:
                     yield superres_pb2.UpscaleRequest(items=items)

@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 
 from lipline.v1 import gateway_pb2
+from services.common.avatars import LOOP_PING_PONG, LOOP_WRAP
 from services.common.channels import StageFailed
 from services.common.errors import LiplineError, NotFound, StoreUnavailable
 from services.common.metrics import Metrics
@@ -40,6 +41,11 @@ from services.render.segment import SegmentRenderer, mels_from_bytes
 from services.render.settings import RenderSettings
 
 _LOGGER = logging.getLogger(__name__)
+
+
+def loop_mode(options: gateway_pb2.JobOptions) -> str:
+    """The job's template loop (`AvatarMeta.frame_for`), from its stored options: every segment maps frames alike."""
+    return LOOP_WRAP if options.loop == gateway_pb2.JobOptions.WRAP else LOOP_PING_PONG
 
 
 class LeaseLost(Exception):
@@ -228,7 +234,7 @@ class RenderWorker:
         try:
             result = await self.renderer.render(
                 avatar, task.start_frame, task.end_frame, mels, options.super_resolution, options.crf or 20, local,
-                outgoing_metadata(job.id),
+                outgoing_metadata(job.id), template_loop=loop_mode(options),
             )
             key = segment_key(job.id, task.index)
             await asyncio.to_thread(self.blobs.put_file, key, local)

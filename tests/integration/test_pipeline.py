@@ -20,6 +20,7 @@ import torch
 from lipline.v1 import gateway_pb2
 from services.audio.mel import MelExtractor
 from services.common.audio_decode import decode_audio
+from services.common.avatars import loop_frame
 from services.common.codec import mel_from_bytes, mel_to_bytes
 from services.gateway.client import LiplineClient
 from services.common.media import Mp4Writer, decode_avatar, probe_media
@@ -45,8 +46,10 @@ def decode_frames(path: Path) -> list[np.ndarray]:
         return [f.to_ndarray(format="bgr24") for f in container.decode(video=0)]
 
 
-def render_job(client: LiplineClient, avatar_id: str, audio: bytes, out: Path, super_resolution: bool) -> Rendered:
-    submitted = client.submit(avatar_id, audio, super_resolution=super_resolution)
+def render_job(client: LiplineClient, avatar_id: str, audio: bytes, out: Path, super_resolution: bool,
+               loop: int = 0) -> Rendered:
+    options = gateway_pb2.JobOptions(super_resolution=super_resolution, loop=loop)
+    submitted = client.stub.SubmitJob(gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=60)
     assert submitted.state in (gateway_pb2.JOB_STATE_QUEUED, gateway_pb2.JOB_STATE_RUNNING)
     events: list[gateway_pb2.Job] = []
     job = client.wait(submitted.id, events.append)
@@ -289,7 +292,9 @@ def make_shifted_video(path: Path, image: np.ndarray, frames: int, step: int) ->
 
 
 @pytest.mark.slow
-def test_video_avatar_loops(client: LiplineClient, avatar_frames: np.ndarray, speech_bytes: bytes, tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", [gateway_pb2.JobOptions.PING_PONG, gateway_pb2.JobOptions.WRAP], ids=["ping-pong", "wrap"])
+def test_video_avatar_loops(client: LiplineClient, avatar_frames: np.ndarray, speech_bytes: bytes, tmp_path: Path,
+                            loop: int) -> None:
     video = tmp_path / "template.mp4"
     make_shifted_video(video, avatar_frames[0], frames=10, step=3)
     data = video.read_bytes()
@@ -297,12 +302,14 @@ def test_video_avatar_loops(client: LiplineClient, avatar_frames: np.ndarray, sp
     assert (avatar.frame_count, avatar.fps, avatar.faces_found) == (10, 25.0, 10)
     template, _ = decode_avatar(data)  # what the gateway holds: the decoded video frames
 
-    out = render_job(client, avatar.id, speech_bytes, tmp_path / "out.mp4", super_resolution=False)
+    out = render_job(client, avatar.id, speech_bytes, tmp_path / "out.mp4", super_resolution=False, loop=loop)
     assert out.info["frames"] == round(out.job.audio_seconds * FPS) > 2 * avatar.frame_count
+    assert out.job.options.loop == loop
+    mode = "wrap" if loop == gateway_pb2.JobOptions.WRAP else "ping_pong"
     assert [m.name for m in out.job.models] == ["procedural"]
     body = (slice(300, None), slice(None))  # far below the face: only the template's own motion
     for i, frame in enumerate(out.frames):
         diffs = [mean_abs_diff(frame[body], t[body]) for t in template]
-        assert int(np.argmin(diffs)) == i % 10, (i, [round(d, 2) for d in diffs])
+        assert int(np.argmin(diffs)) == loop_frame(i, 10, mode), (i, [round(d, 2) for d in diffs])
         assert min(diffs) < 2.5, (i, min(diffs))
     client.stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar.id))

@@ -23,7 +23,8 @@ def test_meta_json_round_trip_and_derived_fields() -> None:
     back = AvatarMeta.from_json(META.to_json())
     assert back == META
     assert back.crop_frames == [0, 2] and back.faces_found == 2
-    assert [back.frame_for(i) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [back.frame_for(i) for i in range(7)] == [0, 1, 2, 1, 0, 1, 2]  # ping-pong: no cut at the turn
+    assert [back.frame_for(i, "wrap") for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
 
 
 def test_save_then_load(tmp_path: Path) -> None:

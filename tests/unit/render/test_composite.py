@@ -1,9 +1,11 @@
-"""services.render.composite: I420 compositing against the gateway's reference path.
+"""services.render.composite: I420 compositing against a BGR reference path.
 
-The reference is ``to_yuv420(paste_face(bgr, face, box))`` (services.common.media). Required: bytes
-outside the box expanded to even coordinates identical to ``to_yuv420(bgr)``; inside, Y within 2
-levels and U/V within 3. Measured with OpenCV 4.14 (top-left chroma siting) on every case below:
-max |diff| Y = 1, U = 1, V = 1 (0 for the tiny unfeathered boxes).
+The reference is `paste_face`'s blend in BGR (services.common.media), with the compositor's mask
+(`blend_mask`: only the regenerated lower part of the box by default; the whole box, exactly
+``to_yuv420(paste_face(bgr, face, box))``, with ``regenerated_from=0``), then ``to_yuv420``. Required:
+bytes outside the pasted region expanded to even coordinates identical to ``to_yuv420(bgr)``;
+inside, Y within 2 levels and U/V within 3. Measured with OpenCV 4.14 (top-left chroma siting) on
+every case below: max |diff| Y = 1, U = 1, V = 1 (0 for the tiny unfeathered boxes).
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ import pytest
 
 import services.render.composite as composite
 from services.common.media import Mp4Writer, paste_face, probe_media, to_yuv420
-from services.render.composite import Compositor, I420Frames
+from services.render.composite import (
+    Compositor,
+    I420Frames,
+    blend_mask,
+    regenerated_start,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 Y_TOL, UV_TOL = 2, 3
@@ -32,6 +39,18 @@ def _planes(frame: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.
     )
 
 
+def _reference(bgr: np.ndarray, face: np.ndarray, box: tuple[int, int, int, int], regenerated_from: float) -> np.ndarray:
+    """`paste_face` with the compositor's mask (the same arithmetic; equal to paste_face when regenerated_from=0)."""
+    if regenerated_from == 0:
+        return paste_face(bgr, face, box)
+    x1, y1, x2, y2 = box
+    mask = blend_mask(y2 - y1, x2 - x1, 0.15, regenerated_from)[:, :, None]
+    region = bgr[y1:y2, x1:x2].astype(np.float32)
+    out = bgr.copy()
+    out[y1:y2, x1:x2] = (region + mask * (face.astype(np.float32) - region) + 0.5).astype(np.uint8)
+    return out
+
+
 def _maxdiff(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max()) if a.size else 0
 
@@ -43,11 +62,13 @@ def _check(bgr: np.ndarray, box: tuple[int, int, int, int], face: np.ndarray, co
     if compositor is None:
         compositor = Compositor(I420Frames.from_bgr(bgr[None]), [box])
     got = compositor.frame(index, face)
-    ref = to_yuv420(paste_face(bgr, face, box))
+    ref = to_yuv420(_reference(bgr, face, box, compositor.regenerated_from))
     plain = to_yuv420(bgr)
     assert got.shape == (height * 3 // 2, width) and got.dtype == np.uint8 and got.flags.c_contiguous
 
     x1, y1, x2, y2 = box
+    if compositor.regenerated_from > 0:
+        y1 += regenerated_start(y2 - y1, compositor.regenerated_from)  # above: the template's bytes
     ex1, ey1, ex2, ey2 = x1 // 2 * 2, y1 // 2 * 2, (x2 + 1) // 2 * 2, (y2 + 1) // 2 * 2
     inside_y = np.zeros((height, width), bool)
     inside_y[ey1:ey2, ex1:ex2] = True
@@ -100,6 +121,16 @@ def test_random_face_matches_reference(random_frame: np.ndarray, case: int) -> N
     x1, y1, x2, y2 = box
     face = np.random.default_rng(case).integers(0, 256, (y2 - y1, x2 - x1, 3), np.uint8)
     _check(random_frame, box, face)
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_whole_box_matches_paste_face(random_frame: np.ndarray, case: int) -> None:
+    """regenerated_from=0: the whole box, as the gateway's to_yuv420(paste_face(...))."""
+    height, width = random_frame.shape[:2]
+    box = _boxes(width, height)[case]
+    x1, y1, x2, y2 = box
+    face = np.random.default_rng(case).integers(0, 256, (y2 - y1, x2 - x1, 3), np.uint8)
+    _check(random_frame, box, face, Compositor(I420Frames.from_bgr(random_frame[None]), [box], regenerated_from=0))
 
 
 @pytest.mark.parametrize("case", range(10))
@@ -263,6 +294,7 @@ def test_feather_mask_is_the_product_of_its_profiles() -> None:
     for height, width in [(400, 360), (601, 519), (7, 5), (1, 1), (13, 200)]:
         ry, rx = composite._profiles(height, width, 0.15)
         assert np.allclose(np.multiply.outer(ry, rx), feather_mask(height, width)[:, :, 0], rtol=0, atol=1e-6)
+        assert np.allclose(blend_mask(height, width, 0.15, 0), feather_mask(height, width)[:, :, 0], rtol=0, atol=1e-6)
 
 
 def test_many_box_sizes_reuse_the_weight_slots(avatar: np.ndarray) -> None:
