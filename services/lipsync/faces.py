@@ -8,6 +8,7 @@ Haar cascade without touching the rest of the pipeline.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -61,7 +62,8 @@ class FaceDetector(Protocol):
 class HaarFaceDetector:
     """OpenCV Haar cascade face detector: CPU-only, no weights to download, good for frontal faces.
 
-    Not thread-safe (one CascadeClassifier per instance); use one instance per worker thread.
+    Thread-safe: a CascadeClassifier is not, so each thread that calls `detect` gets its own (the
+    lipsync service runs concurrent DetectFaces calls on a thread pool).
     """
 
     def __init__(self, max_side: int = 640, scale_factor: float = 1.1, min_neighbors: int = 5,
@@ -74,14 +76,22 @@ class HaarFaceDetector:
             min_size_frac: smallest face to accept, as a fraction of the (downscaled) shorter side;
                 rejects small false positives in the background.
         """
-        path = cv2.data.haarcascades + "haarcascade_frontalface_default.xml"
-        self._cascade = cv2.CascadeClassifier(path)
-        if self._cascade.empty():
-            raise RuntimeError(f"could not load Haar cascade {path}")
+        self._path = cv2.data.haarcascades + "haarcascade_frontalface_default.xml"
+        self._local = threading.local()
+        self._classifier()  # fail at start-up, not at the first request
         self.max_side = max_side
         self.scale_factor = scale_factor
         self.min_neighbors = min_neighbors
         self.min_size_frac = min_size_frac
+
+    def _classifier(self) -> cv2.CascadeClassifier:
+        cascade = getattr(self._local, "cascade", None)
+        if cascade is None:
+            cascade = cv2.CascadeClassifier(self._path)
+            if cascade.empty():
+                raise RuntimeError(f"could not load Haar cascade {self._path}")
+            self._local.cascade = cascade
+        return cascade
 
     def detect(self, frames: Sequence[np.ndarray]) -> list[Box | None]:
         return [self._detect_one(frame) for frame in frames]
@@ -95,7 +105,7 @@ class HaarFaceDetector:
         # Equalising makes the cascade robust to dim or low-contrast footage.
         gray = cv2.equalizeHist(gray)
         min_side = max(24, int(self.min_size_frac * min(gray.shape[:2])))
-        found, votes = self._cascade.detectMultiScale2(
+        found, votes = self._classifier().detectMultiScale2(
             gray, scaleFactor=self.scale_factor, minNeighbors=self.min_neighbors, minSize=(min_side, min_side)
         )
         if len(found) == 0:

@@ -130,3 +130,29 @@ def test_haar_returns_none_without_face() -> None:
     grey = np.full((480, 640, 3), 128, dtype=np.uint8)
     assert HaarFaceDetector().detect([grey, grey]) == [None, None]
     assert HaarFaceDetector().detect([]) == []
+
+
+def test_haar_detector_gives_each_thread_its_own_classifier() -> None:
+    import threading
+
+    import cv2
+
+    from services.lipsync.faces import HaarFaceDetector
+
+    detector = HaarFaceDetector()
+    face = cv2.imread(str(__import__("pathlib").Path(__file__).resolve().parents[3] / "samples" / "avatar.jpg"))
+    expected = detector.detect([face])
+    seen: dict[int, object] = {}
+    results: list[list] = []
+
+    def run() -> None:
+        results.append(detector.detect([face] * 3))
+        seen[threading.get_ident()] = detector._classifier()  # noqa: SLF001 - what the thread used
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r == expected * 3 for r in results)
+    assert len({id(c) for c in seen.values()}) == 4  # one classifier per thread
