@@ -8,7 +8,8 @@ as some kept package's dependency. Standard library only: it runs before the vir
 Every image leaves out the development tools (tests, chart checks, the proto compiler: the stubs are
 generated in a build stage of their own). The gateway and the render workers run no model, so
 theirs also leave out torch and what only torch needs, the ONNX export tools and the mel
-pipeline (librosa and its scientific stack; mel windows come from the audio service).
+pipeline (librosa and its scientific stack; mel windows come from the audio service). The audio
+image leaves out torch too: its mel pipeline is librosa and numpy.
 
 Only the GPU images (lipsync, superres: `gpu` > 0 in the chart, RUNTIME=gpu in the Dockerfile) get
 NVML's bindings, and `--check` there also wants what torch.compile needs at run time: a C compiler
@@ -49,7 +50,7 @@ GPU_ONLY = frozenset({"nvidia-ml-py"})
 GPU_SERVICES = frozenset({"lipsync", "superres"})
 
 EXCLUDED: dict[str, frozenset[str]] = {
-    "audio": DEV | ONNX,
+    "audio": DEV | TORCH | ONNX,
     "lipsync": DEV,
     "superres": DEV,
     "gateway": DEV | TORCH | ONNX | MEL,

@@ -87,10 +87,15 @@ class Metrics:
         r.register(GpuCollector())
 
     def set_backend(self, model: str, backend: str, precision: str) -> None:
-        import torch
+        """lipline_backend_info for this process. torch's versions are read only where torch is
+        already loaded (the GPU stages): a service without torch (audio) must not import it for a label."""
+        import sys
 
-        cuda = torch.version.cuda or ""
-        cudnn = str(torch.backends.cudnn.version() or "") if torch.backends.cudnn.is_available() else ""
+        torch_version = cuda = cudnn = ""
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch_version, cuda = torch.__version__, torch.version.cuda or ""
+            cudnn = str(torch.backends.cudnn.version() or "") if torch.backends.cudnn.is_available() else ""
         try:
             import tensorrt  # type: ignore[import-not-found]
 
@@ -98,7 +103,7 @@ class Metrics:
         except Exception:  # noqa: BLE001 - not installed is the normal case off-GPU
             trt = ""
         self.backend_info.clear()
-        self.backend_info.labels(self.stage, model, backend, precision, torch.__version__, cuda, cudnn, trt).set(1)
+        self.backend_info.labels(self.stage, model, backend, precision, torch_version, cuda, cudnn, trt).set(1)
 
 
 class GpuCollector(Collector):

@@ -118,3 +118,13 @@ def test_metrics_server_serves_metrics_over_http() -> None:
 
 def test_metrics_server_disabled_with_negative_port() -> None:
     assert start_metrics_server(Metrics("off"), -1) == -1
+
+
+def test_the_audio_service_does_not_load_torch() -> None:
+    # The audio image carries no torch use: labelling lipline_backend_info must not import it.
+    import subprocess
+    import sys
+
+    code = ("import sys; from services.audio.service import AudioService; from services.common.metrics import Metrics; "
+            "Metrics('audio').set_backend('wav2lip-mel', 'cpu', 'fp32'); sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
