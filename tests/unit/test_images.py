@@ -34,7 +34,7 @@ DOCKERFILE = (REPO / "services" / "Dockerfile").read_text()
 VALUES = yaml.safe_load((REPO / "helm" / "lipline" / "values.yaml").read_text())
 LOCK = REPO / "requirements.lock"
 STAGES = tuple(VALUES["stages"])
-NO_TORCH = ("gateway", "render")
+NO_TORCH = ("audio", "gateway", "render")
 # What the gateway and render images must never carry (DESIGN.md section 6, the brief of issue "render workers").
 FORBIDDEN_WITHOUT_MODELS = {"torch", "sympy", "mpmath", "networkx", "pytest", "onnx", "onnxruntime", "grpcio-tools",
                             "jsonschema", "kubernetes-validate", "hypothesis"}
