@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "helm" / "lipline" / "values.schema.json"
 # Settings the chart's templates set themselves (ports, device, addresses, stores, volumes' paths).
 CHART_MANAGED = {"host", "port", "port_file", "metrics_port", "device", "compile_cache_dir", "audio_address",
-                 "lipsync_address", "superres_address", "job_store", "blob_store", "cache_dir"}
+                 "lipsync_address", "superres_address", "job_store", "blob_store", "cache_dir",
+                 # values `auth` and `tls`: files mounted from Secrets
+                 "api_keys_file", "internal_token_file", "tls_cert_file", "tls_key_file"}
 
 
 def settings_classes() -> dict[str, type]:
@@ -184,6 +186,19 @@ def _store_schema() -> dict[str, Any]:
     }}
 
 
+def _auth_schema() -> dict[str, Any]:
+    key = {"type": "string", "minLength": 1, "pattern": "^[-._a-zA-Z0-9]+$"}  # a Secret data key
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "apiKeys": {"type": "object", "additionalProperties": False, "properties": {
+            "enabled": {"type": "boolean", "description": "the gateway requires an API key on every RPC"},
+            "existingSecret": {"type": "string", "description": "Secret with the keys file; empty = a generated one"},
+            "secretKey": key, "testSecretKey": key}},
+        "internalToken": {"type": "object", "additionalProperties": False, "properties": {
+            "enabled": {"type": "boolean", "description": "the stages require the internal token"},
+            "existingSecret": {"type": "string", "description": "Secret with the token; empty = a generated one"},
+            "secretKey": key}}}}
+
+
 def build() -> dict[str, Any]:
     settings = settings_classes()
     from services.common.config import ServiceSettings
@@ -242,6 +257,12 @@ def build() -> dict[str, Any]:
                     "configMap": {"type": "boolean", "description": "also render the prometheus-adapter rules as a ConfigMap"}}}}},
             "networkPolicy": {"type": "object", "additionalProperties": False, "properties": {
                 "enabled": {"type": "boolean"}, "gatewayFrom": {"type": "array"}, "metricsFrom": {"type": "array"}}},
+            "auth": _auth_schema(),
+            "tls": {"type": "object", "additionalProperties": False, "properties": {
+                "existingSecret": {"type": "string", "description": "kubernetes.io/tls Secret of the gateway's port; "
+                                   "empty = plaintext"},
+                "testCaKey": {"type": "string", "minLength": 1, "description": "the key helm test trusts as its CA"},
+                "testServerName": {"type": "string", "description": "the name helm test checks the certificate against"}}},
             "tests": {"type": "object", "additionalProperties": False, "properties": {
                 "enabled": {"type": "boolean"}, "timeoutSeconds": {"type": "integer", "minimum": 10}}},
             "global": OBJ,

@@ -3,16 +3,23 @@
 One aio channel per stage with explicit message limits and client-side round-robin over whatever
 the address resolves to (in Kubernetes `dns:///<headless-service>:<port>` lists every ready pod;
 `max_connection_age` on the servers makes clients re-resolve after a scale-up).
+
+With an internal token (`internal_token_file`; ServiceRunner puts it in INTERNAL_TOKEN before the
+service's `load()` opens its channels) every call on a stage channel carries it as
+`x-lipline-internal` metadata, added by a client interceptor: the one place, whatever the caller.
+Stage channels stay plaintext: inside the cluster the token and the NetworkPolicy guard the stages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -57,13 +64,49 @@ def grpc_target(address: str) -> str:
     return f"{scheme}:" + ",".join(parts)
 
 
-def open_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
+#: the internal token this task's stage channels send ("" = none); set by ServiceRunner from the settings
+INTERNAL_TOKEN: contextvars.ContextVar[str] = contextvars.ContextVar("internal_token", default="")
+INTERNAL_TOKEN_HEADER = "x-lipline-internal"  # services.common.interceptor checks it
+
+
+def open_channel(address: str, max_message_bytes: int, internal_token: str | None = None) -> grpc.aio.Channel:
+    """A channel to a stage; `internal_token` (default: INTERNAL_TOKEN's value) goes on every call."""
     options = channel_options(max_message_bytes) + [
         ("grpc.service_config", _SERVICE_CONFIG),
         ("grpc.enable_retries", 1),
         ("grpc.keepalive_time_ms", 30_000),
     ]
-    return grpc.aio.insecure_channel(grpc_target(address), options=options)
+    token = INTERNAL_TOKEN.get() if internal_token is None else internal_token
+    interceptors = _metadata_interceptors(((INTERNAL_TOKEN_HEADER, token),)) if token else None
+    return grpc.aio.insecure_channel(grpc_target(address), options=options, interceptors=interceptors)
+
+
+def _add_metadata(details: grpc.aio.ClientCallDetails, extra: tuple[tuple[str, str], ...]) -> grpc.aio.ClientCallDetails:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()), *extra)
+    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
+                                      details.wait_for_ready)
+
+
+def _metadata_interceptors(extra: tuple[tuple[str, str], ...]) -> list[grpc.aio.ClientInterceptor]:
+    """aio client interceptors (one per call kind) that add `extra` to every call's metadata."""
+
+    class UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+        async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            return await continuation(_add_metadata(details, extra), request)
+
+    class UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+        async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+            return await continuation(_add_metadata(details, extra), request)
+
+    class StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+        async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+            return await continuation(_add_metadata(details, extra), requests)
+
+    class StreamStream(grpc.aio.StreamStreamClientInterceptor):
+        async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+            return await continuation(_add_metadata(details, extra), requests)
+
+    return [UnaryUnary(), UnaryStream(), StreamUnary(), StreamStream()]
 
 
 class StageClients:

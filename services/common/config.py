@@ -57,6 +57,17 @@ class ServiceSettings:
     log_format: LogFormat = _field(LogFormat.JSON, "json (one object per line) or text")
     device: Device = _field(Device.AUTO, "auto (cuda if available), cpu or cuda")
     require_cudnn: bool = _field(True, "on a GPU, refuse to start when the cuDNN self-check fails")
+    api_keys_file: str = _field(
+        "", "API keys of the public API (the gateway): a file with one key per line, or `name:key` per line (# comments); "
+        "every RPC but health and reflection then needs one in x-api-key (or authorization: Bearer) metadata, and the "
+        "client's identity for per-client limits is the key's name; empty = no API keys (local mode)"
+    )
+    internal_token_file: str = _field(
+        "", "a file holding the token between services: the stages refuse calls without it in x-lipline-internal "
+        "metadata (health and reflection exempt); the gateway and render workers send it on every stage call; empty = off"
+    )
+    tls_cert_file: str = _field("", "PEM certificate (chain) of the gRPC port; with tls_key_file: TLS; empty = plaintext")
+    tls_key_file: str = _field("", "PEM private key of tls_cert_file")
 
     def validate(self) -> None:
         """Raise ValueError with one message per bad value."""
@@ -69,6 +80,8 @@ class ServiceSettings:
             problems.append("grace_s must be >= 0")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             problems.append(f"log_level {self.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            problems.append("tls_cert_file and tls_key_file go together: set both (TLS) or neither (plaintext)")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -5,6 +5,11 @@ start /metrics, start a grpc.aio server with health (NOT_SERVING until the model
 warmed up), reflection and the error interceptor (which also caps concurrent RPCs in all and per
 client, health and reflection exempt), then wait for SIGTERM and drain in-flight streams
 within `grace_s` before exiting. A service only supplies what differs: its servicers and `load()`.
+
+Security, from the settings: `tls_cert_file`/`tls_key_file` serve the port over TLS; `api_keys_file`
+makes the interceptor require an API key (the public API); `internal_token_file` makes every stage
+(any service but the public ones in PUBLIC_STAGES) require the internal token, and makes every
+service send it on its own stage calls (services.common.channels). Health and reflection stay open.
 """
 
 from __future__ import annotations
@@ -24,12 +29,19 @@ from grpc_reflection.v1alpha import reflection
 
 from services.common import tracing
 from services.common.config import ServiceSettings, parse_settings
-from services.common.interceptor import RpcLimits, ServerInterceptor
+from services.common.interceptor import (
+    Auth,
+    RpcLimits,
+    ServerInterceptor,
+    read_secret_file,
+)
 from services.common.logs import configure_logging
 from services.common.metrics import Metrics, start_metrics_server
 
 _LOGGER = logging.getLogger(__name__)
 SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
+#: services whose RPCs are the public API: they check API keys, never the internal token (they send it)
+PUBLIC_STAGES = frozenset({"gateway"})
 
 
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -85,8 +97,12 @@ class ServiceRunner:
         # one client's idle streams would starve probes and other clients. The interceptor caps RPCs
         # in all and per client instead, and never counts health or reflection.
         self.limits = RpcLimits(s.max_concurrent_streams, s.max_streams_per_client)
+        keys_and_token = Auth.from_files(s.api_keys_file, s.internal_token_file)
+        self.internal_token = keys_and_token.internal_token
+        # A stage checks the internal token; the gateway only sends it (its callers hold API keys).
+        self.auth = Auth(keys_and_token.api_keys, "" if service.stage in PUBLIC_STAGES else self.internal_token)
         self.server = grpc.aio.server(
-            interceptors=[ServerInterceptor(service.metrics, self.ready, self.limits)],
+            interceptors=[ServerInterceptor(service.metrics, self.ready, self.limits, self.auth)],
             options=options,
         )
         self.port = 0
@@ -100,14 +116,28 @@ class ServiceRunner:
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
         for name in ["", *names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        address = f"{s.host}:{s.port}"
+        if s.tls_cert_file:
+            credentials = grpc.ssl_server_credentials([(
+                read_secret_file(s.tls_key_file, "TLS key file").encode(),
+                read_secret_file(s.tls_cert_file, "TLS certificate file").encode(),
+            )])
+            self.port = self.server.add_secure_port(address, credentials)
+        else:
+            self.port = self.server.add_insecure_port(address)
         if self.port == 0:
             raise RuntimeError(f"could not bind {s.host}:{s.port}")
         self.metrics_port = start_metrics_server(svc.metrics, s.metrics_port, s.host)
         await self.server.start()
         _LOGGER.info(
-            "listening; loading models", extra={"port": self.port, "metrics_port": self.metrics_port}
+            "listening; loading models",
+            extra={"port": self.port, "metrics_port": self.metrics_port, "tls": bool(s.tls_cert_file),
+                   "api_keys": sorted(self.auth.api_keys), "internal_token": bool(self.internal_token)},
         )
+        # The stage channels that load() opens send the internal token (a context variable: this task only).
+        from services.common import channels  # here: channels imports this module
+
+        channels.INTERNAL_TOKEN.set(self.internal_token)
         await svc.load()
         self.ready.set()
         for name in ["", *names]:

@@ -2,12 +2,19 @@
 
 The gateway identifies a client by its `x-api-key` metadata (`api_key=`), else by its IP address:
 per-client limits (concurrent calls, queued jobs) count per identity, so clients that share a host
-(or a NAT) share the limits unless they send different keys.
+(or a NAT) share the limits unless they send different keys. Where the gateway checks API keys
+(the chart's default), a call without a valid key ends UNAUTHENTICATED and the identity is the key's name.
+
+TLS: `tls=True` (the system's roots) or `tls_ca_file=` (a PEM bundle, e.g. a self-signed certificate)
+connect with `grpc.ssl_channel_credentials`; `tls_server_name=` checks the certificate against that
+name instead of the address's host. Unset arguments fall back to LIPLINE_API_KEY, LIPLINE_TLS,
+LIPLINE_TLS_CA_FILE and LIPLINE_TLS_SERVER_NAME (how the chart's `helm test` pod passes them).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -29,11 +36,25 @@ MAX_RECONNECT_BACKOFF_MS = 4000
 
 class LiplineClient:
     def __init__(self, address: str, max_message_bytes: int = 64 * 1024 * 1024, timeout: float = 600.0,
-                 api_key: str = "") -> None:
-        """`timeout` bounds every call (and all of `wait`); `api_key` is sent as `x-api-key` metadata."""
+                 api_key: str | None = None, *, tls: bool | None = None, tls_ca_file: str | None = None,
+                 tls_server_name: str | None = None) -> None:
+        """`timeout` bounds every call (and all of `wait`); `api_key` is sent as `x-api-key` metadata;
+        `tls`/`tls_ca_file`/`tls_server_name` as in the module's doc (None: from the environment)."""
+        env = os.environ
+        api_key = env.get("LIPLINE_API_KEY", "").strip() if api_key is None else api_key
+        tls_ca_file = env.get("LIPLINE_TLS_CA_FILE", "") if tls_ca_file is None else tls_ca_file
+        tls_server_name = env.get("LIPLINE_TLS_SERVER_NAME", "") if tls_server_name is None else tls_server_name
+        if tls is None:
+            tls = env.get("LIPLINE_TLS", "").lower() in {"1", "true", "yes", "on"}
         # Reconnect within a few seconds of a gateway coming back (gRPC's backoff grows to 120 s).
         options = [*channel_options(max_message_bytes), ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS)]
-        self.channel = grpc.insecure_channel(address, options=options)
+        if tls or tls_ca_file:
+            roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
+        else:
+            self.channel = grpc.insecure_channel(address, options=options)
         if api_key:
             self.channel = grpc.intercept_channel(self.channel, _Metadata((("x-api-key", api_key),)))
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)

@@ -291,7 +291,8 @@ def test_gateway_is_stateless_two_replicas_a_pdb_and_no_affinity(pg_rwx_docs: li
     assert by_kind(pg_rwx_docs, "PodDisruptionBudget")["lip-lipline-gateway"]["spec"]["minAvailable"] == 1
     assert "affinity" not in gateway["spec"]["template"]["spec"]
     # No local data or output volumes any more: jobs and blobs live in the stores.
-    assert set(volumes_of(gateway)) == {"tmp", "blobs"}
+    # (and the read-only auth Secrets, tests/helm/test_chart_auth.py)
+    assert set(volumes_of(gateway)) == {"tmp", "blobs", "api-keys", "internal-token"}
     assert not {"LIPLINE_DATA_DIR", "LIPLINE_OUTPUT_DIR"} & set(env_of(gateway))
 
 
@@ -339,7 +340,7 @@ def test_s3_blob_store_takes_its_credentials_from_a_secret(s3_docs: list[dict[st
         # The dev DSN goes through a Secret of the chart's, never into the pod spec; a change rolls the pods.
         assert env["LIPLINE_JOB_STORE"] == "secret:lip-lipline-store/job-store-url"
         assert "checksum/store" in d["spec"]["template"]["metadata"]["annotations"]
-        assert set(volumes_of(d)) <= {"tmp", "cache"}
+        assert set(volumes_of(d)) <= {"tmp", "cache", "api-keys", "internal-token"}  # no blob volume
     secret = by_kind(s3_docs, "Secret")["lip-lipline-store"]
     assert secret["stringData"]["job-store-url"].startswith("postgresql://")
 

@@ -279,6 +279,21 @@ OTEL_SDK_DISABLED=true and nothing else. Call with (dict "root" $ "stage" name).
 - name: LIPLINE_CACHE_DIR
   value: /cache
 {{- end }}
+{{- $auth := include "lipline.stageAuth" . | fromYaml }}
+{{- if $auth.apiKeys }}
+- name: LIPLINE_API_KEYS_FILE
+  value: /etc/lipline/api-keys/keys
+{{- end }}
+{{- if $auth.internalToken }}
+- name: LIPLINE_INTERNAL_TOKEN_FILE
+  value: /etc/lipline/internal/token
+{{- end }}
+{{- if $auth.tls }}
+- name: LIPLINE_TLS_CERT_FILE
+  value: /etc/lipline/tls/tls.crt
+- name: LIPLINE_TLS_KEY_FILE
+  value: /etc/lipline/tls/tls.key
+{{- end }}
 {{- include "lipline.configEnv" .config }}
 {{- include "lipline.tracingEnv" . }}
 {{- end -}}
@@ -337,4 +352,25 @@ the node of the others (the first one anywhere). */ -}}
 {{- with ($s.runtimeClassName | default $v.gpu.runtimeClassName) }}{{ $_ := set $out "runtimeClassName" . }}{{ end -}}
 {{- end -}}
 {{- toYaml $out -}}
+{{- end -}}
+
+
+{{/* ---- Auth (values `auth:`, `tls:`) ---- */}}
+
+{{/* The Secret holding the API keys file (the chart's generated one unless existingSecret). */}}
+{{- define "lipline.apiKeysSecretName" -}}
+{{- .Values.auth.apiKeys.existingSecret | default (printf "%s-api-keys" (include "lipline.fullname" .)) -}}
+{{- end -}}
+
+{{- define "lipline.internalTokenSecretName" -}}
+{{- .Values.auth.internalToken.existingSecret | default (printf "%s-internal-token" (include "lipline.fullname" .)) -}}
+{{- end -}}
+
+{{/* A stage's auth: which of api keys, internal token and TLS it gets, as a YAML map of booleans.
+Call with (dict "root" $ "stage" name). */}}
+{{- define "lipline.stageAuth" -}}
+{{- $s := index .root.Values.stages .stage -}}
+apiKeys: {{ and $s.public .root.Values.auth.apiKeys.enabled }}
+internalToken: {{ .root.Values.auth.internalToken.enabled }}
+tls: {{ and $s.public (not (empty .root.Values.tls.existingSecret)) }}
 {{- end -}}
