@@ -77,16 +77,18 @@ if TYPE_CHECKING:
     from services.gateway.client import LiplineClient
 
 SAMPLES = REPO_ROOT / "samples"
-STAGE_ORDER = ("audio_decode", "audio", "lipsync", "superres", "composite", "encode", "first_frame", "total")
+STAGE_ORDER = ("audio_decode", "audio", "submit", "aac", "lipsync", "superres", "composite", "encode", "join", "total")
 STAGE_NOTES = {
-    "audio_decode": "SubmitJob: decode the upload for the AAC track (before the job exists)",
-    "audio": "Extract call start -> last mel response",
-    "lipsync": "Generate call start -> last face",
-    "superres": "Upscale call start -> last restored face",
-    "composite": "compositor threads: paste + I420 conversion (sum over threads)",
-    "encode": "encoder threads: x264 + AAC + mux + the join of the parts (sum over threads)",
-    "first_frame": "job start -> first frame encoded",
-    "total": "job start -> MP4 in place",
+    "audio_decode": "SubmitJob: decode the upload (the checks), beside the audio stage's call",
+    "audio": "SubmitJob: the audio stage's mel windows (start to last window)",
+    "submit": "SubmitJob in all, before the job exists (the windows stored per segment)",
+    "aac": "the job's audio task: the AAC track, on one worker beside the segments",
+    "lipsync": "Generate calls, summed over segments",
+    "superres": "Upscale calls, summed over segments",
+    "composite": "blending the face into cached I420 frames, summed over segments",
+    "encode": "x264, summed over segments",
+    "join": "the join: stream copy of the segments and the AAC track",
+    "total": "SubmitJob returned -> MP4 in place",
 }
 
 
@@ -489,7 +491,9 @@ def table(result: dict) -> str:
                      f"{'-' if cpu is None else f'{cpu:.0f}'}"))
     if result.get("gpu_utilization"):
         gpu = result["gpu_utilization"]
-        rows.append(("GPU utilisation median / p90 % (this job)", f"{gpu['median']} / {gpu['p90']}"))
+        cpu = gpu.get("host_cpu")
+        rows.append(("GPU utilisation median / p90 %, host CPU % (this job)",
+                     f"{gpu.get('median', '-')} / {gpu.get('p90', '-')}, {'-' if cpu is None else f'{cpu:.0f}'}"))
     lines = ["| | |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows), ""]
     stages = job["stage_seconds"]
     render_total = stages.get("total") or total
@@ -501,7 +505,8 @@ def table(result: dict) -> str:
         per_frame = f"{1000 * v / frames:.1f}" if frames and name not in ("first_frame", "total", "audio_decode") else ""
         lines.append(f"| {name} | {v:.2f} | {100 * v / render_total:.0f}% | {per_frame} | {STAGE_NOTES.get(name, '')} |")
     lines.append("")
-    lines.append("Stages stream and overlap: the slowest one sets the total; composite and encode are sums over threads (4 compositors; one x264 per part of the clip), so they can exceed the total.")
+    lines.append("Segments run on several render workers at once: lipsync, superres, composite and encode are sums over "
+                 "segments, so they can exceed the total.")
     return "\n".join(lines)
 
 

@@ -255,7 +255,7 @@ def bench_model(label: str, unit: str, model: nn.Module, inputs_fn: InputsFn, ro
             traceback.print_exc()
             results.append(Row(label, cfg.name, 0, unit, note=f"FAILED: {type(exc).__name__}: {exc}"[:300]))
         finally:
-            del backend
+            backend = None  # drop the model before the next row (not `del`: the timing lambdas close over it)
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -88,7 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     r = args.repeats
     rows: dict[str, float] = {
         "event loop: parse requests + decode images": timed(parse_and_decode, device, r),
-        "event loop: UpscaleChunk.from_items": timed(lambda: [UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE]) for s in range(0, batch, ITEMS_PER_MESSAGE)], device, r),
+        "event loop: UpscaleChunk.from_items": timed(
+            lambda: [UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE])
+                     for s in range(0, batch, ITEMS_PER_MESSAGE)],
+            device, r,
+        ),
         "model thread: engine.run (upload, network, maths, resize, copy back, bytes)": timed(lambda: engine.run(chunks), device, r),
         "event loop: build + serialise responses": timed(respond, device, r),
     }

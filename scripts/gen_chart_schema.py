@@ -240,6 +240,8 @@ def build() -> dict[str, Any]:
             "fullnameOverride": {"type": "string", "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$"},
             "commonLabels": {**LABELS, "description": "labels on every object and pod (never selectors)"},
             "tracing": _tracing_schema(),
+            "discovery": {"type": "object", "additionalProperties": False, "properties": {
+                "kubernetes": {"type": "boolean", "description": "callers watch EndpointSlices (a Role to list/watch them)"}}},
             "serviceAccount": {"type": "object", "additionalProperties": False, "properties": {
                 "create": {"type": "boolean"}, "name": {"type": "string"}, "annotations": OBJ}},
             "monitoring": {"type": "object", "additionalProperties": False, "properties": {

@@ -30,7 +30,7 @@ from pathlib import Path
 
 # Only the tests, the chart checks and the build need these.
 DEV = frozenset({
-    "pytest", "pytest-timeout", "iniconfig", "pluggy", "pygments", "hypothesis", "sortedcontainers",
+    "pytest", "pytest-timeout", "iniconfig", "pluggy", "pygments", "hypothesis", "sortedcontainers", "ruff",
     "grpcio-tools",
     "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "kubernetes-validate", "importlib-resources",
 })

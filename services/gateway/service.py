@@ -25,7 +25,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb2_grpc
 from services.common.avatars import avatar_id, is_avatar_id, prefix
-from services.common.channels import StageClients
+from services.common.discovery import DiscoveredStageClients
 from services.common.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
 from services.common.interceptor import CLIENT_ID, REQUEST_ID
 from services.common.jobkeys import job_prefix, output_key
@@ -264,10 +264,20 @@ class GatewayService(Service[GatewaySettings]):
         self.jobs, self.blobs = await open_stores(s)
         self.feed = self.jobs.change_feed()
         await self.feed.start()
-        self.clients = StageClients({"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes)
-        self.audio = audio_pb2_grpc.AudioServiceStub(self.clients.channels["audio"])
-        self.lipsync = lipsync_pb2_grpc.LipSyncServiceStub(self.clients.channels["lipsync"])
+        # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
+        self.clients = DiscoveredStageClients({"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes)
+        await self.clients.start()
         await self.clients.wait_serving(s.stage_wait_s)
+
+    @property
+    def audio(self) -> audio_pb2_grpc.AudioServiceStub:
+        """A stub on the audio stage's current channel: one per call, never kept."""
+        return self.clients.stub("audio", audio_pb2_grpc.AudioServiceStub)
+
+    @property
+    def lipsync(self) -> lipsync_pb2_grpc.LipSyncServiceStub:
+        """A stub on the lipsync stage's current channel: one per call, never kept."""
+        return self.clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub)
 
     async def close(self) -> None:
         if hasattr(self, "feed"):

@@ -19,7 +19,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,16 +61,19 @@ class SegmentRenderer:
 
     def __init__(
         self,
-        lipsync: lipsync_pb2_grpc.LipSyncServiceStub,
-        superres: superres_pb2_grpc.SuperResServiceStub,
+        lipsync: Callable[[], lipsync_pb2_grpc.LipSyncServiceStub] | lipsync_pb2_grpc.LipSyncServiceStub,
+        superres: Callable[[], superres_pb2_grpc.SuperResServiceStub] | superres_pb2_grpc.SuperResServiceStub,
         metrics: Metrics,
         max_message_bytes: int,
         preset: str,
         threads: int,
         nice: int = 0,
     ) -> None:
-        self._lipsync = lipsync
-        self._superres = superres
+        # Stub providers, called once per segment: a stub is taken on the stage's current channel, so a
+        # replica added to (or removed from) the address set gets (or stops getting) the next segment.
+        # A plain stub is accepted too (always the same channel).
+        self._lipsync = _provider(lipsync)
+        self._superres = _provider(superres)
         self._metrics = metrics
         self._max_message = max_message_bytes
         self._preset = preset
@@ -192,7 +195,7 @@ class SegmentRenderer:
 
         t0 = time.perf_counter()
         async with stage_errors("lipsync"):
-            async for response in self._lipsync.Generate(requests(), metadata=metadata):
+            async for response in self._lipsync().Generate(requests(), metadata=metadata):
                 if response.HasField("model"):
                     models.append(_model_dict(response.model))
                 for index, face in unpack_faces(response.faces):
@@ -220,12 +223,17 @@ class SegmentRenderer:
 
         t0 = time.perf_counter()
         async with stage_errors("superres"):
-            async for response in self._superres.Upscale(requests(), metadata=metadata):
+            async for response in self._superres().Upscale(requests(), metadata=metadata):
                 if response.HasField("model"):
                     models.append(_model_dict(response.model))
                 for item in response.items:
                     yield item.index, image_from_proto(item.image, "restored face")
                 times["superres"] = time.perf_counter() - t0
+
+
+def _provider(stub: object) -> Callable[[], object]:
+    """A zero-argument stub provider for `stub` (a provider already, or one stub to return every time)."""
+    return stub if callable(stub) else (lambda: stub)  # type: ignore[return-value]
 
 
 def _lower_priority(nice: int) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import grpc
 
 from lipline.v1 import lipsync_pb2_grpc, superres_pb2_grpc
-from services.common.channels import StageClients
+from services.common.discovery import DiscoveredStageClients
 from services.common.encoder_threads import x264_threads
 from services.common.server import Service
 from services.common.store import close_stores, open_stores
@@ -44,12 +44,15 @@ class RenderService(Service[RenderSettings]):
     async def load(self) -> None:
         s = self.settings
         self.jobs, self.blobs = await open_stores(s)
-        self.clients = StageClients({"lipsync": s.lipsync_address, "superres": s.superres_address}, s.max_message_bytes)
+        # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
+        self.clients = DiscoveredStageClients({"lipsync": s.lipsync_address, "superres": s.superres_address}, s.max_message_bytes)
+        await self.clients.start()
         await self.clients.wait_serving(s.stage_wait_s)
+        clients = self.clients
         threads = s.x264_threads or x264_threads()
         self.renderer = SegmentRenderer(
-            lipsync_pb2_grpc.LipSyncServiceStub(self.clients.channels["lipsync"]),
-            superres_pb2_grpc.SuperResServiceStub(self.clients.channels["superres"]),
+            lambda: clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub),  # a fresh stub per segment
+            lambda: clients.stub("superres", superres_pb2_grpc.SuperResServiceStub),
             self.metrics, s.max_message_bytes, s.x264_preset, threads, s.encode_nice,
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"

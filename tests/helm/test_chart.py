@@ -628,3 +628,24 @@ def test_promtool_accepts_the_chart_rules() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     count = sum(len(group["rules"]) for group in yaml.safe_load(rules.read_text())["groups"])
     assert f"SUCCESS: {count} rules found" in result.stdout
+
+
+def test_kubernetes_discovery_watches_endpoint_slices_with_the_least_rights() -> None:
+    docs = render("discovery.kubernetes=true")
+    assert validate_builtin(docs, "1.29.0") > 0
+    (role,) = by_kind(docs, "Role").values()
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
+    (binding,) = by_kind(docs, "RoleBinding").values()
+    account = by_kind(docs, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert [s["name"] for s in binding["subjects"]] == list(account)
+    deployments = by_kind(docs, "Deployment")
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        callers = name.endswith(("-gateway", "-render"))
+        assert pod["automountServiceAccountToken"] is callers, name  # the API token only where it is used
+    assert env_of(deployments["lip-lipline-render"])["LIPLINE_LIPSYNC_ADDRESS"] == "k8s:///lip-lipline-lipsync.media:50062"
+    # Off by default: no Role, DNS addresses, no token in any pod.
+    default = render()
+    assert not by_kind(default, "Role")
+    assert all(d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False for d in by_kind(default, "Deployment").values())

@@ -448,7 +448,8 @@ def test_the_readme_documents_every_value_and_every_stage_key() -> None:
 
 def test_the_readme_generator_reads_comment_blocks_not_list_items() -> None:
     gen = _gen_chart_readme()
-    text = "# The block.\n# Two lines.\nblock:\n  # A leaf.\n  leaf: 1\n  items:\n    # not a key\n    - a: 1\n      b: 2\n  # After.\n  after: x\n\n# Spaced.\n\nlone: 2\n"
+    text = ("# The block.\n# Two lines.\nblock:\n  # A leaf.\n  leaf: 1\n  items:\n    # not a key\n    - a: 1\n      b: 2\n"
+            "  # After.\n  after: x\n\n# Spaced.\n\nlone: 2\n")
     found = gen.comments(text)
     assert found == {"block": ["The block.", "Two lines."], "block.leaf": ["A leaf."], "block.items": [],
                      "block.after": ["After."], "lone": []}

@@ -65,7 +65,11 @@ app.kubernetes.io/part-of: lipline
 {{/* The gRPC address a caller (a stage's `dials`) uses for a stage: client-side round-robin over a headless Service. */}}
 {{- define "lipline.stageAddress" -}}
 {{- $s := index .root.Values.stages .stage -}}
+{{- if .root.Values.discovery.kubernetes -}}
+{{- printf "k8s:///%s.%s:%d" (include "lipline.stageName" .) .root.Release.Namespace (int $s.port) -}}
+{{- else -}}
 {{- printf "dns:///%s.%s.svc:%d" (include "lipline.stageName" .) .root.Release.Namespace (int $s.port) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A settings map as LIPLINE_<NAME> variables (lists joined by commas, as the services parse them). */}}

@@ -51,7 +51,9 @@ def test_succeeded_has_total_and_realtime_factor() -> None:
 
 
 def test_failed_carries_the_error() -> None:
-    job = dataclasses.replace(JOB, state=JobState.FAILED, error="lipsync stage failed", error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0], finish_time=1001.0)
+    job = dataclasses.replace(
+        JOB, state=JobState.FAILED, error="lipsync stage failed", error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0], finish_time=1001.0
+    )
     p = job_to_proto(job)
     assert p.state == gateway_pb2.JOB_STATE_FAILED and p.error == "lipsync stage failed"
     assert p.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
