@@ -34,6 +34,17 @@ def _field(default: Any, help: str, **kwargs: Any) -> Any:  # noqa: A002 - mirro
     return dataclasses.field(default=default, metadata={"help": help, **kwargs})
 
 
+ADDRESS_FORMS = (
+    "host:port, a list, dns:///name:port, k8s:///service.namespace:port (watches its EndpointSlices) or "
+    "file:///path (one address per line, re-read when it changes)"
+)
+
+
+def address_field(default: str, stage: str) -> Any:
+    """A stage address setting of a caller (gateway, render worker): every form services.common.discovery reads."""
+    return _field(default, f"{stage} stage: {ADDRESS_FORMS}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ServiceSettings:
     """Settings every lipline service has."""

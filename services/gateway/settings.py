@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import StoreSettings, _field
+from services.common.config import StoreSettings, _field, address_field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,11 +13,8 @@ class GatewaySettings(StoreSettings):
 
     port: int = _field(50051, "gRPC port of the public API")
     metrics_port: int = _field(9094, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
-    audio_address: str = _field(
-        "127.0.0.1:50061", "audio stage: host:port, a list, dns:///name:port, k8s:///service.namespace:port (watches its "
-        "EndpointSlices) or file:///path (one address per line, re-read when it changes)"
-    )
-    lipsync_address: str = _field("127.0.0.1:50062", "lipsync stage (DetectFaces for CreateAvatar)")
+    audio_address: str = address_field("127.0.0.1:50061", "audio")
+    lipsync_address: str = address_field("127.0.0.1:50062", "lipsync (DetectFaces for CreateAvatar)")
     max_audio_bytes: int = _field(50 * 1024 * 1024, "largest audio file of a job")
     max_audio_seconds: float = _field(600.0, "longest audio of a job")
     max_avatar_bytes: int = _field(200 * 1024 * 1024, "largest avatar upload")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import StoreSettings, _field
+from services.common.config import StoreSettings, _field, address_field
 
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 
@@ -15,11 +15,8 @@ class RenderSettings(StoreSettings):
 
     port: int = _field(50064, "gRPC port (health and reflection only: a worker serves no API)")
     metrics_port: int = _field(9095, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
-    lipsync_address: str = _field(
-        "127.0.0.1:50062", "lipsync stage: host:port, a list, dns:///name:port, k8s:///service.namespace:port (watches its "
-        "EndpointSlices) or file:///path (one address per line, re-read when it changes)"
-    )
-    superres_address: str = _field("127.0.0.1:50063", "superres stage")
+    lipsync_address: str = address_field("127.0.0.1:50062", "lipsync")
+    superres_address: str = address_field("127.0.0.1:50063", "superres")
     cache_dir: str = _field("var/render-cache", "local cache of avatars converted for compositing (per worker; safe to lose)")
     lease_s: float = _field(10.0, "a claimed task's lease; a worker that stops renewing loses it after this long")
     heartbeat_s: float = _field(0.5, "how often a worker renews its lease (and notices a cancel)")
