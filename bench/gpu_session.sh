@@ -113,5 +113,5 @@ jobs)  # 16 concurrent 30 s 720p jobs with SR, with 16, 8, 4, 2 and 1 render wor
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
 ( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$phase.tgz" -print0 \
-    | tar czf "$phase.tgz" --null -T - && find . -mindepth 1 ! -name "$phase.tgz" -delete )
+    | tar czf "$phase.tgz" --null -T - && find . -mindepth 1 ! -name "*.tgz" -delete )  # earlier phases' archives stay
 ls -la "$OUT"
