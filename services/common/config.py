@@ -107,7 +107,7 @@ class ModelStageSettings(ServiceSettings):
     pipeline_depth: int = _field(
         0,
         "model batches in flight at once; 0 = auto: 2 on CUDA (the next batch's transfers and host work "
-        "overlap the previous one's compute: +36% frames/s for lipsync on an H200), 1 on the CPU",
+        "overlap the previous one's compute; docs/performance.md has the gain), 1 on the CPU",
     )
     backend: str = _field(
         "auto", "model backend: auto (CUDA: compile if compile_cache_dir holds this model's artifacts, else torch "
