@@ -326,7 +326,8 @@ def test_wait_survives_a_gateway_restart(fx: Fixture) -> None:
         time.sleep(0.5)
         fx.cluster.restart("gateway")
         time.sleep(0.5)
-        client.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job_id), timeout=30)
+        # The channel may still be in its reconnect back-off from the outage: wait for it, as a real caller would.
+        client.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job_id), timeout=30, wait_for_ready=True)
         thread.join(60)
     assert not thread.is_alive()
     assert "error" not in result, result.get("error")
