@@ -16,7 +16,7 @@ from services.common.image_header import JPEG, PNG, ImageHeaderError, read_image
 
 MEL_BANDS = 80
 MEL_STEP = 16
-_MEL_BYTES = MEL_BANDS * MEL_STEP * 2
+MEL_BYTES = MEL_BANDS * MEL_STEP * 2  # one float16 window on the wire and in the blob store
 # Largest width or height of any image a stage accepts or returns (a paste size, an upscale): a whole
 # 1080p frame fits; a larger one is refused at the edge, before it can reach a shared batch.
 MAX_IMAGE_SIDE = 2048
@@ -74,8 +74,8 @@ def mel_to_bytes(window: np.ndarray) -> bytes:
 
 def mel_from_bytes(data: bytes, what: str = "mel window") -> np.ndarray:
     """Inverse of mel_to_bytes: (80, 16) float32."""
-    if len(data) != _MEL_BYTES:
-        raise InvalidMedia(f"{what}: expected {_MEL_BYTES} bytes (80x16 float16), got {len(data)}")
+    if len(data) != MEL_BYTES:
+        raise InvalidMedia(f"{what}: expected {MEL_BYTES} bytes (80x16 float16), got {len(data)}")
     return np.frombuffer(data, dtype="<f2").astype(np.float32).reshape(MEL_BANDS, MEL_STEP)
 
 
@@ -94,9 +94,9 @@ def unpack_generate_items(items: lipsync_pb2.GenerateItems) -> tuple[np.ndarray,
     if len(crops) != n:
         raise InvalidMedia(f"items: {n} frame indices but {len(crops)} crop indices")
     raw = items.mels  # read a bytes field once: each read copies it out of the message
-    if len(raw) != n * _MEL_BYTES:
+    if len(raw) != n * MEL_BYTES:
         raise InvalidMedia(
-            f"items: {n} items need {n * _MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(raw)}"
+            f"items: {n} items need {n * MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(raw)}"
         )
     mels = np.frombuffer(raw, dtype="<f2").reshape(n, MEL_BANDS, MEL_STEP)
     if not np.isfinite(mels).all():

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 
 from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc
-from services.common.avatars import AvatarMeta, avatar_id, save_avatar
+from services.common.avatars import AvatarMeta, save_avatar
 from services.common.channels import StageFailed, stage_error_message
 from services.common.codec import image_to_proto
 from services.common.crops import Box, crop_and_resize
@@ -57,11 +57,10 @@ async def detect_faces(
 
 
 async def create_avatar(
-    blobs: BlobStore, lipsync: lipsync_pb2_grpc.LipSyncServiceStub, data: bytes, name: str, photo_fps: float,
-    max_frames: int, max_pixels: int, request_id: str = "",
+    blobs: BlobStore, lipsync: lipsync_pb2_grpc.LipSyncServiceStub, aid: str, data: bytes, name: str,
+    photo_fps: float, max_frames: int, max_pixels: int, request_id: str = "",
 ) -> AvatarRecord:
     """Decode, detect, crop and store one avatar; returns its summary (the caller records it)."""
-    aid = avatar_id(data, photo_fps)
     frames, fps = await asyncio.to_thread(decode_avatar, data, photo_fps=photo_fps, max_frames=max_frames, max_pixels=max_pixels)
     boxes = await detect_faces(lipsync, frames, request_id)
     if not any(b is not None for b in boxes):

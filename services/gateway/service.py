@@ -109,13 +109,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         data = b"".join(chunks)
         if not data:
             raise InvalidMedia("avatar is empty: send the bytes of a photo or a video")
-        aid = avatar_id(data, photo_fps)
+        aid = await asyncio.to_thread(avatar_id, data, photo_fps)  # up to 200 MB: off the event loop
         try:
             return _avatar_proto(await asyncio.to_thread(svc.jobs.get_avatar, aid))
         except NotFound:
             pass
         record = await create_avatar(
-            svc.blobs, svc.lipsync, data, name, photo_fps, s.max_avatar_frames, s.max_avatar_pixels, REQUEST_ID.get()
+            svc.blobs, svc.lipsync, aid, data, name, photo_fps, s.max_avatar_frames, s.max_avatar_pixels, REQUEST_ID.get()
         )
         await asyncio.to_thread(svc.jobs.put_avatar, record)
         _LOGGER.info("avatar created", extra={"avatar_id": aid, "frames": record.frame_count, "faces": record.faces_found})

@@ -18,7 +18,7 @@ import numpy as np
 from lipline.v1 import audio_pb2, audio_pb2_grpc
 from services.common.audio_decode import decode_audio
 from services.common.channels import StageFailed
-from services.common.codec import MEL_BANDS, MEL_STEP
+from services.common.codec import MEL_BYTES
 from services.common.errors import InvalidMedia
 from services.common.jobkeys import AUDIO_TASK, mels_key, task_ranges, upload_key
 from services.common.media import MUX_AUDIO_RATE
@@ -26,7 +26,6 @@ from services.common.store.blobs import BlobStore
 from services.common.tracing import outgoing_metadata
 from services.gateway.jobs import segment_bounds
 
-_MEL_BYTES = MEL_BANDS * MEL_STEP * 2
 _CHUNK = 1 << 20
 _PUT_THREADS = 8  # mel blobs of a long job go up in parallel (S3 PUTs are latency-bound)
 
@@ -53,9 +52,9 @@ async def extract_windows(audio: audio_pb2_grpc.AudioServiceStub, data: bytes, f
         async for response in audio.Extract(requests(), metadata=outgoing_metadata(request_id)):
             if response.total_frames:
                 total = response.total_frames
-                out = np.zeros((total, _MEL_BYTES), np.uint8)
+                out = np.zeros((total, MEL_BYTES), np.uint8)
             for window in response.windows:
-                if out is None or not 0 <= window.frame_index < total or len(window.data) != _MEL_BYTES:
+                if out is None or not 0 <= window.frame_index < total or len(window.data) != MEL_BYTES:
                     raise InvalidMedia("the audio stage sent a malformed mel window")
                 out[window.frame_index] = np.frombuffer(window.data, np.uint8)
     except grpc.aio.AioRpcError as exc:

@@ -9,7 +9,8 @@ connection age) and a failure costs only that segment. Per segment:
 3. each face is blended into its cached I420 template frame (only the face box changes) and the
    frames are encoded in order by x264 on one thread, into a local MP4 of this segment only.
 
-Messages are sized by bytes, not by a fixed count: a close-up face at paste size can be megabytes.
+The stages cut their answers by bytes (a close-up face at paste size can be megabytes); the
+requests themselves are small (mel windows, 96x96 crops), a fixed number of items each.
 """
 
 from __future__ import annotations
@@ -28,16 +29,17 @@ import numpy as np
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
 from services.common.avatars import LOOP_PING_PONG
 from services.common.channels import stage_errors
-from services.common.codec import MEL_BANDS, MEL_STEP, image_from_proto, image_to_proto, pack_generate_items, unpack_faces
+from services.common.codec import MEL_BANDS, MEL_BYTES, MEL_STEP, image_from_proto, image_to_proto, pack_generate_items, unpack_faces
 from services.common.metrics import Metrics
 from services.common.media import Mp4Writer
 from services.render.avatar_cache import LocalAvatar
 
 # Small messages keep a segment's stages overlapped (lipsync of message k+1 while superres does k and
 # x264 encodes k-1); a 2 s segment is 50 frames, so 10 per message gives 5 steps of that pipeline.
-MAX_ITEMS_PER_MESSAGE = 10
+# The requests stay small whatever the face size (mel windows, 96x96 crops); the stages cut their
+# answers by bytes, so paste-size faces of a close-up need no sizing here.
+ITEMS_PER_MESSAGE = 10
 MAX_PENDING_FRAMES = 16  # frames handed to the encoder thread and not yet written (back-pressure)
-_MEL_BYTES = MEL_BANDS * MEL_STEP * 2
 
 
 @dataclasses.dataclass
@@ -45,11 +47,6 @@ class SegmentResult:
     frames: int
     models: list[dict]
     stage_seconds: dict[str, float]
-
-
-def items_per_message(face_bytes: int, max_message_bytes: int) -> int:
-    """How many faces of `face_bytes` fit in half a message (the other half is headroom)."""
-    return max(1, min(MAX_ITEMS_PER_MESSAGE, (max_message_bytes // 2) // max(1, face_bytes)))
 
 
 def _model_dict(info: common_pb2.ModelInfo) -> dict:
@@ -64,7 +61,6 @@ class SegmentRenderer:
         lipsync: Callable[[], lipsync_pb2_grpc.LipSyncServiceStub] | lipsync_pb2_grpc.LipSyncServiceStub,
         superres: Callable[[], superres_pb2_grpc.SuperResServiceStub] | superres_pb2_grpc.SuperResServiceStub,
         metrics: Metrics,
-        max_message_bytes: int,
         preset: str,
         threads: int,
         nice: int = 0,
@@ -75,7 +71,6 @@ class SegmentRenderer:
         self._lipsync = _provider(lipsync)
         self._superres = _provider(superres)
         self._metrics = metrics
-        self._max_message = max_message_bytes
         self._preset = preset
         self._threads = threads
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="encode", initializer=_lower_priority, initargs=(nice,))
@@ -173,21 +168,19 @@ class SegmentRenderer:
             return
         meta = avatar.meta
         used = sorted({meta.frame_for(i, template_loop) for i in face_frames})
-        largest = max(_area(meta.boxes[f]) for f in used)  # type: ignore[arg-type]
-        per_message = items_per_message(96 * 96 * 3 if raw_size else largest * 3, self._max_message)
 
         async def requests() -> AsyncIterator[lipsync_pb2.GenerateRequest]:
-            for k in range(0, len(used), MAX_ITEMS_PER_MESSAGE):
+            for k in range(0, len(used), ITEMS_PER_MESSAGE):
                 crops = []
-                for f in used[k : k + MAX_ITEMS_PER_MESSAGE]:
+                for f in used[k : k + ITEMS_PER_MESSAGE]:
                     x1, y1, x2, y2 = meta.boxes[f]  # type: ignore[misc]
                     crops.append(lipsync_pb2.ReferenceCrop(
                         crop_index=f, image=image_to_proto(avatar.crops[avatar.crop_row[f]]),
                         paste_width=x2 - x1, paste_height=y2 - y1,
                     ))
                 yield lipsync_pb2.GenerateRequest(crops=crops, raw_size=raw_size)
-            for k in range(0, len(face_frames), per_message):
-                frames = face_frames[k : k + per_message]
+            for k in range(0, len(face_frames), ITEMS_PER_MESSAGE):
+                frames = face_frames[k : k + ITEMS_PER_MESSAGE]
                 windows = [mels[i - start].tobytes() for i in frames]
                 yield lipsync_pb2.GenerateRequest(
                     items=pack_generate_items(frames, [meta.frame_for(i, template_loop) for i in frames], windows), raw_size=raw_size
@@ -207,15 +200,13 @@ class SegmentRenderer:
         models: list[dict], metadata: tuple, template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         meta = avatar.meta
-        largest = max(_area(b) for b in meta.boxes if b is not None)
-        per_message = items_per_message(largest * 3, self._max_message)
 
         async def requests() -> AsyncIterator[superres_pb2.UpscaleRequest]:
             items: list[superres_pb2.UpscaleItem] = []
             async for index, face in faces:
                 x1, y1, x2, y2 = meta.boxes[meta.frame_for(index, template_loop)]  # type: ignore[misc]
                 items.append(superres_pb2.UpscaleItem(index=index, image=image_to_proto(face), out_width=x2 - x1, out_height=y2 - y1))
-                if len(items) == per_message:
+                if len(items) == ITEMS_PER_MESSAGE:
                     yield superres_pb2.UpscaleRequest(items=items)
                     items = []
             if items:
@@ -247,13 +238,8 @@ def _lower_priority(nice: int) -> None:
         pass
 
 
-def _area(box: tuple[int, int, int, int]) -> int:
-    x1, y1, x2, y2 = box
-    return (x2 - x1) * (y2 - y1)
-
-
 def mels_from_bytes(data: bytes, frames: int) -> np.ndarray:
     """A segment's stored mel windows: (frames, 80, 16) float16 (what the audio stage returned)."""
-    if len(data) != frames * _MEL_BYTES:
-        raise ValueError(f"mel blob has {len(data)} bytes; {frames} frames need {frames * _MEL_BYTES}")
+    if len(data) != frames * MEL_BYTES:
+        raise ValueError(f"mel blob has {len(data)} bytes; {frames} frames need {frames * MEL_BYTES}")
     return np.frombuffer(data, dtype="<f2").reshape(frames, MEL_BANDS, MEL_STEP)

@@ -53,7 +53,7 @@ class RenderService(Service[RenderSettings]):
         self.renderer = SegmentRenderer(
             lambda: clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub),  # a fresh stub per segment
             lambda: clients.stub("superres", superres_pb2_grpc.SuperResServiceStub),
-            self.metrics, s.max_message_bytes, s.x264_preset, threads, s.encode_nice,
+            self.metrics, s.x264_preset, threads, s.encode_nice,
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, AvatarCache(self.blobs, s.cache_dir), self.renderer, name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from services.common.config import StoreSettings, _field, address_field
+from services.common.media import X264_PRESETS
 
-X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 
 
 @dataclasses.dataclass(frozen=True)

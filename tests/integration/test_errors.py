@@ -30,7 +30,7 @@ from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_it
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.helpers.audio_files import encode_tone, multichannel_wav
-from tests.integration.util import assert_all_serving, eventually
+from tests.integration.util import assert_all_serving, eventually, rss_mb
 
 MiB = 1 << 20
 DEFAULT_MAX_MESSAGE = 64 * MiB  # ServiceSettings.max_message_bytes
@@ -383,11 +383,6 @@ def test_superres_bad_items(superres_stub: superres_pb2_grpc.SuperResServiceStub
 # --------------------------------------------------------------------------------------------------
 # Decompression bombs against the running processes: refused from the header, memory unchanged
 # --------------------------------------------------------------------------------------------------
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 def test_png_bomb_avatar_is_refused_fast_and_costs_no_memory(mclient: LiplineClient, cluster: LocalCluster) -> None:

@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -28,7 +27,7 @@ from services.common.store import open_blob_store, open_job_store
 from services.common.store.jobs import AvatarRecord, JobStore, NewJob
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
-from tests.integration.util import SAMPLES, cut_wav, eventually, health_status, start_cluster
+from tests.integration.util import SAMPLES, cut_wav, eventually, health_status, rss_mb, start_cluster
 
 PER_CLIENT, IN_ALL, JOBS_PER_CLIENT = 16, 40, 2
 MiB = 1 << 20
@@ -214,10 +213,7 @@ def test_jobs_per_client_are_capped(fx: Fixture) -> None:
 
 
 def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    return int(rss_mb(pid) * 1024 * 1024)
 
 
 def settled_rss(pid: int, seconds: float = 3.0) -> int:

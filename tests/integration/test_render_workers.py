@@ -25,7 +25,7 @@ from services.gateway.client import LiplineClient
 from services.common.media import Mp4Writer
 from services.local.cluster import LocalCluster
 from tests.helpers.postgres import PostgresServer, missing_reason
-from tests.integration.util import SAMPLES, eventually
+from tests.integration.util import SAMPLES, eventually, rss_mb
 
 FPS = 25
 TEMPLATE_FRAMES = 200
@@ -241,11 +241,6 @@ def _terminal(client: LiplineClient, job_id: str) -> gateway_pb2.Job | None:
     except grpc.RpcError:
         return None  # the gateway's store is still reconnecting
     return job if job.state in (gateway_pb2.JOB_STATE_SUCCEEDED, gateway_pb2.JOB_STATE_FAILED, gateway_pb2.JOB_STATE_CANCELLED) else None
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) / 1024  # type: ignore[union-attr]
 
 
 @pytest.mark.slow

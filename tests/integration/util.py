@@ -78,3 +78,11 @@ def eventually(check: Callable[[], Any], timeout: float = 40.0, what: str = "", 
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(every)
     return result
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (VmRSS) in MiB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import dataclasses
 import json
 import uuid
@@ -519,11 +520,28 @@ class _Waiter:
 
 
 class WaiterFeed(ChangeFeed):
-    """The waiting half of a feed: coroutines park on futures (no threads); subclasses wake them."""
+    """The waiting half of a feed: coroutines park on futures (no threads); a subclass's `_run` task
+    (polling, or LISTEN) wakes them. Starting and closing that task is the same for both stores."""
 
     def __init__(self, store: SqlJobStore) -> None:
         self._store = store
         self._waiters: dict[str, set[_Waiter]] = {}
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"lipline-{type(self).__name__}")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._wake_all()
 
     async def wait(self, job_id: str, after_version: int, timeout: float) -> None:
         loop = asyncio.get_running_loop()

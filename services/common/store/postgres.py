@@ -163,14 +163,12 @@ class PostgresChangeFeed(WaiterFeed):
         super().__init__(store)
         self._url = store.url
         self._where = store.where
-        self._task: asyncio.Task | None = None
         self._connected = asyncio.Event()
         self.connections = 0  # how many times it has started listening (1 + reconnections)
 
     async def start(self) -> None:
         """Start listening; waits (a few seconds at most) for the first connection, never fails."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._listen(), name="lipline-postgres-job-feed")
+        await super().start()
         await self.wait_connected(CONNECT_TIMEOUT_S)
 
     async def wait_connected(self, timeout: float) -> bool:
@@ -179,7 +177,7 @@ class PostgresChangeFeed(WaiterFeed):
             await asyncio.wait_for(self._connected.wait(), timeout)
         return self._connected.is_set()
 
-    async def _listen(self) -> None:
+    async def _run(self) -> None:
         delay = self.BACKOFF_S[0]
         while True:
             try:
@@ -205,10 +203,5 @@ class PostgresChangeFeed(WaiterFeed):
                 delay = min(delay * 2, self.BACKOFF_S[1])
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         self._connected.clear()
-        self._wake_all()
+        await super().close()

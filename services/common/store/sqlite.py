@@ -151,13 +151,8 @@ class SqliteChangeFeed(WaiterFeed):
     def __init__(self, store: SqliteJobStore, interval_s: float = POLL_INTERVAL_S) -> None:
         super().__init__(store)
         self._interval_s = interval_s
-        self._task: asyncio.Task | None = None
 
-    async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._poll(), name="lipline-sqlite-job-feed")
-
-    async def _poll(self) -> None:
+    async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)
             watched = self._watched()
@@ -170,11 +165,3 @@ class SqliteChangeFeed(WaiterFeed):
                 continue
             for job_id, version in versions.items():
                 self._wake(job_id, version)
-
-    async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._wake_all()
