@@ -35,14 +35,18 @@ IMAGE_REGISTRY ?= ghcr.io/lipline
 IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' helm/lipline/Chart.yaml)
 CPU_BASE ?= python:3.11-slim-bookworm
 CPU_TORCH ?= https://download.pytorch.org/whl/cpu
+# The images: one per stage of the registry (services/common/stages.py, standard library only).
+STAGES_PY := $(firstword $(wildcard $(PY)) python3)
+CPU_IMAGES = $(shell $(STAGES_PY) -m services.common.stages --cpu)
+GPU_IMAGES = $(shell $(STAGES_PY) -m services.common.stages --gpu)
 
-images: ## lint services/Dockerfile (hadolint) and build the five images (needs a Docker engine): $(IMAGE_REGISTRY)/lipline-<service>:$(IMAGE_TAG)
+images: ## lint services/Dockerfile (hadolint) and build one image per stage (needs a Docker engine): $(IMAGE_REGISTRY)/lipline-<service>:$(IMAGE_TAG)
 	@if [ -x $(PY) ]; then $(PY) scripts/install_hadolint.py .venv/bin/hadolint && .venv/bin/hadolint services/Dockerfile; \
 	  else echo "images: no .venv (make install), services/Dockerfile not linted"; fi
-	for s in audio render gateway; do docker build -f services/Dockerfile --build-arg SERVICE=$$s --build-arg RUNTIME=cpu \
+	for s in $(CPU_IMAGES); do docker build -f services/Dockerfile --build-arg SERVICE=$$s --build-arg RUNTIME=cpu \
 	  --build-arg BASE_IMAGE=$(CPU_BASE) --build-arg PROTOC_IMAGE=$(CPU_BASE) --build-arg TORCH_INDEX=$(CPU_TORCH) \
 	  -t $(IMAGE_REGISTRY)/lipline-$$s:$(IMAGE_TAG) . || exit 1; done
-	for s in lipsync superres; do docker build -f services/Dockerfile --build-arg SERVICE=$$s --build-arg RUNTIME=gpu \
+	for s in $(GPU_IMAGES); do docker build -f services/Dockerfile --build-arg SERVICE=$$s --build-arg RUNTIME=gpu \
 	  --build-arg PROTOC_IMAGE=$(CPU_BASE) -t $(IMAGE_REGISTRY)/lipline-$$s:$(IMAGE_TAG) . || exit 1; done
 
 CHART_DIST ?= outputs/charts

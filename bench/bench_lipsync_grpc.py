@@ -16,7 +16,7 @@ Only grpcio, protobuf, numpy, torch and opencv are needed on the client side; th
 also needs grpcio-health-checking, grpcio-reflection, prometheus-client and opentelemetry-api (not
 PyAV/librosa: the lipsync import chain does not touch them; this script checks before starting).
 
-The service process and the multi-process load driver are stage-agnostic (`ServiceProcess`,
+The service process and the multi-process load driver are stage-agnostic (`start_service`,
 `serve_and_load`, `load` take the stage, its flags, the stub class and a per-stream coroutine):
 bench_superres_grpc.py reuses them for the superres service's Upscale RPC.
 
@@ -35,10 +35,7 @@ import asyncio
 import datetime as _dt
 import importlib.util
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +53,7 @@ import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_items
+from services.local.process import ServiceProcess, start
 
 # What `python -m services.lipsync` (and services.superres) imports beyond this script's own needs
 # (module -> pip name).
@@ -89,7 +87,7 @@ def write_seeded_checkpoint(path: Path) -> None:
 
 
 def lipsync_flags(args: argparse.Namespace) -> list[str]:
-    """The lipsync-only service flags (ServiceProcess adds the common ones)."""
+    """The lipsync-only service flags (start_service adds the common ones)."""
     flags = ["--detector", "none"]  # only Generate is measured; OpenCV 5 on GPU images lacks Haar cascades
     if args.checkpoint:
         flags += ["--checkpoint", args.checkpoint]
@@ -108,61 +106,22 @@ def serving_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-class ServiceProcess:
-    """`python -m services.<stage>` on port 0 with metrics off; `flags` are the stage's own settings.
+def start_service(args: argparse.Namespace, workdir: Path, replica: int = 0, stage: str = "lipsync",
+                  flags: Sequence[str] = ()) -> ServiceProcess:
+    """`python -m services.<stage>` on port 0 with metrics off (services.local.process, as the local cluster
+    starts it); `flags` are the stage's own settings.
 
     Uses args.device, max_batch, max_delay_ms, log_level, streams, items, window and gpus.
     """
-
-    def __init__(self, args: argparse.Namespace, workdir: Path, replica: int = 0, stage: str = "lipsync",
-                 flags: Sequence[str] = ()) -> None:
-        self.stage = stage
-        self.port_file = workdir / f"{stage}-{replica}.port"
-        self.log_path = workdir / f"{stage}-{replica}.log"
-        cmd = [
-            sys.executable, "-m", f"services.{stage}", "--port", "0", "--port-file", str(self.port_file),
-            "--metrics-port", "-1", "--device", args.device, "--max-batch", str(args.max_batch),
-            "--max-delay-ms", str(args.max_delay_ms), "--log-format", "text", "--log-level", args.log_level,
-            "--grace-s", "2", "--max-concurrent-streams", str(max(256, args.streams * 2)),
-            "--max-pending-per-stream", str(max(512, args.items * (args.window + 1))),
-            *flags,
-        ]
-        self.cmd = cmd
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-        if args.gpus:  # one replica per GPU: replica i sees only gpus[i % n]
-            gpus = args.gpus.split(",")
-            env["CUDA_VISIBLE_DEVICES"] = gpus[replica % len(gpus)]
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-
-    def log_tail(self, chars: int = 6000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def wait_ready(self, timeout: float) -> tuple[int, float]:
-        deadline = time.perf_counter() + timeout
-        while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.stage} exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
-            if self.port_file.exists():
-                port = int(self.port_file.read_text().split()[0])
-                return port, time.perf_counter() - self.started
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.stage} not SERVING after {timeout:.0f}s:\n{self.log_tail()}")
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+    common = [
+        "--port", "0", "--metrics-port", "-1", "--device", args.device, "--max-batch", str(args.max_batch),
+        "--max-delay-ms", str(args.max_delay_ms), "--log-format", "text", "--log-level", args.log_level,
+        "--grace-s", "2", "--max-concurrent-streams", str(max(256, args.streams * 2)),
+        "--max-pending-per-stream", str(max(512, args.items * (args.window + 1))),
+    ]
+    gpus = args.gpus.split(",") if args.gpus else []  # one replica per GPU: replica i sees only gpus[i % n]
+    return start(f"{stage}-{replica}", stage, flags, workdir, base_args=common,
+                 cuda_visible_devices=gpus[replica % len(gpus)] if gpus else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,17 +286,16 @@ def serve_and_load(args: argparse.Namespace, workdir: Path, stage: str, flags: S
 
     Returns `load`'s result plus startup_s and service_exit, and the first replica's log tail.
     """
-    services = [ServiceProcess(args, workdir, r, stage, flags) for r in range(args.replicas)]
+    services = [start_service(args, workdir, r, stage, flags) for r in range(args.replicas)]
     print("starting: " + " ".join(services[0].cmd) + f" (x{args.replicas})", file=sys.stderr)
     try:
-        ready = [s.wait_ready(args.startup_timeout) for s in services]
-        ports = [port for port, _ in ready]
-        startup_s = max(t for _, t in ready)
+        startup_s = max(s.wait_ready(args.startup_timeout) for s in services)
+        ports = [s.port for s in services]
         print(f"SERVING on {ports} after {startup_s:.1f}s; {args.streams} streams x {args.items} items "
               f"for {args.seconds:.0f}s", file=sys.stderr)
         result = load(ports, args, stub_cls, stream_fn, unit)
     finally:
-        rc = max((s.stop() or 0) for s in services)
+        rc = max((s.terminate() or 0) for s in services)
         if args.keep_log:
             Path(args.keep_log).write_text("\n".join(s.log_tail(10**7) for s in services))
     tail = services[0].log_tail(3000)

@@ -54,7 +54,7 @@ def add_stage_args(p: argparse.ArgumentParser, unit: str, gpu_batch: int, cpu_ba
     """The flags both per-step benchmarks take."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch", type=int, default=None, help=f"{unit} per batch; default {gpu_batch} on GPU, {cpu_batch} on CPU")
-    p.add_argument("--backend", default="auto", help="make_backend kind (auto, cpu, torch, compile)")
+    p.add_argument("--backend", default="auto", help="backend kind (auto, cpu, torch, compile)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", default=None)
 
@@ -85,8 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     model = Wav2Lip()
     model.load_state_dict(seeded_state_dict(model))
-    backend = make_backend(args.backend, model.eval(), device, max_batch=batch)
-    backend.warmup(lambda n: (torch.full((n, 1, 80, 16), -4.0), torch.zeros(n, 6, 96, 96)), [batch])
+    backend = make_backend(args.backend, model.eval(), device, max_batch=batch, batch_buckets=(batch,))
+    backend.warmup(lambda n: (torch.full((n, 1, 80, 16), -4.0), torch.zeros(n, 6, 96, 96)))
 
     rng = np.random.default_rng(0)
     faces = rng.integers(0, 256, (batch, 96, 96, 3), dtype=np.uint8)

@@ -2,7 +2,7 @@
 """Model-only throughput of the lipsync generator (Wav2Lip) and the SR net (SRVGGNetCompact x4).
 
 One command; prints a markdown table and (with --out) writes the same rows as JSON. Each row is a
-backend configuration from services/common/backends.py measured at each batch size:
+backend configuration (services.common.backends.make_backend) measured at each batch size:
 
 * `model items/s`: the backend's device-side call (inputs already on the device, output left
   there) timed with torch.cuda.synchronize + perf_counter over chunks of iterations for a fixed
@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # `python bench/bench_models.py` from the reposit
 import torch
 from torch import nn
 
-from services.common.backends import CompiledBackend, TorchBackend, make_backend, reference_output, relative_error
+from services.common.backends import Backend, CompiledBackend, make_backend, reference_output, relative_error
 from services.common.checkpoints import seeded_state_dict
 
 InputsFn = Callable[[int], tuple[torch.Tensor, ...]]
@@ -193,7 +193,7 @@ def time_calls(fn: Callable[[], object], device: torch.device, seconds: float, w
 
 
 def make_row_backend(cfg: Config, model: nn.Module, device: torch.device, batches: Sequence[int],
-                     args: argparse.Namespace) -> TorchBackend:
+                     args: argparse.Namespace) -> Backend:
     common = dict(precision=cfg.precision, channels_last=cfg.channels_last, fold_bn=cfg.fold_bn,
                   batch_buckets=tuple(batches))
     if cfg.compile:
@@ -230,7 +230,7 @@ def bench_model(label: str, unit: str, model: nn.Module, inputs_fn: InputsFn, ro
                 backend = make_row_backend(cfg, model, device, batches, args)
                 setup = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                backend.warmup(inputs_fn, batches)  # graphs captured / compiled here, largest first
+                backend.warmup(inputs_fn)  # every bucket (= the batches): graphs captured / compiled here, largest first
                 warm = time.perf_counter() - t0
                 out = backend(*check_inputs)
                 err = relative_error(out, reference)

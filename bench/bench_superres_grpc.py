@@ -116,7 +116,7 @@ async def run_stream(stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args
 
 
 def superres_flags(args: argparse.Namespace) -> list[str]:
-    """The superres-only service flags (ServiceProcess adds the common ones)."""
+    """The superres-only service flags (start_service adds the common ones)."""
     if args.lanczos:
         return ["--model", "lanczos"]
     return ["--model", args.model, "--checkpoint", args.checkpoint, *serving_flags(args)]

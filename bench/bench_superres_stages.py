@@ -49,8 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.manual_seed(0)
     network = create_sr_model("realesr-general-x4v3")  # seeded random weights: speed does not depend on them
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    upscaler = ModelUpscaler(network, scale=4, device=str(device), dtype=dtype)
+    upscaler = ModelUpscaler(network, scale=4)  # fp32 on the CPU, as the service: the backend holds the device copy
     backend = make_backend(args.backend, upscaler.model, device, max_batch=batch, batch_buckets=(batch,))
     engine = SuperResEngine(upscaler, device, max_batch=batch, backend=backend)
     engine.warmup(batch, (96, 96), args.out_size)
@@ -68,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chunks = [UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE])
               for s in range(0, batch, ITEMS_PER_MESSAGE)]
     results = engine.run(chunks)
-    x = torch.rand(batch, 3, 96, 96, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    x = torch.rand(batch, 3, 96, 96, generator=torch.Generator().manual_seed(0)).to(device, engine.dtype)
     if engine.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     bgr24 = common_pb2.PIXEL_FORMAT_BGR24

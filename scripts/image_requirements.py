@@ -11,10 +11,13 @@ theirs also leave out torch and what only torch needs, the ONNX export tools and
 pipeline (librosa and its scientific stack; mel windows come from the audio service). The audio
 image leaves out torch too: its mel pipeline is librosa and numpy.
 
-Only the GPU images (lipsync, superres: `gpu` > 0 in the chart, RUNTIME=gpu in the Dockerfile) get
+Only the GPU images (the stages with `gpu` in services/common/stages.py, the registry: lipsync and
+superres; `gpu` > 0 in the chart, RUNTIME=gpu in the Dockerfile) get
 NVML's bindings, and `--check` there also wants what torch.compile needs at run time: a C compiler
 (`cc`) and the Python headers (Triton builds its launcher with them). A GPU-only package that is not
 in the lock is not an error here (the lock is the lock), but `--check` fails the GPU image without it.
+
+The registry is standard library too: the Dockerfile copies it in before this script runs.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ import shutil
 import sys
 import sysconfig
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python3 scripts/image_requirements.py`: the registry beside it
+    sys.path.insert(0, str(REPO))
+
+from services.common.stages import STAGES, gpu_stages  # noqa: E402 - after the path
 
 # Only the tests, the chart checks and the build need these.
 DEV = frozenset({
@@ -46,8 +55,8 @@ MEL = frozenset({
 
 # NVML's Python bindings (`import pynvml`, services/common/metrics.py): the GPU metrics, GPU images only.
 GPU_ONLY = frozenset({"nvidia-ml-py"})
-# The images that run on a GPU (the chart's stages with `gpu` > 0; tests/unit/test_images.py checks).
-GPU_SERVICES = frozenset({"lipsync", "superres"})
+# The images that run on a GPU (the registry's; the chart's stages with `gpu` > 0, tests/unit/common/test_stages.py checks).
+GPU_SERVICES = frozenset(gpu_stages())
 
 EXCLUDED: dict[str, frozenset[str]] = {
     "audio": DEV | TORCH | ONNX,
@@ -56,6 +65,8 @@ EXCLUDED: dict[str, frozenset[str]] = {
     "gateway": DEV | TORCH | ONNX | MEL,
     "render": DEV | TORCH | ONNX | MEL,
 }
+if set(EXCLUDED) != set(STAGES):  # a stage joined or left the registry: say what its image leaves out
+    raise SystemExit(f"{__file__}: EXCLUDED has {sorted(EXCLUDED)}, the registry {sorted(STAGES)}")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==")
 
 
@@ -127,8 +138,8 @@ def gpu_problems(installed: set[str] | None = None, which: object = shutil.which
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("service", choices=sorted(EXCLUDED))
-    parser.add_argument("lock", nargs="?", type=Path, default=Path(__file__).resolve().parents[1] / "requirements.lock")
+    parser.add_argument("service", choices=list(STAGES))
+    parser.add_argument("lock", nargs="?", type=Path, default=REPO / "requirements.lock")
     parser.add_argument("--check", action="store_true",
                         help="fail if an excluded package is installed here, or (GPU images) NVML, cc or Python.h is missing")
     parser.add_argument("--runtime", choices=["gpu", "cpu"], help="fail unless this is the service's RUNTIME (Dockerfile)")

@@ -17,6 +17,7 @@ from services.common.codec import MEL_BANDS, MEL_STEP, mel_to_bytes
 from services.common.config import ServiceSettings, _field
 from services.common.errors import InvalidMedia, InvalidRequest, TooLarge
 from services.common.server import Service
+from services.common.stages import STAGES
 from services.common.streams import message_budget
 
 _LOGGER = logging.getLogger(__name__)
@@ -29,8 +30,8 @@ _WINDOW_WIRE_BYTES = MEL_BANDS * MEL_STEP * 2 + 16
 class AudioSettings(ServiceSettings):
     """Settings of the audio service."""
 
-    port: int = _field(50061, "gRPC port")
-    metrics_port: int = _field(9091, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    port: int = _field(STAGES["audio"].port, "gRPC port")
+    metrics_port: int = _field(STAGES["audio"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
     max_audio_bytes: int = _field(100 * 1024 * 1024, "largest accepted audio file")
     max_audio_seconds: float = _field(900.0, "longest accepted audio")
 

@@ -12,7 +12,7 @@ import torch
 
 from torch import nn
 
-from services.common.backends import CompiledBackend, TorchBackend, numerics_check
+from services.common.backends import Backend, CompiledBackend, build_backend, numerics_check, resolve_backend_spec
 from services.common.config import Device, ModelStageSettings, ServiceSettings
 from services.common.metrics import Metrics
 
@@ -138,14 +138,15 @@ def prepare_device(settings: ServiceSettings, metrics: Metrics) -> torch.device:
     return device
 
 
-def finish_backend_start(backend: TorchBackend, reference: nn.Module | None, inputs: Sequence[torch.Tensor],
+def finish_backend_start(backend: Backend, reference: nn.Module | None, inputs: Sequence[torch.Tensor],
                          settings: ModelStageSettings, metrics: Metrics) -> None:
     """After a model stage's warm-up passes: keep a fresh compile's artifacts, then the numerics guard.
 
     The guard skips an fp32 backend on the CPU (that *is* the reference computation); otherwise
     `numerics_check` raises, and so stops the start-up, when the backend's relative error against
-    `reference` (the caller's untouched model, run in fp32) on `inputs` exceeds `max_rel_error`; 0
-    turns it off.
+    `reference` on `inputs` exceeds `max_rel_error`; 0 turns it off. `reference` is the model with
+    its true fp32 weights, as loaded (on the CPU): not a module already cast to the backend's
+    precision, whose rounding the guard would then miss.
     """
     if isinstance(backend, CompiledBackend) and not backend.cache_loaded:
         backend.save_cache()
@@ -157,16 +158,42 @@ def finish_backend_start(backend: TorchBackend, reference: nn.Module | None, inp
     _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": settings.max_rel_error})
 
 
+def stage_backend_builder(
+    settings: ModelStageSettings, device: torch.device, model: nn.Module, *,
+    precision: str | None = None, cuda_graphs: bool | None = None,
+) -> Callable[[bool], Backend]:
+    """`build(allow_compile)` for `start_backend`: a model stage's settings -> `resolve_backend_spec`
+    (which decides and logs) -> `build_backend`. Both GPU stages build their backend through this.
+
+    Args:
+        settings: the stage's backend, max_batch, batch_buckets and compile_cache_dir.
+        device: from `prepare_device`.
+        model: the fp32 model as loaded (the backend works on a copy).
+        precision: None = the spec's default (fp16 on CUDA, fp32 on the CPU).
+        cuda_graphs: None = the spec's default; False for a model that cannot be captured.
+    """
+
+    def build(allow_compile: bool) -> Backend:
+        spec = resolve_backend_spec(
+            settings.backend, device, model=model, precision=precision, max_batch=settings.max_batch,
+            batch_buckets=settings.batch_buckets or None, cache_dir=settings.compile_cache_dir or None,
+            cuda_graphs=cuda_graphs, allow_compile=allow_compile,
+        )
+        return build_backend(spec, model)
+
+    return build
+
+
 async def start_backend(
-    kind: str, build: Callable[[bool], TorchBackend], warm: Callable[[TorchBackend], Awaitable[None]]
-) -> TorchBackend:
+    kind: str, build: Callable[[bool], Backend], warm: Callable[[Backend], Awaitable[None]]
+) -> Backend:
     """Build and warm up a stage's backend; `auto`'s compile pick falls back to `torch` if it fails.
 
-    `build(allow_compile)` makes the backend (`make_backend(..., allow_compile=...)`) and `warm`
-    runs its warm-up, where a compile actually happens. `auto` picks `compile` only on a warm cache,
-    but a cache can still fail here (an image without the C compiler Triton needs, artifacts from
-    another driver): serving fp16 + CUDA graphs beats a pod that crash-loops. An explicit
-    `--backend compile` still fails, as asked.
+    `build(allow_compile)` makes the backend (`stage_backend_builder`) and `warm` runs its warm-up
+    (over `backend.spec.warmup_batches`), where a compile actually happens. `auto` picks `compile`
+    only on a warm cache, but a cache can still fail here (an image without the C compiler Triton
+    needs, artifacts from another driver): serving fp16 + CUDA graphs beats a pod that crash-loops.
+    An explicit `--backend compile` still fails, as asked.
     """
     backend = build(True)
     try:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import dataclasses
 
 from services.common.config import StoreSettings, _field, address_field
+from services.common.stages import STAGES
 
 
 @dataclasses.dataclass(frozen=True)
 class GatewaySettings(StoreSettings):
     """Settings of the gateway: the public API. It keeps no state of its own (jobs and blobs live in the stores)."""
 
-    port: int = _field(50051, "gRPC port of the public API")
-    metrics_port: int = _field(9094, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
-    audio_address: str = address_field("127.0.0.1:50061", "audio")
-    lipsync_address: str = address_field("127.0.0.1:50062", "lipsync (DetectFaces for CreateAvatar)")
+    port: int = _field(STAGES["gateway"].port, "gRPC port of the public API")
+    metrics_port: int = _field(STAGES["gateway"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    audio_address: str = address_field(STAGES["audio"].local_address, "audio")
+    lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync (DetectFaces for CreateAvatar)")
     max_audio_bytes: int = _field(50 * 1024 * 1024, "largest audio file of a job")
     max_audio_seconds: float = _field(600.0, "longest audio of a job")
     max_avatar_bytes: int = _field(200 * 1024 * 1024, "largest avatar upload")

@@ -1,44 +1,30 @@
 """Start lipline's services as real processes on 127.0.0.1 and stop them with SIGTERM.
 
 Used by the demo (`python -m services.local`) and the integration tests: the same processes, the
-same flags and the same health checks as in a pod, just on one machine: the three stages, one or
-more gateways and two or more render workers, sharing the embedded stores (an SQLite file and a
-local folder) or the ones given (a PostgreSQL DSN, S3). Ports are picked by the OS (port 0) and
-read back from each service's --port-file once it reports SERVING.
+same flags and the same health checks as in a pod, just on one machine: every stage of the registry
+(services.common.stages), one or more gateways and two or more render workers, sharing the embedded
+stores (an SQLite file and a local folder) or the ones given (a PostgreSQL DSN, S3). Ports are picked
+by the OS (port 0) and read back from each service's --port-file once it reports SERVING
+(services.local.process, which the benchmarks use too).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-STAGES = ("audio", "lipsync", "superres")
-# Which stages each store user calls (gateway: CreateAvatar's DetectFaces and SubmitJob's mel windows).
-CALLS = {"gateway": ("audio", "lipsync"), "render": ("lipsync", "superres")}
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from services.common.stages import STAGES as REGISTRY
+from services.common.stages import called_stages, start_order
+from services.local.process import REPO_ROOT, ServiceProcess, start
 
+__all__ = ["CALLS", "REPO_ROOT", "STAGES", "LocalCluster", "ServiceProcess"]
 
-@dataclass
-class ServiceProcess:
-    name: str
-    process: subprocess.Popen
-    log_path: Path
-    module: str = ""
-    args: list[str] = field(default_factory=list)
-    port: int = 0
-    metrics_port: int = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+#: the stages the others call (audio, lipsync, superres), started first
+STAGES = called_stages()
+#: which stages each caller dials (gateway: CreateAvatar's DetectFaces and SubmitJob's mel windows)
+CALLS = {s.name: s.calls for s in REGISTRY.values() if s.calls}
+# What every local process gets: loopback, ports picked by the OS, JSON logs, a short drain.
+LOCAL_FLAGS = ("--host=127.0.0.1", "--port=0", "--metrics-port=0", "--log-format=json", "--grace-s=10")
 
 
 @dataclass
@@ -79,19 +65,14 @@ class LocalCluster:
         return [self.processes[n].address for n in self.replica_names("gateway")]
 
     def __enter__(self) -> LocalCluster:
+        """Start the stages wave by wave (services.common.stages.start_order): callers after what they call."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            for stage in STAGES:
-                for name in self.replica_names(stage):
-                    self._start(name, self.extra_args.get(stage, []), stage)
-            for stage in STAGES:
-                for name in self.replica_names(stage):
-                    self._wait_ready(name)
-            for service in ("gateway", "render"):
-                for name in self.replica_names(service):
+            for wave in start_order():
+                names = [name for stage in wave for name in self.replica_names(stage)]
+                for name in names:
                     self.start_service(name)
-            for service in ("gateway", "render"):
-                for name in self.replica_names(service):
+                for name in names:
                     self._wait_ready(name)
         except BaseException:
             self.stop()
@@ -108,17 +89,18 @@ class LocalCluster:
         return name.split("-", 1)[0]
 
     def store_args(self, service: str) -> list[str]:
-        """Flags of a gateway or render worker: the stores, its stages' addresses, a local cache."""
-        args = [f"--job-store={self.job_store}", f"--blob-store={self.blob_store}"]
+        """The flags a stage gets from the cluster: the stores, its stages' addresses (all replicas)."""
+        s = REGISTRY[service]
+        args = [f"--job-store={self.job_store}", f"--blob-store={self.blob_store}"] if s.stores else []
         args += [f"--{stage}-address={','.join(self.processes[n].address for n in self.replica_names(stage))}"
-                 for stage in CALLS[service]]
+                 for stage in s.calls]
         return args
 
     def start_service(self, name: str, wait: bool = False) -> None:
-        """(Re)start a gateway or render worker process by name (tests restart them after a kill)."""
+        """(Re)start a process by name with the cluster's flags and extra_args (tests restart one after a kill)."""
         service = self.service_of(name)
         args = self.store_args(service)
-        if service == "render":
+        if REGISTRY[service].cache:
             args.append(f"--cache-dir={self.workdir / 'cache' / name}")
         self._start(name, args + self.extra_args.get(service, []), service)
         if wait:
@@ -134,54 +116,29 @@ class LocalCluster:
 
     def kill(self, name: str) -> None:
         """SIGKILL one process (no drain) and reap it."""
-        proc = self.processes[name].process
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        self.processes[name].kill()
 
     def _start(self, name: str, args: list[str], module: str | None = None) -> None:
-        port_file = self.workdir / f"{name}.port"
-        port_file.unlink(missing_ok=True)
-        log_path = self.workdir / f"{name}.log"
-        cmd = [
-            sys.executable, "-m", f"services.{module or name}", "--host=127.0.0.1", "--port=0", "--metrics-port=0",
-            f"--port-file={port_file}", "--log-format=json", "--grace-s=10", *args,
-        ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
-        if self.gpus and module in ("lipsync", "superres"):
-            replica = self.replica_names(module).index(name)
-            env["CUDA_VISIBLE_DEVICES"] = self.gpus[replica % len(self.gpus)]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        self.processes[name] = ServiceProcess(name, process, log_path, module or name, list(args))
+        module = module or name
+        gpu = None
+        if self.gpus and REGISTRY[module].gpu:
+            replica = int(name.rsplit("-", 1)[1]) if name != module else 0
+            gpu = self.gpus[replica % len(self.gpus)]
+        self.processes[name] = start(name, module, args, self.workdir, base_args=LOCAL_FLAGS, env=self.env,
+                                     cuda_visible_devices=gpu)
 
     def _wait_ready(self, name: str) -> None:
-        proc = self.processes[name]
-        port_file = self.workdir / f"{name}.port"
-        deadline = time.monotonic() + self.start_timeout_s
-        while not port_file.exists():
-            if proc.process.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.process.returncode} during start-up:\n{proc.log()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} not SERVING after {self.start_timeout_s} s:\n{proc.log()[-4000:]}")
-            time.sleep(0.05)
-        proc.port, proc.metrics_port = (int(x) for x in port_file.read_text().split())
+        self.processes[name].wait_ready(self.start_timeout_s)
 
     def terminate(self, name: str, timeout: float = 30.0) -> int:
         """SIGTERM one service and wait for it to exit; returns its exit code."""
-        proc = self.processes[name].process
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        return self.processes[name].terminate(timeout)
 
     def stop(self) -> None:
-        order = [*self.replica_names("gateway"), *self.replica_names("render"), *(n for stage in STAGES for n in self.replica_names(stage))]
-        for name in order:
-            if name in self.processes:
-                self.terminate(name)
+        """SIGTERM every process, callers before the stages they call (each wave drains together)."""
+        for wave in reversed(start_order()):
+            procs = [p for name, p in reversed(self.processes.items()) if self.service_of(name) in wave]
+            for proc in procs:
+                proc.signal_stop()
+            for proc in procs:
+                proc.terminate()

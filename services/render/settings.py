@@ -6,6 +6,7 @@ import dataclasses
 
 from services.common.config import StoreSettings, _field, address_field
 from services.common.media import X264_PRESETS
+from services.common.stages import STAGES
 
 
 
@@ -13,10 +14,10 @@ from services.common.media import X264_PRESETS
 class RenderSettings(StoreSettings):
     """Settings of a render worker: claims segments from the job store, renders them through the stages."""
 
-    port: int = _field(50064, "gRPC port (health and reflection only: a worker serves no API)")
-    metrics_port: int = _field(9095, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
-    lipsync_address: str = address_field("127.0.0.1:50062", "lipsync")
-    superres_address: str = address_field("127.0.0.1:50063", "superres")
+    port: int = _field(STAGES["render"].port, "gRPC port (health and reflection only: a worker serves no API)")
+    metrics_port: int = _field(STAGES["render"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync")
+    superres_address: str = address_field(STAGES["superres"].local_address, "superres")
     cache_dir: str = _field("var/render-cache", "local cache of avatars converted for compositing (per worker; safe to lose)")
     lease_s: float = _field(10.0, "a claimed task's lease; a worker that stops renewing loses it after this long")
     heartbeat_s: float = _field(0.5, "how often a worker renews its lease (and notices a cancel)")

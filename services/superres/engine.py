@@ -33,7 +33,7 @@ import cv2
 import numpy as np
 import torch
 
-from services.common.backends import TorchBackend
+from services.common.backends import Backend
 from services.common.device import BatchStreams, Size, group_rows_by_size
 from services.common.resize import lanczos4_resize, round_like_opencv
 from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple, reflect_pad
@@ -101,18 +101,22 @@ class SuperResEngine:
     """Runs merged batches of chunks through an upscaler, on its device.
 
     Args:
-        upscaler: a `ModelUpscaler` (its network, dtype and scale are used; the network is switched
-            to channels_last on CUDA, in place, when no backend runs it) or the weight-free `LanczosUpscaler` (resize only).
-        device: where the maths runs; for a ModelUpscaler it must be the model's device (default:
-            the model's device; "cpu" for the Lanczos fallback).
+        upscaler: a `ModelUpscaler` (its scale is used; without a backend also its network and
+            dtype, the network switched to channels_last on CUDA, in place) or the weight-free
+            `LanczosUpscaler` (resize only).
+        device: where the maths runs: the backend's device, else the model's (default: that
+            device; "cpu" for the Lanczos fallback).
         max_batch: largest number of crops one forward pass sees (a chunk bigger than this is run
             in slices, which bounds the activation memory); None = no limit.
-        channels_last: NHWC activations for the network; None = on for CUDA, off on the CPU.
+        channels_last: NHWC activations for the network; None = the backend's choice, else on for
+            CUDA, off on the CPU.
         resize: "torch" (`lanczos4_resize`, two matrix products on the device) or "cv2" (per item
             on the host, exactly the CPU path); None = "torch" on a GPU, "cv2" on the CPU, where the
             dense matrix products take about twice as long as cv2's 8-tap loops (measured: 64 crops
             96 px -> 150x170 and 384x384, Lanczos fallback, 2 cores).
-        backend: runs the network (services.common.backends: fp16, CUDA graphs per batch bucket);
+        backend: runs the network on its own copy of the weights (services.common.backends: fp16,
+            CUDA graphs per batch bucket); the upscaler's module is then not run here, and may stay
+            on the CPU in fp32 (the service keeps it there as the numerics guard's reference).
             None = call the upscaler's module directly. Its output is consumed before the next call.
         overlap: on CUDA, let concurrent `run` calls (the batcher's concurrency > 1) overlap: a CUDA
             stream per thread for uploads, pre/post-processing, resize and the copy back, one compute
@@ -128,7 +132,7 @@ class SuperResEngine:
         max_batch: int | None = None,
         channels_last: bool | None = None,
         resize: str | None = None,
-        backend: TorchBackend | None = None,
+        backend: Backend | None = None,
         overlap: bool = False,
     ) -> None:
         self.upscaler = upscaler
@@ -136,18 +140,22 @@ class SuperResEngine:
         self.model_name = upscaler.model_name
         self.max_batch = max_batch if max_batch and max_batch > 0 else None
         if isinstance(upscaler, ModelUpscaler):
-            if device is not None and not _same_device(torch.device(device), upscaler.device):
-                raise ValueError(f"the model lives on {upscaler.device}, not {device}")
-            self.device = upscaler.device
+            # The network runs where its runner is: the backend's device and dtype, else the model's.
+            where = backend.device if backend is not None else upscaler.device
+            if device is not None and not _same_device(torch.device(device), where):
+                raise ValueError(f"the model lives on {where}, not {device}")
+            self.device = where
             self.model: torch.nn.Module | None = upscaler.model
-            self.dtype = upscaler.dtype
+            self.dtype = backend.spec.dtype if backend is not None else upscaler.dtype
             self.scale = upscaler.scale
         else:
             self.device = torch.device(device or "cpu")
             self.model = None
             self.dtype = torch.float32
             self.scale = 1
-        self.channels_last = self.device.type == "cuda" if channels_last is None else bool(channels_last)
+        if channels_last is None:
+            channels_last = backend.spec.channels_last if backend is not None else self.device.type == "cuda"
+        self.channels_last = bool(channels_last)
         if self.model is not None and self.channels_last and backend is None:
             self.model.to(memory_format=torch.channels_last)  # a backend lays out its own copy
         self.resize = resize or ("cv2" if self.device.type == "cpu" else "torch")

@@ -18,13 +18,14 @@ import numpy as np
 import torch
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
-from services.common.backends import TorchBackend, make_backend
+from services.common.backends import Backend
 from services.common.batcher import DynamicBatcher
 from services.common.codec import MAX_IMAGE_SIDE, image_from_proto
 from services.common.config import ModelStageSettings, _field
-from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth, start_backend
+from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth, stage_backend_builder, start_backend
 from services.common.errors import InvalidRequest
 from services.common.server import Service
+from services.common.stages import STAGES
 from services.common.streams import byte_ranges, message_budget, ordered_stream
 from services.superres.engine import ChunkImages, SuperResEngine, UpscaleChunk
 from services.superres.process import ModelUpscaler, create_upscaler
@@ -36,8 +37,8 @@ _LOGGER = logging.getLogger(__name__)
 class SuperResSettings(ModelStageSettings):
     """Settings of the superres service."""
 
-    port: int = _field(50063, "gRPC port")
-    metrics_port: int = _field(9093, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    port: int = _field(STAGES["superres"].port, "gRPC port")
+    metrics_port: int = _field(STAGES["superres"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
     model: str = _field("realesr-general-x4v3", "SR model name, or 'lanczos' for the weight-free resize")
     checkpoint: str = _field("", "Real-ESRGAN .pth file; empty = the weight-free 'lanczos' fallback")
     max_batch: int = _field(64, "largest model batch")
@@ -127,54 +128,50 @@ class SuperResService(Service[SuperResSettings]):
     async def load(self) -> None:
         s = self.settings
         device = prepare_device(s, self.metrics)
-        self.upscaler = await asyncio.to_thread(create_upscaler, s.model, s.checkpoint or None, str(device))
+        # The network is loaded on the CPU in fp32 and stays there: the backend runs its own copy on
+        # the device (the only one there), and these true fp32 weights are the numerics guard's
+        # reference (a copy already rounded to fp16 would hide the rounding from the guard).
+        self.upscaler = await asyncio.to_thread(create_upscaler, s.model, s.checkpoint or None, "cpu", torch.float32)
         self.scale = getattr(self.upscaler, "scale", 4)
-        precision = str(getattr(self.upscaler, "dtype", "fp32")).replace("torch.float16", "fp16").replace("torch.float32", "fp32")
-        self.model_info = common_pb2.ModelInfo(
-            name=self.upscaler.model_name, backend="cpu" if device.type == "cpu" else "torch", precision=precision
-        )
-        # All per-item maths on the model's device (fp16 + channels_last on CUDA), one copy back; the
-        # network itself through a Backend like every model stage (CUDA graphs per batch bucket).
-        backend, reference = None, None
         depth = resolve_pipeline_depth(s.pipeline_depth, device)
-
-        def build(allow_compile: bool) -> TorchBackend | None:
-            made = None
-            if isinstance(self.upscaler, ModelUpscaler):
-                made = make_backend(
-                    s.backend, self.upscaler.model, device, precision=precision if device.type == "cuda" else None,
-                    batch_buckets=s.batch_buckets or None, max_batch=s.max_batch, cache_dir=s.compile_cache_dir,
-                    allow_compile=allow_compile,
-                )
-            self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch, backend=made, overlap=depth > 1)
-            return made
-
-        async def warm(made: TorchBackend | None) -> None:
-            for n in sorted(made.batch_buckets if made is not None and made.batch_buckets else (1,), reverse=True):
-                await asyncio.to_thread(self.engine.warmup, n, (96, 96))  # the network's native size, per bucket
-            await asyncio.to_thread(self.engine.warmup, 1, (96, 96), (150, 150))  # and a resize
-
+        backend: Backend | None = None
         if isinstance(self.upscaler, ModelUpscaler):
-            reference = self.upscaler.model if device.type == "cuda" else None  # backends work on copies
+            upscaler = self.upscaler
+            build = stage_backend_builder(s, device, upscaler.model)
+
+            async def warm(made: Backend) -> None:
+                # All per-item maths on the backend's device, one copy back (SuperResEngine).
+                self.engine = SuperResEngine(upscaler, device, max_batch=s.max_batch, backend=made, overlap=depth > 1)
+                await self._warm_engine(made.spec.warmup_batches)
+
             backend = await start_backend(s.backend, build, warm)
-            self.model_info.backend = backend.name
-        else:
-            await warm(build(False))
-        if backend is not None:
             guard_inputs = [torch.rand((4, 3, 96, 96), generator=torch.Generator().manual_seed(0))]
-            await asyncio.to_thread(finish_backend_start, backend, reference, guard_inputs, s, self.metrics)
+            await asyncio.to_thread(finish_backend_start, backend, upscaler.model, guard_inputs, s, self.metrics)
+            backend_name, precision = backend.name, backend.precision
+        else:
+            self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch, overlap=depth > 1)
+            await self._warm_engine((1,))  # a resize only: no model batches to warm
+            backend_name, precision = ("cpu" if device.type == "cpu" else "torch"), "fp32"
+        self.model_info = common_pb2.ModelInfo(name=self.upscaler.model_name, backend=backend_name, precision=precision)
         self.batcher: DynamicBatcher[UpscaleChunk, ChunkImages] = DynamicBatcher(
             self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len, concurrency=depth
         )
         self.batcher.start()
-        self.metrics.set_backend(self.upscaler.model_name, self.model_info.backend, precision)
+        self.metrics.set_backend(self.upscaler.model_name, backend_name, precision)
         _LOGGER.info(
             "superres ready",
             extra={
                 "model": self.upscaler.model_name, "device": str(device), "precision": precision,
+                "backend": backend.describe() if backend is not None else backend_name,
                 "resize": self.engine.resize, "pipeline_depth": depth,
             },
         )
+
+    async def _warm_engine(self, batches: Sequence[int]) -> None:
+        """The given batch sizes at the network's native size (96 px, no resize), then one resize."""
+        for n in batches:
+            await asyncio.to_thread(self.engine.warmup, n, (96, 96))
+        await asyncio.to_thread(self.engine.warmup, 1, (96, 96), (150, 150))
 
     async def close(self) -> None:
         if hasattr(self, "batcher"):

@@ -1,4 +1,5 @@
-"""Backends and BatchNorm folding: numerics, bucket padding, the factory, the compile cache key.
+"""Backends and BatchNorm folding: the one decision (resolve_backend_spec), numerics, bucket padding,
+the factory, the compile cache key.
 
 Everything here runs on the CPU (CUDA graphs are ignored there, so the padding/chunking logic is
 the same code the GPU runs); the GPU-only checks are marked `gpu` and skipped without CUDA.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -17,17 +20,22 @@ from torch import nn
 
 from services.common.backends import (
     DEFAULT_BUCKETS,
+    Backend,
     CompiledBackend,
+    TensorRTBackend,
     TorchBackend,
     auto_kind,
-    compile_cache_path,
+    bucket_for,
+    build_backend,
     compile_mode_allows_graphs,
     default_buckets,
     export_onnx,
     make_backend,
     numerics_check,
     relative_error,
+    resolve_backend_spec,
 )
+from services.common.backends import spec as spec_module
 from services.common.checkpoints import seeded_state_dict
 from services.common.folding import count_foldable, fold_conv_bn
 from services.lipsync.wav2lip import Wav2Lip
@@ -147,7 +155,8 @@ def test_fold_uses_eval_statistics_even_from_a_training_module(tiny: _Tiny) -> N
 
 
 def test_default_backend_keeps_cpu_behaviour(tiny: _Tiny) -> None:
-    backend = TorchBackend(copy.deepcopy(tiny), torch.device("cpu"))
+    backend = make_backend("cpu", copy.deepcopy(tiny), torch.device("cpu"))
+    assert isinstance(backend, TorchBackend) and isinstance(backend, Backend)
     assert (backend.name, backend.precision, backend.device.type) == ("cpu", "fp32", "cpu")
     assert not backend.channels_last and not backend.fold_bn and backend.batch_buckets == ()
     inputs = _tiny_inputs(3)
@@ -167,7 +176,7 @@ def test_default_backend_keeps_cpu_behaviour(tiny: _Tiny) -> None:
 def test_buckets_pad_and_chunk_and_return_only_real_rows(
     tiny: _Tiny, buckets: tuple[int, ...], rows: int, model_batches: list[int]
 ) -> None:
-    backend = TorchBackend(copy.deepcopy(tiny), "cpu", batch_buckets=buckets)
+    backend = make_backend("cpu", copy.deepcopy(tiny), "cpu", batch_buckets=buckets)
     seen: list[int] = []
     forward = backend._forward
     backend._forward = lambda *xs: (seen.append(xs[0].shape[0]), forward(*xs))[1]  # type: ignore[method-assign]
@@ -180,13 +189,15 @@ def test_buckets_pad_and_chunk_and_return_only_real_rows(
 
 
 def test_bucket_for() -> None:
-    backend = TorchBackend(torch.nn.Identity(), "cpu", batch_buckets=(2, 4))
+    assert bucket_for((2, 4), 1) == 2 and bucket_for((2, 4), 3) == 4 and bucket_for((2, 4), 40) == 4
+    assert bucket_for((), 7) == 7
+    backend = make_backend("cpu", torch.nn.Identity(), "cpu", batch_buckets=(4, 2))
     assert backend.bucket_for(1) == 2 and backend.bucket_for(3) == 4 and backend.bucket_for(40) == 4
 
 
 def test_cuda_graphs_ignored_on_cpu(tiny: _Tiny) -> None:
-    backend = TorchBackend(copy.deepcopy(tiny), "cpu", cuda_graphs=True, batch_buckets=(4,))
-    assert backend.cuda_graphs is False
+    backend = make_backend("torch", copy.deepcopy(tiny), "cpu", cuda_graphs=True, batch_buckets=(4,))
+    assert backend.cuda_graphs is False and "cuda_graphs ignored off CUDA" in backend.spec.reason
     took = backend.warmup(_tiny_inputs)
     assert list(took) == [4]
     assert backend(*_tiny_inputs(3)).shape[0] == 3
@@ -205,20 +216,20 @@ def test_numerics_check_raises_over_bound_with_the_numbers(tiny: _Tiny) -> None:
     broken = copy.deepcopy(tiny)
     with torch.no_grad():
         broken.a[0].weight.mul_(1.5)
-    backend = TorchBackend(broken, "cpu")
+    backend = make_backend("cpu", broken, "cpu")
     with pytest.raises(RuntimeError, match=r"relative error [0-9.e+-]+ exceeds bound 1\.0e-02"):
         numerics_check(backend, tiny, _tiny_inputs(2), bound=1e-2)
 
 
 def test_numerics_check_does_not_touch_the_reference(tiny: _Tiny) -> None:
     before = {k: v.clone() for k, v in tiny.state_dict().items()}
-    numerics_check(TorchBackend(copy.deepcopy(tiny), "cpu", "bf16"), tiny, _tiny_inputs(2), bound=5e-2)
+    numerics_check(make_backend("torch", copy.deepcopy(tiny), "cpu", precision="bf16"), tiny, _tiny_inputs(2), bound=5e-2)
     assert all(torch.equal(before[k], v) and v.dtype == before[k].dtype for k, v in tiny.state_dict().items())
 
 
 def test_bad_precision_is_rejected(tiny: _Tiny) -> None:
     with pytest.raises(ValueError, match="precision 'int8'"):
-        TorchBackend(tiny, "cpu", "int8")
+        make_backend("torch", tiny, "cpu", precision="int8")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -264,26 +275,35 @@ def test_onnx_export_has_a_dynamic_batch_axis(tiny: _Tiny, tmp_path: Path) -> No
 
 
 def test_compile_cache_key_depends_on_weights_precision_and_buckets(tiny: _Tiny, tmp_path: Path) -> None:
-    # Construction is cheap: torch.compile only wraps; nothing compiles before the first call.
     def key(model: nn.Module, **kw: object) -> str:
-        return CompiledBackend(copy.deepcopy(model), "cpu", cache_dir=tmp_path, **kw).cache_key  # type: ignore[arg-type]
+        return resolve_backend_spec("compile", "cpu", model=model, cache_dir=tmp_path, log=False, **kw).cache_key  # type: ignore[arg-type]
 
     base = key(tiny, precision="fp32", batch_buckets=(4, 8))
     assert base == key(tiny, precision="fp32", batch_buckets=(8, 4))
     assert base != key(tiny, precision="bf16", batch_buckets=(4, 8))
     assert base != key(tiny, precision="fp32", batch_buckets=(4, 16))
+    assert base != key(tiny, precision="fp32", batch_buckets=(4, 8), fold_bn=True)
+    assert base != key(tiny, precision="fp32", batch_buckets=(4, 8), compile_mode="default")
     other = copy.deepcopy(tiny)
     with torch.no_grad():
         other.a[0].bias.add_(1e-3)
     assert base != key(other, precision="fp32", batch_buckets=(4, 8))
 
 
-def test_compile_cache_path_is_known_before_building_the_backend(tiny: _Tiny, tmp_path: Path) -> None:
-    opts = dict(precision="fp32", batch_buckets=(4,), fold_bn=True)
-    path = compile_cache_path(tiny, "cpu", tmp_path, mode="default", **opts)  # type: ignore[arg-type]
-    backend = CompiledBackend(copy.deepcopy(tiny), "cpu", mode="default", cache_dir=tmp_path, **opts)  # type: ignore[arg-type]
-    assert backend.cache_path == path
-    assert path != compile_cache_path(tiny, "cpu", tmp_path, mode="default", precision="fp32", batch_buckets=(4,))
+def test_the_compiled_backend_reads_its_cache_path_from_the_spec(tiny: _Tiny, tmp_path: Path) -> None:
+    """The key is decided once, before anything is built; the constructor only reads it."""
+    # Construction is cheap: torch.compile only wraps; nothing compiles before the first call.
+    spec = resolve_backend_spec("compile", "cpu", model=tiny, precision="fp32", batch_buckets=(4,), fold_bn=True,
+                                compile_mode="default", cache_dir=tmp_path, log=False)
+    assert spec.cache_path == tmp_path / f"{spec.cache_key}.bin"
+    backend = build_backend(spec, tiny)
+    assert isinstance(backend, CompiledBackend) and backend.spec is spec
+    assert (backend.cache_path, backend.cache_key) == (spec.cache_path, spec.cache_key)
+    unfolded = resolve_backend_spec("compile", "cpu", model=tiny, precision="fp32", batch_buckets=(4,),
+                                    compile_mode="default", cache_dir=tmp_path, log=False)
+    assert unfolded.cache_path != spec.cache_path
+    assert resolve_backend_spec("compile", "cpu", model=tiny, log=False).cache_path is None  # no dir: not kept
+    assert resolve_backend_spec("torch", "cpu", model=tiny, cache_dir=tmp_path, log=False).cache_key == ""
 
 
 def test_auto_compiles_only_where_a_warm_cache_exists() -> None:
@@ -294,10 +314,12 @@ def test_auto_compiles_only_where_a_warm_cache_exists() -> None:
 
 
 def test_compile_backend_survives_a_corrupt_cache_file(tiny: _Tiny, tmp_path: Path) -> None:
-    backend = CompiledBackend(copy.deepcopy(tiny), "cpu", "fp32", cache_dir=tmp_path, batch_buckets=(4,))
+    backend = make_backend("compile", copy.deepcopy(tiny), "cpu", precision="fp32", cache_dir=tmp_path, batch_buckets=(4,))
+    assert isinstance(backend, CompiledBackend)
     assert backend.cache_path is not None and backend.cache_loaded is False
     backend.cache_path.write_bytes(b"not a cache")
-    again = CompiledBackend(copy.deepcopy(tiny), "cpu", "fp32", cache_dir=tmp_path, batch_buckets=(4,))
+    again = make_backend("compile", copy.deepcopy(tiny), "cpu", precision="fp32", cache_dir=tmp_path, batch_buckets=(4,))
+    assert isinstance(again, CompiledBackend)
     assert again.cache_path == backend.cache_path and again.cache_loaded is False
 
 
@@ -375,9 +397,9 @@ def test_auto_picks_compile_once_its_cache_is_warm(tiny: _Tiny, tmp_path: Path) 
 def test_compile_modes_with_inductor_graphs_turn_ours_off(tiny: _Tiny) -> None:
     assert compile_mode_allows_graphs("max-autotune-no-cudagraphs") and compile_mode_allows_graphs("default")
     assert not compile_mode_allows_graphs("reduce-overhead") and not compile_mode_allows_graphs("max-autotune")
-    backend = CompiledBackend(copy.deepcopy(tiny), "cpu", "fp32", mode="reduce-overhead", cuda_graphs=True,
-                              batch_buckets=(4,))
-    assert backend.cuda_graphs is False
+    backend = make_backend("compile", copy.deepcopy(tiny), "cpu", precision="fp32", compile_mode="reduce-overhead",
+                           cuda_graphs=True, batch_buckets=(4,))
+    assert backend.cuda_graphs is False and "Inductor's own" in backend.spec.reason
 
 
 @pytest.mark.tensorrt
@@ -418,3 +440,97 @@ def test_backends_leave_the_callers_module_alone(tiny: _Tiny) -> None:
     for key, value in before.items():
         assert after[key].dtype == value.dtype and torch.equal(after[key], value), key
         assert after[key].is_contiguous(), f"{key} was made channels_last"
+
+
+# --------------------------------------------------------------------------------------------------
+# resolve_backend_spec: the one decision
+# --------------------------------------------------------------------------------------------------
+
+
+def test_auto_on_the_cpu_is_eager_fp32_without_buckets(tiny: _Tiny, tmp_path: Path) -> None:
+    spec = resolve_backend_spec("auto", "cpu", model=tiny, max_batch=64, cache_dir=tmp_path, log=False)
+    assert (spec.kind, spec.name, spec.precision, spec.buckets) == ("torch", "cpu", "fp32", ())
+    assert not (spec.fold_bn or spec.cuda_graphs or spec.channels_last or spec.cache_key)
+    assert spec.reason == "no CUDA device" and spec.warmup_batches == (1,)
+
+
+@pytest.fixture()
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lets the spec be resolved for "cuda" without a GPU (only the cache key asks the device)."""
+    monkeypatch.setattr(spec_module, "_device_tag", lambda device: "fake-gpu sm90 cuda12")
+
+
+def test_auto_on_cuda_compiles_only_with_a_warm_cache(tiny: _Tiny, tmp_path: Path, fake_gpu: None) -> None:
+    cold = resolve_backend_spec("auto", "cuda", model=tiny, max_batch=64, cache_dir=tmp_path, log=False)
+    assert (cold.kind, cold.precision, cold.fold_bn, cold.cuda_graphs, cold.channels_last) == ("torch", "fp16", True, True, True)
+    assert cold.buckets == (8, 16, 32, 64) and cold.reason.startswith("no warm compile cache at ")
+    would = resolve_backend_spec("compile", "cuda", model=tiny, max_batch=64, cache_dir=tmp_path, log=False)
+    assert would.cache_path is not None and would.fold_bn and would.cuda_graphs
+    would.cache_path.write_bytes(b"artifacts")  # what a compile pod leaves behind
+    warm = resolve_backend_spec("auto", "cuda", model=tiny, max_batch=64, cache_dir=tmp_path, log=False)
+    has_triton = importlib.util.find_spec("triton") is not None
+    assert warm.kind == ("compile" if has_triton else "torch")
+    if has_triton:
+        assert warm.cache_path == would.cache_path and warm.reason.startswith("compile cache warm")
+    fallback = resolve_backend_spec("auto", "cuda", model=tiny, max_batch=64, cache_dir=tmp_path, allow_compile=False,
+                                    log=False)
+    assert fallback.kind == "torch" and fallback.reason == "compile not allowed (fallback)"
+    # The same warm cache on the CPU changes nothing.
+    cpu = resolve_backend_spec("auto", "cpu", model=tiny, max_batch=64, cache_dir=tmp_path, log=False)
+    assert cpu.name == "cpu"
+
+
+def test_buckets_come_from_max_batch_where_the_kind_needs_them(tiny: _Tiny, fake_gpu: None) -> None:
+    assert resolve_backend_spec("torch", "cuda", max_batch=100, cuda_graphs=True, log=False).buckets == (8, 16, 32, 64, 100)
+    assert resolve_backend_spec("torch", "cuda", max_batch=100, log=False).buckets == ()  # eager: no padding
+    assert resolve_backend_spec("compile", "cpu", model=tiny, max_batch=64, log=False).buckets == (8, 16, 32, 64)
+    assert resolve_backend_spec("compile", "cpu", model=tiny, log=False).buckets == DEFAULT_BUCKETS
+    explicit = resolve_backend_spec("auto", "cuda", max_batch=100, batch_buckets=(32, 4, 32), log=False)
+    assert explicit.buckets == (4, 32) and explicit.warmup_batches == (32, 4)
+    assert explicit.bucket_for(5) == 32 and explicit.chunk_rows(100) == 32
+    with pytest.raises(ValueError, match="must be positive"):
+        resolve_backend_spec("torch", "cpu", batch_buckets=(0, 4), log=False)
+    with pytest.raises(ValueError, match="not one of"):
+        resolve_backend_spec("onnxruntime", "cpu", log=False)
+
+
+def test_the_decision_is_logged_in_one_line(tiny: _Tiny, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="services.common.backends"):
+        backend = make_backend("auto", copy.deepcopy(tiny), "cpu", max_batch=16, cuda_graphs=True)
+        backend.warmup(_tiny_inputs)
+    decisions = [r for r in caplog.records if " -> " in r.getMessage()]
+    assert [r.getMessage() for r in decisions] == [
+        "backend auto -> cpu[fp32] on cpu (no CUDA device; cuda_graphs ignored off CUDA)"
+    ]
+    assert decisions[0].levelno == logging.INFO and decisions[0].buckets == []  # type: ignore[attr-defined]
+    assert len(caplog.records) == 2  # the decision and one warm-up line, nothing else
+
+
+def test_the_tensorrt_spec_is_folded_fp32_export_with_buckets(tiny: _Tiny, monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path, fake_gpu: None) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "tensorrt" else real(name, *a))
+    spec = resolve_backend_spec("tensorrt", "cuda", model=tiny, max_batch=32, cache_dir=tmp_path, log=False)
+    assert (spec.kind, spec.precision, spec.fold_bn, spec.channels_last, spec.cuda_graphs) == ("tensorrt", "fp16", True, False, False)
+    assert spec.buckets == (8, 16, 32) and spec.cache_path == tmp_path / f"trt-{spec.cache_key}.engine"
+    assert not issubclass(TensorRTBackend, TorchBackend)  # the shared spec-driven base, not the eager backend
+
+
+_BUCKET_RULES = re.compile(
+    r"def (default_buckets|bucket_for|_?normalise_buckets)\((?!self)|DEFAULT_BUCKETS\s*[:=]|buckets\s+(?:or|else)\s+\(\d"
+    r"|for b in .*buckets.*:\s*\n\s*if b >= "
+)
+
+
+def test_no_module_but_the_spec_decides_buckets() -> None:
+    """The bucket rule (and the warm-up fallback) lives in services/common/backends/spec.py only; the
+    backends' and the protocol's `bucket_for(self, n)` only delegate to it."""
+    root = Path(__file__).resolve().parents[3]
+    offenders = []
+    for path in [*(root / "services").rglob("*.py"), *(root / "bench").rglob("*.py")]:
+        if path == root / "services" / "common" / "backends" / "spec.py":
+            continue
+        for match in _BUCKET_RULES.finditer(path.read_text(encoding="utf-8")):
+            offenders.append(f"{path.relative_to(root)}: {match.group(0).strip()}")
+    assert not offenders, offenders
+    assert _BUCKET_RULES.search((root / "services/common/backends/spec.py").read_text(encoding="utf-8"))

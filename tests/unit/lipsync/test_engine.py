@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.backends import TorchBackend
+from services.common.backends import make_backend
 from services.common.checkpoints import seeded_state_dict
 from services.common.errors import InvalidRequest, TooLarge
 from services.lipsync import prep
@@ -35,7 +35,7 @@ def _numpy_path(model: Wav2Lip, faces: np.ndarray, mels: np.ndarray) -> np.ndarr
 
 
 def test_engine_matches_numpy_path_across_chunks_and_banks(model: Wav2Lip) -> None:
-    engine = LipSyncEngine(TorchBackend(model, "cpu"))
+    engine = LipSyncEngine(make_backend("cpu", model, "cpu"))
     faces_a, mels_a = _inputs(3, 1)
     faces_b, mels_b = _inputs(2, 2)
     bank_a, bank_b = engine.new_bank(8), engine.new_bank(8)
@@ -59,7 +59,7 @@ def test_engine_matches_numpy_path_across_chunks_and_banks(model: Wav2Lip) -> No
 
 
 def test_engine_resizes_like_cv2_inter_linear(model: Wav2Lip) -> None:
-    engine = LipSyncEngine(TorchBackend(model, "cpu"))
+    engine = LipSyncEngine(make_backend("cpu", model, "cpu"))
     faces, mels = _inputs(4, 3)
     bank = engine.new_bank(4)
     for i, face in enumerate(faces):
@@ -79,7 +79,7 @@ def test_engine_resizes_like_cv2_inter_linear(model: Wav2Lip) -> None:
 
 
 def test_crop_bank_validates() -> None:
-    bank = LipSyncEngine(TorchBackend(torch.nn.Identity(), "cpu")).new_bank(max_crops=1)
+    bank = LipSyncEngine(make_backend("cpu", torch.nn.Identity(), "cpu")).new_bank(max_crops=1)
     with pytest.raises(InvalidRequest, match="send 96x96"):
         bank.add(0, np.zeros((32, 32, 3), np.uint8))
     bank.add(0, np.zeros((96, 96, 3), np.uint8))
@@ -96,7 +96,6 @@ def _concurrent_runs_match_serial(device: str, model: Wav2Lip) -> None:
     import copy
     from concurrent.futures import ThreadPoolExecutor
 
-    from services.common.backends import make_backend
 
     engine = LipSyncEngine(make_backend("auto", copy.deepcopy(model), device, max_batch=16), overlap=True)
     faces, mels = _inputs(12, 5)
@@ -127,11 +126,10 @@ def test_engine_on_cuda_matches_cpu(model: Wav2Lip) -> None:
     """The service's GPU path (auto: fp16, folded BN, CUDA graphs) against the CPU fp32 engine."""
     import copy
 
-    from services.common.backends import make_backend
 
     faces, mels = _inputs(40, 4)
     results = []
-    for backend in (TorchBackend(copy.deepcopy(model), "cpu"), make_backend("auto", copy.deepcopy(model), "cuda", max_batch=64)):
+    for backend in (make_backend("cpu", copy.deepcopy(model), "cpu"), make_backend("auto", copy.deepcopy(model), "cuda", max_batch=64)):
         engine = LipSyncEngine(backend)
         bank = engine.new_bank(64)
         for i, f in enumerate(faces):

@@ -10,7 +10,7 @@ import pytest
 
 from services.common.config import Device, parse_settings
 from services.common.metrics import Metrics
-from services.lipsync import service as lipsync_service
+from services.common import device as device_module
 from services.lipsync.service import LipSyncService, LipSyncSettings
 
 
@@ -26,13 +26,13 @@ def test_settings_defaults_and_flags() -> None:
 def test_pipeline_depth_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, depth: int, concurrency: int) -> None:
     """0 (auto) is one batch at a time on the CPU; an explicit depth is kept (the overlap stays off there)."""
     seen: dict[str, Any] = {}
-    real_make_backend = lipsync_service.make_backend
+    real_resolve = device_module.resolve_backend_spec
 
-    def make_backend(*args: Any, **kwargs: Any) -> Any:
+    def resolve_backend_spec(*args: Any, **kwargs: Any) -> Any:
         seen.update(kwargs)
-        return real_make_backend(*args, **kwargs)
+        return real_resolve(*args, **kwargs)
 
-    monkeypatch.setattr(lipsync_service, "make_backend", make_backend)
+    monkeypatch.setattr(device_module, "resolve_backend_spec", resolve_backend_spec)
     settings = LipSyncSettings(device=Device.CPU, detector="none", pipeline_depth=depth, compile_cache_dir=str(tmp_path))
     svc = LipSyncService(settings, Metrics("lipsync"))
 
@@ -41,6 +41,7 @@ def test_pipeline_depth_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, 
         try:
             assert svc.batcher.concurrency == concurrency
             assert not svc.engine.streams.enabled
+            assert svc.engine.backend is svc.backend and svc.backend.name == "cpu"
         finally:
             await svc.close()
 

@@ -1,23 +1,27 @@
 """The superres service in-process on the CPU: its settings, what load() builds, and Upscale's responses.
 
 The network is a small seeded SRVGGNetCompact (create_upscaler is replaced), so load() goes through
-make_backend and the engine as in production. Upscale is driven through the servicer directly (no
+resolve_backend_spec, build_backend and the engine as in production. Upscale is driven through the servicer directly (no
 socket); each test runs its own event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from lipline.v1 import common_pb2, superres_pb2
+from services.common.backends import make_backend, numerics_check
 from services.common.checkpoints import seeded_state_dict
 from services.common.codec import image_to_proto
+from services.common import device as device_module
 from services.common.config import Device, parse_settings
 from services.common.metrics import Metrics
 from services.superres import service as superres_service
@@ -47,18 +51,31 @@ def test_settings_defaults_and_flags() -> None:
 
 
 class _Loaded:
-    """A SuperResService loaded on the CPU with a small model, plus what make_backend was given."""
+    """A SuperResService loaded on the CPU with a small model, plus what resolve_backend_spec was given
+    and what the numerics guard was handed."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> None:
         self.backend_kwargs: dict[str, Any] = {}
-        real_make_backend = superres_service.make_backend
+        self.guard: tuple[Any, ...] = ()
+        self.upscaler_args: tuple[Any, ...] = ()
+        real_resolve, real_finish = device_module.resolve_backend_spec, superres_service.finish_backend_start
 
-        def make_backend(*args: Any, **kwargs: Any) -> Any:
+        def resolve_backend_spec(*args: Any, **kwargs: Any) -> Any:
             self.backend_kwargs = kwargs
-            return real_make_backend(*args, **kwargs)
+            return real_resolve(*args, **kwargs)
 
-        monkeypatch.setattr(superres_service, "make_backend", make_backend)
-        monkeypatch.setattr(superres_service, "create_upscaler", lambda *_a, **_k: ModelUpscaler(_srvgg(), scale=4))
+        def finish_backend_start(*args: Any) -> None:
+            self.guard = args
+            real_finish(*args)
+
+        def create_upscaler(*args: Any) -> ModelUpscaler:
+            self.upscaler_args = args
+            model_name, checkpoint, device, dtype = args
+            return ModelUpscaler(_srvgg(), scale=4, device=device, dtype=dtype)
+
+        monkeypatch.setattr(device_module, "resolve_backend_spec", resolve_backend_spec)
+        monkeypatch.setattr(superres_service, "finish_backend_start", finish_backend_start)
+        monkeypatch.setattr(superres_service, "create_upscaler", create_upscaler)
         self.service = SuperResService(SuperResSettings(device=Device.CPU, max_batch=8, **settings), Metrics("superres"))
 
 
@@ -84,6 +101,42 @@ def test_load_on_cpu_resolves_auto_depth_and_passes_the_compile_cache_dir(monkey
 
     asyncio.run(main())
     assert loaded.backend_kwargs["cache_dir"] == str(tmp_path)
+
+
+def test_the_numerics_guard_gets_the_true_fp32_weights_and_the_backend_its_own_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard's reference is the model as loaded (fp32, on the CPU), never a copy already rounded to
+    the serving precision; the backend runs its own copy, so the device holds the weights once."""
+    loaded = _Loaded(monkeypatch)
+
+    async def main() -> None:
+        await loaded.service.load()
+        await loaded.service.close()
+
+    asyncio.run(main())
+    assert loaded.upscaler_args[2:] == ("cpu", torch.float32)  # loaded on the CPU in fp32, whatever the device
+    backend, reference, inputs, *_ = loaded.guard
+    want = _srvgg().state_dict()
+    got = reference.state_dict()
+    assert all(v.dtype == torch.float32 and v.device.type == "cpu" and torch.equal(v, want[k]) for k, v in got.items())
+    served = dict(backend.module.named_parameters())
+    assert all(p.data_ptr() != served[k].data_ptr() for k, p in reference.named_parameters())
+    assert loaded.service.engine.backend is backend and loaded.service.model_info.backend == backend.name
+
+
+def test_a_reference_rounded_to_fp16_hides_the_rounding_from_the_guard() -> None:
+    """Why the guard needs the true fp32 weights: against fp16-rounded weights the measured error of an
+    fp16 backend misses the weight rounding, and an fp16 module is refused as a reference."""
+    model = _srvgg()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.rand(p.shape, generator=torch.Generator().manual_seed(1)) * 1e-3)  # not fp16-exact
+    inputs = [torch.rand((2, 3, 12, 12), generator=torch.Generator().manual_seed(0))]
+    backend = make_backend("torch", model, "cpu", precision="fp16")
+    true_err = numerics_check(backend, model, inputs, bound=1.0)
+    rounded = copy.deepcopy(model).half().float()  # what the old guard compared against
+    assert numerics_check(backend, rounded, inputs, bound=1.0) < true_err
+    with pytest.raises(ValueError, match="fp32 weights"):
+        numerics_check(backend, copy.deepcopy(model).half(), inputs)
 
 
 def _messages(stream: int) -> tuple[list[superres_pb2.UpscaleRequest], list[tuple[np.ndarray, tuple[int, int]]]]:
