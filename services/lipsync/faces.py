@@ -25,6 +25,7 @@ __all__ = [
     "pad_box",
     "smooth_boxes",
     "steady_boxes",
+    "drop_outlier_boxes",
     "prepare_boxes",
 ]
 
@@ -47,6 +48,12 @@ STEADY_HYSTERESIS = 0.25
 HAAR_EXTEND_TOP = 0.0
 HAAR_EXTEND_BOTTOM = 0.10
 HAAR_EXTEND_SIDES = 0.0
+# `drop_outlier_boxes`: a box whose centre or size is further than OUTLIER_FRACTION of the local box size
+# from the median of its 2 * OUTLIER_HALF + 1 neighbours (detected frames only) is a detector error (a
+# false positive on a hand or a microphone for a frame or two); it is dropped rather than smoothed into
+# the 2 * STEADY_HALF frames around it. The centred median follows steady motion exactly.
+OUTLIER_HALF = 3
+OUTLIER_FRACTION = 0.3
 # A detection counts as a face candidate when it has at least this fraction of the best one's votes.
 STRONG_VOTE_FRACTION = 0.5
 
@@ -197,6 +204,31 @@ def steady_boxes(boxes: np.ndarray, height: int, width: int, half: int = STEADY_
     return out
 
 
+def drop_outlier_boxes(boxes: Sequence[Box | None], half: int = OUTLIER_HALF,
+                       fraction: float = OUTLIER_FRACTION) -> list[Box | None]:
+    """`boxes` with the isolated detector errors set to None (see OUTLIER_FRACTION).
+
+    Judged against the detected boxes among the `half` frames on each side; with fewer than
+    `half` + 1 of them (short runs, photos) nothing is dropped.
+    """
+    out = list(boxes)
+    for i, box in enumerate(boxes):
+        if box is None:
+            continue
+        near = [b for b in boxes[max(0, i - half): i + half + 1] if b is not None]
+        if len(near) < half + 1:
+            continue
+        b = np.array(near, dtype=np.float64)
+        centre = np.median((b[:, :2] + b[:, 2:]) / 2, axis=0)
+        size = np.median(b[:, 2:] - b[:, :2], axis=0)
+        own = np.array(box, dtype=np.float64)
+        tolerance = fraction * float(size.mean())
+        if (np.abs((own[:2] + own[2:]) / 2 - centre).max() > tolerance
+                or np.abs((own[2:] - own[:2]) - size).max() > tolerance):
+            out[i] = None
+    return out
+
+
 def prepare_boxes(raw: Sequence[Box | None], height: int, width: int, pads: Sequence[int] = DEFAULT_PADS,
                   smooth: bool = True) -> list[Box | None]:
     """Pad every detected box, then smooth within each contiguous run of frames that have a face.
@@ -206,11 +238,13 @@ def prepare_boxes(raw: Sequence[Box | None], height: int, width: int, pads: Sequ
 
     Deviation from upstream, which raises on the first frame without a face: such frames stay None
     (the caller passes them through unchanged) so one bad frame never fails a whole job, and the
-    smoothing never averages across a gap, where the face may have moved.
+    smoothing never averages across a gap, where the face may have moved. Before smoothing, isolated
+    detector errors are dropped (`drop_outlier_boxes`), so one wrong box does not drag its neighbours.
     """
     padded = [None if b is None else pad_box(b, pads, height=height, width=width) for b in raw]
     if not smooth:
         return padded
+    padded = drop_outlier_boxes(padded)
     out: list[Box | None] = list(padded)
     i = 0
     while i < len(padded):

@@ -14,17 +14,19 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.common.backends import TorchBackend, make_backend
+from services.common.backends import Backend
 from services.common.batcher import DynamicBatcher
-from services.common.codec import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items
+from services.common.codec import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items, unpack_speech
 from services.common.config import ModelStageSettings, _field
-from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth, start_backend
+from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth, stage_backend_builder, start_backend
 from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
 from services.common.server import Service
+from services.common.stages import STAGES
 from services.common.streams import byte_ranges, message_budget, ordered_stream
 from services.lipsync import prep
 from services.lipsync.engine import MEL_SHAPE, ChunkFaces, GenerateChunk, LipSyncEngine
-from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, prepare_boxes
+from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector
+from services.lipsync.occlusion import OcclusionConfig, visible_boxes
 from services.lipsync.procedural import ProceduralLipSync
 from services.lipsync.wav2lip import load_wav2lip
 
@@ -36,14 +38,28 @@ IMG = prep.IMG_SIZE
 class LipSyncSettings(ModelStageSettings):
     """Settings of the lipsync service."""
 
-    port: int = _field(50062, "gRPC port")
-    metrics_port: int = _field(9092, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    port: int = _field(STAGES["lipsync"].port, "gRPC port")
+    metrics_port: int = _field(STAGES["lipsync"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
     checkpoint: str = _field("", "wav2lip.pth / wav2lip_gan.pth; empty = the weight-free 'procedural' model")
     max_batch: int = _field(128, "largest model batch (Wav2Lip's inference default)")
     max_crops_per_stream: int = _field(4096, "reference crops one Generate stream may register")
     max_detect_frames: int = _field(3000, "frames one DetectFaces stream may send")
     detector: str = _field("haar", "face detector for DetectFaces: haar (OpenCV's bundled cascade) or none")
+    occlusion_check: bool = _field(
+        True, "DetectFaces: frames whose lower face is hidden (hand, microphone, card) pass through unchanged"
+    )
+    occlusion_mad_k: float = _field(4.0, "a frame's lower face is covered above median + k * MAD of the avatar's scores")
+    occlusion_min_score: float = _field(0.8, "absolute floor of the covered-mouth threshold (a nearly still avatar)")
+    occlusion_dilate: int = _field(2, "frames added on each side of a covered run (no flicker at its edges)")
     precision: str = _field("", "fp32, fp16 or bf16; empty = the backend's default (fp16 on CUDA, fp32 on CPU)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.occlusion_mad_k <= 0 or self.occlusion_min_score < 0 or self.occlusion_dilate < 0:
+            raise ValueError(
+                f"occlusion_mad_k must be > 0, occlusion_min_score and occlusion_dilate >= 0; got "
+                f"{self.occlusion_mad_k}, {self.occlusion_min_score}, {self.occlusion_dilate}"
+            )
 
 
 class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
@@ -74,14 +90,13 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
         if len(pads) != 4:
             raise InvalidRequest(f"pads must be 4 numbers (top, bottom, left, right), got {list(pads)}")
         smooth = not (options is not None and options.no_smooth)
-        h, w = frames[0].shape[:2]
         if svc.detector is None:
             raise FailedPrecondition("this lipsync replica runs without a face detector (--detector none)")
         raw = await asyncio.to_thread(svc.detector.detect, frames)
-        boxes = prepare_boxes(raw, h, w, pads, smooth)
+        boxes, covered = await asyncio.to_thread(visible_boxes, frames, raw, pads, smooth, svc.occlusion)
         svc.metrics.items.labels(svc.stage).inc(len(frames))
         found = sum(b is not None for b in boxes)
-        _LOGGER.info("detected faces", extra={"frames": len(frames), "found": found})
+        _LOGGER.info("detected faces", extra={"frames": len(frames), "found": found, "mouth_covered": int(covered.sum())})
         for start in range(0, len(boxes), 256):
             yield lipsync_pb2.DetectFacesResponse(
                 faces=[
@@ -89,6 +104,7 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
                         index=indices[i],
                         found=boxes[i] is not None,
                         box=common_pb2.Box(**dict(zip(("x1", "y1", "x2", "y2"), boxes[i]))) if boxes[i] else None,
+                        mouth_covered=bool(covered[i]),
                     )
                     for i in range(start, min(start + 256, len(boxes)))
                 ]
@@ -117,7 +133,7 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
                 return None
             rows = bank.rows(crops, frames)
             sizes = None if request.raw_size else [paste[c] for c in crops.tolist()]
-            return GenerateChunk(bank, rows, mels, sizes)
+            return GenerateChunk(bank, rows, mels, sizes, unpack_speech(request.items))
 
         async def run(request: lipsync_pb2.GenerateRequest) -> tuple[list[int], list[int], ChunkFaces] | None:
             chunk = decode(request)  # in request order: crops of message k are known to k+1
@@ -179,6 +195,8 @@ class LipSyncService(Service[LipSyncSettings]):
 
     def register(self, server: grpc.aio.Server) -> None:
         self.detector: HaarFaceDetector | None = None
+        s = self.settings
+        self.occlusion = OcclusionConfig(s.occlusion_check, s.occlusion_mad_k, s.occlusion_min_score, s.occlusion_dilate)
         lipsync_pb2_grpc.add_LipSyncServiceServicer_to_server(LipSyncServicer(self), server)
 
     async def load(self) -> None:
@@ -197,22 +215,17 @@ class LipSyncService(Service[LipSyncSettings]):
             )
         depth = resolve_pipeline_depth(s.pipeline_depth, device)
 
-        def build(allow_compile: bool) -> TorchBackend:
-            backend = make_backend(
-                s.backend, model, device, precision=s.precision or None, batch_buckets=s.batch_buckets or None,
-                max_batch=s.max_batch, cache_dir=s.compile_cache_dir, allow_compile=allow_compile,
-                # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
-                cuda_graphs=None if name == "wav2lip" else False,
-            )
-            self.engine = LipSyncEngine(backend, overlap=depth > 1)
-            return backend
+        # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
+        build = stage_backend_builder(s, device, model, precision=s.precision or None,
+                                      cuda_graphs=None if name == "wav2lip" else False)
 
-        async def warm(backend: TorchBackend) -> None:
-            # One pass per batch bucket (cuDNN algorithm search, CUDA graph capture, compilation),
-            # largest first, through the same engine the requests use; then the numerics guard.
+        async def warm(backend: Backend) -> None:
+            # One pass per warm-up batch of the spec (cuDNN algorithm search, CUDA graph capture,
+            # compilation), largest first, through the same engine the requests use.
+            self.engine = LipSyncEngine(backend, overlap=depth > 1)
             bank = self.engine.new_bank(1)
             bank.add(0, np.zeros((IMG, IMG, 3), np.uint8))
-            for n in sorted(backend.batch_buckets or (2,), reverse=True):
+            for n in backend.spec.warmup_batches:
                 chunk = GenerateChunk(bank, np.zeros(n, np.int64), np.full((n, *MEL_SHAPE), -4.0, np.float16), None)
                 await asyncio.to_thread(self.engine.run, [chunk])
 

@@ -9,7 +9,14 @@ import cv2
 import numpy as np
 import pytest
 
-from services.lipsync.faces import HaarFaceDetector, pad_box, prepare_boxes, smooth_boxes, steady_boxes
+from services.lipsync.faces import (
+    HaarFaceDetector,
+    drop_outlier_boxes,
+    pad_box,
+    prepare_boxes,
+    smooth_boxes,
+    steady_boxes,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 FACTS = json.loads((ROOT / "tests" / "data" / "reference" / "inference_facts.json").read_text())
@@ -156,3 +163,17 @@ def test_haar_detector_gives_each_thread_its_own_classifier() -> None:
         t.join()
     assert all(r == expected * 3 for r in results)
     assert len({id(c) for c in seen.values()}) == 4  # one classifier per thread
+
+
+def test_drop_outlier_boxes_drops_a_false_detection_and_follows_motion() -> None:
+    moving = [(100 + 3 * i, 50, 200 + 3 * i, 160) for i in range(20)]
+    assert drop_outlier_boxes(moving) == moving  # steady motion: nothing dropped
+    boxes: list = list(moving)
+    boxes[8] = (300, 120, 420, 260)  # the cascade found something else for one frame
+    boxes[3] = None
+    out = drop_outlier_boxes(boxes)
+    assert out[8] is None and out[3] is None
+    assert [b for i, b in enumerate(out) if i not in (3, 8)] == [b for i, b in enumerate(moving) if i not in (3, 8)]
+    assert drop_outlier_boxes([boxes[8]]) == [boxes[8]]  # too few neighbours to judge: kept
+    smoothed = prepare_boxes(boxes, 480, 640)
+    assert smoothed[8] is None and abs(smoothed[9][0] - (moving[9][0])) <= 1  # no drag from the outlier

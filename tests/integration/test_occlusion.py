@@ -1,0 +1,125 @@
+"""Covered mouths pass through: a real render through a LocalCluster (procedural model, Lanczos).
+
+The template: 30 frames of the sample face panning 1 px per frame, with a skin-coloured hand over
+the mouth and chin in frames 10-15. DetectFaces finds the face in every frame (the Haar cascade
+keys on the eyes), flags the hand frames as `mouth_covered`, and the render workers pass them
+through, so those output frames equal the template re-encoded alone (the codec floor), while the
+other frames get the generated mouth. 2 s of speech: the ping-pong loop shows the hand frames
+twice (on the way forward and on the way back).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+
+from lipline.v1 import gateway_pb2
+from services.common.avatars import LOOP_PING_PONG, loop_frame
+from services.common.media import Mp4Writer
+from services.gateway.client import LiplineClient
+from tests.integration.util import SAMPLES, cut_wav, start_cluster
+
+FPS = 25
+FRAMES = 30
+SIZE = 256
+COVERED = range(10, 16)
+AUDIO_S = 2.0
+CRF = 20  # the workers' default
+FACE = (177, 67, 270, 169)  # the sample's Haar box (x1, y1, x2, y2) in avatar.jpg
+
+
+def hand(frame: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
+    """A hand over the mouth and chin: skin colour, three fingers across, shaded left to right."""
+    x1, y1, x2, y2 = box
+    w, h = x2 - x1, y2 - y1
+    top, bottom, left, right = y1 + int(0.62 * h), y2 + int(0.3 * h), x1 - int(0.1 * w), x2
+    patch = np.full((bottom - top, right - left, 3), (120, 150, 205), np.float32)
+    for k in range(1, 4):
+        r = k * (bottom - top) // 4
+        patch[r - 1 : r + 1] *= 0.7
+    patch *= np.linspace(1.05, 0.85, right - left)[None, :, None]
+    out = frame.copy()
+    out[top:bottom, left:right] = np.clip(cv2.GaussianBlur(patch, (0, 0), 1.0), 0, 255).astype(np.uint8)
+    return out
+
+
+def template_frames() -> list[np.ndarray]:
+    photo = cv2.imread(str(SAMPLES / "avatar.jpg"))
+    frames = []
+    for i in range(FRAMES):
+        x0 = 100 + i  # the window pans right: the face moves left by 1 px per frame
+        frame = np.ascontiguousarray(photo[0:SIZE, x0 : x0 + SIZE])
+        if i in COVERED:
+            frame = hand(frame, (FACE[0] - x0, FACE[1], FACE[2] - x0, FACE[3]))
+        frames.append(frame)
+    return frames
+
+
+def luma(path: Path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="yuv420p")[:SIZE] for f in container.decode(video=0)])
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    folder = tmp_path_factory.mktemp("occlusion")
+    source = folder / "template.mp4"
+    with Mp4Writer(source, SIZE, SIZE, FPS, None, 16_000, crf=8) as writer:
+        for frame in template_frames():
+            writer.write(frame)
+    # The codec floor: the template decoded and re-encoded alone, as the workers encode.
+    floor = folder / "floor.mp4"
+    with av.open(str(source)) as container, Mp4Writer(floor, SIZE, SIZE, FPS, None, 16_000, crf=CRF) as writer:
+        for frame in container.decode(video=0):
+            writer.write_yuv420(frame.to_ndarray(format="yuv420p"))
+    with start_cluster(folder / "cluster", extra_args={"gateway": ["--segment-seconds=1.0"]}) as cluster:
+        with LiplineClient(cluster.gateway_address, timeout=180) as client:
+            avatar = client.create_avatar(source.read_bytes(), name="hand")
+            job = client.submit(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), AUDIO_S), crf=CRF)
+            done = client.wait(job.id)
+            assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
+            output = folder / "output.mp4"
+            client.download(job.id, output)
+            meta = json.loads(next(Path(cluster.blob_store).rglob(f"avatars/{avatar.id}/meta.json")).read_bytes())
+    yield {"template": luma(source), "floor": luma(floor), "output": luma(output), "boxes": meta["boxes"]}
+
+
+def measure(rendered: dict) -> dict:
+    """Per output frame: mean |Y difference| in the mouth's rows against the template, and the floor's."""
+    template, floor, output, boxes = rendered["template"], rendered["floor"], rendered["output"], rendered["boxes"]
+    mouth = (slice(FACE[1] + 60, FACE[3] + 10), slice(60, 160))  # the hand and the mouth in every frame
+    out_diff, floor_diff = [], []
+    for i, y in enumerate(output):
+        f = loop_frame(i, FRAMES, LOOP_PING_PONG)
+        out_diff.append(float(np.abs(y[mouth].astype(np.int16) - template[f][mouth]).mean()))
+        floor_diff.append(float(np.abs(floor[f][mouth].astype(np.int16) - template[f][mouth]).mean()))
+    passed = [b is None for b in boxes]
+    result = {
+        "flagged": [i for i, p in enumerate(passed) if p],
+        "frames": len(output),
+        "out_diff": [round(d, 2) for d in out_diff],
+        "floor_diff": [round(d, 2) for d in floor_diff],
+    }
+    print("occlusion:", json.dumps(result))
+    return result
+
+
+def test_covered_frames_pass_through_and_the_rest_is_rendered(rendered: dict) -> None:
+    m = measure(rendered)
+    assert m["frames"] == round(AUDIO_S * FPS)
+    # Every hand frame is flagged (with a frame or two of margin), nothing far from the hand is.
+    assert set(COVERED) <= set(m["flagged"]) <= set(range(COVERED.start - 3, COVERED.stop + 3)), m["flagged"]
+    shown = [(i, loop_frame(i, FRAMES, LOOP_PING_PONG)) for i in range(m["frames"])]
+    covered = [i for i, f in shown if f in COVERED]
+    assert len(covered) >= 2 * len(COVERED) - 2  # forward and back
+    for i in covered:  # the template as it was, up to the codec
+        assert m["out_diff"][i] <= 1.5 * m["floor_diff"][i] + 0.5, (i, m)
+    rendered_frames = [i for i, f in shown if f not in m["flagged"]]
+    painted = [i for i in rendered_frames if m["out_diff"][i] > 2 * m["floor_diff"][i] + 1.0]
+    assert len(painted) >= len(rendered_frames) // 2, m  # the others do get a mouth
