@@ -80,10 +80,25 @@ def mel_from_bytes(data: bytes, what: str = "mel window") -> np.ndarray:
 
 
 def pack_generate_items(
-    frame_indices: list[int], crop_indices: list[int], mels: list[bytes]
+    frame_indices: list[int], crop_indices: list[int], mels: list[bytes], speech: list[float] | None = None,
 ) -> lipsync_pb2.GenerateItems:
-    """Packed Generate items from per-item values (mels: 2,560-byte float16 windows, as on the wire)."""
-    return lipsync_pb2.GenerateItems(frame_indices=frame_indices, crop_indices=crop_indices, mels=b"".join(mels))
+    """Packed Generate items from per-item values (mels: 2,560-byte float16 windows, as on the wire;
+    speech: the clip's envelope value per item, or None)."""
+    return lipsync_pb2.GenerateItems(
+        frame_indices=frame_indices, crop_indices=crop_indices, mels=b"".join(mels), speech=speech or [],
+    )
+
+
+def unpack_speech(items: lipsync_pb2.GenerateItems) -> np.ndarray | None:
+    """GenerateItems' speech envelope: (N,) float32 in [0, 1], or None when the client sent none."""
+    if not items.speech:
+        return None
+    speech = np.asarray(items.speech, dtype=np.float32)
+    if len(speech) != len(items.frame_indices):
+        raise InvalidMedia(f"items: {len(items.frame_indices)} items but {len(speech)} speech values (one each, or none)")
+    if not (np.isfinite(speech).all() and (speech >= 0).all() and (speech <= 1).all()):
+        raise InvalidMedia("items: speech values must lie in [0, 1]")
+    return speech
 
 
 def unpack_generate_items(items: lipsync_pb2.GenerateItems) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -18,10 +18,12 @@ import numpy as np
 from lipline.v1 import audio_pb2, audio_pb2_grpc
 from services.common.audio_decode import decode_audio
 from services.common.channels import StageFailed
-from services.common.codec import MEL_BYTES
+from services.common.codec import MEL_BANDS, MEL_BYTES, MEL_STEP
 from services.common.errors import InvalidMedia
 from services.common.jobkeys import AUDIO_TASK, mels_key, task_ranges, upload_key
 from services.common.media import MUX_AUDIO_RATE
+from services.common.segment_audio import pack_segment_audio
+from services.common.speech import speech_envelope
 from services.common.store.blobs import BlobStore
 from services.common.tracing import outgoing_metadata
 from services.gateway.jobs import segment_bounds
@@ -86,9 +88,11 @@ async def prepare_audio(
 
     def store() -> None:
         # The upload, for the audio task (which encodes the AAC track beside the segments), and each
-        # segment's mel windows.
+        # segment's mel windows with their speech envelope (which needs the whole clip: see speech.py).
+        speech = speech_envelope(windows.view("<f2").reshape(len(windows), MEL_BANDS, MEL_STEP), fps)
         puts = [(upload_key(job_id), data)] + [
-            (mels_key(job_id, k), windows[start:end].tobytes()) for k, (start, end) in enumerate(ranges) if k != AUDIO_TASK
+            (mels_key(job_id, k), pack_segment_audio(windows[start:end], speech[start:end]))
+            for k, (start, end) in enumerate(ranges) if k != AUDIO_TASK
         ]
         with ThreadPoolExecutor(min(_PUT_THREADS, len(puts))) as pool:
             list(pool.map(lambda item: blobs.put(*item), puts))

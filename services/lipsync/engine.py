@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from services.common.backends import TorchBackend
+from services.common.backends import Backend
 from services.common.codec import MEL_BANDS, MEL_STEP
 from services.common.device import BatchStreams, group_rows_by_size
 from services.common.errors import InvalidRequest, TooLarge
@@ -126,6 +126,7 @@ class GenerateChunk:
     rows: np.ndarray           # (n,) int64 rows of `bank`
     mels: np.ndarray           # (n, 80, 16) float16
     sizes: list[tuple[int, int]] | None  # per item (width, height) to resize to; None = 96x96
+    speech: np.ndarray | None = None  # (n,) float32 clip speech envelope in [0, 1]; None = not sent
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -134,7 +135,7 @@ class GenerateChunk:
 class LipSyncEngine:
     """Runs merged batches of chunks through a generator backend, on the backend's device."""
 
-    def __init__(self, backend: TorchBackend, overlap: bool = False) -> None:
+    def __init__(self, backend: Backend, overlap: bool = False) -> None:
         """
         Args:
             backend: the generator backend.
@@ -149,6 +150,9 @@ class LipSyncEngine:
         self.device = backend.device
         self._pin = self.device.type == "cuda"
         self.streams = BatchStreams(self.device, overlap)
+        # A model that opens the mouth by the clip's speech envelope (the procedural one) takes it as a
+        # third input, NaN where a client sent none; models with weights take the two upstream inputs.
+        self.reads_speech = bool(getattr(getattr(backend, "module", None), "reads_speech", False))
 
     def new_bank(self, max_crops: int) -> CropBank:
         return CropBank(self.device, max_crops)
@@ -170,8 +174,12 @@ class LipSyncEngine:
             mel_t = mel_t.to(self.device, non_blocking=True).to(torch.float32).unsqueeze(1)
             faces = torch.cat([c.bank.tensor()[torch.from_numpy(c.rows).to(self.device)] for c in chunks])
             x = model_inputs_torch(faces)  # prep.model_inputs' maths, on the device
+            inputs = [mel_t, x]
+            if self.reads_speech:
+                speech = np.concatenate([np.full(len(c), np.nan, np.float32) if c.speech is None else c.speech for c in chunks])
+                inputs.append(torch.from_numpy(speech).to(self.device))
             with self.streams.compute():
-                pred = self.backend.forward_device(mel_t, x)
+                pred = self.backend.forward_device(*inputs)
                 # upstream: (p * 255).astype(uint8) -> truncation toward zero; clamp keeps it from
                 # wrapping. Done on the compute stream, before the next replay reuses `pred`'s buffer.
                 out = (pred.float() * 255.0).clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)

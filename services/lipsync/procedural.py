@@ -1,9 +1,15 @@
 """A weight-free stand-in for Wav2Lip: opens the reference face's mouth in step with speech energy.
 
 Used when no Wav2Lip checkpoint is configured, so the service and demo still produce a visibly
-talking face. Same call signature and tensor contract as `Wav2Lip`: mel windows (B, 1, 80, 16) in
-[-4, 4] and faces (B, 6, 96, 96) in [0, 1] -> (B, 3, 96, 96) in [0, 1], BGR. Pure torch, batched,
-deterministic, runs on any device.
+talking face. Same tensor contract as `Wav2Lip`: mel windows (B, 1, 80, 16) in [-4, 4] and faces
+(B, 6, 96, 96) in [0, 1] -> (B, 3, 96, 96) in [0, 1], BGR; plus an optional third input, the clip's
+speech envelope (B,) in [0, 1] (services/common/speech.py: normalised per clip, gated on its noise
+floor, attack/release smoothed), NaN where a client sent none. The opening is that envelope; only
+without it does the model fall back to the window's own absolute loudness (which cannot tell noise
+from quiet speech, docs/quality.md). Pure torch, batched, deterministic, runs on any device.
+
+The mouth line is found in each reference crop: the narrowest dark row (the gap between the lips)
+near the expected lip height, not a fixed row (faces' lip lines measured at rows 61-66 of 96).
 
 The effect, per item, for an opening o in [0, 1]:
 - a vertical warp of the lower face (grid_sample): below the mouth line content moves down (lower
@@ -22,11 +28,10 @@ from torch import nn
 
 __all__ = ["ProceduralLipSync"]
 
-# Geometry in pixels of the 96x96 Wav2Lip crop (S3FD-like box + 10 px bottom pad): the mouth line
-# sits at about 73% of the height, horizontally centred. Scaled for other crop sizes.
+# Geometry in pixels of the 96x96 Wav2Lip crop (S3FD-like box + 10 px bottom pad): the mouth is
+# horizontally centred; its line is found per crop (`lip_line`). Scaled for other crop sizes.
 REF_SIZE = 96.0
 MOUTH_CX = 48.0
-MOUTH_CY = 70.0
 UPPER_FIXED_Y = 44.0     # rows above this never move (eyes, nose)
 JAW_HALF_WIDTH = 30.0    # horizontal extent of the warp (cos^2 falloff to 0 at this distance)
 LIP_DROP_MAX = 7.0       # lower lip / jaw displacement at full opening
@@ -36,6 +41,14 @@ INNER_MOUTH_BGR = (0.10, 0.08, 0.22)  # dark red-brown, BGR like everything else
 MAX_DARKNESS = 0.85      # blend weight of the inner-mouth colour at the ellipse centre
 EDGE_SOFTNESS = 0.35     # fraction of the ellipse radius over which the darkening fades out
 MIN_VISIBLE_HALF_HEIGHT = 1.5  # px; smaller openings fade the ellipse in instead of a hard line
+# The lip-line search: rows LIP_ROWS of the crop, over the central columns +-LIP_HALF_WIDTH; a row's
+# score is its darkness against the rows LIP_VALLEY px above and below (a narrow valley: the lip gap,
+# not a broad dark beard or the nostrils' shadow), less LIP_PRIOR per pixel away from LIP_PRIOR_Y.
+LIP_ROWS = (58, 75)
+LIP_HALF_WIDTH = 14
+LIP_VALLEY = 3
+LIP_PRIOR_Y = 64.0
+LIP_PRIOR = 1.0 / 255.0
 
 # Speech energy: mean normalised mel level over bands ~150 Hz..4 kHz (indices 4..63 of the 80 Slaney
 # bands spanning 55..7600 Hz). Levels are in Wav2Lip's [-4, 4] scale (-4 = -100 dB). Measured on
@@ -50,6 +63,7 @@ class ProceduralLipSync(nn.Module):
     """Speech-energy-driven mouth opening; a drop-in for `Wav2Lip` with no weights."""
 
     model_name = "procedural"
+    reads_speech = True  # LipSyncEngine passes the clip's speech envelope as a third input
 
     def __init__(self, energy_columns: tuple[int, int] = (0, 4)) -> None:
         """
@@ -68,15 +82,36 @@ class ProceduralLipSync(nn.Module):
         level = audio_sequences[:, 0, SPEECH_BANDS, start:stop].float().mean(dim=(1, 2))
         return ((level - CLOSED_LEVEL) / (OPEN_LEVEL - CLOSED_LEVEL)).clamp(0.0, 1.0)
 
-    def forward(self, audio_sequences: torch.Tensor, face_sequences: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def lip_line(ref: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) BGR reference faces -> (B, 1, 1) row of the lip line, in pixels of the crop."""
+        height, width = ref.shape[2:]
+        sy, sx = height / REF_SIZE, width / REF_SIZE
+        luma = (ref.float() * torch.tensor([0.114, 0.587, 0.299], device=ref.device).view(1, 3, 1, 1)).sum(1)
+        c0, c1 = round((MOUTH_CX - LIP_HALF_WIDTH) * sx), round((MOUTH_CX + LIP_HALF_WIDTH) * sx) + 1
+        profile = luma[:, :, c0:c1].mean(dim=2)                              # (B, H)
+        gap = max(1, round(LIP_VALLEY * sy))
+        r0, r1 = round(LIP_ROWS[0] * sy), min(round(LIP_ROWS[1] * sy), height - 1 - gap)
+        rows = torch.arange(r0, r1 + 1, device=ref.device)
+        valley = profile[:, rows] - 0.5 * (profile[:, rows - gap] + profile[:, rows + gap])
+        prior = LIP_PRIOR * (rows.float() - LIP_PRIOR_Y * sy).abs() / sy
+        best = (valley + prior).argmin(dim=1)
+        return rows[best].float().view(-1, 1, 1)
+
+    def forward(self, audio_sequences: torch.Tensor, face_sequences: torch.Tensor,
+                speech: torch.Tensor | None = None) -> torch.Tensor:
         ref = face_sequences[:, 3:6]
         batch, _, height, width = ref.shape
         device = ref.device
         sy, sx = height / REF_SIZE, width / REF_SIZE
-        cx, cy = MOUTH_CX * sx, MOUTH_CY * sy
+        cx, cy = MOUTH_CX * sx, self.lip_line(ref)                           # cy: (B, 1, 1)
         y_fixed, y_bottom = UPPER_FIXED_Y * sy, height - 1.0
 
-        o = self.opening(audio_sequences).to(device).view(batch, 1, 1)
+        o = self.opening(audio_sequences).to(device)
+        if speech is not None:
+            speech = speech.to(device=device, dtype=o.dtype)
+            o = torch.where(torch.isfinite(speech), speech.clamp(0.0, 1.0), o)
+        o = o.view(batch, 1, 1)
         ys = torch.arange(height, device=device, dtype=torch.float32).view(1, height, 1)
         xs = torch.arange(width, device=device, dtype=torch.float32).view(1, 1, width)
 

@@ -29,9 +29,10 @@ import numpy as np
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
 from services.common.avatars import LOOP_PING_PONG
 from services.common.channels import stage_errors
-from services.common.codec import MEL_BANDS, MEL_BYTES, MEL_STEP, image_from_proto, image_to_proto, pack_generate_items, unpack_faces
+from services.common.codec import image_from_proto, image_to_proto, pack_generate_items, unpack_faces
 from services.common.metrics import Metrics
 from services.common.media import Mp4Writer
+from services.common.segment_audio import SegmentAudio
 from services.render.avatar_cache import LocalAvatar
 
 # Small messages keep a segment's stages overlapped (lipsync of message k+1 while superres does k and
@@ -83,7 +84,7 @@ class SegmentRenderer:
         avatar: LocalAvatar,
         start: int,
         end: int,
-        mels: np.ndarray,
+        audio: SegmentAudio,
         super_resolution: bool,
         crf: int,
         output: Path,
@@ -92,7 +93,7 @@ class SegmentRenderer:
     ) -> SegmentResult:
         """Frames [start, end) into `output` (an H.264 MP4 without audio, frame 0 = `start`).
 
-        `mels`: (end - start, 80, 16) float16, one window per frame. `template_loop`: how output
+        `audio`: one mel window and speech envelope value per frame. `template_loop`: how output
         frames map to template frames (`AvatarMeta.frame_for`; the job's JobOptions.loop, the same
         for every segment). Raises StageFailed on a stage error; on any error or cancellation the
         partial file is removed.
@@ -137,7 +138,7 @@ class SegmentRenderer:
                     pending.pop(0).result()
 
         try:
-            faces = self._generated(avatar, face_frames, start, mels, super_resolution, times, models, metadata, template_loop)
+            faces = self._generated(avatar, face_frames, start, audio, super_resolution, times, models, metadata, template_loop)
             if super_resolution and face_frames:
                 faces = self._restored(avatar, faces, times, models, metadata, template_loop)
             async for frame_index, face in faces:
@@ -160,7 +161,7 @@ class SegmentRenderer:
         return SegmentResult(end - start, models, times)
 
     async def _generated(
-        self, avatar: LocalAvatar, face_frames: list[int], start: int, mels: np.ndarray, raw_size: bool,
+        self, avatar: LocalAvatar, face_frames: list[int], start: int, audio: SegmentAudio, raw_size: bool,
         times: dict[str, float], models: list[dict], metadata: tuple, template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         """(frame index, face) from lipsync, in order: 96x96 with `raw_size`, else at paste size."""
@@ -181,9 +182,13 @@ class SegmentRenderer:
                 yield lipsync_pb2.GenerateRequest(crops=crops, raw_size=raw_size)
             for k in range(0, len(face_frames), ITEMS_PER_MESSAGE):
                 frames = face_frames[k : k + ITEMS_PER_MESSAGE]
-                windows = [mels[i - start].tobytes() for i in frames]
+                rows = [i - start for i in frames]
                 yield lipsync_pb2.GenerateRequest(
-                    items=pack_generate_items(frames, [meta.frame_for(i, template_loop) for i in frames], windows), raw_size=raw_size
+                    items=pack_generate_items(
+                        frames, [meta.frame_for(i, template_loop) for i in frames], [audio.mels[r].tobytes() for r in rows],
+                        None if audio.speech is None else audio.speech[rows].tolist(),
+                    ),
+                    raw_size=raw_size,
                 )
 
         t0 = time.perf_counter()
@@ -236,10 +241,3 @@ def _lower_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     except (AttributeError, OSError):  # not Linux, or not allowed: encode at the normal priority
         pass
-
-
-def mels_from_bytes(data: bytes, frames: int) -> np.ndarray:
-    """A segment's stored mel windows: (frames, 80, 16) float16 (what the audio stage returned)."""
-    if len(data) != frames * MEL_BYTES:
-        raise ValueError(f"mel blob has {len(data)} bytes; {frames} frames need {frames * MEL_BYTES}")
-    return np.frombuffer(data, dtype="<f2").reshape(frames, MEL_BANDS, MEL_STEP)

@@ -15,7 +15,6 @@ import cv2
 import grpc
 import numpy as np
 import pytest
-import torch
 
 from lipline.v1 import gateway_pb2
 from services.audio.mel import MelExtractor
@@ -25,7 +24,7 @@ from services.common.codec import mel_from_bytes, mel_to_bytes
 from services.gateway.client import LiplineClient
 from services.common.media import Mp4Writer, decode_avatar, probe_media
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
-from services.lipsync.procedural import ProceduralLipSync
+from services.common.speech import speech_envelope
 from services.local.cluster import LocalCluster
 
 FPS = 25
@@ -66,10 +65,11 @@ def face_boxes(frames: np.ndarray) -> list[tuple[int, int, int, int] | None]:
 
 
 def expected_openings(audio: bytes, fps: float = FPS) -> np.ndarray:
-    """Per output frame, the procedural model's mouth opening for the mel window the audio stage sends."""
+    """Per output frame, the procedural model's mouth opening: the clip's speech envelope, computed by
+    the gateway from the mel windows the audio stage sends and stored as float16."""
     windows = MelExtractor().run(decode_audio(audio, 16_000), fps)
     wire = np.stack([mel_from_bytes(mel_to_bytes(w)) for w in windows])  # float16 on the wire
-    return ProceduralLipSync().opening(torch.from_numpy(wire)[:, None]).numpy()
+    return speech_envelope(wire, fps).astype(np.float16).astype(np.float32)
 
 
 def mouth_region(box: tuple[int, int, int, int]) -> tuple[slice, slice]:

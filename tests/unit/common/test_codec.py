@@ -9,11 +9,14 @@ import pytest
 from lipline.v1 import common_pb2
 from services.common.codec import (
     MEL_BANDS,
+    MEL_BYTES,
     MEL_STEP,
     image_from_proto,
     image_to_proto,
     mel_from_bytes,
     mel_to_bytes,
+    pack_generate_items,
+    unpack_speech,
 )
 from services.common.errors import InvalidMedia
 
@@ -187,3 +190,15 @@ def test_unpack_faces_sizes_and_validation() -> None:
     msg.data = msg.data[:-1]
     with pytest.raises(InvalidMedia, match="need 30 bytes"):
         unpack_faces(msg)
+
+
+def test_generate_items_speech_is_optional_and_checked() -> None:
+    mel = bytes(MEL_BYTES)
+    assert unpack_speech(pack_generate_items([0, 1], [0, 0], [mel, mel])) is None
+    speech = unpack_speech(pack_generate_items([0, 1], [0, 0], [mel, mel], [0.0, 0.75]))
+    np.testing.assert_array_equal(speech, np.array([0.0, 0.75], np.float32))
+    with pytest.raises(InvalidMedia, match="2 items but 1 speech values"):
+        unpack_speech(pack_generate_items([0, 1], [0, 0], [mel, mel], [0.5]))
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(InvalidMedia, match=r"\[0, 1\]"):
+            unpack_speech(pack_generate_items([0], [0], [mel], [bad]))

@@ -62,3 +62,45 @@ def test_deterministic() -> None:
     faces = _faces(2)
     audio = _audio([-1.0, 0.5])
     assert torch.equal(ProceduralLipSync()(audio, faces), ProceduralLipSync()(audio, faces))
+
+
+def test_speech_envelope_drives_the_opening() -> None:
+    # The clip's envelope wins over the window's own loudness; NaN (no envelope sent) falls back to it.
+    faces = _faces(3)
+    model = ProceduralLipSync()
+    loud = _audio([0.0, 0.0, 0.0])
+    out = model(loud, faces, torch.tensor([0.0, float("nan"), 1.0]))
+    assert torch.equal(out[0], faces[0, 3:6])                           # envelope 0: shut, despite the loud window
+    assert torch.allclose(out[1], model(loud[1:2], faces[1:2])[0])      # NaN: the window's loudness
+    assert torch.allclose(out[2], model(_audio([2.0]), faces[2:3])[0])  # envelope 1: fully open
+
+
+def _sample_crop() -> np.ndarray:
+    import cv2
+
+    from services.common.crops import crop_and_resize
+    from services.lipsync.faces import HaarFaceDetector, prepare_boxes
+    from services.local.cluster import REPO_ROOT
+
+    image = cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg"))
+    (box,) = prepare_boxes(HaarFaceDetector().detect([image]), *image.shape[:2])
+    return crop_and_resize(image, box)
+
+
+def test_lip_line_is_found_in_the_crop() -> None:
+    # The sample face's lips meet at rows 63-65 of its 96 px crop (the dark row between the teeth and
+    # the lower lip); its nostrils (rows 54-55) and chin are not taken for it.
+    crop = _sample_crop()
+    faces = torch.from_numpy(model_inputs(crop[None]))
+    assert 62 <= int(ProceduralLipSync.lip_line(faces[:, 3:6]).item()) <= 66
+
+
+def test_lip_line_follows_a_drawn_mouth() -> None:
+    # A flat face with a dark lip gap drawn at row 60 or 68, and a broad dark beard below 74.
+    rows = []
+    for gap in (60, 68):
+        img = np.full((96, 96, 3), 180, np.uint8)
+        img[74:, 20:76] = 60
+        img[gap : gap + 2, 30:66] = 40
+        rows.append(int(ProceduralLipSync.lip_line(torch.from_numpy(model_inputs(img[None]))[:, 3:6]).item()))
+    assert rows[0] in (60, 61) and rows[1] in (68, 69), rows
