@@ -6,6 +6,7 @@
 #   bash bench/gpu_session.sh compile    (after services): --backend compile, cold then warm replicas
 #   bash bench/gpu_session.sh e2e        carry .whlcv : adds OpenCV 4 (Haar) to .devsite, 60 s 720p e2e
 #   bash bench/gpu_session.sh jobs       (after e2e)  : 16 concurrent 30 s jobs with 16, 8, 4, 2, 1 render workers
+#   bash bench/gpu_session.sh verify     (after services): the GPU metric, --warm-cache-only, auto's compile fallback
 # `e2e` reuses the .devsite of a `services` call on the same warm machine. Results: JSON + logs in $OUT.
 # Extra arguments after the phase are passed on (`services`: run names to keep; `e2e`: bench_e2e flags).
 set -u
@@ -109,7 +110,10 @@ jobs)  # 16 concurrent 30 s 720p jobs with SR, with 16, 8, 4, 2 and 1 render wor
   timeout 560 python3 bench/bench_e2e.py --device cuda --audio-seconds 30 --jobs 16 --warmup-seconds 64 \
     --worker-counts ${COUNTS:-32,16,8,4,2,1} --out "$OUT/e2e-jobs.json" "$@" 2>&1 | grep -E 'jobs|workers|SubmitJob|rror|Trace' | tail -30
   ;;
-*) echo "usage: $0 services|compile|aac|e2e|jobs [...]" >&2; exit 2 ;;
+verify)  # issue 9 on a GPU (bench/gpu_verify.py): NVML metric, the compile-cache Job's mode, auto's fallback
+  timeout 560 python3 bench/gpu_verify.py --out "$OUT/verify.json" 2>&1 | grep -E '^\[|rror|Trace' | tail -20
+  ;;
+*) echo "usage: $0 services|compile|aac|e2e|jobs|verify [...]" >&2; exit 2 ;;
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
 ( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$phase.tgz" -print0 \

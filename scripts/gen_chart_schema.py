@@ -1,6 +1,10 @@
 """Write helm/lipline/values.schema.json: the chart's values, with each stage's `config` keys taken
 from the service's own settings dataclass, so that a typo in a value fails `helm install`.
 
+The stages and their settings classes come from the registry (services/common/stages.py). A stage
+the registry does not know (one's own image, say) still validates with the same per-stage keys; its
+`config` is then any LIPLINE_* setting, since its settings class is not known here.
+
 Run after adding a setting to a service: `python scripts/gen_chart_schema.py`. tests/helm checks
 that the committed schema is what this script writes.
 """
@@ -8,10 +12,13 @@ that the committed schema is what this script writes.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from chart_schema_way_in import compile_cache_schema, grpc_route_schema, ingress_schema, models_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "helm" / "lipline" / "values.schema.json"
@@ -19,28 +26,34 @@ SCHEMA = REPO / "helm" / "lipline" / "values.schema.json"
 CHART_MANAGED = {"host", "port", "port_file", "metrics_port", "device", "compile_cache_dir", "audio_address",
                  "lipsync_address", "superres_address", "job_store", "blob_store", "cache_dir",
                  # values `auth` and `tls`: files mounted from Secrets
-                 "api_keys_file", "internal_token_file", "tls_cert_file", "tls_key_file"}
+                 "api_keys_file", "internal_token_file", "tls_cert_file", "tls_key_file",
+                 # the compile-cache Job (compileCache.warmJob) sets it on its own pods
+                 "warm_cache_only"}
 
 
 def settings_classes() -> dict[str, type]:
     """Each stage's settings dataclass (what `stages.<stage>.config` may set)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from services.audio.service import AudioSettings
-    from services.gateway.settings import GatewaySettings
-    from services.lipsync.service import LipSyncSettings
-    from services.render.settings import RenderSettings
-    from services.superres.service import SuperResSettings
+    from services.common.stages import STAGES
 
-    return {"audio": AudioSettings, "lipsync": LipSyncSettings, "superres": SuperResSettings, "render": RenderSettings,
-            "gateway": GatewaySettings}
+    classes = {}
+    for stage in STAGES.values():
+        module, name = stage.settings.split(":")
+        classes[stage.name] = getattr(importlib.import_module(module), name)
+    return classes
 
 
-def _config_schema(cls: type) -> dict[str, Any]:
+def _config_schema(cls: type | None) -> dict[str, Any]:
+    """`config` of a stage: the fields of its settings class `cls`; any name when None (not in the registry)."""
+    value = {"type": ["string", "number", "boolean", "array"]}
+    if cls is None:
+        return {"type": "object", "description": "LIPLINE_* settings of the stage (python -m services.<stage> --help)",
+                "propertyNames": {"pattern": "^[a-z][a-z0-9_]*$", "not": {"enum": sorted(CHART_MANAGED)}},
+                "additionalProperties": value}
     names = sorted(f.name for f in dataclasses.fields(cls) if f.name not in CHART_MANAGED)
     return {"type": "object", "description": f"LIPLINE_* settings of {cls.__name__} (python -m services.<stage> --help)",
-            "propertyNames": {"enum": names},
-            "additionalProperties": {"type": ["string", "number", "boolean", "array"]}}
+            "propertyNames": {"enum": names}, "additionalProperties": value}
 
 
 OBJ = {"type": "object"}
@@ -125,7 +138,11 @@ def _tracing_schema() -> dict[str, Any]:
                                        "additionalProperties": {"type": ["string", "number", "boolean"]}}}}
 
 
-def _stage_schema(cls: type, stages: list[str]) -> dict[str, Any]:
+# A stage's name: its env prefix LIPLINE_<STAGE>_ADDRESS and part of its objects' DNS names.
+STAGE_NAME = "^[a-z][a-z0-9]*$"
+
+
+def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
     props: dict[str, Any] = {
         "port": {**PORT, "description": "the gRPC port (LIPLINE_PORT, the Service's `grpc` port)"},
         "metricsPort": {**PORT, "description": "the /metrics port (LIPLINE_METRICS_PORT, the Service's `metrics` port)"},
@@ -203,8 +220,6 @@ def build() -> dict[str, Any]:
     settings = settings_classes()
     from services.common.config import ServiceSettings
 
-    claim = {"type": "object", "additionalProperties": False,
-             "properties": {"existingClaim": {"type": "string"}, "mountPath": {"type": "string"}}}
     enabled = {"type": "object", "additionalProperties": False, "properties": {"enabled": {"type": "boolean"}}}
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
@@ -224,10 +239,11 @@ def build() -> dict[str, Any]:
                 "nodeSelector": {**STRING_MAP, "description": "added to nodeSelector for GPU stages without their own"},
                 "tolerations": {**_pod_keys()["tolerations"],
                                 "description": "added to tolerations for GPU stages without their own"}}},
-            "models": claim,
-            "compileCache": claim,
-            "stages": {"type": "object", "additionalProperties": False, "required": list(settings),
-                       "properties": {name: _stage_schema(cls, list(settings)) for name, cls in settings.items()}},
+            "models": models_schema(),
+            "compileCache": compile_cache_schema(),
+            "stages": {"type": "object", "required": list(settings), "propertyNames": {"pattern": STAGE_NAME},
+                       "properties": {name: _stage_schema(cls, list(settings)) for name, cls in settings.items()},
+                       "additionalProperties": _stage_schema(None, list(settings))},
             "store": _store_schema(),
             "autoscalingBehavior": OBJ,
             "keda": {"type": "object", "additionalProperties": False, "properties": {
@@ -265,6 +281,8 @@ def build() -> dict[str, Any]:
                                    "empty = plaintext"},
                 "testCaKey": {"type": "string", "minLength": 1, "description": "the key helm test trusts as its CA"},
                 "testServerName": {"type": "string", "description": "the name helm test checks the certificate against"}}},
+            "ingress": ingress_schema(),
+            "grpcRoute": grpc_route_schema(),
             "tests": {"type": "object", "additionalProperties": False, "properties": {
                 "enabled": {"type": "boolean"}, "timeoutSeconds": {"type": "integer", "minimum": 10}}},
             "global": OBJ,

@@ -121,6 +121,10 @@ class ModelStageSettings(ServiceSettings):
         "pod fills it, later pods start warm and backend=auto then uses it)"
     )
     max_rel_error: float = _field(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
+    warm_cache_only: bool = _field(
+        False, "load and warm the model (backend=compile: fill compile_cache_dir), then exit 0 without serving "
+        "(the chart's compile-cache Job); exit 1 if that fails"
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -129,6 +133,8 @@ class ModelStageSettings(ServiceSettings):
             problems.append(f"pipeline_depth must be >= 0 (0 = auto), got {self.pipeline_depth}")
         if self.max_batch < 1:
             problems.append(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.warm_cache_only and self.backend != "compile":
+            problems.append(f"warm_cache_only fills the compile cache: it needs backend=compile, got {self.backend!r}")
         if any(b < 1 or b > self.max_batch for b in self.batch_buckets):
             problems.append(f"batch_buckets {list(self.batch_buckets)} must lie in 1..max_batch ({self.max_batch})")
         if problems:

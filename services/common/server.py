@@ -37,11 +37,12 @@ from services.common.interceptor import (
 )
 from services.common.logs import configure_logging
 from services.common.metrics import Metrics, start_metrics_server
+from services.common.stages import public_stages
 
 _LOGGER = logging.getLogger(__name__)
 SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
 #: services whose RPCs are the public API: they check API keys, never the internal token (they send it)
-PUBLIC_STAGES = frozenset({"gateway"})
+PUBLIC_STAGES = public_stages()
 
 
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -157,7 +158,18 @@ class ServiceRunner:
         _LOGGER.info("stopped")
 
 
+async def warm_cache_only(service: Service) -> None:
+    """Load (build, warm every bucket, save a fresh compile's artifacts, check numerics) and exit,
+    without binding a port or reading credentials: what the chart's compile-cache Job runs."""
+    await service.load()
+    await service.close()
+    _LOGGER.info("model loaded and warmed; compile cache filled", extra={"dir": getattr(service.settings, "compile_cache_dir", "")})
+
+
 async def serve(service: Service) -> None:
+    if getattr(service.settings, "warm_cache_only", False):
+        await warm_cache_only(service)
+        return
     runner = ServiceRunner(service)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -13,8 +13,10 @@ When off, every function here is a cheap no-op.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -99,18 +101,55 @@ def configure_tracing(service_name: str, environ: Mapping[str, str] | None = Non
     return True
 
 
+def context_carrier() -> str:
+    """The current trace context as text to store with a job (JSON of the W3C headers); "" when off."""
+    if not _ENABLED:
+        return ""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return json.dumps(carrier, sort_keys=True) if carrier else ""
+
+
+def _stored_context(carrier: str) -> Any:
+    try:
+        return propagate.extract(json.loads(carrier)) if carrier else None
+    except (ValueError, TypeError):  # a damaged row must not fail the work it describes
+        return None
+
+
 @contextlib.contextmanager
-def job_span(name: str, job_id: str, **attributes: Any) -> Iterator[Any]:
+def job_span(name: str, job_id: str, parent: str = "", **attributes: Any) -> Iterator[Any]:
     """A span for a piece of one job's work (a segment, the audio track, the join), named after it
-    and carrying the job id, so a job's work can be found across processes by `lipline.job_id`."""
+    and carrying the job id. `parent`: the job's stored context (`context_carrier` at SubmitJob), so
+    every piece, on whichever worker, lands in the submitting request's trace."""
     if not _ENABLED:
         yield None
         return
-    with trace.get_tracer("lipline").start_as_current_span(name, kind=trace.SpanKind.INTERNAL) as span:
+    tracer = trace.get_tracer("lipline")
+    with tracer.start_as_current_span(name, context=_stored_context(parent), kind=trace.SpanKind.INTERNAL) as span:
         span.set_attribute("lipline.job_id", job_id)
         for key, value in attributes.items():
             span.set_attribute(f"lipline.{key}", value)
         yield span
+
+
+def record_job_span(job_id: str, parent: str, start_time: float, state: str, **attributes: Any) -> None:
+    """The span of a whole job, from SubmitJob to its end (`start_time`: epoch seconds), recorded when
+    it ends: no one process lives through a job (the gateway returns at once; segments run on any
+    worker), so it is written afterwards with its true start, in the job's trace."""
+    if not _ENABLED:
+        return
+    span = trace.get_tracer("lipline").start_span(
+        "lipline job", context=_stored_context(parent), kind=trace.SpanKind.INTERNAL,
+        start_time=int(start_time * 1e9),
+    )
+    span.set_attribute("lipline.job_id", job_id)
+    span.set_attribute("lipline.state", state)
+    for key, value in attributes.items():
+        span.set_attribute(f"lipline.{key}", value)
+    if state != "succeeded":
+        span.set_status(Status(StatusCode.ERROR, state))
+    span.end(end_time=time.time_ns())
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from services.common.jobkeys import job_prefix, output_key
 from services.common.server import Service
 from services.common.store import close_stores, open_stores
 from services.common.store.jobs import AvatarRecord, JobState, NewJob
+from services.common.tracing import context_carrier
 from services.gateway.avatars import create_avatar
 from services.gateway.jobs import job_to_proto
 from services.gateway.settings import GatewaySettings
@@ -177,7 +178,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             job = await asyncio.to_thread(
                 svc.jobs.create_job,
                 NewJob(job_id, avatar.id, CLIENT_ID.get(), options.SerializeToString(), prepared.audio_seconds,
-                       avatar.fps, prepared.total_frames, prepared.segments, prepared.stage_seconds),
+                       avatar.fps, prepared.total_frames, prepared.segments, prepared.stage_seconds,
+                       trace_context=context_carrier()),
                 s.max_active_jobs,
                 s.max_active_jobs_per_client,
             )

@@ -32,12 +32,13 @@ from services.common.errors import LiplineError, NotFound, StoreUnavailable
 from services.common.metrics import Metrics
 from services.common.store.blobs import BlobStore
 from services.common.store.jobs import Job, JobStore, Task
-from services.common.tracing import job_span, outgoing_metadata
+from services.common.tracing import job_span, outgoing_metadata, record_job_span
 from services.common.audio_decode import decode_audio
+from services.common.segment_audio import unpack_segment_audio
 from services.common.jobkeys import AUDIO_TASK, audio_key, job_prefix, mels_key, output_key, segment_key, segment_tasks, upload_key
 from services.common.media import MUX_AUDIO_RATE, encode_aac, join_segments
 from services.render.avatar_cache import AvatarCache
-from services.render.segment import SegmentRenderer, mels_from_bytes
+from services.render.segment import SegmentRenderer
 from services.render.settings import RenderSettings
 
 _LOGGER = logging.getLogger(__name__)
@@ -185,6 +186,9 @@ class RenderWorker:
         if await self._quietly(self.jobs.fail_job, task.job_id, message, code.value[0]):
             m.jobs.labels("failed").inc()
             await self._quietly(self.blobs.delete_prefix, job_prefix(task.job_id))
+            job = await self._quietly(self.jobs.get_job, task.job_id)
+            if job is not None:
+                record_job_span(job.id, job.trace_context, job.create_time, "failed", error=message)
         _LOGGER.warning("job failed", extra={"job_id": task.job_id, "segment": task.index, "error": message})
 
     async def _quietly(self, fn, *args):  # type: ignore[no-untyped-def]
@@ -197,7 +201,8 @@ class RenderWorker:
     async def _do(self, task: Task) -> None:
         job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
         kind = "join" if task.is_join else "audio" if task.index == AUDIO_TASK else "segment"
-        with job_span(f"render {kind}", job.id, task=task.index, attempt=task.attempts, frames=task.end_frame - task.start_frame):
+        with job_span(f"render {kind}", job.id, job.trace_context, task=task.index, attempt=task.attempts,
+                      frames=task.end_frame - task.start_frame):
             if kind == "join":
                 await self._join(task, job)
             elif kind == "audio":
@@ -229,11 +234,11 @@ class RenderWorker:
         except NotFound as exc:
             raise NotFound(f"avatar {job.avatar_id} was deleted before the job finished") from exc
         frames = task.end_frame - task.start_frame
-        mels = mels_from_bytes(await asyncio.to_thread(self.blobs.get, mels_key(job.id, task.index)), frames)
+        audio = unpack_segment_audio(await asyncio.to_thread(self.blobs.get, mels_key(job.id, task.index)), frames)
         local = self._scratch / f"{job.id}-{task.index}-{uuid.uuid4().hex[:8]}.mp4"
         try:
             result = await self.renderer.render(
-                avatar, task.start_frame, task.end_frame, mels, options.super_resolution, options.crf or 20, local,
+                avatar, task.start_frame, task.end_frame, audio, options.super_resolution, options.crf or 20, local,
                 outgoing_metadata(job.id), template_loop=loop_mode(options),
             )
             key = segment_key(job.id, task.index)
@@ -273,5 +278,7 @@ class RenderWorker:
         elapsed = max(1e-6, done.finish_time - done.create_time)
         m.job_seconds.observe(elapsed)
         m.job_realtime_factor.observe(done.audio_seconds / elapsed)
+        record_job_span(job.id, job.trace_context, done.create_time, "succeeded", frames=frames,
+                        audio_seconds=done.audio_seconds, segments=done.segments_total)
         await self._quietly(self.blobs.delete_prefix, job_prefix(job.id))
         _LOGGER.info("job succeeded", extra={"job_id": job.id, "frames": frames, "seconds": round(elapsed, 3)})

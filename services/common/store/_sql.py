@@ -42,7 +42,7 @@ from services.common.store.jobs import (
 T = TypeVar("T")
 Row = Mapping[str, Any]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ABORTED = grpc.StatusCode.ABORTED.value[0]
 CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 NOTIFY_CHANNEL = "lipline_jobs"
@@ -55,8 +55,16 @@ _WAITING, _LEASED, _BLOCKED, _DONE = (f"'{s.value}'" for s in (TaskState.WAITING
                                                                TaskState.BLOCKED, TaskState.DONE))
 
 
+#: the statements that take the schema from version v - 1 to v (in one transaction with the others)
+MIGRATIONS: dict[int, list[str]] = {
+    # the job's trace context (W3C traceparent, as JSON), so every task's span joins the job's trace
+    2: ["ALTER TABLE jobs ADD COLUMN trace_context TEXT NOT NULL DEFAULT ''"],
+}
+
+
 def schema(blob_type: str) -> list[str]:
-    """The statements of schema version 1 (idempotent); `blob_type` is BLOB or BYTEA."""
+    """The statements of schema version 1 (idempotent); `blob_type` is BLOB or BYTEA. A new
+    database gets these, then every migration, exactly like an old one."""
     task_states = ", ".join(f"'{s.value}'" for s in TaskState)
     return [
         "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
@@ -143,6 +151,7 @@ def job_from_row(row: Row) -> Job:
         output_key=row["output_key"],
         output_bytes=int(row["output_bytes"]),
         version=int(row["version"]),
+        trace_context=row["trace_context"],
     )
 
 
@@ -235,13 +244,17 @@ class SqlJobStore(JobStore):
             for statement in schema(self.blob_type):
                 tx.execute(statement)
             row = tx.one("SELECT max(version) AS version FROM schema_version")
-            current = int(row["version"] or 0) if row else 0
+            recorded = int(row["version"] or 0) if row else 0
+            current = max(1, recorded)  # none recorded: the tables just made are version 1
             if current > SCHEMA_VERSION:
                 raise RuntimeError(
                     f"the job store's schema is version {current}, newer than this lipline's "
                     f"({SCHEMA_VERSION}): upgrade lipline before pointing it at this database"
                 )
-            if current < SCHEMA_VERSION:
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    tx.execute(statement)
+            if recorded != SCHEMA_VERSION:
                 tx.execute("DELETE FROM schema_version")
                 tx.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
 
@@ -333,7 +346,7 @@ class SqlJobStore(JobStore):
                 "stage": "queued", "options": bytes(job.options), "audio_seconds": float(job.audio_seconds),
                 "fps": float(job.fps), "total_frames": int(job.total_frames), "segments_total": len(segments),
                 "stage_seconds": encode_json({k: float(v) for k, v in job.stage_seconds.items()}),
-                "create_time": now,
+                "create_time": now, "trace_context": job.trace_context,
             }
             tx.execute(f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
                        list(values.values()))

@@ -60,6 +60,7 @@ class NewJob:
     total_frames: int
     segments: Sequence[tuple[int, int]]  # [start, end) frame ranges, consecutive, covering total_frames
     stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    trace_context: str = ""    # the submitting request's trace context (JSON of W3C headers), or ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Job:
     output_key: str            # blob key of the MP4 once SUCCEEDED
     output_bytes: int
     version: int               # +1 on every change
+    trace_context: str = ""    # see NewJob
 
     @property
     def terminal(self) -> bool:

@@ -33,6 +33,7 @@ from services.common.store.jobs import (
     NewJob,
     Task,
 )
+from services.common.store._sql import SCHEMA_VERSION, schema
 from services.common.store.sqlite import sqlite_path
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
@@ -41,7 +42,7 @@ CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 LONG_LEASE = 60.0
 
 
-def new_job(job_id: str, segments: int = 3, owner: str = "alice", frames: int = 10) -> NewJob:
+def new_job(job_id: str, segments: int = 3, owner: str = "alice", frames: int = 10, trace_context: str = "") -> NewJob:
     return NewJob(
         id=job_id,
         avatar_id="avatar-1",
@@ -52,6 +53,7 @@ def new_job(job_id: str, segments: int = 3, owner: str = "alice", frames: int = 
         total_frames=segments * frames,
         segments=[(i * frames, (i + 1) * frames) for i in range(segments)],
         stage_seconds={"upload": 0.25},
+        trace_context=trace_context,
     )
 
 
@@ -81,9 +83,9 @@ def run_job_segments(store: JobStore, job_id: str) -> None:
 
 
 # -- schema --------------------------------------------------------------------------------------------
-def test_migrate_is_idempotent_and_records_version_1(job_store: JobStore, store_url: str) -> None:
+def test_migrate_is_idempotent_and_records_the_version(job_store: JobStore, store_url: str) -> None:
     job_store.migrate()
-    assert sql(store_url, "SELECT version FROM schema_version") == [(1,)]
+    assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     job_store.create_job(new_job("j1", segments=4))
     # The KEDA PostgreSQL scaler's query, verbatim.
     assert sql(store_url, "SELECT count(*) FROM tasks WHERE state = 'waiting'") == [(4,)]
@@ -107,7 +109,29 @@ def test_concurrent_migrations_all_succeed(open_store: Callable[[], JobStore], s
     for t in threads:
         t.join()
     assert errors == []
-    assert sql(store_url, "SELECT version FROM schema_version") == [(1,)]
+    assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+
+
+def test_a_version_1_database_is_migrated_and_keeps_its_jobs(open_store: Callable[[], JobStore], store_url: str) -> None:
+    store = open_store()
+
+    def make_version_1(tx) -> None:  # type: ignore[no-untyped-def]  # what lipline 1 left behind
+        for statement in schema(store.blob_type):  # type: ignore[attr-defined]
+            tx.execute(statement)
+        tx.execute("INSERT INTO schema_version (version) VALUES (1)")
+        tx.execute(
+            "INSERT INTO jobs (id, avatar_id, owner, state, stage, options, audio_seconds, fps, total_frames, "
+            "segments_total, create_time) VALUES ('old', 'a', '', 1, 'queued', ?, 2.0, 25.0, 50, 1, 1.0)",
+            (b"",),
+        )
+
+    store._transaction(make_version_1)  # type: ignore[attr-defined]
+    store.migrate()
+    assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    old = store.get_job("old")
+    assert (old.total_frames, old.trace_context) == (50, "")
+    store.create_job(new_job("new", segments=1, trace_context='{"traceparent": "00-ab-cd-01"}'))
+    assert store.get_job("new").trace_context == '{"traceparent": "00-ab-cd-01"}'
 
 
 # -- jobs ----------------------------------------------------------------------------------------------
