@@ -27,7 +27,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.common import tracing
+from services.common import native_threads, tracing
 from services.common.config import ServiceSettings, parse_settings
 from services.common.interceptor import (
     Auth,
@@ -190,6 +190,7 @@ async def serve(service: Service) -> None:
 def run(service_cls: type[Service], settings_cls: type[SettingsT], argv: Sequence[str] | None = None) -> None:
     """Entry point of `python -m services.<stage>`."""
     settings = parse_settings(settings_cls, argv)
+    native_threads.apply_opencv_threads()
     configure_logging(service_cls.stage, settings.log_level, settings.log_format)
     tracing.configure_tracing(f"lipline-{service_cls.stage}")
     metrics = Metrics(service_cls.stage)
