@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from services.local.process import start  # noqa: E402
 
 FLAGS = ["--host=127.0.0.1", "--port=0", "--metrics-port=0", "--log-format=json", "--grace-s=2", "--device=cuda",
-         "--max-batch=32", "--detector=none"]
+         "--max-batch=32", "--batch-buckets=32", "--detector=none"]
 
 
 def metric_rows(port: int, name: str) -> list[str]:
@@ -79,7 +79,7 @@ def main() -> int:
     cache = work / "compile-cache"
     t0 = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "services.lipsync", "--device=cuda", "--max-batch=32", "--backend=compile",
+        [sys.executable, "-m", "services.lipsync", "--device=cuda", "--max-batch=32", "--batch-buckets=32", "--backend=compile",
          "--warm-cache-only=true", f"--compile-cache-dir={cache}", "--log-format=text"],
         capture_output=True, text=True, timeout=500,
     )
