@@ -44,7 +44,9 @@ case $phase in
 services)  # the default backend (auto: fp16 + folded BN + CUDA graphs), batches overlapped (depth 2)
   KEEP=("$@")
   name=tests; if wanted "${KEEP[@]}"; then
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit 2>&1 | tail -25 | tee "$OUT/tests.txt"
+    # (the device lacks psycopg, kubernetes and opentelemetry-sdk: those modules have no GPU tests)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit --ignore=tests/unit/common/store \
+      --ignore=tests/unit/common/test_discovery.py --ignore=tests/unit/render/test_tracing.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
   fi
   name=lipsync-d2-r1; lipsync $name --streams 64 --procs 8 --pipeline-depth 2
   name=lipsync-d2-r2-gpu00; lipsync $name --streams 96 --procs 12 --replicas 2 --gpus 0,0 --pipeline-depth 2

@@ -79,7 +79,7 @@ def main() -> int:
     cache = work / "compile-cache"
     t0 = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "services.lipsync", "--device=cuda", "--max-batch=32", "--batch-buckets=32", "--backend=compile",
+        [sys.executable, "-m", "services.lipsync", "--device=cuda", "--max-batch=32", "--batch-buckets=32", "--detector=none", "--backend=compile",
          "--warm-cache-only=true", f"--compile-cache-dir={cache}", "--log-format=text"],
         capture_output=True, text=True, timeout=500,
     )
