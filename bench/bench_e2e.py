@@ -229,7 +229,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     result["stage_flags"] = extra
     t = time.perf_counter()
     counts = [int(c) for c in args.worker_counts.split(",")] if args.worker_counts else [args.workers]
-    replicas = {"lipsync": args.replicas, "superres": args.replicas, "render": max(counts)}
+    replicas = {"lipsync": args.replicas, "superres": args.replicas, "render": max(counts), "audio": args.audio_replicas}
     gpus = args.gpus.split(",") if args.gpus else []
     with LocalCluster(workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout,
                       replicas=replicas, gpus=gpus) as cluster:
@@ -518,6 +518,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="lipsync and superres --device")
     p.add_argument("--replicas", type=int, default=1, help="replicas of lipsync and superres (the gateway balances)")
+    p.add_argument("--audio-replicas", type=int, default=1,
+                   help="replicas of the audio stage (a CPU stage: one Python process each, as a pod would be)")
     p.add_argument("--gpus", default="", help="e.g. 0,1: GPU replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
     p.add_argument("--audio-seconds", type=float, default=60.0, help="length of the speech clip")
     p.add_argument("--audio-rate", type=int, default=16_000, help="sample rate of the uploaded WAV")

@@ -10,7 +10,9 @@ Every failure becomes an `InvalidMedia`/`TooLarge` whose message tells the calle
 
 from __future__ import annotations
 
+import contextlib
 import io
+from collections.abc import Iterator
 
 import av
 import numpy as np
@@ -63,34 +65,14 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
             sample rate outside [`MIN_SAMPLE_RATE`, `MAX_SAMPLE_RATE`], or no samples decoded.
         TooLarge: longer than `max_seconds`.
     """
-    if not data:
-        raise InvalidMedia("audio is empty")
     limit = None if max_seconds is None else int(max_seconds * sample_rate)
-    try:
-        container = av.open(io.BytesIO(data), mode="r")
-    except (av.FFmpegError, ValueError, OSError) as exc:
-        raise InvalidMedia(f"could not decode audio: {_reason(exc)}; {_FORMATS_HINT}") from exc
-
-    with container:
-        if not container.streams.audio:
-            raise InvalidMedia(f"the file has no audio stream; {_FORMATS_HINT}")
-        stream = container.streams.audio[0]
-        if stream.codec_context is None:  # FFmpeg knows the container but has no decoder for the codec
-            raise InvalidMedia(f"the audio's codec is not one this service can decode; {_FORMATS_HINT}")
-        channels = stream.codec_context.channels
-        if channels > MAX_CHANNELS:
-            raise InvalidMedia(
-                f"audio has {channels} channels; the limit is {MAX_CHANNELS}: send mono or stereo speech"
-            )
-        if stream.codec_context.sample_rate:  # 0 where only decoding tells: then checked on the first frame
-            _check_rate(stream.codec_context.sample_rate)
-        pieces: list[np.ndarray] = []
-        total = 0
-        resampler: av.AudioResampler | None = None
+    pieces: list[np.ndarray] = []
+    total = 0
+    resampler: av.AudioResampler | None = None
+    with _open(data) as (container, stream):
         try:
-            for frame in container.decode(stream):
+            for frame in _decoded(container, stream):
                 if resampler is None:
-                    _check_rate(frame.sample_rate)
                     # Packed float at the target rate, source channel layout kept (we average below).
                     resampler = av.AudioResampler(format="flt", layout=frame.layout, rate=sample_rate)
                 for out in resampler.resample(frame):
@@ -113,6 +95,64 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
     signal = np.concatenate(pieces).astype(np.float32, copy=False)
     # Float sources and resampler ringing can overshoot slightly; the contract is [-1, 1].
     return np.clip(signal, -1.0, 1.0)
+
+
+def audio_seconds(data: bytes, max_seconds: float | None = None) -> float:
+    """How long the audio is, by decoding all of it with `decode_audio`'s checks and limits (same
+    errors, same messages), without converting, resampling or keeping a sample: what a caller that
+    only needs to know the upload is sound and how long it is (the gateway at SubmitJob) should pay.
+    """
+    seconds = 0.0  # of the frames before the current run of one rate
+    rate, samples = 0, 0  # the current run: whole samples, so a clip of exactly the limit passes
+    with _open(data) as (container, stream):
+        try:
+            for frame in _decoded(container, stream):
+                if frame.sample_rate != rate:
+                    seconds, rate, samples = seconds + (samples / rate if rate else 0.0), frame.sample_rate, 0
+                samples += frame.samples
+                if max_seconds is not None and samples > int((max_seconds - seconds) * rate):
+                    raise TooLarge(_too_long_message(container, max_seconds))
+        except (av.FFmpegError, ValueError, OSError) as exc:
+            raise InvalidMedia(f"could not decode audio: {_reason(exc)}; {_FORMATS_HINT}") from exc
+    total = seconds + (samples / rate if rate else 0.0)
+    if total == 0:
+        raise InvalidMedia(f"the audio decoded to zero samples (empty or truncated file); {_FORMATS_HINT}")
+    return total
+
+
+@contextlib.contextmanager
+def _open(data: bytes) -> Iterator[tuple[av.container.InputContainer, av.audio.stream.AudioStream]]:
+    """The container and its first audio stream, checked (channels, a decoder, the rate if known)."""
+    if not data:
+        raise InvalidMedia("audio is empty")
+    try:
+        container = av.open(io.BytesIO(data), mode="r")
+    except (av.FFmpegError, ValueError, OSError) as exc:
+        raise InvalidMedia(f"could not decode audio: {_reason(exc)}; {_FORMATS_HINT}") from exc
+    with container:
+        if not container.streams.audio:
+            raise InvalidMedia(f"the file has no audio stream; {_FORMATS_HINT}")
+        stream = container.streams.audio[0]
+        if stream.codec_context is None:  # FFmpeg knows the container but has no decoder for the codec
+            raise InvalidMedia(f"the audio's codec is not one this service can decode; {_FORMATS_HINT}")
+        channels = stream.codec_context.channels
+        if channels > MAX_CHANNELS:
+            raise InvalidMedia(
+                f"audio has {channels} channels; the limit is {MAX_CHANNELS}: send mono or stereo speech"
+            )
+        if stream.codec_context.sample_rate:  # 0 where only decoding tells: then checked on the first frame
+            _check_rate(stream.codec_context.sample_rate)
+        yield container, stream
+
+
+def _decoded(container: av.container.InputContainer, stream: av.audio.stream.AudioStream) -> Iterator[av.AudioFrame]:
+    """The stream's frames; the first one's rate checked (some formats tell it only there)."""
+    first = True
+    for frame in container.decode(stream):
+        if first:
+            _check_rate(frame.sample_rate)
+            first = False
+        yield frame
 
 
 def _check_rate(rate: int) -> None:

@@ -16,12 +16,11 @@ import grpc
 import numpy as np
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc
-from services.common.audio_decode import decode_audio
+from services.common.audio_decode import audio_seconds
 from services.common.channels import StageFailed
 from services.common.codec import MEL_BANDS, MEL_BYTES, MEL_STEP
 from services.common.errors import InvalidMedia
 from services.common.jobkeys import AUDIO_TASK, mels_key, task_ranges, upload_key
-from services.common.media import MUX_AUDIO_RATE
 from services.common.segment_audio import pack_segment_audio
 from services.common.speech import speech_envelope
 from services.common.store.blobs import BlobStore
@@ -71,11 +70,12 @@ async def prepare_audio(
     max_audio_seconds: float, segment_seconds: float, request_id: str = "",
 ) -> PreparedAudio:
     """Decode (the limits: a bad upload is refused before the job exists) and extract (mel windows) at
-    once; store the upload and each segment's windows."""
+    once; store the upload and each segment's windows. The decode here only checks and measures
+    (`audio_seconds`: no resampling, no samples kept); the audio task decodes for the AAC track."""
     t0 = time.perf_counter()
     windows_task = asyncio.create_task(extract_windows(audio, data, fps, request_id))
     try:
-        pcm = await asyncio.to_thread(decode_audio, data, MUX_AUDIO_RATE, max_audio_seconds)
+        seconds = await asyncio.to_thread(audio_seconds, data, max_audio_seconds)
     except BaseException:
         windows_task.cancel()
         await asyncio.gather(windows_task, return_exceptions=True)
@@ -99,6 +99,6 @@ async def prepare_audio(
 
     await asyncio.to_thread(store)
     return PreparedAudio(
-        len(pcm) / MUX_AUDIO_RATE, len(windows), ranges,
+        seconds, len(windows), ranges,
         {"audio_decode": decoded, "audio": extracted, "submit": time.perf_counter() - t0},
     )

@@ -8,7 +8,7 @@ import av
 import numpy as np
 import pytest
 
-from services.common.audio_decode import MAX_CHANNELS, decode_audio
+from services.common.audio_decode import MAX_CHANNELS, audio_seconds, decode_audio
 from services.common.errors import InvalidMedia, TooLarge
 from tests.helpers.audio_files import FORMATS, can_encode, encode_tone, multichannel_wav
 
@@ -86,3 +86,45 @@ def test_any_channel_count_up_to_the_limit_is_averaged(channels: int) -> None:
 def test_more_channels_than_the_limit_is_refused_from_the_header() -> None:
     with pytest.raises(InvalidMedia, match=f"{MAX_CHANNELS + 1} channels; the limit is {MAX_CHANNELS}"):
         decode_audio(multichannel_wav(0.2, MAX_CHANNELS + 1))
+
+
+# -- audio_seconds: the same checks without the samples (what the gateway pays at SubmitJob) --------------
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "flac", "m4a", "ogg"])
+def test_audio_seconds_is_the_decoded_length(fmt: str) -> None:
+    if not can_encode(fmt):
+        pytest.skip(f"this PyAV build has no {FORMATS[fmt][1]} encoder")
+    data = encode_tone(fmt, 1.5, rate=44100, channels=2)
+    assert audio_seconds(data) == pytest.approx(len(decode_audio(data, 48000)) / 48000, abs=0.002)
+
+
+def _no_audio_stream() -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="matroska") as out:
+        stream = out.add_stream("mjpeg", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuvj420p"
+        out.mux(stream.encode(av.VideoFrame.from_ndarray(np.zeros((32, 32, 3), dtype=np.uint8), format="rgb24")))
+        out.mux(stream.encode(None))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("data, limit", [
+    (b"", None),
+    (np.random.default_rng(0).bytes(5000), None),
+    (encode_tone("wav", 1.0)[:30], None),
+    (_no_audio_stream(), None),
+    (multichannel_wav(0.2, MAX_CHANNELS + 1), None),
+    (encode_tone("wav", 1.5), 1.0),
+], ids=["empty", "random", "truncated", "no-audio-stream", "too-many-channels", "too-long"])
+def test_audio_seconds_refuses_what_decode_audio_refuses(data: bytes, limit: float | None) -> None:
+    with pytest.raises((InvalidMedia, TooLarge)) as decoded:
+        decode_audio(data, 48000, limit)
+    with pytest.raises(type(decoded.value)) as measured:
+        audio_seconds(data, limit)
+    assert str(measured.value) == str(decoded.value)
+
+
+def test_audio_seconds_accepts_exactly_the_limit() -> None:
+    data = encode_tone("wav", 1.5, rate=16000, channels=1)
+    assert audio_seconds(data, max_seconds=1.5) == 1.5
+    with pytest.raises(TooLarge):
+        audio_seconds(data, max_seconds=1.49)
