@@ -176,11 +176,17 @@ def _local_poly(x: np.ndarray, half: int, order: int) -> np.ndarray:
 
 
 def _hysteresis_round(x: np.ndarray, margin: float) -> np.ndarray:
+    """Integers that follow `x` but move only once it is more than 0.5 + margin away, and then by the
+    fewest whole pixels that bring it back within that band. Jumping to round(x) instead makes a
+    track on a half-pixel offset alternate steps of 2 and 0 (a 1 px/frame pan gave 0.72 px RMS
+    of second differences); whole-pixel catch-up steps by 1 every frame."""
+    band = 0.5 + margin
     out = np.empty(len(x), dtype=np.int64)
     current = int(np.round(x[0])) if len(x) else 0
     for i, v in enumerate(x):
-        if abs(v - current) > 0.5 + margin:
-            current = int(np.round(v))
+        excess = abs(v - current) - band
+        if excess > 0:
+            current += int(np.sign(v - current)) * int(np.ceil(excess))
         out[i] = current
     return out
 

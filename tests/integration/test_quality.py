@@ -9,7 +9,9 @@ is shorter than the audio, so the output loops through it twice and more. Measur
   re-encoded alone, with the writer and crf the workers use);
 * the loop turns: no frame-to-frame change larger than 3x the median (ping-pong, the default);
 * the colour tags: BT.601 matrix (smpte170m), limited (tv) range, as the I420 conversion is;
-  BT.709 primaries and transfer.
+  BT.709 primaries and transfer;
+* the face boxes CreateAvatar stored follow the pan (slope -1 px/frame) without shaking around it
+  (second-difference RMS of the box centre below 0.3 px).
 
 `measure` prints the numbers (docs/quality.md has them, before and after).
 """
@@ -149,3 +151,21 @@ def test_colour_tags_match_the_conversion(rendered: dict) -> None:
     assert {name: getattr(context, name) for name in COLOR_TAGS} == COLOR_TAGS == {
         "colorspace": 6, "color_range": 1, "color_primaries": 1, "color_trc": 1}
     assert {name: getattr(frame, name) for name in COLOR_TAGS} == COLOR_TAGS
+
+
+def test_boxes_are_steady_and_follow_the_pan(rendered: dict) -> None:
+    # The window pans 1 px per frame, so the face moves 1 px per frame to the left: a straight line.
+    # The boxes CreateAvatar stored (Haar detections, then steady_boxes) must not shake around it
+    # (issue 10: 0.77 px second-difference RMS before smoothing) and must not lag it.
+    boxes = np.array([b for b in rendered["boxes"] if b is not None], dtype=np.float64)
+    assert len(boxes) == FRAMES
+    centres = np.stack([(boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2], axis=1)
+    second = np.diff(centres, n=2, axis=0)
+    rms = float(np.sqrt(np.mean(np.sum(second**2, axis=1))))
+    frames = np.arange(FRAMES)
+    slope, intercept = np.polyfit(frames, centres[:, 0], 1)
+    worst = float(np.abs(centres[:, 0] - (slope * frames + intercept)).max())
+    print("boxes:", json.dumps({"second_difference_rms": rms, "slope": slope, "worst_off_line": worst}))
+    assert rms < 0.3, rms
+    assert abs(slope + 1.0) < 0.05, slope  # follows the pan
+    assert worst < 1.5, worst
