@@ -19,11 +19,9 @@ import cv2
 import numpy as np
 import pytest
 
-from lipline.v1 import gateway_pb2
 from services.common.avatars import LOOP_PING_PONG, loop_frame
-from services.common.media import Mp4Writer
-from services.gateway.client import LiplineClient
-from tests.integration.util import SAMPLES, cut_wav, start_cluster
+from tests.helpers.occluders import hand
+from tests.integration.util import SAMPLES, codec_floor, render_template, write_template
 
 FPS = 25
 FRAMES = 30
@@ -34,21 +32,6 @@ CRF = 20  # the workers' default
 FACE = (177, 67, 270, 169)  # the sample's Haar box (x1, y1, x2, y2) in avatar.jpg
 
 
-def hand(frame: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
-    """A hand over the mouth and chin: skin colour, three fingers across, shaded left to right."""
-    x1, y1, x2, y2 = box
-    w, h = x2 - x1, y2 - y1
-    top, bottom, left, right = y1 + int(0.62 * h), y2 + int(0.3 * h), x1 - int(0.1 * w), x2
-    patch = np.full((bottom - top, right - left, 3), (120, 150, 205), np.float32)
-    for k in range(1, 4):
-        r = k * (bottom - top) // 4
-        patch[r - 1 : r + 1] *= 0.7
-    patch *= np.linspace(1.05, 0.85, right - left)[None, :, None]
-    out = frame.copy()
-    out[top:bottom, left:right] = np.clip(cv2.GaussianBlur(patch, (0, 0), 1.0), 0, 255).astype(np.uint8)
-    return out
-
-
 def template_frames() -> list[np.ndarray]:
     photo = cv2.imread(str(SAMPLES / "avatar.jpg"))
     frames = []
@@ -56,7 +39,7 @@ def template_frames() -> list[np.ndarray]:
         x0 = 100 + i  # the window pans right: the face moves left by 1 px per frame
         frame = np.ascontiguousarray(photo[0:SIZE, x0 : x0 + SIZE])
         if i in COVERED:
-            frame = hand(frame, (FACE[0] - x0, FACE[1], FACE[2] - x0, FACE[3]))
+            frame = hand(frame, (FACE[0] - x0, FACE[1], FACE[2] - x0, FACE[3]), top=0.62, bottom=0.3, right=0.0)
         frames.append(frame)
     return frames
 
@@ -70,24 +53,10 @@ def luma(path: Path) -> np.ndarray:
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     folder = tmp_path_factory.mktemp("occlusion")
     source = folder / "template.mp4"
-    with Mp4Writer(source, SIZE, SIZE, FPS, None, 16_000, crf=8) as writer:
-        for frame in template_frames():
-            writer.write(frame)
-    # The codec floor: the template decoded and re-encoded alone, as the workers encode.
-    floor = folder / "floor.mp4"
-    with av.open(str(source)) as container, Mp4Writer(floor, SIZE, SIZE, FPS, None, 16_000, crf=CRF) as writer:
-        for frame in container.decode(video=0):
-            writer.write_yuv420(frame.to_ndarray(format="yuv420p"))
-    with start_cluster(folder / "cluster", extra_args={"gateway": ["--segment-seconds=1.0"]}) as cluster:
-        with LiplineClient(cluster.gateway_address, timeout=180) as client:
-            avatar = client.create_avatar(source.read_bytes(), name="hand")
-            job = client.submit(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), AUDIO_S), crf=CRF)
-            done = client.wait(job.id)
-            assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
-            output = folder / "output.mp4"
-            client.download(job.id, output)
-            meta = json.loads(next(Path(cluster.blob_store).rglob(f"avatars/{avatar.id}/meta.json")).read_bytes())
-    yield {"template": luma(source), "floor": luma(floor), "output": luma(output), "boxes": meta["boxes"]}
+    write_template(source, template_frames(), FPS)
+    floor = codec_floor(source, folder / "floor.mp4", CRF)  # what the workers' encoder could at best give
+    _, output, boxes = render_template(folder, source, AUDIO_S, CRF, "hand")
+    yield {"template": luma(source), "floor": luma(floor), "output": luma(output), "boxes": boxes}
 
 
 def measure(rendered: dict) -> dict:

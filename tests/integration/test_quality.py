@@ -27,11 +27,9 @@ import cv2
 import numpy as np
 import pytest
 
-from lipline.v1 import gateway_pb2
 from services.common.avatars import LOOP_PING_PONG, loop_frame
-from services.common.media import COLOR_TAGS, Mp4Writer
-from services.gateway.client import LiplineClient
-from tests.integration.util import SAMPLES, cut_wav, start_cluster
+from services.common.media import COLOR_TAGS
+from tests.integration.util import SAMPLES, codec_floor, render_template, write_template
 
 FPS = 25
 FRAMES = 48           # the template: 1.92 s, the audio 5 s
@@ -65,20 +63,10 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """Renders the template once with the default options; yields paths and the avatar's boxes."""
     folder = tmp_path_factory.mktemp("quality")
     source = folder / "template.mp4"
-    with Mp4Writer(source, SIZE, SIZE, FPS, None, 16_000, crf=8) as writer:
-        for frame in template_frames():
-            writer.write(frame)
-    with start_cluster(folder / "cluster", extra_args={"gateway": ["--segment-seconds=1.0"]}) as cluster:
-        with LiplineClient(cluster.gateway_address, timeout=180) as client:
-            avatar = client.create_avatar(source.read_bytes(), name="panning")
-            assert avatar.frame_count == FRAMES
-            job = client.submit(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), AUDIO_S), crf=CRF)
-            done = client.wait(job.id)
-            assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
-            output = folder / "output.mp4"
-            client.download(job.id, output)
-            meta = json.loads(next(Path(cluster.blob_store).rglob(f"avatars/{avatar.id}/meta.json")).read_bytes())
-        yield {"source": source, "output": output, "boxes": meta["boxes"], "folder": folder, "frames": done.total_frames}
+    write_template(source, template_frames(), FPS)
+    done, output, boxes = render_template(folder, source, AUDIO_S, CRF, "panning")
+    assert len(boxes) == FRAMES
+    yield {"source": source, "output": output, "boxes": boxes, "folder": folder, "frames": done.total_frames}
 
 
 def measure(rendered: dict) -> dict:
@@ -86,9 +74,7 @@ def measure(rendered: dict) -> dict:
     folder: Path = rendered["folder"]
     template = luma(rendered["source"])  # what the avatar decodes (up to the I420 round trip)
     floor_path = folder / "floor.mp4"
-    with av.open(str(rendered["source"])) as container, Mp4Writer(floor_path, SIZE, SIZE, FPS, None, 16_000, crf=CRF) as writer:
-        for frame in container.decode(video=0):
-            writer.write_yuv420(frame.to_ndarray(format="yuv420p"))
+    codec_floor(rendered["source"], floor_path, CRF)
     floor = luma(floor_path)
     output = luma(rendered["output"])
     assert len(output) == rendered["frames"]

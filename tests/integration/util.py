@@ -86,3 +86,49 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def write_template(path: Path, frames: list, fps: float, crf: int = 8) -> None:
+    """A template video from BGR frames (near-lossless by default: what a user would upload)."""
+    from services.common.media import Mp4Writer
+
+    height, width = frames[0].shape[:2]
+    with Mp4Writer(path, width, height, fps, None, 16_000, crf=crf) as writer:
+        for frame in frames:
+            writer.write(frame)
+
+
+def codec_floor(source: Path, path: Path, crf: int) -> Path:
+    """The codec floor of a quality test: `source` decoded and re-encoded alone, with the writer and
+    crf the render workers use (what an output could at best be)."""
+    import av
+
+    from services.common.media import Mp4Writer
+
+    with av.open(str(source)) as container:
+        stream = container.streams.video[0]
+        width, height, fps = stream.codec_context.width, stream.codec_context.height, float(stream.average_rate)
+        with Mp4Writer(path, width, height, fps, None, 16_000, crf=crf) as writer:
+            for frame in container.decode(video=0):
+                writer.write_yuv420(frame.to_ndarray(format="yuv420p"))
+    return path
+
+
+def render_template(folder: Path, source: Path, audio_seconds: float, crf: int, name: str) -> tuple[Any, Path, list]:
+    """A template video rendered with the sample speech through a fresh LocalCluster (1 s segments):
+    (the finished Job, the output MP4, the avatar's stored face boxes per template frame)."""
+    import json
+
+    from lipline.v1 import gateway_pb2
+    from services.gateway.client import LiplineClient
+
+    with start_cluster(folder / "cluster", extra_args={"gateway": ["--segment-seconds=1.0"]}) as cluster:
+        with LiplineClient(cluster.gateway_address, timeout=180) as client:
+            avatar = client.create_avatar(source.read_bytes(), name=name)
+            job = client.submit(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), audio_seconds), crf=crf)
+            done = client.wait(job.id)
+            assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
+            output = folder / "output.mp4"
+            client.download(job.id, output)
+            meta = json.loads(next(Path(cluster.blob_store).rglob(f"avatars/{avatar.id}/meta.json")).read_bytes())
+    return done, output, meta["boxes"]

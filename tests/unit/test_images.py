@@ -179,19 +179,27 @@ def _top_level_modules(dist_names: set[str]) -> set[str]:
     return tops
 
 
-@pytest.mark.parametrize("service", NO_TORCH)
-def test_the_no_torch_services_start_without_what_their_image_leaves_out(service: str) -> None:
-    """`python -m services.<service> --help` (what the image build runs) with the excluded packages unimportable."""
-    blocked = _top_level_modules(set(_image_requirements().EXCLUDED[service]))
+def in_image(image: str, body: str) -> str:
+    """A Python script that runs `body` with every package the `image`'s image leaves out (its
+    EXCLUDED groups, torch among them) unimportable: what runs in that image must pass it."""
+    blocked = _top_level_modules(set(_image_requirements().EXCLUDED[image]))
     assert "torch" in blocked
-    script = textwrap.dedent(f"""
-        import importlib.abc, runpy, sys
+    return textwrap.dedent(f"""
+        import importlib.abc, sys
         BLOCKED = {sorted(blocked)!r}
         class Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path, target=None):
                 if name.split(".")[0] in BLOCKED:
-                    raise ImportError("not in the lipline-{service} image: " + name)
+                    raise ImportError("not in the lipline-{image} image: " + name)
         sys.meta_path.insert(0, Block())
+    """) + textwrap.dedent(body)
+
+
+@pytest.mark.parametrize("service", NO_TORCH)
+def test_the_no_torch_services_start_without_what_their_image_leaves_out(service: str) -> None:
+    """`python -m services.<service> --help` (what the image build runs) with the excluded packages unimportable."""
+    script = in_image(service, f"""
+        import runpy
         sys.argv = ["services.{service}", "--help"]
         runpy.run_module("services.{service}", run_name="__main__")
     """)

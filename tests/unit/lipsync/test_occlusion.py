@@ -8,6 +8,7 @@ import pytest
 
 from services.lipsync.occlusion import OcclusionConfig, covered_from_scores, lower_face_scores, mouth_covered
 from services.lipsync.service import LipSyncSettings
+from tests.helpers.occluders import hand
 from tests.integration.util import SAMPLES
 
 BOX = (177, 67, 270, 189)  # the sample face's padded box (Haar box + 10 % + 10 px)
@@ -34,21 +35,6 @@ def mouth(frame: np.ndarray, box: tuple[int, int, int, int], opening: float) -> 
     if drop:  # the chin and lower lip move down with the jaw
         out[cy + drop : y2, x1 + w // 5 : x2 - w // 5] = frame[cy : y2 - drop, x1 + w // 5 : x2 - w // 5]
         cv2.ellipse(out, (cx, cy + drop // 2), (int(0.16 * w), max(1, drop // 2 + 1)), 0, 0, 360, (40, 30, 90), -1)
-    return out
-
-
-def hand(frame: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
-    """A skin-coloured hand over the mouth and chin: three fingers across, shaded from left to right."""
-    x1, y1, x2, y2 = box
-    w, h = x2 - x1, y2 - y1
-    top, bottom, left, right = y1 + int(0.58 * h), y2 + int(0.1 * h), x1 - int(0.1 * w), x2 - int(0.05 * w)
-    patch = np.full((bottom - top, right - left, 3), (120, 150, 205), np.float32)
-    for k in range(1, 4):
-        r = k * (bottom - top) // 4
-        patch[r - 1 : r + 1] *= 0.7
-    patch *= np.linspace(1.05, 0.85, right - left)[None, :, None]
-    out = frame.copy()
-    out[top:bottom, left:right] = np.clip(cv2.GaussianBlur(patch, (0, 0), 1.0), 0, 255).astype(np.uint8)
     return out
 
 

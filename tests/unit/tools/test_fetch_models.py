@@ -10,7 +10,6 @@ import logging
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import uuid
 from collections.abc import Iterator
@@ -247,18 +246,9 @@ def test_s3_download_from_moto(dest: Path, monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_tool_imports_nothing_the_gateway_image_leaves_out() -> None:
     """The Job runs it in the gateway image (no torch): with the packages that image leaves out made
     unimportable, `--help` works and an s3:// download gets as far as the network."""
-    from tests.unit.test_images import _image_requirements, _top_level_modules
+    from tests.unit.test_images import in_image
 
-    blocked = _top_level_modules(set(_image_requirements().EXCLUDED["gateway"]))
-    assert "torch" in blocked
-    script = textwrap.dedent(f"""
-        import importlib.abc, sys
-        BLOCKED = {sorted(blocked)!r}
-        class Block(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path, target=None):
-                if name.split(".")[0] in BLOCKED:
-                    raise ImportError("not in the lipline-gateway image: " + name)
-        sys.meta_path.insert(0, Block())
+    script = in_image("gateway", """
         from services.tools import fetch_models
         fetch_models._s3_chunks  # the s3 branch's imports:
         import services.common.errors, services.common.store.s3
