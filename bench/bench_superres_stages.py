@@ -30,12 +30,13 @@ import torch
 
 from bench.bench_lipsync_stages import add_stage_args, device_and_batch, report, timed
 from bench.bench_superres_grpc import parse_size
-from lipline.v1 import common_pb2, superres_pb2
+from lipline.v1 import superres_pb2
 from services.common.backends import make_backend
 from services.common.codec import image_from_proto, image_to_proto
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.models import create_sr_model
 from services.superres.process import ModelUpscaler
+from services.superres.service import upscale_response
 
 ITEMS_PER_MESSAGE = 32  # what the gateway sends
 
@@ -70,7 +71,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     x = torch.rand(batch, 3, 96, 96, generator=torch.Generator().manual_seed(0)).to(device, engine.dtype)
     if engine.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    bgr24 = common_pb2.PIXEL_FORMAT_BGR24
 
     def parse_and_decode() -> None:
         for data in requests:
@@ -79,10 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def respond() -> None:
         for result in results:
-            response = superres_pb2.UpscaleResponse()
-            for i, (w, h, data) in enumerate(zip(result.widths, result.heights, result.data)):
-                response.items.add(index=i, image={"width": w, "height": h, "format": bgr24, "data": data}, out_width=w, out_height=h)
-            response.SerializeToString()
+            upscale_response((list(range(len(result))),), result).SerializeToString()
 
     r = args.repeats
     rows: dict[str, float] = {

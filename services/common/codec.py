@@ -118,20 +118,3 @@ def unpack_generate_items(items: lipsync_pb2.GenerateItems) -> tuple[np.ndarray,
         bad = int(np.argmax(~np.isfinite(mels).reshape(n, -1).all(axis=1)))
         raise InvalidMedia(f"items: the mel window of frame {int(frames[bad])} holds NaN or infinity")
     return frames, crops, mels
-
-
-def unpack_faces(faces: lipsync_pb2.GeneratedFaces) -> list[tuple[int, np.ndarray]]:
-    """GeneratedFaces -> [(frame index, (H, W, 3) uint8 BGR view)], in order; validated."""
-    sizes = list(zip(faces.widths, faces.heights))
-    if not len(faces.frame_indices) == len(sizes):
-        raise InvalidMedia("generated faces: index and size lists differ in length")
-    expected = sum(w * h * 3 for w, h in sizes)
-    raw = faces.data  # read once (see above)
-    if len(raw) != expected:
-        raise InvalidMedia(f"generated faces: sizes need {expected} bytes, got {len(raw)}")
-    data = np.frombuffer(raw, dtype=np.uint8)
-    out, offset = [], 0
-    for frame, (w, h) in zip(faces.frame_indices, sizes):
-        out.append((frame, data[offset : offset + w * h * 3].reshape(h, w, 3)))
-        offset += w * h * 3
-    return out

@@ -44,7 +44,7 @@ def byte_ranges(sizes: Sequence[int], budget: int, overhead: int = 0) -> list[tu
     return ranges
 
 
-def _item_count(request: Any) -> int:
+def item_count(request: Any) -> int:
     """Default `size_of`: the length of a repeated `items` field (1 for other messages)."""
     items = getattr(request, "items", None)
     try:
@@ -57,7 +57,7 @@ async def ordered_stream(
     requests: AsyncIterator[Req],
     handle: Callable[[Req], Awaitable[Resp | None]],
     max_pending: int = 512,
-    size_of: Callable[[Req], int] = _item_count,
+    size_of: Callable[[Req], int] = item_count,
 ) -> AsyncIterator[Resp]:
     """Yield `await handle(r)` for each request r, in order, with several handled concurrently.
 

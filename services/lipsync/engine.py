@@ -26,6 +26,7 @@ from services.common.backends import Backend
 from services.common.codec import MEL_BANDS, MEL_STEP
 from services.common.device import BatchStreams, group_rows_by_size
 from services.common.errors import InvalidRequest, TooLarge
+from services.common.packed import PackedImages
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 
 MEL_SHAPE = (MEL_BANDS, MEL_STEP)
@@ -101,23 +102,6 @@ class CropBank:
             torch.cuda.current_stream(self.device).synchronize()
 
 
-@dataclasses.dataclass(frozen=True)
-class ChunkFaces:
-    """A chunk's generated faces, packed: BGR24 faces back to back, in item order."""
-
-    widths: list[int]
-    heights: list[int]
-    data: bytes
-
-    def arrays(self) -> list[np.ndarray]:
-        flat = np.frombuffer(self.data, dtype=np.uint8)
-        out, offset = [], 0
-        for w, h in zip(self.widths, self.heights):
-            out.append(flat[offset : offset + w * h * 3].reshape(h, w, 3))
-            offset += w * h * 3
-        return out
-
-
 @dataclasses.dataclass
 class GenerateChunk:
     """The items of one request message: what the batcher queues (never split across batches)."""
@@ -158,7 +142,7 @@ class LipSyncEngine:
         return CropBank(self.device, max_crops)
 
     @torch.inference_mode()
-    def run(self, chunks: list[GenerateChunk]) -> list[ChunkFaces]:
+    def run(self, chunks: list[GenerateChunk]) -> list[PackedImages]:
         """One model batch for all chunks; returns, per chunk, its faces packed in item order.
 
         Thread-safe: with the batcher's `concurrency` > 1 several batches are in here at once. On a
@@ -187,7 +171,7 @@ class LipSyncEngine:
                 out.record_stream(torch.cuda.current_stream(self.device))  # made there, read here
             return self._split_resized(out, chunks)
 
-    def _split_resized(self, out: torch.Tensor, chunks: list[GenerateChunk]) -> list[ChunkFaces]:
+    def _split_resized(self, out: torch.Tensor, chunks: list[GenerateChunk]) -> list[PackedImages]:
         """Resize each face to its paste size on the device (grouped by size), then one copy to host."""
         sizes = [
             size for chunk in chunks for size in (chunk.sizes or [(IMG_SIZE, IMG_SIZE)] * len(chunk))
@@ -214,5 +198,5 @@ class LipSyncEngine:
             chunk_sizes = sizes[pos : pos + len(chunk)]
             data = b"".join(buffer[a:b] for a, b in spans[pos : pos + len(chunk)])
             pos += len(chunk)
-            results.append(ChunkFaces([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], data))
+            results.append(PackedImages([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], data))
         return results

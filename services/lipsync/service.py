@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
@@ -15,16 +14,14 @@ from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.common.backends import Backend
-from services.common.batcher import DynamicBatcher
 from services.common.codec import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items, unpack_speech
 from services.common.config import ModelStageSettings, _field
-from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth, stage_backend_builder, start_backend
 from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
-from services.common.server import Service
+from services.common.model_stage import Keys, ModelStage, StageServicer, model_stream
+from services.common.packed import PackedImages
 from services.common.stages import STAGES
-from services.common.streams import byte_ranges, message_budget, ordered_stream
 from services.lipsync import prep
-from services.lipsync.engine import MEL_SHAPE, ChunkFaces, GenerateChunk, LipSyncEngine
+from services.lipsync.engine import MEL_SHAPE, GenerateChunk, LipSyncEngine
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector
 from services.lipsync.occlusion import OcclusionConfig, visible_boxes
 from services.lipsync.procedural import ProceduralLipSync
@@ -62,10 +59,7 @@ class LipSyncSettings(ModelStageSettings):
             )
 
 
-class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
-    def __init__(self, service: LipSyncService) -> None:
-        self._service = service
-
+class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncServiceServicer):
     async def DetectFaces(
         self, request_iterator: AsyncIterator[lipsync_pb2.DetectFacesRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[lipsync_pb2.DetectFacesResponse]:
@@ -135,63 +129,35 @@ class LipSyncServicer(lipsync_pb2_grpc.LipSyncServiceServicer):
             sizes = None if request.raw_size else [paste[c] for c in crops.tolist()]
             return GenerateChunk(bank, rows, mels, sizes, unpack_speech(request.items))
 
-        async def run(request: lipsync_pb2.GenerateRequest) -> tuple[list[int], list[int], ChunkFaces] | None:
+        async def run(request: lipsync_pb2.GenerateRequest) -> tuple[Keys, PackedImages] | None:
             chunk = decode(request)  # in request order: crops of message k are known to k+1
             if chunk is None:
                 return None
             faces = await svc.batcher.submit(chunk)
-            return list(request.items.frame_indices), list(request.items.crop_indices), faces
+            return (list(request.items.frame_indices), list(request.items.crop_indices)), faces
 
-        first = True
-        budget = message_budget(svc.settings.max_message_bytes)
-        async for result in ordered_stream(
-            request_iterator, run, svc.settings.max_pending_per_stream, size_of=lambda r: len(r.items.frame_indices)
+        # One request message's faces may need several responses (at paste size a close-up face is
+        # megabytes): cut by bytes, in item order, in the packed GeneratedFaces form.
+        async for response in model_stream(
+            request_iterator, run, generated_response, settings=svc.settings, model_info=svc.model_info,
+            overhead=FACE_OVERHEAD, size_of=lambda r: len(r.items.frame_indices),
         ):
-            # One request message's faces may need several responses (at paste size a close-up face is
-            # megabytes): cut by bytes, in item order, each built only when it is sent.
-            for response in generated_responses(*result, budget):
-                if first:
-                    response.model.CopyFrom(svc.model_info)
-                    first = False
-                yield response
+            yield response
 
 
 # Field tags and varints of one face's frame index, crop index, width and height (at most 4 x 6 bytes).
-_FACE_OVERHEAD = 32
+FACE_OVERHEAD = 32
 
 
-def generated_responses(
-    frames: Sequence[int], crops: Sequence[int], faces: ChunkFaces, budget: int
-) -> Iterator[lipsync_pb2.GenerateResponse]:
-    """The faces of one request message as GenerateResponses of at most `budget` bytes of faces each
-    (a face larger than that alone), in item order, in the packed GeneratedFaces form."""
-    sizes = [w * h * 3 for w, h in zip(faces.widths, faces.heights)]
-    if len(sizes) != len(frames):
-        raise RuntimeError(f"the engine returned {len(sizes)} faces for {len(frames)} items")
-    ranges = byte_ranges(sizes, budget, _FACE_OVERHEAD)
-    if len(ranges) == 1:  # the usual case: the whole blob as it is, no copy of a slice
-        yield lipsync_pb2.GenerateResponse(
-            faces=lipsync_pb2.GeneratedFaces(
-                frame_indices=frames, crop_indices=crops, widths=faces.widths, heights=faces.heights, data=faces.data
-            )
-        )
-        return
-    offsets = [0, *itertools.accumulate(sizes)]
-    for a, b in ranges:
-        yield lipsync_pb2.GenerateResponse(
-            faces=lipsync_pb2.GeneratedFaces(
-                frame_indices=frames[a:b], crop_indices=crops[a:b], widths=faces.widths[a:b],
-                heights=faces.heights[a:b], data=faces.data[offsets[a] : offsets[b]],
-            )
-        )
+def generated_response(keys: Keys, faces: PackedImages) -> lipsync_pb2.GenerateResponse:
+    """A run of one request message's faces (keys: their frame and crop indices) as one GenerateResponse."""
+    frames, crops = keys
+    return lipsync_pb2.GenerateResponse(faces=faces.to_pb(frames, crops))
 
 
-class LipSyncService(Service[LipSyncSettings]):
+class LipSyncService(ModelStage[LipSyncSettings, GenerateChunk]):
     stage = "lipsync"
-
-    @property
-    def service_names(self) -> Sequence[str]:
-        return [lipsync_pb2.DESCRIPTOR.services_by_name["LipSyncService"].full_name]
+    grpc_service = lipsync_pb2.DESCRIPTOR.services_by_name["LipSyncService"]
 
     def register(self, server: grpc.aio.Server) -> None:
         self.detector: HaarFaceDetector | None = None
@@ -201,7 +167,7 @@ class LipSyncService(Service[LipSyncSettings]):
 
     async def load(self) -> None:
         s = self.settings
-        device = prepare_device(s, self.metrics)
+        device, depth = self.prepare()
         model: nn.Module
         if s.checkpoint:
             model = await asyncio.to_thread(load_wav2lip, s.checkpoint)
@@ -213,11 +179,6 @@ class LipSyncService(Service[LipSyncSettings]):
                 "no checkpoint configured: using the weight-free 'procedural' mouth animation, not Wav2Lip; "
                 "set --checkpoint / LIPLINE_CHECKPOINT to a wav2lip.pth for real lip sync"
             )
-        depth = resolve_pipeline_depth(s.pipeline_depth, device)
-
-        # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
-        build = stage_backend_builder(s, device, model, precision=s.precision or None,
-                                      cuda_graphs=None if name == "wav2lip" else False)
 
         async def warm(backend: Backend) -> None:
             # One pass per warm-up batch of the spec (cuDNN algorithm search, CUDA graph capture,
@@ -229,24 +190,16 @@ class LipSyncService(Service[LipSyncSettings]):
                 chunk = GenerateChunk(bank, np.zeros(n, np.int64), np.full((n, *MEL_SHAPE), -4.0, np.float16), None)
                 await asyncio.to_thread(self.engine.run, [chunk])
 
-        self.backend = await start_backend(s.backend, build, warm)
         gen = torch.Generator().manual_seed(0)
         guard_inputs = (torch.rand((8, 1, 80, 16), generator=gen) * 8 - 4, torch.rand((8, 6, IMG, IMG), generator=gen))
-        await asyncio.to_thread(finish_backend_start, self.backend, model, guard_inputs, s, self.metrics)
+        # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
+        self.backend = await self.start_model(device, model, warm, guard_inputs, precision=s.precision or None,
+                                              cuda_graphs=None if name == "wav2lip" else False)
         if s.detector == "haar":
             self.detector = HaarFaceDetector()
             await asyncio.to_thread(self.detector.detect, [np.zeros((64, 64, 3), np.uint8)])
-        self.model_info = common_pb2.ModelInfo(name=name, backend=self.backend.name, precision=self.backend.precision)
-        self.batcher: DynamicBatcher[GenerateChunk, ChunkFaces] = DynamicBatcher(
-            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len, concurrency=depth
-        )
-        self.batcher.start()
-        self.metrics.set_backend(name, self.backend.name, self.backend.precision)
+        self.start_batcher(self.engine.run, depth, name, self.backend.name, self.backend.precision)
         _LOGGER.info(
             "lipsync ready",
             extra={"model": name, "backend": self.backend.describe(), "detector": s.detector, "pipeline_depth": depth},
         )
-
-    async def close(self) -> None:
-        if hasattr(self, "batcher"):
-            await self.batcher.close()

@@ -29,9 +29,10 @@ import numpy as np
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
 from services.common.avatars import LOOP_PING_PONG
 from services.common.channels import stage_errors
-from services.common.codec import image_from_proto, image_to_proto, pack_generate_items, unpack_faces
+from services.common.codec import image_from_proto, image_to_proto, pack_generate_items
 from services.common.metrics import Metrics
 from services.common.media import Mp4Writer
+from services.common.packed import PackedImages
 from services.common.segment_audio import SegmentAudio
 from services.render.avatar_cache import LocalAvatar
 
@@ -196,7 +197,7 @@ class SegmentRenderer:
             async for response in self._lipsync().Generate(requests(), metadata=metadata):
                 if response.HasField("model"):
                     models.append(_model_dict(response.model))
-                for index, face in unpack_faces(response.faces):
+                for index, face in zip(response.faces.frame_indices, PackedImages.from_pb(response.faces).arrays()):
                     yield index, face
                 times["lipsync"] = time.perf_counter() - t0
 

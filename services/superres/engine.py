@@ -35,11 +35,12 @@ import torch
 
 from services.common.backends import Backend
 from services.common.device import BatchStreams, Size, group_rows_by_size
+from services.common.packed import PackedImages
 from services.common.resize import lanczos4_resize, round_like_opencv
 from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple, reflect_pad
 
 
-__all__ = ["ChunkImages", "SuperResEngine", "UpscaleChunk"]
+__all__ = ["SuperResEngine", "UpscaleChunk"]
 
 
 @dataclasses.dataclass
@@ -73,19 +74,6 @@ class UpscaleChunk:
         if any(w <= 0 or h <= 0 for w, h in out_sizes):
             raise ValueError(f"output sizes must be positive, got {out_sizes}")
         return cls(groups, out_sizes)
-
-
-@dataclasses.dataclass(frozen=True)
-class ChunkImages:
-    """A chunk's results, in item order: BGR24 bytes per item and their sizes."""
-
-    widths: list[int]
-    heights: list[int]
-    data: list[bytes]
-
-    def arrays(self) -> list[np.ndarray]:
-        """(H, W, 3) uint8 views of the items."""
-        return [np.frombuffer(d, np.uint8).reshape(h, w, 3) for d, w, h in zip(self.data, self.widths, self.heights)]
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -165,7 +153,7 @@ class SuperResEngine:
         self.streams = BatchStreams(self.device, overlap)
 
     @torch.inference_mode()
-    def run(self, chunks: list[UpscaleChunk]) -> list[ChunkImages]:
+    def run(self, chunks: list[UpscaleChunk]) -> list[PackedImages]:
         """One pass over all chunks' items; returns, per chunk, its images in item order.
 
         Thread-safe, like LipSyncEngine.run: several batches may be in here at once (on CUDA with
@@ -175,10 +163,10 @@ class SuperResEngine:
         with self.streams.io():
             return self._run(chunks)
 
-    def _run(self, chunks: list[UpscaleChunk]) -> list[ChunkImages]:
+    def _run(self, chunks: list[UpscaleChunk]) -> list[PackedImages]:
         sizes: list[Size] = [size for chunk in chunks for size in chunk.sizes]
         if not sizes:
-            return [ChunkImages([], [], []) for _ in chunks]
+            return [PackedImages([], [], b"") for _ in chunks]
         # Items of all chunks with the same input size share an upload and forward passes.
         by_shape: dict[tuple[int, ...], list[tuple[np.ndarray, list[np.ndarray]]]] = defaultdict(list)
         offset = 0
@@ -195,13 +183,13 @@ class SuperResEngine:
                 idx = items[start : start + step].tolist()
                 for ks, images in self._process(crops[start : start + step], [sizes[i] for i in idx]):
                     parts.append(([idx[k] for k in ks], images))
-        blobs = self._to_bytes(parts, len(sizes))
+        views = self._to_bytes(parts, len(sizes))
         results, pos = [], 0
         for chunk in chunks:
             chunk_sizes = sizes[pos : pos + len(chunk)]
-            data = blobs[pos : pos + len(chunk)]
+            data = b"".join(views[pos : pos + len(chunk)])
             pos += len(chunk)
-            results.append(ChunkImages([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], data))
+            results.append(PackedImages([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], data))
         return results
 
     def _upload(self, crops: list[np.ndarray]) -> torch.Tensor:
@@ -210,11 +198,12 @@ class SuperResEngine:
         np.stack(crops, out=host.numpy())
         return host.to(self.device, non_blocking=True)
 
-    def _to_bytes(self, parts: list[tuple[list[int], torch.Tensor]], n: int) -> list[bytes]:
-        """Per batch position, its image's bytes, from (positions, (k, oh, ow, 3) uint8) parts.
+    def _to_bytes(self, parts: list[tuple[list[int], torch.Tensor]], n: int) -> list[memoryview]:
+        """Per batch position, a view of its image's bytes on the host, from (positions, (k, oh, ow, 3)
+        uint8) parts.
 
         On the device: one device->host copy for the whole batch (pinned; torch caches pinned
-        blocks). Then one bytes object per item (the copy protobuf needs), cut here on the model thread.
+        blocks). `_run` then packs each chunk's views into one bytes object, here on the model thread.
         """
         if self.device.type == "cpu":
             flats = [images.reshape(-1).numpy() for _, images in parts]
@@ -225,12 +214,12 @@ class SuperResEngine:
             host.copy_(flat)  # waits for this stream's work (and, through it, for the network)
             ends = np.cumsum([images.numel() for _, images in parts])
             flats = np.split(host.numpy(), ends[:-1])
-        blobs: list[bytes] = [b""] * n
+        views: list[memoryview] = [memoryview(b"")] * n
         for (positions, images), data in zip(parts, flats):
             view, step = memoryview(data), images.numel() // len(positions)
             for j, pos in enumerate(positions):
-                blobs[pos] = bytes(view[j * step : (j + 1) * step])
-        return blobs
+                views[pos] = view[j * step : (j + 1) * step]
+        return views
 
     def _process(self, crops: torch.Tensor, sizes: list[Size]) -> list[tuple[list[int], torch.Tensor]]:
         """(n, h, w, 3) uint8 BGR on the device -> (positions in `crops`, (k, oh, ow, 3) uint8 BGR) per output size."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import numpy as np
@@ -19,15 +19,13 @@ import torch
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
 from services.common.backends import Backend
-from services.common.batcher import DynamicBatcher
 from services.common.codec import MAX_IMAGE_SIDE, image_from_proto
 from services.common.config import ModelStageSettings, _field
-from services.common.device import finish_backend_start, prepare_device, resolve_pipeline_depth, stage_backend_builder, start_backend
 from services.common.errors import InvalidRequest
-from services.common.server import Service
+from services.common.model_stage import Keys, ModelStage, StageServicer, model_stream
+from services.common.packed import PackedImages
 from services.common.stages import STAGES
-from services.common.streams import byte_ranges, message_budget, ordered_stream
-from services.superres.engine import ChunkImages, SuperResEngine, UpscaleChunk
+from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.process import ModelUpscaler, create_upscaler
 
 _LOGGER = logging.getLogger(__name__)
@@ -44,15 +42,11 @@ class SuperResSettings(ModelStageSettings):
     max_batch: int = _field(64, "largest model batch")
 
 
-class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
-    def __init__(self, service: SuperResService) -> None:
-        self._service = service
-
+class SuperResServicer(StageServicer["SuperResService"], superres_pb2_grpc.SuperResServiceServicer):
     async def Upscale(
         self, request_iterator: AsyncIterator[superres_pb2.UpscaleRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[superres_pb2.UpscaleResponse]:
         svc = self._service
-        model_info = svc.model_info
 
         def decode(request: superres_pb2.UpscaleRequest) -> tuple[list[int], UpscaleChunk | None]:
             indices: list[int] = []
@@ -70,94 +64,73 @@ class SuperResServicer(superres_pb2_grpc.SuperResServiceServicer):
                 sizes.append((out_w, out_h))
             return indices, UpscaleChunk.from_items(crops, sizes) if crops else None
 
-        async def run(request: superres_pb2.UpscaleRequest) -> tuple[list[int], ChunkImages | None]:
+        async def run(request: superres_pb2.UpscaleRequest) -> tuple[Keys, PackedImages]:
             indices, chunk = decode(request)
-            if chunk is None:
-                return indices, None
-            # The whole message is one batcher item (never split): one result object back.
-            return indices, await svc.batcher.submit(chunk)
+            # The whole message is one batcher item (never split): one result object back. An empty
+            # message still gets one (empty) response.
+            images = await svc.batcher.submit(chunk) if chunk is not None else _NO_IMAGES
+            return (indices,), images
 
-        first = True
-        budget = message_budget(svc.settings.max_message_bytes)
-        async for indices, images in ordered_stream(request_iterator, run, svc.settings.max_pending_per_stream):
-            # A message's images may need several responses (8 faces at 2048x2048 are 100 MB): cut
-            # by bytes, in item order, each built only when it is sent.
-            for response in upscale_responses(indices, images, budget):
-                if first:
-                    response.model.CopyFrom(model_info)
-                    first = False
-                yield response
+        # A message's images may need several responses (8 faces at 2048x2048 are 100 MB): cut by
+        # bytes, in item order, each built only when it is sent.
+        async for response in model_stream(
+            request_iterator, run, upscale_response, settings=svc.settings, model_info=svc.model_info,
+            overhead=ITEM_OVERHEAD,
+        ):
+            yield response
 
 
 # Field tags and varints of one UpscaleItem around its image bytes (index, sizes, format, lengths).
-_ITEM_OVERHEAD = 64
+ITEM_OVERHEAD = 64
 _BGR24 = common_pb2.PIXEL_FORMAT_BGR24
+_NO_IMAGES = PackedImages([], [], b"")
 
 
-def upscale_responses(indices: list[int], images: ChunkImages | None, budget: int) -> Iterator[superres_pb2.UpscaleResponse]:
-    """One request message's images as UpscaleResponses of at most `budget` bytes of images each (an
-    image larger than that alone), in item order; an empty message gets one empty response."""
-    if images is None:
-        yield superres_pb2.UpscaleResponse()
-        return
-    if len(images.data) != len(indices):
-        raise RuntimeError(f"the engine returned {len(images.data)} images for {len(indices)} items")
-    for a, b in byte_ranges([len(d) for d in images.data], budget, _ITEM_OVERHEAD):
-        response = superres_pb2.UpscaleResponse()
-        # Items are added in place (`add`, the image as a dict): building UpscaleItem/Image messages
-        # first and passing them to a constructor copies each one again, image bytes included
-        # (~170 vs ~15 us per 192x192 item, measured on a CPU).
-        add = response.items.add
-        for k in range(a, b):
-            w, h = images.widths[k], images.heights[k]
-            add(index=indices[k], image={"width": w, "height": h, "format": _BGR24, "data": images.data[k]},
-                out_width=w, out_height=h)
-        yield response
+def upscale_response(keys: Keys, images: PackedImages) -> superres_pb2.UpscaleResponse:
+    """A run of one request message's images (keys: their item indices) as one UpscaleResponse."""
+    (indices,) = keys
+    response = superres_pb2.UpscaleResponse()
+    # Items are added in place (`add`, the image as a dict): building UpscaleItem/Image messages
+    # first and passing them to a constructor copies each one again, image bytes included
+    # (~170 vs ~15 us per 192x192 item, measured on a CPU).
+    add = response.items.add
+    for index, (w, h, data) in zip(indices, images.items()):
+        add(index=index, image={"width": w, "height": h, "format": _BGR24, "data": data}, out_width=w, out_height=h)
+    return response
 
 
-class SuperResService(Service[SuperResSettings]):
+class SuperResService(ModelStage[SuperResSettings, UpscaleChunk]):
     stage = "superres"
-
-    @property
-    def service_names(self) -> Sequence[str]:
-        return [superres_pb2.DESCRIPTOR.services_by_name["SuperResService"].full_name]
+    grpc_service = superres_pb2.DESCRIPTOR.services_by_name["SuperResService"]
 
     def register(self, server: grpc.aio.Server) -> None:
         superres_pb2_grpc.add_SuperResServiceServicer_to_server(SuperResServicer(self), server)
 
     async def load(self) -> None:
         s = self.settings
-        device = prepare_device(s, self.metrics)
+        device, depth = self.prepare()
         # The network is loaded on the CPU in fp32 and stays there: the backend runs its own copy on
         # the device (the only one there), and these true fp32 weights are the numerics guard's
         # reference (a copy already rounded to fp16 would hide the rounding from the guard).
         self.upscaler = await asyncio.to_thread(create_upscaler, s.model, s.checkpoint or None, "cpu", torch.float32)
         self.scale = getattr(self.upscaler, "scale", 4)
-        depth = resolve_pipeline_depth(s.pipeline_depth, device)
         backend: Backend | None = None
         if isinstance(self.upscaler, ModelUpscaler):
             upscaler = self.upscaler
-            build = stage_backend_builder(s, device, upscaler.model)
 
             async def warm(made: Backend) -> None:
                 # All per-item maths on the backend's device, one copy back (SuperResEngine).
                 self.engine = SuperResEngine(upscaler, device, max_batch=s.max_batch, backend=made, overlap=depth > 1)
                 await self._warm_engine(made.spec.warmup_batches)
 
-            backend = await start_backend(s.backend, build, warm)
             guard_inputs = [torch.rand((4, 3, 96, 96), generator=torch.Generator().manual_seed(0))]
-            await asyncio.to_thread(finish_backend_start, backend, upscaler.model, guard_inputs, s, self.metrics)
+            backend = await self.start_model(device, upscaler.model, warm, guard_inputs)
             backend_name, precision = backend.name, backend.precision
         else:
             self.engine = SuperResEngine(self.upscaler, device, max_batch=s.max_batch, overlap=depth > 1)
             await self._warm_engine((1,))  # a resize only: no model batches to warm
             backend_name, precision = ("cpu" if device.type == "cpu" else "torch"), "fp32"
-        self.model_info = common_pb2.ModelInfo(name=self.upscaler.model_name, backend=backend_name, precision=precision)
-        self.batcher: DynamicBatcher[UpscaleChunk, ChunkImages] = DynamicBatcher(
-            self.engine.run, self.metrics, s.max_batch, s.max_delay_ms / 1000, size_of=len, concurrency=depth
-        )
-        self.batcher.start()
-        self.metrics.set_backend(self.upscaler.model_name, backend_name, precision)
+        self.start_batcher(self.engine.run, depth, self.upscaler.model_name, backend_name, precision)
         _LOGGER.info(
             "superres ready",
             extra={
@@ -172,7 +145,3 @@ class SuperResService(Service[SuperResSettings]):
         for n in batches:
             await asyncio.to_thread(self.engine.warmup, n, (96, 96))
         await asyncio.to_thread(self.engine.warmup, 1, (96, 96), (150, 150))
-
-    async def close(self) -> None:
-        if hasattr(self, "batcher"):
-            await self.batcher.close()

@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc, gateway_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
-from services.common.codec import image_to_proto, pack_generate_items, unpack_faces
+from services.common.codec import image_to_proto, pack_generate_items
 from services.common.config import ServiceSettings
+from services.common.packed import PackedImages
 from services.common.server import channel_options
 from services.common.streams import byte_ranges, message_budget
 from services.gateway.client import LiplineClient
@@ -68,6 +69,10 @@ def fcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
         yield cluster
 
 
+def _faces(response: lipsync_pb2.GenerateResponse) -> list[tuple[int, np.ndarray]]:
+    return list(zip(response.faces.frame_indices, PackedImages.from_pb(response.faces).arrays()))
+
+
 def _channel(cluster: LocalCluster, name: str) -> grpc.Channel:
     return grpc.insecure_channel(cluster.processes[name].address, options=channel_options(LIMIT))
 
@@ -82,29 +87,34 @@ def test_byte_ranges_cut_in_order_and_a_large_item_goes_alone() -> None:
 
 def test_response_builders_cut_by_bytes_and_keep_the_packed_form() -> None:
     """The servicers' builders without a server: mixed paste sizes, a face larger than the budget."""
-    from services.lipsync.engine import ChunkFaces
-    from services.lipsync.service import generated_responses
-    from services.superres.engine import ChunkImages
-    from services.superres.service import upscale_responses
+    from services.common.model_stage import cut_responses
+    from services.lipsync.service import FACE_OVERHEAD, generated_response
+    from services.superres.service import ITEM_OVERHEAD, upscale_response
+
+    def generated_responses(frames: list[int], crops: list[int], faces: PackedImages, budget: int) -> list:
+        return list(cut_responses((frames, crops), faces, budget, FACE_OVERHEAD, generated_response))
+
+    def upscale_responses(indices: list[int], images: PackedImages, budget: int) -> list:
+        return list(cut_responses((indices,), images, budget, ITEM_OVERHEAD, upscale_response))
 
     rng = np.random.default_rng(1)
     sizes = [(40, 30), (200, 180), (40, 30), (40, 30), (10, 10)]
     arrays = [rng.integers(0, 256, (h, w, 3), np.uint8) for w, h in sizes]
-    faces = ChunkFaces([w for w, _ in sizes], [h for _, h in sizes], b"".join(a.tobytes() for a in arrays))
+    faces = PackedImages.from_arrays(arrays)
     budget = 12_000  # 3 small faces; the 200x180 one (108 kB) alone
-    responses = list(generated_responses([5, 6, 7, 8, 9], [0, 1, 0, 0, 2], faces, budget))
+    responses = generated_responses([5, 6, 7, 8, 9], [0, 1, 0, 0, 2], faces, budget)
     assert [list(r.faces.frame_indices) for r in responses] == [[5], [6], [7, 8, 9]]
     assert [list(r.faces.crop_indices) for r in responses] == [[0], [1], [0, 0, 2]]
-    got = [face for r in responses for face in unpack_faces(r.faces)]
+    got = [face for r in responses for face in _faces(r)]
     assert [i for i, _ in got] == [5, 6, 7, 8, 9] and all((f == a).all() for (_, f), a in zip(got, arrays))
     (whole,) = generated_responses([5, 6, 7, 8, 9], [0, 1, 0, 0, 2], faces, 10**9)
     assert whole.faces.data == faces.data
 
-    images = ChunkImages([w for w, _ in sizes], [h for _, h in sizes], [a.tobytes() for a in arrays])
-    ups = list(upscale_responses([1, 2, 3, 4, 5], images, budget))
+    images = PackedImages.from_arrays(arrays)
+    ups = upscale_responses([1, 2, 3, 4, 5], images, budget)
     assert [[i.index for i in r.items] for r in ups] == [[1], [2], [3, 4, 5]]
-    assert [i.image.data for r in ups for i in r.items] == images.data
-    (empty,) = upscale_responses([], None, budget)
+    assert [i.image.data for r in ups for i in r.items] == [a.tobytes() for a in arrays]
+    (empty,) = upscale_responses([], PackedImages([], [], b""), budget)
     assert len(empty.items) == 0
 
 
@@ -140,7 +150,7 @@ def test_generate_answers_a_message_of_large_faces_in_several_responses(fcluster
         responses = list(lipsync_pb2_grpc.LipSyncServiceStub(channel).Generate(iter(requests), timeout=120))
     assert len(responses) > 1 and responses[0].HasField("model")
     assert all(r.ByteSize() <= BUDGET + HEADROOM for r in responses), [r.ByteSize() for r in responses]
-    faces = [face for r in responses for face in unpack_faces(r.faces)]
+    faces = [face for r in responses for face in _faces(r)]
     assert [i for i, _ in faces] == list(range(100, 100 + n))
     assert all(f.shape == (side, side, 3) for _, f in faces)
 

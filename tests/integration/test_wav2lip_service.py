@@ -22,7 +22,8 @@ from lipline.v1 import gateway_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.audio.mel import MelExtractor
 from services.common.audio_decode import decode_audio
 from services.common.checkpoints import seeded_state_dict
-from services.common.codec import image_to_proto, mel_from_bytes, mel_to_bytes, pack_generate_items, unpack_faces
+from services.common.codec import image_to_proto, mel_from_bytes, mel_to_bytes, pack_generate_items
+from services.common.packed import PackedImages
 from services.gateway.client import LiplineClient
 from services.common.media import decode_avatar, probe_media
 from services.lipsync import prep
@@ -95,7 +96,7 @@ def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpo
 
     (raw,) = call(raw_size=True)
     assert raw.model.name == "wav2lip"
-    got = np.stack([face for _, face in unpack_faces(raw.faces)])
+    got = np.stack(PackedImages.from_pb(raw.faces).arrays())
     assert list(raw.faces.frame_indices) == list(range(len(mels))) and list(raw.faces.crop_indices) == [3] * len(mels)
 
     model = load_wav2lip(checkpoint)
@@ -113,7 +114,7 @@ def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpo
     assert np.abs(got[0].astype(np.int16) - got[2]).mean() > 0.2, "the mel window had no effect"
 
     (pasted,) = call(raw_size=False)
-    for (_, image), exp in zip(unpack_faces(pasted.faces), expected):
+    for image, exp in zip(PackedImages.from_pb(pasted.faces).arrays(), expected):
         assert image.shape == (paste[1], paste[0], 3)
         ref = prep.resize_to(exp, *paste)
         assert np.abs(image.astype(np.int16) - ref.astype(np.int16)).max() <= 1

@@ -176,20 +176,21 @@ def test_generate_items_pack_round_trip_and_validation() -> None:
             unpack_generate_items(pack_generate_items([7, 8, 9], [0, 0, 0], [mel_to_bytes(w) for w in (windows[0], poisoned, windows[2])]))
 
 
-def test_unpack_faces_sizes_and_validation() -> None:
+def test_packed_faces_from_pb_sizes_and_validation() -> None:
     from lipline.v1 import lipsync_pb2
-    from services.common.codec import unpack_faces
+    from services.common.packed import PackedImages
 
     a = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     b = np.full((4, 1, 3), 9, np.uint8)
     msg = lipsync_pb2.GeneratedFaces(
         frame_indices=[5, 6], crop_indices=[0, 0], widths=[3, 1], heights=[2, 4], data=a.tobytes() + b.tobytes()
     )
-    (fa, got_a), (fb, got_b) = unpack_faces(msg)
+    got_a, got_b = PackedImages.from_pb(msg).arrays()
+    fa, fb = msg.frame_indices
     assert (fa, fb) == (5, 6) and np.array_equal(got_a, a) and np.array_equal(got_b, b)
     msg.data = msg.data[:-1]
     with pytest.raises(InvalidMedia, match="need 30 bytes"):
-        unpack_faces(msg)
+        PackedImages.from_pb(msg)
 
 
 def test_generate_items_speech_is_optional_and_checked() -> None:

@@ -3,7 +3,7 @@
 Targets: `decode_audio` and `decode_avatar` on random bytes and on mutated real files (bytes flipped,
 set, inserted, deleted, truncated, and 16/32-bit fields overwritten with sizes such as 0, 1, 30000 or
 2**32-1, mostly in the header); `image_from_proto` on random `Image` messages; `unpack_generate_items`,
-`unpack_faces` and `mel_from_bytes` on random messages, built from random field values and parsed
+`PackedImages.from_pb` and `mel_from_bytes` on random messages, built from random field values and parsed
 from random bytes with ``FromString``.
 
 Property: whatever the input, only `LiplineError` subclasses (InvalidMedia, TooLarge...) escape, which
@@ -43,9 +43,10 @@ from hypothesis import strategies as st
 
 from lipline.v1 import common_pb2, lipsync_pb2
 from services.common.audio_decode import decode_audio
-from services.common.codec import image_from_proto, mel_from_bytes, unpack_faces, unpack_generate_items
+from services.common.codec import image_from_proto, mel_from_bytes, unpack_generate_items
 from services.common.errors import LiplineError
 from services.common.media import Mp4Writer, decode_avatar
+from services.common.packed import PackedImages
 from tests.helpers.audio_files import can_encode, encode_tone
 
 _BY_HAND = int(os.environ.get("LIPLINE_FUZZ_EXAMPLES", "0"))
@@ -291,7 +292,7 @@ def test_unpack_generate_items_random_messages(items: lipsync_pb2.GenerateItems)
 @FUZZ
 @given(faces=generated_faces())
 def test_unpack_faces_random_messages(faces: lipsync_pb2.GeneratedFaces) -> None:
-    _only_lipline_errors(lambda: unpack_faces(faces))
+    _only_lipline_errors(lambda: PackedImages.from_pb(faces).arrays())
 
 
 @FUZZ
@@ -302,7 +303,7 @@ def test_unpack_parsed_from_random_bytes(wire: bytes, which: str) -> None:
         msg = kind.FromString(wire)
     except DecodeError:
         return
-    _only_lipline_errors(lambda: (unpack_generate_items if which == "items" else unpack_faces)(msg))
+    _only_lipline_errors(lambda: unpack_generate_items(msg) if which == "items" else PackedImages.from_pb(msg).arrays())
 
 
 @FUZZ

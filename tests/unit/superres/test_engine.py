@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from services.common.checkpoints import seeded_state_dict
-from services.superres.engine import ChunkImages, SuperResEngine, UpscaleChunk
+from services.common.packed import PackedImages
+from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.models import RRDBNet, SRVGGNetCompact
 from services.superres.process import LanczosUpscaler, ModelUpscaler
 
@@ -36,7 +37,7 @@ def _assert_close(got: list[np.ndarray], expected: list[np.ndarray], max_diff: i
     assert np.mean([(d > 0).mean() for d in diffs]) < max_changed  # same maths: (nearly) bit-exact
 
 
-def _assert_same_chunks(got: list[ChunkImages], want: list[ChunkImages], exact: bool) -> None:
+def _assert_same_chunks(got: list[PackedImages], want: list[PackedImages], exact: bool) -> None:
     """Chunk by chunk: same sizes; bytes identical (`exact`) or within one level on a few pixels.
 
     Why not always exact on CUDA: cuBLAS (the Lanczos matrix products) and cuDNN promise bit-wise
@@ -72,7 +73,7 @@ def test_model_engine_matches_cpu_path_across_chunks(max_batch: int | None, resi
     engine = SuperResEngine(upscaler, max_batch=max_batch, resize=resize)
     crops_a, sizes_a, crops_b, sizes_b = _two_chunks()
     out_a, out_b = engine.run([UpscaleChunk.from_items(crops_a, sizes_a), UpscaleChunk.from_items(crops_b, sizes_b)])
-    assert isinstance(out_a, ChunkImages) and all(isinstance(d, bytes) for d in out_a.data)
+    assert isinstance(out_a, PackedImages) and isinstance(out_a.data, bytes)
     assert out_a.widths == [w for w, _ in sizes_a] and out_a.heights == [h for _, h in sizes_a]
     _assert_close(out_a.arrays(), _expected(upscaler, crops_a, sizes_a))
     _assert_close(out_b.arrays(), _expected(upscaler, crops_b, sizes_b))
@@ -141,7 +142,7 @@ def test_warmup_and_empty_batches() -> None:
     engine.warmup()
     SuperResEngine(LanczosUpscaler()).warmup(batch_size=2)
     assert engine.run([]) == []
-    assert engine.run([UpscaleChunk.from_items([], [])]) == [ChunkImages([], [], [])]
+    assert engine.run([UpscaleChunk.from_items([], [])]) == [PackedImages([], [], b"")]
 
 
 def test_chunk_grouping_and_validation() -> None:

@@ -22,6 +22,7 @@ from services.common.backends import make_backend, numerics_check
 from services.common.checkpoints import seeded_state_dict
 from services.common.codec import image_to_proto
 from services.common import device as device_module
+from services.common import model_stage as model_stage_module
 from services.common.config import Device, parse_settings
 from services.common.metrics import Metrics
 from services.superres import service as superres_service
@@ -58,7 +59,7 @@ class _Loaded:
         self.backend_kwargs: dict[str, Any] = {}
         self.guard: tuple[Any, ...] = ()
         self.upscaler_args: tuple[Any, ...] = ()
-        real_resolve, real_finish = device_module.resolve_backend_spec, superres_service.finish_backend_start
+        real_resolve, real_finish = device_module.resolve_backend_spec, model_stage_module.finish_backend_start
 
         def resolve_backend_spec(*args: Any, **kwargs: Any) -> Any:
             self.backend_kwargs = kwargs
@@ -74,7 +75,7 @@ class _Loaded:
             return ModelUpscaler(_srvgg(), scale=4, device=device, dtype=dtype)
 
         monkeypatch.setattr(device_module, "resolve_backend_spec", resolve_backend_spec)
-        monkeypatch.setattr(superres_service, "finish_backend_start", finish_backend_start)
+        monkeypatch.setattr(model_stage_module, "finish_backend_start", finish_backend_start)
         monkeypatch.setattr(superres_service, "create_upscaler", create_upscaler)
         self.service = SuperResService(SuperResSettings(device=Device.CPU, max_batch=8, **settings), Metrics("superres"))
 
@@ -179,7 +180,7 @@ def test_upscale_responses_match_the_engine_at_any_depth(monkeypatch: pytest.Mon
         assert [(g.out_width, g.out_height) for g in got] == sizes
         assert [(g.image.width, g.image.height) for g in got] == sizes
         assert all(g.image.format == common_pb2.PIXEL_FORMAT_BGR24 for g in got)
-        assert [g.image.data for g in got] == want.data
+        assert b"".join(g.image.data for g in got) == want.data
 
 
 def test_empty_message_gets_an_empty_response(monkeypatch: pytest.MonkeyPatch) -> None:
