@@ -67,6 +67,18 @@ def encode_tone(fmt: str, seconds: float, rate: int = 44100, channels: int = 2, 
     return buf.getvalue()
 
 
+def pcm_wav(samples: np.ndarray, rate: int) -> bytes:
+    """A 16-bit PCM WAV from float samples in [-1, 1] (clipped): (n,) mono or (n, channels), by the stdlib."""
+    frames = samples.reshape(len(samples), -1)
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(frames.shape[1])
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes((np.clip(frames, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
 def multichannel_wav(seconds: float, channels: int, rate: int = 16000, freq: float = 440.0) -> bytes:
     """A 16-bit PCM WAV with `channels` channels (the same tone on each), written by the stdlib.
 
@@ -74,11 +86,4 @@ def multichannel_wav(seconds: float, channels: int, rate: int = 16000, freq: flo
     channels once crashed the decoder), so this writes the header itself.
     """
     mono = tone(seconds, rate, 1, freq)[0]
-    pcm = np.repeat((mono * 32767).astype("<i2")[:, None], channels, axis=1)
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as out:
-        out.setnchannels(channels)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(pcm.tobytes())
-    return buf.getvalue()
+    return pcm_wav(np.repeat(mono[:, None], channels, axis=1), rate)

@@ -11,8 +11,6 @@ the encoder's P-frame residual until the next segment's I-frame, not the mouth.
 
 from __future__ import annotations
 
-import io
-import wave
 from pathlib import Path
 
 import av
@@ -24,6 +22,7 @@ from services.common.audio_decode import decode_audio
 from services.common.media import Mp4Writer, decode_avatar
 from services.gateway.client import LiplineClient
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
+from tests.helpers.audio_files import pcm_wav
 from tests.helpers.speech_signals import FPS, RATE, SAMPLE, far_from, pink_noise, speech_frames
 from tests.integration.util import SAMPLES
 
@@ -34,16 +33,6 @@ CLOSED_BELOW, OPEN_ABOVE = 2.0, 3.0
 def clip() -> np.ndarray:
     speech = decode_audio(SAMPLE.read_bytes(), RATE)
     return np.concatenate([speech, np.zeros(2 * RATE, np.float32), speech[: 3 * RATE]]).astype(np.float32)
-
-
-def wav_bytes(signal: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(RATE)
-        wav.writeframes((np.clip(signal, -1, 1) * 32767).astype("<i2").tobytes())
-    return out.getvalue()
 
 
 def lumas(path: Path) -> list[np.ndarray]:
@@ -75,7 +64,7 @@ def mouth_distances(cluster, avatar, tmp_path_factory: pytest.TempPathFactory) -
     with LiplineClient(cluster.gateway_address, timeout=180) as client:
         avatar_id = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes(), name="mouth").id
         for k, (name, audio) in enumerate(variants.items()):
-            job = client.submit(avatar_id, wav_bytes(audio), super_resolution=False, crf=CRF)
+            job = client.submit(avatar_id, pcm_wav(audio, RATE), super_resolution=False, crf=CRF)
             done = client.wait(job.id)
             assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
             path = folder / f"out-{k}.mp4"

@@ -259,21 +259,12 @@ def test_sixteen_concurrent_jobs_and_a_light_gateway(rcluster: LocalCluster, tem
 
 def long_speech(seconds: float) -> bytes:
     """`seconds` of 16 kHz mono speech: the sample repeated (a small upload for a long clip)."""
-    import io
-    import wave
-
     from services.common.audio_decode import decode_audio
+    from tests.helpers.audio_files import pcm_wav
 
     pcm = decode_audio((SAMPLES / "speech.wav").read_bytes(), 16_000)
     reps = int(np.ceil(seconds * 16_000 / len(pcm)))
-    samples = (np.tile(pcm, reps)[: int(seconds * 16_000)] * 32767).astype("<i2")
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(16_000)
-        out.writeframes(samples.tobytes())
-    return buf.getvalue()
+    return pcm_wav(np.tile(pcm, reps)[: int(seconds * 16_000)], 16_000)
 
 
 @pytest.mark.slow

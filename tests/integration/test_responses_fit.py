@@ -9,8 +9,6 @@ real processes with the default limits (64 MiB messages).
 
 from __future__ import annotations
 
-import io
-import wave
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from services.common.streams import byte_ranges, message_budget
 from services.gateway.client import LiplineClient
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, prepare_boxes
 from services.local.cluster import LocalCluster
+from tests.helpers.audio_files import pcm_wav
 from tests.integration.util import SAMPLES, cut_wav, start_cluster
 
 LIMIT = ServiceSettings().max_message_bytes  # the default every process of the cluster runs with
@@ -174,14 +173,7 @@ def test_upscale_answers_eight_items_at_2048_in_several_responses(fcluster: Loca
 
 def _tone_wav(seconds: float, rate: int = 16_000) -> bytes:
     t = np.arange(int(seconds * rate)) / rate
-    samples = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2 * 32767).astype("<i2")
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(samples.tobytes())
-    return out.getvalue()
+    return pcm_wav(0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2, rate)
 
 
 def test_extract_caps_windows_per_message_by_bytes(fcluster: LocalCluster) -> None:
