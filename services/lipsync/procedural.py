@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.common.speech import FRAME_COLUMNS, SPEECH_BANDS
+
 __all__ = ["ProceduralLipSync"]
 
 # Geometry in pixels of the 96x96 Wav2Lip crop (S3FD-like box + 10 px bottom pad): the mouth is
@@ -50,11 +52,10 @@ LIP_VALLEY = 3
 LIP_PRIOR_Y = 64.0
 LIP_PRIOR = 1.0 / 255.0
 
-# Speech energy: mean normalised mel level over bands ~150 Hz..4 kHz (indices 4..63 of the 80 Slaney
-# bands spanning 55..7600 Hz). Levels are in Wav2Lip's [-4, 4] scale (-4 = -100 dB). Measured on
-# synthetic signals: a -60..-50 dBFS noise floor averages -3.1..-2.3, voiced speech at -30/-20 dBFS
-# about -1.6/-0.85. Below CLOSED_LEVEL the mouth is shut; at OPEN_LEVEL and above fully open.
-SPEECH_BANDS = slice(4, 64)
+# Without an envelope, the window's own speech-band level (services.common.speech's bands and
+# columns: the frame's first 50 ms, in sync with the picture) in Wav2Lip's [-4, 4] scale (-4 = -100
+# dB). Measured on synthetic signals: a -60..-50 dBFS noise floor averages -3.1..-2.3, voiced speech
+# at -30/-20 dBFS about -1.6/-0.85. Below CLOSED_LEVEL the mouth is shut; at OPEN_LEVEL and above open.
 CLOSED_LEVEL = -2.5
 OPEN_LEVEL = -0.5
 
@@ -65,21 +66,10 @@ class ProceduralLipSync(nn.Module):
     model_name = "procedural"
     reads_speech = True  # LipSyncEngine passes the clip's speech envelope as a third input
 
-    def __init__(self, energy_columns: tuple[int, int] = (0, 4)) -> None:
-        """
-        Args:
-            energy_columns: mel columns [start, stop) of each 16-column window read for loudness.
-                Upstream windows start at the video frame's own time (start = int(i * 80 / fps)),
-                so the first columns (0-3 = the frame's 40 ms at 25 fps) are the in-sync ones;
-                the window centre would lag the picture by ~0.1 s.
-        """
-        super().__init__()
-        self.energy_columns = energy_columns
-
     def opening(self, audio_sequences: torch.Tensor) -> torch.Tensor:
-        """(B, 1, 80, 16) mel windows -> (B,) mouth opening in [0, 1] (0 for silence)."""
-        start, stop = self.energy_columns
-        level = audio_sequences[:, 0, SPEECH_BANDS, start:stop].float().mean(dim=(1, 2))
+        """(B, 1, 80, 16) mel windows -> (B,) mouth opening in [0, 1] by each window's own loudness
+        (0 for silence): the fallback when no clip envelope came with the items."""
+        level = audio_sequences[:, 0, SPEECH_BANDS, FRAME_COLUMNS].float().mean(dim=(1, 2))
         return ((level - CLOSED_LEVEL) / (OPEN_LEVEL - CLOSED_LEVEL)).clamp(0.0, 1.0)
 
     @staticmethod
