@@ -5,12 +5,12 @@ device). Afterwards each request message is one `GenerateChunk`: crop indices, f
 and the paste sizes; the dynamic batcher merges chunks from all streams, and `LipSyncEngine.run`
 does the whole batch on the device in one pass: gather crops, build the 6-channel input (masked
 lower half + reference, /255), run the generator, convert to uint8 with upstream's truncation, resize
-to paste size (bilinear, like cv2.INTER_LINEAR) and copy the bytes back through one pinned buffer.
+to paste size (bilinear, like cv2.INTER_LINEAR); `DeviceBatchEngine` copies the bytes back once.
 On a CPU the same code runs with CPU tensors (what CI exercises).
 
-Why: the numpy path cost ~0.45 ms per frame of host work (mostly the float32 6-channel input),
-capping the service at ~2,200 frames/s on an H200 whose model does 23,000; uploading uint8 crops once
-and doing the maths on the GPU removes that host work.
+Why: on a GPU the host-side numpy path (mostly building the float32 6-channel input) capped the
+service at a tenth of what the model does (docs/performance.md); uploading uint8 crops once and
+doing the maths on the device removes that host work.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch.nn.functional as F
 
 from services.common.backends import Backend
 from services.common.codec import MEL_BANDS, MEL_STEP
-from services.common.device import BatchStreams, group_rows_by_size
+from services.common.batch_engine import DeviceBatchEngine, Part
+from services.common.device import group_rows_by_size
 from services.common.errors import InvalidRequest, TooLarge
-from services.common.packed import PackedImages
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 
 MEL_SHAPE = (MEL_BANDS, MEL_STEP)
@@ -116,7 +116,7 @@ class GenerateChunk:
         return len(self.rows)
 
 
-class LipSyncEngine:
+class LipSyncEngine(DeviceBatchEngine[GenerateChunk]):
     """Runs merged batches of chunks through a generator backend, on the backend's device."""
 
     def __init__(self, backend: Backend, overlap: bool = False) -> None:
@@ -125,15 +125,11 @@ class LipSyncEngine:
             backend: the generator backend.
             overlap: use per-thread CUDA streams so concurrent batches overlap (the batcher's
                 concurrency > 1; the service turns it on with pipeline_depth > 1, by default on
-                CUDA). Measured on an H200 through gRPC (2026-11-30, 64 streams): 10,581 frames/s
-                off, 14,370 (+36%) on at depth 2 (docs/bench/h200-2026-11-30b/); see `run`. Off (and
-                always on the CPU) everything runs on the current stream; the network call is under
-                a lock either way.
+                CUDA; docs/performance.md has the measurement). Off (and always on the CPU)
+                everything runs on the current stream; the network call is under a lock either way.
         """
+        super().__init__(backend.device, overlap)
         self.backend = backend
-        self.device = backend.device
-        self._pin = self.device.type == "cuda"
-        self.streams = BatchStreams(self.device, overlap)
         # A model that opens the mouth by the clip's speech envelope (the procedural one) takes it as a
         # third input, NaN where a client sent none; models with weights take the two upstream inputs.
         self.reads_speech = bool(getattr(getattr(backend, "module", None), "reads_speech", False))
@@ -141,62 +137,37 @@ class LipSyncEngine:
     def new_bank(self, max_crops: int) -> CropBank:
         return CropBank(self.device, max_crops)
 
-    @torch.inference_mode()
-    def run(self, chunks: list[GenerateChunk]) -> list[PackedImages]:
-        """One model batch for all chunks; returns, per chunk, its faces packed in item order.
+    def process(self, chunks: list[GenerateChunk]) -> list[Part]:
+        """One model batch for all chunks, its faces resized to their paste sizes, grouped by size.
 
-        Thread-safe: with the batcher's `concurrency` > 1 several batches are in here at once. On a
-        GPU each thread uploads, prepares, resizes and copies back on its own CUDA stream, while the
-        model itself runs on one compute stream under a lock (CUDA graphs reuse static buffers), so
-        batch k+1's transfers and host work overlap batch k's compute.
+        On a GPU each batch thread uploads, prepares, resizes and copies back on its own CUDA
+        stream (`DeviceBatchEngine.run`), while the model itself runs on one compute stream under a
+        lock (CUDA graphs reuse static buffers), so batch k+1's transfers and host work overlap
+        batch k's compute.
         """
-        with self.streams.io():
-            mels = np.concatenate([c.mels for c in chunks])
-            mel_t = torch.from_numpy(mels)
-            if self._pin:
-                mel_t = mel_t.pin_memory()
-            mel_t = mel_t.to(self.device, non_blocking=True).to(torch.float32).unsqueeze(1)
-            faces = torch.cat([c.bank.tensor()[torch.from_numpy(c.rows).to(self.device)] for c in chunks])
-            x = model_inputs_torch(faces)  # prep.model_inputs' maths, on the device
-            inputs = [mel_t, x]
-            if self.reads_speech:
-                speech = np.concatenate([np.full(len(c), np.nan, np.float32) if c.speech is None else c.speech for c in chunks])
-                inputs.append(torch.from_numpy(speech).to(self.device))
-            with self.streams.compute():
-                pred = self.backend.forward_device(*inputs)
-                # upstream: (p * 255).astype(uint8) -> truncation toward zero; clamp keeps it from
-                # wrapping. Done on the compute stream, before the next replay reuses `pred`'s buffer.
-                out = (pred.float() * 255.0).clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-            if self.streams.enabled:
-                out.record_stream(torch.cuda.current_stream(self.device))  # made there, read here
-            return self._split_resized(out, chunks)
-
-    def _split_resized(self, out: torch.Tensor, chunks: list[GenerateChunk]) -> list[PackedImages]:
-        """Resize each face to its paste size on the device (grouped by size), then one copy to host."""
-        sizes = [
-            size for chunk in chunks for size in (chunk.sizes or [(IMG_SIZE, IMG_SIZE)] * len(chunk))
-        ]
+        mels = np.concatenate([c.mels for c in chunks])
+        mel_t = torch.from_numpy(mels)
+        if self._pin:
+            mel_t = mel_t.pin_memory()
+        mel_t = mel_t.to(self.device, non_blocking=True).to(torch.float32).unsqueeze(1)
+        faces = torch.cat([c.bank.tensor()[torch.from_numpy(c.rows).to(self.device)] for c in chunks])
+        x = model_inputs_torch(faces)  # prep.model_inputs' maths, on the device
+        inputs = [mel_t, x]
+        if self.reads_speech:
+            speech = np.concatenate([np.full(len(c), np.nan, np.float32) if c.speech is None else c.speech for c in chunks])
+            inputs.append(torch.from_numpy(speech).to(self.device))
+        with self.streams.compute():
+            pred = self.backend.forward_device(*inputs)
+            # upstream: (p * 255).astype(uint8) -> truncation toward zero; clamp keeps it from
+            # wrapping. Done on the compute stream, before the next replay reuses `pred`'s buffer.
+            out = (pred.float() * 255.0).clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        if self.streams.enabled:
+            out.record_stream(torch.cuda.current_stream(self.device))  # made there, read here
+        sizes = [size for chunk in chunks for size in (chunk.sizes or [(IMG_SIZE, IMG_SIZE)] * len(chunk))]
         ordered, groups = group_rows_by_size(out, sizes, self._pin)  # a photo avatar: one group, no gather
-        pieces, start = [], 0
-        for (w, h), idx in groups:
-            pieces.append(_resize(ordered[start : start + len(idx)], w, h).reshape(-1))
-            start += len(idx)
-        flat = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        # One device->host copy for the whole batch (pinned on a GPU; torch caches pinned blocks),
-        # then one bytes object per chunk, cut here on the model thread, back in item order.
-        host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=self._pin)
-        host.copy_(flat)
-        buffer = memoryview(host.numpy())
-        spans: list[tuple[int, int]] = [(0, 0)] * len(sizes)  # each item's bytes in `buffer`
-        offset = 0
-        for (w, h), idx in groups:
-            for pos in idx:
-                spans[pos] = (offset, offset + w * h * 3)
-                offset += w * h * 3
-        results, pos = [], 0
-        for chunk in chunks:
-            chunk_sizes = sizes[pos : pos + len(chunk)]
-            data = b"".join(buffer[a:b] for a, b in spans[pos : pos + len(chunk)])
-            pos += len(chunk)
-            results.append(PackedImages([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], data))
-        return results
+        parts: list[Part] = []
+        start = 0
+        for (w, h), positions in groups:
+            parts.append((positions, _resize(ordered[start : start + len(positions)], w, h)))
+            start += len(positions)
+        return parts

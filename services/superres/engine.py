@@ -7,13 +7,13 @@ input size), BGR->RGB and /255, reflect pad for the model's scale, the network (
 dtype, channels_last on CUDA), crop the padding off, clamp/*255/round exactly as
 `process.from_model_output`, resize to each item's paste size with OpenCV's LANCZOS4 done as two
 matrix products (`services.common.resize`, fixed-point weights: the same uint8 result as
-`cv2.resize`), RGB->BGR, uint8, and one device->host copy (pinned on CUDA) for the whole batch.
+`cv2.resize`), RGB->BGR, uint8; `DeviceBatchEngine` copies the whole batch back once.
 The weight-free `LanczosUpscaler` runs the resize alone, on the same device. On the CPU the resize
 defaults to cv2 per item (faster there than the dense matrix products; see `resize`).
 
 Why: the per-crop CPU path (`ModelUpscaler.upscale`) copied the fp32 384x384x3 output (1.7 MB a
-crop) to the host and resized it with cv2 there; on an H200 the network with that host I/O measured
-660-810 crops/s (bench_models.py, e2e column) while the network alone does ~6,500. The result matches that CPU path within one uint8 level
+crop) to the host and resized it with cv2 there; on a GPU that host I/O, not the network, set the
+pace (bench_models.py, e2e column; docs/performance.md). The result matches that CPU path within one uint8 level
 (tests/unit/superres/test_engine.py). On a CPU the same code runs with CPU tensors (what CI runs,
 with both resize variants).
 
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from services.common.backends import Backend
-from services.common.device import BatchStreams, Size, group_rows_by_size
-from services.common.packed import PackedImages
+from services.common.batch_engine import DeviceBatchEngine, Part
+from services.common.device import Size, group_rows_by_size
 from services.common.resize import lanczos4_resize, round_like_opencv
 from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple, reflect_pad
 
@@ -85,7 +85,7 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
 
 
-class SuperResEngine:
+class SuperResEngine(DeviceBatchEngine[UpscaleChunk]):
     """Runs merged batches of chunks through an upscaler, on its device.
 
     Args:
@@ -149,24 +149,15 @@ class SuperResEngine:
         self.resize = resize or ("cv2" if self.device.type == "cpu" else "torch")
         if self.resize not in ("torch", "cv2") or (self.resize == "cv2" and self.device.type != "cpu"):
             raise ValueError(f"resize must be 'torch', or 'cv2' on the CPU; got {resize!r} on {self.device}")
-        self._pin = self.device.type == "cuda"
-        self.streams = BatchStreams(self.device, overlap)
+        super().__init__(self.device, overlap)
 
-    @torch.inference_mode()
-    def run(self, chunks: list[UpscaleChunk]) -> list[PackedImages]:
-        """One pass over all chunks' items; returns, per chunk, its images in item order.
+    def process(self, chunks: list[UpscaleChunk]) -> list[Part]:
+        """The network (or the Lanczos resize alone) on all chunks' items, grouped by output size.
 
-        Thread-safe, like LipSyncEngine.run: several batches may be in here at once (on CUDA with
-        `overlap`, each on its thread's I/O stream); the network runs one batch at a time
-        (`BatchStreams.compute`), the rest of the work is per call.
+        Several batches may be in here at once (on CUDA with `overlap`, each on its thread's I/O
+        stream); the network runs one batch at a time (`BatchStreams.compute`).
         """
-        with self.streams.io():
-            return self._run(chunks)
-
-    def _run(self, chunks: list[UpscaleChunk]) -> list[PackedImages]:
         sizes: list[Size] = [size for chunk in chunks for size in chunk.sizes]
-        if not sizes:
-            return [PackedImages([], [], b"") for _ in chunks]
         # Items of all chunks with the same input size share an upload and forward passes.
         by_shape: dict[tuple[int, ...], list[tuple[np.ndarray, list[np.ndarray]]]] = defaultdict(list)
         offset = 0
@@ -174,7 +165,7 @@ class SuperResEngine:
             for positions, crops in chunk.groups:
                 by_shape[crops[0].shape].append((positions + offset, crops))
             offset += len(chunk)
-        parts: list[tuple[list[int], torch.Tensor]] = []  # (batch positions, their images)
+        parts: list[Part] = []
         for group in by_shape.values():
             items = np.concatenate([p for p, _ in group])
             crops = self._upload([c for _, cs in group for c in cs])
@@ -183,43 +174,13 @@ class SuperResEngine:
                 idx = items[start : start + step].tolist()
                 for ks, images in self._process(crops[start : start + step], [sizes[i] for i in idx]):
                     parts.append(([idx[k] for k in ks], images))
-        views = self._to_bytes(parts, len(sizes))
-        results, pos = [], 0
-        for chunk in chunks:
-            chunk_sizes = sizes[pos : pos + len(chunk)]
-            data = b"".join(views[pos : pos + len(chunk)])
-            pos += len(chunk)
-            results.append(PackedImages([w for w, _ in chunk_sizes], [h for _, h in chunk_sizes], data))
-        return results
+        return parts
 
     def _upload(self, crops: list[np.ndarray]) -> torch.Tensor:
         """Same-size (h, w, 3) uint8 crops -> one (n, h, w, 3) device tensor: one host copy, one upload."""
         host = torch.empty((len(crops), *crops[0].shape), dtype=torch.uint8, pin_memory=self._pin)
         np.stack(crops, out=host.numpy())
         return host.to(self.device, non_blocking=True)
-
-    def _to_bytes(self, parts: list[tuple[list[int], torch.Tensor]], n: int) -> list[memoryview]:
-        """Per batch position, a view of its image's bytes on the host, from (positions, (k, oh, ow, 3)
-        uint8) parts.
-
-        On the device: one device->host copy for the whole batch (pinned; torch caches pinned
-        blocks). `_run` then packs each chunk's views into one bytes object, here on the model thread.
-        """
-        if self.device.type == "cpu":
-            flats = [images.reshape(-1).numpy() for _, images in parts]
-        else:
-            flats_dev = [images.reshape(-1) for _, images in parts]
-            flat = flats_dev[0] if len(flats_dev) == 1 else torch.cat(flats_dev)
-            host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=self._pin)
-            host.copy_(flat)  # waits for this stream's work (and, through it, for the network)
-            ends = np.cumsum([images.numel() for _, images in parts])
-            flats = np.split(host.numpy(), ends[:-1])
-        views: list[memoryview] = [memoryview(b"")] * n
-        for (positions, images), data in zip(parts, flats):
-            view, step = memoryview(data), images.numel() // len(positions)
-            for j, pos in enumerate(positions):
-                views[pos] = view[j * step : (j + 1) * step]
-        return views
 
     def _process(self, crops: torch.Tensor, sizes: list[Size]) -> list[tuple[list[int], torch.Tensor]]:
         """(n, h, w, 3) uint8 BGR on the device -> (positions in `crops`, (k, oh, ow, 3) uint8 BGR) per output size."""
