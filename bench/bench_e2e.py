@@ -440,6 +440,8 @@ def summarize_jobs(runs: list[dict], concurrency: int) -> dict:
         "frames_per_second": sum(r["job"].total_frames for r in runs) / wall,
         "submit_to_mp4_p50_seconds": statistics.median(latencies), "submit_to_mp4_max_seconds": max(latencies),
         "submit_to_mp4_seconds": latencies,
+        # SubmitJob's own latency per job: under a burst, how long the job waits to exist (the fill).
+        "submit_rpc_seconds": [r["submit_rpc_seconds"] for r in runs],
         "elapsed_seconds": [r["job"].elapsed_seconds for r in runs],
         "ids": [r["job"].id for r in runs],
     }
@@ -482,6 +484,8 @@ def table(result: dict) -> str:
             ("audio s rendered / wall s", f"{batch['audio_seconds_per_wall_second']:.2f}"),
             ("per-job SubmitJob -> MP4 s, p50 / max",
              f"{batch['submit_to_mp4_p50_seconds']:.2f} / {batch['submit_to_mp4_max_seconds']:.2f}"),
+            ("per-job SubmitJob RPC s (the burst's fill), min / max",
+             f"{min(batch['submit_rpc_seconds']):.2f} / {max(batch['submit_rpc_seconds']):.2f}"),
         ]
     for run_ in result.get("scaling", []):
         gpu = run_["gpu_utilization"]

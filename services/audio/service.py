@@ -8,20 +8,18 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
-import numpy as np
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc, common_pb2
-from services.audio.mel import MelExtractor
-from services.common.audio_decode import decode_audio
+from services.audio.extract import MAX_PROCESSES, SAMPLE_RATE, ClipExtractor, ExtractFn, decode_and_extract
 from services.common.codec import MEL_BANDS, MEL_STEP, mel_to_bytes
 from services.common.config import ServiceSettings, _field
 from services.common.errors import InvalidMedia, InvalidRequest, TooLarge
+from services.common.metrics import Metrics
 from services.common.server import Service
 from services.common.stages import STAGES
 from services.common.streams import message_budget
 
 _LOGGER = logging.getLogger(__name__)
-SAMPLE_RATE = 16_000
 # One MelWindow on the wire: its 2,560 bytes of float16 plus the frame index and the field tags.
 _WINDOW_WIRE_BYTES = MEL_BANDS * MEL_STEP * 2 + 16
 
@@ -34,12 +32,22 @@ class AudioSettings(ServiceSettings):
     metrics_port: int = _field(STAGES["audio"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
     max_audio_bytes: int = _field(100 * 1024 * 1024, "largest accepted audio file")
     max_audio_seconds: float = _field(900.0, "longest accepted audio")
+    extract_processes: int = _field(
+        1,
+        "child processes that decode uploads and compute their mel windows, one clip each at a time in arrival order "
+        "(a decoder crash fails only its request); 0 = one thread in the server process",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.extract_processes <= MAX_PROCESSES:
+            raise ValueError(f"extract_processes {self.extract_processes} is not in 0..{MAX_PROCESSES}")
 
 
 class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
-    def __init__(self, settings: AudioSettings, extractor: MelExtractor, service: AudioService) -> None:
+    def __init__(self, settings: AudioSettings, clips: ClipExtractor, service: AudioService) -> None:
         self._settings = settings
-        self._extractor = extractor
+        self._clips = clips
         self._service = service
 
     async def Extract(
@@ -62,20 +70,16 @@ class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
         # Whatever the client asks for, a response stays under half the message limit (bytes, not count).
         per_message = max(1, min(asked, message_budget(self._settings.max_message_bytes) // _WINDOW_WIRE_BYTES))
         data = b"".join(chunks)
-        # Decoding and the STFT are CPU work: keep them off the event loop so other streams flow.
-        signal = await asyncio.to_thread(decode_audio, data, SAMPLE_RATE, self._settings.max_audio_seconds)
-        windows = await asyncio.to_thread(self._extractor.run, signal, fps)
+        # Decoding and the STFT are CPU work: off the event loop (so other streams flow), in arrival order.
+        windows, samples = await self._clips.extract(data, fps, self._settings.max_audio_seconds)
         m = self._service.metrics
         m.items.labels(m.stage).inc(len(windows))
-        duration = len(signal) / SAMPLE_RATE
+        duration = samples / SAMPLE_RATE
         _LOGGER.info("extracted mel windows", extra={"frames": len(windows), "seconds": round(duration, 3), "fps": fps})
         first = True
         for start in range(0, len(windows), per_message):
             response = audio_pb2.ExtractResponse(
-                windows=[
-                    common_pb2.MelWindow(frame_index=i, data=mel_to_bytes(windows[i]))
-                    for i in range(start, min(start + per_message, len(windows)))
-                ]
+                windows=[common_pb2.MelWindow(frame_index=i, data=mel_to_bytes(windows[i])) for i in range(start, min(start + per_message, len(windows)))]
             )
             if first:
                 response.total_frames = len(windows)
@@ -87,17 +91,30 @@ class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
 
 
 class AudioService(Service[AudioSettings]):
+    """The audio stage.
+
+    Args:
+        work: what the extraction workers run per upload; tests pass one that crashes its process.
+    """
+
     stage = "audio"
+
+    def __init__(self, settings: AudioSettings, metrics: Metrics, *, work: ExtractFn = decode_and_extract) -> None:
+        super().__init__(settings, metrics)
+        self._work = work
 
     @property
     def service_names(self) -> Sequence[str]:
         return [audio_pb2.DESCRIPTOR.services_by_name["AudioService"].full_name]
 
     def register(self, server: grpc.aio.Server) -> None:
-        self.extractor = MelExtractor()
-        audio_pb2_grpc.add_AudioServiceServicer_to_server(AudioServicer(self.settings, self.extractor, self), server)
+        self.clips = ClipExtractor(self.settings.extract_processes, self._work)
+        audio_pb2_grpc.add_AudioServiceServicer_to_server(AudioServicer(self.settings, self.clips, self), server)
 
     async def load(self) -> None:
-        # Warm-up: builds the mel filterbank and pulls librosa's lazy imports in before traffic.
-        await asyncio.to_thread(self.extractor.run, np.zeros(SAMPLE_RATE // 2, np.float32), 25.0)
+        # Warm-up: starts the workers, builds the mel filterbank and pulls librosa's lazy imports in before traffic.
+        await self.clips.warm()
         self.metrics.set_backend("wav2lip-mel", "cpu", "fp32")
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.clips.close)
