@@ -77,10 +77,9 @@ if TYPE_CHECKING:
     from services.gateway.client import LiplineClient
 
 SAMPLES = REPO_ROOT / "samples"
-STAGE_ORDER = ("audio_decode", "audio", "submit", "aac", "lipsync", "superres", "composite", "encode", "join", "total")
+STAGE_ORDER = ("audio", "submit", "aac", "lipsync", "superres", "composite", "encode", "join", "total")
 STAGE_NOTES = {
-    "audio_decode": "SubmitJob: decode the upload (the checks), beside the audio stage's call",
-    "audio": "SubmitJob: the audio stage's mel windows (start to last window)",
+    "audio": "SubmitJob: the audio stage decodes (the checks) and makes the mel windows (start to last window)",
     "submit": "SubmitJob in all, before the job exists (the windows stored per segment)",
     "aac": "the job's audio task: the AAC track, on one worker beside the segments",
     "lipsync": "Generate calls, summed over segments",
@@ -506,7 +505,7 @@ def table(result: dict) -> str:
         if name not in stages:
             continue
         v = stages[name]
-        per_frame = f"{1000 * v / frames:.1f}" if frames and name not in ("first_frame", "total", "audio_decode") else ""
+        per_frame = f"{1000 * v / frames:.1f}" if frames and name not in ("first_frame", "total") else ""
         lines.append(f"| {name} | {v:.2f} | {100 * v / render_total:.0f}% | {per_frame} | {STAGE_NOTES.get(name, '')} |")
     lines.append("")
     lines.append("Segments run on several render workers at once: lipsync, superres, composite and encode are sums over "

@@ -71,7 +71,10 @@ class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
         per_message = max(1, min(asked, message_budget(self._settings.max_message_bytes) // _WINDOW_WIRE_BYTES))
         data = b"".join(chunks)
         # Decoding and the STFT are CPU work: off the event loop (so other streams flow), in arrival order.
-        windows, samples = await self._clips.extract(data, fps, self._settings.max_audio_seconds)
+        limit = self._settings.max_audio_seconds
+        if options is not None and options.max_seconds > 0:
+            limit = min(limit, options.max_seconds)  # the caller's own limit (the gateway's), if lower
+        windows, samples = await self._clips.extract(data, fps, limit)
         m = self._service.metrics
         m.items.labels(m.stage).inc(len(windows))
         duration = samples / SAMPLE_RATE

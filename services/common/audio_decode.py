@@ -97,29 +97,6 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
     return np.clip(signal, -1.0, 1.0)
 
 
-def audio_seconds(data: bytes, max_seconds: float | None = None) -> float:
-    """How long the audio is, by decoding all of it with `decode_audio`'s checks and limits (same
-    errors, same messages), without converting, resampling or keeping a sample: what a caller that
-    only needs to know the upload is sound and how long it is (the gateway at SubmitJob) should pay.
-    """
-    seconds = 0.0  # of the frames before the current run of one rate
-    rate, samples = 0, 0  # the current run: whole samples, so a clip of exactly the limit passes
-    with _open(data) as (container, stream):
-        try:
-            for frame in _decoded(container, stream):
-                if frame.sample_rate != rate:
-                    seconds, rate, samples = seconds + (samples / rate if rate else 0.0), frame.sample_rate, 0
-                samples += frame.samples
-                if max_seconds is not None and samples > int((max_seconds - seconds) * rate):
-                    raise TooLarge(_too_long_message(container, max_seconds))
-        except (av.FFmpegError, ValueError, OSError) as exc:
-            raise InvalidMedia(f"could not decode audio: {_reason(exc)}; {_FORMATS_HINT}") from exc
-    total = seconds + (samples / rate if rate else 0.0)
-    if total == 0:
-        raise InvalidMedia(f"the audio decoded to zero samples (empty or truncated file); {_FORMATS_HINT}")
-    return total
-
-
 @contextlib.contextmanager
 def _open(data: bytes) -> Iterator[tuple[av.container.InputContainer, av.audio.stream.AudioStream]]:
     """The container and its first audio stream, checked (channels, a decoder, the rate if known)."""

@@ -1,6 +1,12 @@
-"""SubmitJob's work, done once per job before it is queued: check and decode the audio, make the mel
-windows (the audio stage) and store them with the upload where the render workers read them (the
-AAC track is the job's audio task, on a worker: services.common.jobkeys).
+"""SubmitJob's work, done once per job before it is queued: the audio stage decodes the upload (its
+checks and limits, in a child process) and makes the mel windows; they are stored with the upload
+where the render workers read them (the AAC track is the job's audio task, on a worker:
+services.common.jobkeys).
+
+The gateway does not decode the upload itself: FFmpeg runs in the audio stage's child processes,
+where a decoder crash costs one child, not the gateway and every stream it holds; and in a process
+with a busy event loop FFmpeg's per-packet GIL hand-offs made a burst of uploads wait on each other
+(docs/decisions.md).
 
 The job exists in the job store only once all of this is stored, so a worker never sees half a job.
 """
@@ -16,10 +22,9 @@ import grpc
 import numpy as np
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc
-from services.common.audio_decode import audio_seconds
 from services.common.channels import StageFailed
 from services.common.codec import MEL_BANDS, MEL_BYTES, MEL_STEP
-from services.common.errors import InvalidMedia
+from services.common.errors import InvalidMedia, TooLarge
 from services.common.jobkeys import AUDIO_TASK, mels_key, task_ranges, upload_key
 from services.common.segment_audio import pack_segment_audio
 from services.common.speech import speech_envelope
@@ -28,6 +33,7 @@ from services.common.tracing import outgoing_metadata
 from services.gateway.jobs import segment_bounds
 
 _CHUNK = 1 << 20
+SAMPLE_RATE = 16_000  # the audio stage's: its duration_seconds counts samples at this rate
 _PUT_THREADS = 8  # mel blobs of a long job go up in parallel (S3 PUTs are latency-bound)
 
 
@@ -39,20 +45,24 @@ class PreparedAudio:
     stage_seconds: dict[str, float]
 
 
-async def extract_windows(audio: audio_pb2_grpc.AudioServiceStub, data: bytes, fps: float, request_id: str) -> np.ndarray:
-    """All mel windows of the clip from the audio stage: (frames, 2560) bytes as uint8, float16 inside."""
+async def extract_windows(
+    audio: audio_pb2_grpc.AudioServiceStub, data: bytes, fps: float, max_seconds: float, request_id: str,
+) -> tuple[np.ndarray, float]:
+    """All mel windows of the clip from the audio stage, (frames, 2560) bytes as uint8 (float16
+    inside), and the clip's decoded length in seconds. The stage refuses audio over `max_seconds`."""
 
     async def requests():  # type: ignore[no-untyped-def]
-        yield audio_pb2.ExtractRequest(options=audio_pb2.ExtractOptions(fps=fps), data=data[:_CHUNK])
+        options = audio_pb2.ExtractOptions(fps=fps, max_seconds=max_seconds)
+        yield audio_pb2.ExtractRequest(options=options, data=data[:_CHUNK])
         for start in range(_CHUNK, len(data), _CHUNK):
             yield audio_pb2.ExtractRequest(data=data[start : start + _CHUNK])
 
-    total = -1
+    total, seconds = -1, 0.0
     out: np.ndarray | None = None
     try:
         async for response in audio.Extract(requests(), metadata=outgoing_metadata(request_id)):
             if response.total_frames:
-                total = response.total_frames
+                total, seconds = response.total_frames, response.duration_seconds
                 out = np.zeros((total, MEL_BYTES), np.uint8)
             for window in response.windows:
                 if out is None or not 0 <= window.frame_index < total or len(window.data) != MEL_BYTES:
@@ -62,27 +72,19 @@ async def extract_windows(audio: audio_pb2_grpc.AudioServiceStub, data: bytes, f
         raise StageFailed("audio", exc) from exc
     if out is None or total <= 0:
         raise InvalidMedia("the audio is too short for one video frame")
-    return out
+    return out, seconds
 
 
 async def prepare_audio(
     blobs: BlobStore, audio: audio_pb2_grpc.AudioServiceStub, job_id: str, data: bytes, fps: float,
     max_audio_seconds: float, segment_seconds: float, request_id: str = "",
 ) -> PreparedAudio:
-    """Decode (the limits: a bad upload is refused before the job exists) and extract (mel windows) at
-    once; store the upload and each segment's windows. The decode here only checks and measures
-    (`audio_seconds`: no resampling, no samples kept); the audio task decodes for the AAC track."""
+    """The audio stage's checks and mel windows (a bad upload is refused before the job exists), then
+    the upload and each segment's windows stored."""
     t0 = time.perf_counter()
-    windows_task = asyncio.create_task(extract_windows(audio, data, fps, request_id))
-    try:
-        seconds = await asyncio.to_thread(audio_seconds, data, max_audio_seconds)
-    except BaseException:
-        windows_task.cancel()
-        await asyncio.gather(windows_task, return_exceptions=True)
-        raise
-    decoded = time.perf_counter() - t0
-
-    windows = await windows_task
+    windows, seconds = await extract_windows(audio, data, fps, max_audio_seconds, request_id)
+    if seconds > max_audio_seconds + 1 / SAMPLE_RATE:  # an audio stage older than ExtractOptions.max_seconds
+        raise TooLarge(f"audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
     extracted = time.perf_counter() - t0
     ranges = task_ranges(segment_bounds(len(windows), round(segment_seconds * fps)))
 
@@ -100,5 +102,5 @@ async def prepare_audio(
     await asyncio.to_thread(store)
     return PreparedAudio(
         seconds, len(windows), ranges,
-        {"audio_decode": decoded, "audio": extracted, "submit": time.perf_counter() - t0},
+        {"audio": extracted, "submit": time.perf_counter() - t0},
     )
