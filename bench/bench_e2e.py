@@ -315,17 +315,32 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def process_cpu_seconds(cluster) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """CPU seconds (user + system, all threads) of each live service process so far, from /proc."""
+    """CPU seconds (user + system, all threads) of each live service process so far, its live child
+    processes included (the audio stage extracts in children), from /proc."""
     import os
 
     tick = os.sysconf("SC_CLK_TCK")
+
+    def tree(pid: int) -> list[int]:
+        children: list[int] = []
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            children += [int(c) for c in task.read_text().split()]
+        return [pid] + [p for c in children for p in tree(c)]
+
     out = {}
     for name, proc in cluster.processes.items():
+        seconds = 0.0
         try:
-            fields = Path(f"/proc/{proc.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            pids = tree(proc.process.pid)
         except OSError:
             continue
-        out[name] = (float(fields[11]) + float(fields[12])) / tick
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            seconds += (float(fields[11]) + float(fields[12])) / tick
+        out[name] = seconds
     return out
 
 
