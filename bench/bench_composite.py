@@ -114,9 +114,18 @@ def bench_size(width: int, height: int, box_w: int, box_h: int, args: argparse.N
     rows = []
     for name, fn in cases:
         ms, best, calls = ms_per_call(fn, args.seconds, args.repeats)
-        rows.append({"size": f"{width}x{height}", "box": f"{box_w}x{box_h}", "path": name, "ms_per_frame": round(ms, 4),
-                     "best_ms_per_frame": round(best, 4), "frames_per_s": round(1000 / ms, 1), "calls": calls,
-                     "i420_convert_once_ms_per_frame": round(convert_ms, 3)})
+        rows.append(
+            {
+                "size": f"{width}x{height}",
+                "box": f"{box_w}x{box_h}",
+                "path": name,
+                "ms_per_frame": round(ms, 4),
+                "best_ms_per_frame": round(best, 4),
+                "frames_per_s": round(1000 / ms, 1),
+                "calls": calls,
+                "i420_convert_once_ms_per_frame": round(convert_ms, 3),
+            }
+        )
     return rows
 
 
@@ -132,8 +141,7 @@ def parse_sizes(text: str) -> list[tuple[int, int, int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="1280x720:360x400,1920x1080:520x600",
-                   help="comma-separated WxH:BOXWxBOXH (frame size : face box size)")
+    p.add_argument("--sizes", default="1280x720:360x400,1920x1080:520x600", help="comma-separated WxH:BOXWxBOXH (frame size : face box size)")
     p.add_argument("--frames", type=int, default=8, help="distinct avatar frames per size")
     p.add_argument("--seconds", type=float, default=2.0, help="time per measurement (all its runs)")
     p.add_argument("--repeats", type=int, default=10, help="runs per measurement: the median is reported, and the best")
@@ -143,16 +151,24 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cv2.setNumThreads(args.threads)
 
-    env = {"cpus": os.cpu_count(), "cv2_threads": cv2.getNumThreads(), "opencv": cv2.__version__, "numpy": np.__version__,
-           "python": platform.python_version(), "machine": platform.machine(), "chroma_siting": chroma_siting(),
-           "mmap": args.mmap}
+    env = {
+        "cpus": os.cpu_count(),
+        "cv2_threads": cv2.getNumThreads(),
+        "opencv": cv2.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "chroma_siting": chroma_siting(),
+        "mmap": args.mmap,
+    }
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-composite-") as tmp:
         for width, height, box_w, box_h in parse_sizes(args.sizes):
             rows += bench_size(width, height, box_w, box_h, args, Path(tmp))
 
-    print(f"{env['cpus']} CPUs, OpenCV {env['opencv']} on {env['cv2_threads']} thread(s), {args.frames} distinct frames"
-          f"{', memory-mapped' if args.mmap else ''}")
+    print(
+        f"{env['cpus']} CPUs, OpenCV {env['opencv']} on {env['cv2_threads']} thread(s), {args.frames} distinct frames{', memory-mapped' if args.mmap else ''}"
+    )
     print("| frame | face box | path | ms/frame (median) | ms/frame (best run) | frames/s |")
     print("|---|---|---|---:|---:|---:|")
     for r in rows:

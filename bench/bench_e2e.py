@@ -168,8 +168,7 @@ def check_detector() -> None:
 
     if not hasattr(cv2, "CascadeClassifier"):
         raise SystemExit(
-            f"OpenCV {cv2.__version__} has no cv2.CascadeClassifier: the lipsync stage cannot detect the "
-            "template's faces (install opencv-python-headless 4.x)"
+            f"OpenCV {cv2.__version__} has no cv2.CascadeClassifier: the lipsync stage cannot detect the template's faces (install opencv-python-headless 4.x)"
         )
 
 
@@ -217,12 +216,16 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     template_frames = build_template(template, args.width, args.height, args.fps, args.template_seconds)
     speech = build_speech(args.audio_seconds, args.audio_rate)
     result["inputs"] = {
-        "template_frames": template_frames, "template_bytes": template.stat().st_size,
-        "audio_bytes": len(speech), "build_seconds": time.perf_counter() - t,
+        "template_frames": template_frames,
+        "template_bytes": template.stat().st_size,
+        "audio_bytes": len(speech),
+        "build_seconds": time.perf_counter() - t,
     }
-    log(f"inputs: {args.width}x{args.height} template, {template_frames} frames ({template.stat().st_size / 1e6:.2f} MB); "
+    log(
+        f"inputs: {args.width}x{args.height} template, {template_frames} frames ({template.stat().st_size / 1e6:.2f} MB); "
         f"{args.audio_seconds:g} s WAV at {args.audio_rate} Hz ({len(speech) / 1e6:.2f} MB) "
-        f"in {result['inputs']['build_seconds']:.1f} s")
+        f"in {result['inputs']['build_seconds']:.1f} s"
+    )
 
     extra = stage_args(args, workdir)
     result["stage_flags"] = extra
@@ -230,8 +233,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     counts = [int(c) for c in args.worker_counts.split(",")] if args.worker_counts else [args.workers]
     replicas = {"lipsync": args.replicas, "superres": args.replicas, "render": max(counts), "audio": args.audio_replicas}
     gpus = args.gpus.split(",") if args.gpus else []
-    with LocalCluster(workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout,
-                      replicas=replicas, gpus=gpus) as cluster:
+    with LocalCluster(workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout, replicas=replicas, gpus=gpus) as cluster:
         result["startup_seconds"] = time.perf_counter() - t
         log(f"services SERVING after {result['startup_seconds']:.1f} s (logs in {workdir / 'cluster'})")
         try:
@@ -239,19 +241,22 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                 t = time.perf_counter()
                 avatar = client.create_avatar(template.read_bytes(), name="bench-template")
                 result["create_avatar_seconds"] = time.perf_counter() - t
-                result["avatar"] = {"id": avatar.id, "frames": avatar.frame_count, "faces_found": avatar.faces_found,
-                                    "width": avatar.width, "height": avatar.height, "fps": avatar.fps}
-                log(f"CreateAvatar: {avatar.frame_count} frames, face in {avatar.faces_found}, "
-                    f"{result['create_avatar_seconds']:.2f} s")
+                result["avatar"] = {
+                    "id": avatar.id,
+                    "frames": avatar.frame_count,
+                    "faces_found": avatar.faces_found,
+                    "width": avatar.width,
+                    "height": avatar.height,
+                    "fps": avatar.fps,
+                }
+                log(f"CreateAvatar: {avatar.frame_count} frames, face in {avatar.faces_found}, {result['create_avatar_seconds']:.2f} s")
                 if avatar.faces_found < avatar.frame_count:
-                    log(f"warning: no face found in {avatar.frame_count - avatar.faces_found} template frames "
-                        "(those frames pass through unchanged)")
+                    log(f"warning: no face found in {avatar.frame_count - avatar.faces_found} template frames (those frames pass through unchanged)")
 
                 sr = args.super_resolution == "on"
                 if args.warmup_seconds > 0:
                     t = time.perf_counter()
-                    warm = client.wait(client.submit(avatar.id, build_speech(args.warmup_seconds, args.audio_rate),
-                                                     super_resolution=sr, crf=args.crf).id)
+                    warm = client.wait(client.submit(avatar.id, build_speech(args.warmup_seconds, args.audio_rate), super_resolution=sr, crf=args.crf).id)
                     if warm.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                         raise SystemExit(f"warm-up job failed: {warm.error}")
                     result["warmup_seconds"] = time.perf_counter() - t
@@ -270,13 +275,19 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                         with GpuSampler() as gpu:
                             runs = run_jobs(client, avatar.id, speech, sr, args)
                         cpu = cpu_by_service(cpu_before, process_cpu_seconds(cluster))
-                        summary = {"workers": workers, **summarize_jobs(runs, args.concurrency), "gpu_utilization": gpu.summary(),
-                                   "cpu_seconds_by_service": cpu}
+                        summary = {
+                            "workers": workers,
+                            **summarize_jobs(runs, args.concurrency),
+                            "gpu_utilization": gpu.summary(),
+                            "cpu_seconds_by_service": cpu,
+                        }
                         log("  CPU seconds by service: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items())))
                         result["scaling"].append(summary)
-                        log(f"{workers} render workers: {summary['jobs_per_minute']:.1f} jobs/min, "
+                        log(
+                            f"{workers} render workers: {summary['jobs_per_minute']:.1f} jobs/min, "
                             f"GPU utilisation median {summary['gpu_utilization'].get('median', 'n/a')} %, "
-                            f"host CPU {summary['gpu_utilization'].get('host_cpu') or 0:.0f} %")
+                            f"host CPU {summary['gpu_utilization'].get('host_cpu') or 0:.0f} %"
+                        )
                     result["jobs"] = result["scaling"][0]
                     first = runs[0]
                 job = first["job"]
@@ -305,8 +316,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         problems.append(f"size {info['width']}x{info['height']}, expected {args.width}x{args.height}")
     result["mp4"] = {**info, "bytes": output.stat().st_size, "problems": problems}
     result["job"] = {
-        "id": job.id, "audio_seconds": job.audio_seconds, "frames": job.total_frames,
-        "elapsed_seconds": job.elapsed_seconds, "realtime_factor": job.realtime_factor,
+        "id": job.id,
+        "audio_seconds": job.audio_seconds,
+        "frames": job.total_frames,
+        "elapsed_seconds": job.elapsed_seconds,
+        "realtime_factor": job.realtime_factor,
         "models": [f"{m.name} ({m.backend}, {m.precision})" for m in job.models],
         "stage_seconds": dict(job.stage_seconds),
     }
@@ -376,7 +390,8 @@ class GpuSampler:
         if shutil.which("nvidia-smi"):
             self._proc = subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
-                stdout=subprocess.PIPE, text=True,
+                stdout=subprocess.PIPE,
+                text=True,
             )
         return self
 
@@ -394,21 +409,29 @@ class GpuSampler:
         if not self.samples:
             return {"host_cpu": self.cpu}
         ordered = sorted(self.samples)
-        return {"host_cpu": self.cpu, "samples": len(ordered), "median": statistics.median(ordered),
-                "p90": ordered[int(0.9 * (len(ordered) - 1))], "mean": statistics.fmean(ordered)}
+        return {
+            "host_cpu": self.cpu,
+            "samples": len(ordered),
+            "median": statistics.median(ordered),
+            "p90": ordered[int(0.9 * (len(ordered) - 1))],
+            "mean": statistics.fmean(ordered),
+        }
 
 
-def submit_and_wait(
-    client: LiplineClient, avatar_id: str, speech: bytes, sr: bool, crf: int, on_event: Callable | None = None
-) -> dict:
+def submit_and_wait(client: LiplineClient, avatar_id: str, speech: bytes, sr: bool, crf: int, on_event: Callable | None = None) -> dict:
     """One job, SubmitJob to its final WatchJob event, timed on the client (queueing in the gateway included)."""
     submitted_at = time.perf_counter()
     submitted = client.submit(avatar_id, speech, super_resolution=sr, crf=crf)
     submit_rpc = time.perf_counter() - submitted_at
     job = client.wait(submitted.id, on_event)
     finished_at = time.perf_counter()
-    return {"job": job, "submit_rpc_seconds": submit_rpc, "submit_to_mp4_seconds": finished_at - submitted_at,
-            "submitted_at": submitted_at, "finished_at": finished_at}
+    return {
+        "job": job,
+        "submit_rpc_seconds": submit_rpc,
+        "submit_to_mp4_seconds": finished_at - submitted_at,
+        "submitted_at": submitted_at,
+        "finished_at": finished_at,
+    }
 
 
 def run_jobs(client: LiplineClient, avatar_id: str, speech: bytes, sr: bool, args: argparse.Namespace) -> list[dict]:
@@ -430,14 +453,19 @@ def run_jobs(client: LiplineClient, avatar_id: str, speech: bytes, sr: bool, arg
                 i, run_ = futures[future], future.result()
                 runs[i] = run_
                 job = run_["job"]
-                log(f"  [{done:>3}/{n} done] job {i + 1:<3} {gateway_pb2.JobState.Name(job.state):20s} "
-                    f"SubmitJob -> MP4 {run_['submit_to_mp4_seconds']:6.1f} s  gateway elapsed {job.elapsed_seconds:6.1f} s")
+                log(
+                    f"  [{done:>3}/{n} done] job {i + 1:<3} {gateway_pb2.JobState.Name(job.state):20s} "
+                    f"SubmitJob -> MP4 {run_['submit_to_mp4_seconds']:6.1f} s  gateway elapsed {job.elapsed_seconds:6.1f} s"
+                )
         except BaseException:
             for future in futures:
                 future.cancel()  # the ones not started yet; those in flight run out
             raise
-    failed = [f"job {i + 1} ({r['job'].id}) {gateway_pb2.JobState.Name(r['job'].state)}: {r['job'].error}"
-              for i, r in enumerate(runs) if r["job"].state != gateway_pb2.JOB_STATE_SUCCEEDED]
+    failed = [
+        f"job {i + 1} ({r['job'].id}) {gateway_pb2.JobState.Name(r['job'].state)}: {r['job'].error}"
+        for i, r in enumerate(runs)
+        if r["job"].state != gateway_pb2.JOB_STATE_SUCCEEDED
+    ]
     if failed:
         raise SystemExit(f"{len(failed)} of {n} jobs failed:\n" + "\n".join(failed))
     return runs
@@ -449,10 +477,14 @@ def summarize_jobs(runs: list[dict], concurrency: int) -> dict:
     latencies = [r["submit_to_mp4_seconds"] for r in runs]
     audio = sum(r["job"].audio_seconds for r in runs)
     return {
-        "count": len(runs), "concurrency": concurrency, "wall_seconds": wall,
-        "jobs_per_minute": len(runs) / wall * 60, "audio_seconds_per_wall_second": audio / wall,
+        "count": len(runs),
+        "concurrency": concurrency,
+        "wall_seconds": wall,
+        "jobs_per_minute": len(runs) / wall * 60,
+        "audio_seconds_per_wall_second": audio / wall,
         "frames_per_second": sum(r["job"].total_frames for r in runs) / wall,
-        "submit_to_mp4_p50_seconds": statistics.median(latencies), "submit_to_mp4_max_seconds": max(latencies),
+        "submit_to_mp4_p50_seconds": statistics.median(latencies),
+        "submit_to_mp4_max_seconds": max(latencies),
         "submit_to_mp4_seconds": latencies,
         # SubmitJob's own latency per job: under a burst, how long the job waits to exist (the fill).
         "submit_rpc_seconds": [r["submit_rpc_seconds"] for r in runs],
@@ -485,8 +517,11 @@ def table(result: dict) -> str:
         ("frames/s", f"{frames / total:.1f}"),
         ("job elapsed s (gateway)", f"{job['elapsed_seconds']:.2f}"),
         ("DownloadOutput s", f"{result['download_seconds']:.2f}"),
-        ("MP4", f"{mp4['video_codec']} + {mp4['audio_codec']}, {mp4['frames']} frames, {mp4['bytes'] / 1e6:.2f} MB"
-                + (f"; PROBLEMS: {'; '.join(mp4['problems'])}" if mp4["problems"] else "; ok")),
+        (
+            "MP4",
+            f"{mp4['video_codec']} + {mp4['audio_codec']}, {mp4['frames']} frames, {mp4['bytes'] / 1e6:.2f} MB"
+            + (f"; PROBLEMS: {'; '.join(mp4['problems'])}" if mp4["problems"] else "; ok"),
+        ),
     ]
     if "warmup_seconds" in result:
         rows.insert(7, ("warm-up job s", f"{result['warmup_seconds']:.2f}"))
@@ -496,22 +531,27 @@ def table(result: dict) -> str:
             ("**jobs wall s** (first SubmitJob -> last finished)", f"**{batch['wall_seconds']:.2f}**"),
             ("**jobs/minute**", f"**{batch['jobs_per_minute']:.2f}**"),
             ("audio s rendered / wall s", f"{batch['audio_seconds_per_wall_second']:.2f}"),
-            ("per-job SubmitJob -> MP4 s, p50 / max",
-             f"{batch['submit_to_mp4_p50_seconds']:.2f} / {batch['submit_to_mp4_max_seconds']:.2f}"),
-            ("per-job SubmitJob RPC s (the burst's fill), min / max",
-             f"{min(batch['submit_rpc_seconds']):.2f} / {max(batch['submit_rpc_seconds']):.2f}"),
+            ("per-job SubmitJob -> MP4 s, p50 / max", f"{batch['submit_to_mp4_p50_seconds']:.2f} / {batch['submit_to_mp4_max_seconds']:.2f}"),
+            ("per-job SubmitJob RPC s (the burst's fill), min / max", f"{min(batch['submit_rpc_seconds']):.2f} / {max(batch['submit_rpc_seconds']):.2f}"),
         ]
     for run_ in result.get("scaling", []):
         gpu = run_["gpu_utilization"]
         cpu = gpu.get("host_cpu")
-        rows.append((f"{run_['workers']} render workers: jobs/min, GPU util median / p90 %, host CPU %",
-                     f"{run_['jobs_per_minute']:.1f}, {gpu.get('median', '-')} / {gpu.get('p90', '-')}, "
-                     f"{'-' if cpu is None else f'{cpu:.0f}'}"))
+        rows.append(
+            (
+                f"{run_['workers']} render workers: jobs/min, GPU util median / p90 %, host CPU %",
+                f"{run_['jobs_per_minute']:.1f}, {gpu.get('median', '-')} / {gpu.get('p90', '-')}, {'-' if cpu is None else f'{cpu:.0f}'}",
+            )
+        )
     if result.get("gpu_utilization"):
         gpu = result["gpu_utilization"]
         cpu = gpu.get("host_cpu")
-        rows.append(("GPU utilisation median / p90 %, host CPU % (this job)",
-                     f"{gpu.get('median', '-')} / {gpu.get('p90', '-')}, {'-' if cpu is None else f'{cpu:.0f}'}"))
+        rows.append(
+            (
+                "GPU utilisation median / p90 %, host CPU % (this job)",
+                f"{gpu.get('median', '-')} / {gpu.get('p90', '-')}, {'-' if cpu is None else f'{cpu:.0f}'}",
+            )
+        )
     lines = ["| | |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows), ""]
     stages = job["stage_seconds"]
     render_total = stages.get("total") or total
@@ -523,8 +563,9 @@ def table(result: dict) -> str:
         per_frame = f"{1000 * v / frames:.1f}" if frames and name not in ("first_frame", "total") else ""
         lines.append(f"| {name} | {v:.2f} | {100 * v / render_total:.0f}% | {per_frame} | {STAGE_NOTES.get(name, '')} |")
     lines.append("")
-    lines.append("Segments run on several render workers at once: lipsync, superres, composite and encode are sums over "
-                 "segments, so they can exceed the total.")
+    lines.append(
+        "Segments run on several render workers at once: lipsync, superres, composite and encode are sums over segments, so they can exceed the total."
+    )
     return "\n".join(lines)
 
 
@@ -536,8 +577,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="lipsync and superres --device")
     p.add_argument("--replicas", type=int, default=1, help="replicas of lipsync and superres (the gateway balances)")
-    p.add_argument("--audio-replicas", type=int, default=1,
-                   help="replicas of the audio stage (a CPU stage: one Python process each, as a pod would be)")
+    p.add_argument("--audio-replicas", type=int, default=1, help="replicas of the audio stage (a CPU stage: one Python process each, as a pod would be)")
     p.add_argument("--gpus", default="", help="e.g. 0,1: GPU replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
     p.add_argument("--audio-seconds", type=float, default=60.0, help="length of the speech clip")
     p.add_argument("--audio-rate", type=int, default=16_000, help="sample rate of the uploaded WAV")

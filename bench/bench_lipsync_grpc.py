@@ -106,22 +106,36 @@ def serving_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def start_service(args: argparse.Namespace, workdir: Path, replica: int = 0, stage: str = "lipsync",
-                  flags: Sequence[str] = ()) -> ServiceProcess:
+def start_service(args: argparse.Namespace, workdir: Path, replica: int = 0, stage: str = "lipsync", flags: Sequence[str] = ()) -> ServiceProcess:
     """`python -m services.<stage>` on port 0 with metrics off (services.local.process, as the local cluster
     starts it); `flags` are the stage's own settings.
 
     Uses args.device, max_batch, max_delay_ms, log_level, streams, items, window and gpus.
     """
     common = [
-        "--port", "0", "--metrics-port", "-1", "--device", args.device, "--max-batch", str(args.max_batch),
-        "--max-delay-ms", str(args.max_delay_ms), "--log-format", "text", "--log-level", args.log_level,
-        "--grace-s", "2", "--max-concurrent-streams", str(max(256, args.streams * 2)),
-        "--max-pending-per-stream", str(max(512, args.items * (args.window + 1))),
+        "--port",
+        "0",
+        "--metrics-port",
+        "-1",
+        "--device",
+        args.device,
+        "--max-batch",
+        str(args.max_batch),
+        "--max-delay-ms",
+        str(args.max_delay_ms),
+        "--log-format",
+        "text",
+        "--log-level",
+        args.log_level,
+        "--grace-s",
+        "2",
+        "--max-concurrent-streams",
+        str(max(256, args.streams * 2)),
+        "--max-pending-per-stream",
+        str(max(512, args.items * (args.window + 1))),
     ]
     gpus = args.gpus.split(",") if args.gpus else []  # one replica per GPU: replica i sees only gpus[i % n]
-    return start(f"{stage}-{replica}", stage, flags, workdir, base_args=common,
-                 cuda_visible_devices=gpus[replica % len(gpus)] if gpus else None)
+    return start(f"{stage}-{replica}", stage, flags, workdir, base_args=common, cuda_visible_devices=gpus[replica % len(gpus)] if gpus else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -145,13 +159,9 @@ class Stats:
             self.model_info = response.model  # type: ignore[attr-defined]
 
 
-async def run_stream(stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: argparse.Namespace,
-                     stop_at: float, stats: Stats) -> None:
+async def run_stream(stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: argparse.Namespace, stop_at: float, stats: Stats) -> None:
     rng = np.random.default_rng(sid)
-    crops = [
-        lipsync_pb2.ReferenceCrop(crop_index=i, image=image_to_proto(rng.integers(0, 256, (96, 96, 3), dtype=np.uint8)))
-        for i in range(args.crops)
-    ]
+    crops = [lipsync_pb2.ReferenceCrop(crop_index=i, image=image_to_proto(rng.integers(0, 256, (96, 96, 3), dtype=np.uint8))) for i in range(args.crops)]
     mels = [mel_to_bytes(rng.uniform(-4, 0, (80, 16)).astype(np.float32)) for _ in range(32)]
     window = asyncio.Semaphore(args.window)
     sent: deque[float] = deque()
@@ -198,9 +208,15 @@ def percentile(values: Sequence[float], q: float) -> float:
 StreamFn = Callable[[Any, int, argparse.Namespace, float, Stats], Awaitable[None]]
 
 
-async def drive(ports: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float,
-                stub_cls: Callable[[grpc.aio.Channel], Any] = lipsync_pb2_grpc.LipSyncServiceStub,
-                stream_fn: StreamFn = run_stream) -> Stats:
+async def drive(
+    ports: list[int],
+    args: argparse.Namespace,
+    first_stream: int,
+    streams: int,
+    t0: float,
+    stub_cls: Callable[[grpc.aio.Channel], Any] = lipsync_pb2_grpc.LipSyncServiceStub,
+    stream_fn: StreamFn = run_stream,
+) -> Stats:
     """Run `streams` streams (`stream_fn` on `stub_cls` stubs) from this process, starting at monotonic time t0.
 
     Stream s goes to replica s % len(ports), like the gateway's round-robin over replicas.
@@ -212,26 +228,29 @@ async def drive(ports: list[int], args: argparse.Namespace, first_stream: int, s
         stubs = [stub_cls(c) for c in channels]
         await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
         stop_at = t0 + args.seconds
-        await asyncio.gather(*(
-            stream_fn(stubs[(first_stream + s) % len(stubs)], first_stream + s, args, stop_at, stats) for s in range(streams)
-        ))
+        await asyncio.gather(*(stream_fn(stubs[(first_stream + s) % len(stubs)], first_stream + s, args, stop_at, stats) for s in range(streams)))
     finally:
         for c in channels:
             await c.close()
     return stats
 
 
-def _client_process(port: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float,
-                    stub_cls: Callable[[grpc.aio.Channel], Any], stream_fn: StreamFn) -> tuple:
+def _client_process(
+    port: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float, stub_cls: Callable[[grpc.aio.Channel], Any], stream_fn: StreamFn
+) -> tuple:
     """Entry point of a client process (--procs > 1): its raw arrivals, latencies and errors."""
     stats = asyncio.run(drive(port, args, first_stream, streams, t0, stub_cls, stream_fn))
     info = stats.model_info.SerializeToString() if stats.model_info else b""
     return stats.arrivals, stats.latencies, stats.errors, info
 
 
-def load(port: list[int], args: argparse.Namespace,
-         stub_cls: Callable[[grpc.aio.Channel], Any] = lipsync_pb2_grpc.LipSyncServiceStub,
-         stream_fn: StreamFn = run_stream, unit: str = "frames") -> dict:
+def load(
+    port: list[int],
+    args: argparse.Namespace,
+    stub_cls: Callable[[grpc.aio.Channel], Any] = lipsync_pb2_grpc.LipSyncServiceStub,
+    stream_fn: StreamFn = run_stream,
+    unit: str = "frames",
+) -> dict:
     """One client process (--procs 1) or several: one Python client cannot feed tens of thousands of frames/s.
 
     Uses args.procs, streams, seconds, warmup_seconds and burst_gap_ms; `unit` names the items in the
@@ -246,8 +265,7 @@ def load(port: list[int], args: argparse.Namespace,
         per = [args.streams // args.procs + (1 if i < args.streams % args.procs else 0) for i in range(args.procs)]
         starts = [sum(per[:i]) for i in range(args.procs)]
         with multiprocessing.get_context("spawn").Pool(args.procs) as pool:
-            parts = pool.starmap(_client_process, [(port, args, starts[i], per[i], t0, stub_cls, stream_fn)
-                                                   for i in range(args.procs)])
+            parts = pool.starmap(_client_process, [(port, args, starts[i], per[i], t0, stub_cls, stream_fn) for i in range(args.procs)])
         stats = Stats()
         for arrivals, latencies, errors, info in parts:
             stats.arrivals += arrivals
@@ -274,14 +292,14 @@ def load(port: list[int], args: argparse.Namespace,
         "est_batch_median": statistics.median(bursts) if bursts else float("nan"),
         "bursts": len(bursts),
         "run_s": t_end - t0,
-        "model": {"name": stats.model_info.name, "backend": stats.model_info.backend,
-                  "precision": stats.model_info.precision} if stats.model_info else None,
+        "model": {"name": stats.model_info.name, "backend": stats.model_info.backend, "precision": stats.model_info.precision} if stats.model_info else None,
         "errors": stats.errors[:10],
     }
 
 
-def serve_and_load(args: argparse.Namespace, workdir: Path, stage: str, flags: Sequence[str],
-                   stub_cls: Callable[[grpc.aio.Channel], Any], stream_fn: StreamFn, unit: str) -> tuple[dict, str]:
+def serve_and_load(
+    args: argparse.Namespace, workdir: Path, stage: str, flags: Sequence[str], stub_cls: Callable[[grpc.aio.Channel], Any], stream_fn: StreamFn, unit: str
+) -> tuple[dict, str]:
     """Start args.replicas `services.<stage>` processes, run `load` against them, stop them.
 
     Returns `load`'s result plus startup_s and service_exit, and the first replica's log tail.
@@ -291,8 +309,7 @@ def serve_and_load(args: argparse.Namespace, workdir: Path, stage: str, flags: S
     try:
         startup_s = max(s.wait_ready(args.startup_timeout) for s in services)
         ports = [s.port for s in services]
-        print(f"SERVING on {ports} after {startup_s:.1f}s; {args.streams} streams x {args.items} items "
-              f"for {args.seconds:.0f}s", file=sys.stderr)
+        print(f"SERVING on {ports} after {startup_s:.1f}s; {args.streams} streams x {args.items} items for {args.seconds:.0f}s", file=sys.stderr)
         result = load(ports, args, stub_cls, stream_fn, unit)
     finally:
         rc = max((s.terminate() or 0) for s in services)
@@ -315,17 +332,23 @@ def report_errors_and_write(result: dict, args: argparse.Namespace, tail: str, u
     return 1 if result["errors"] or result[f"{unit}_measured"] == 0 else 0
 
 
-
 def print_result_table(args: argparse.Namespace, result: dict, unit: str, extra: dict[str, str] | None = None) -> None:
     """The one-row markdown table both gRPC benchmarks print; `extra` adds stage-specific columns."""
     m = result["model"] or {}
     extra = extra or {}
     cells = {
-        "device": args.device, "replicas": args.replicas, "model": m.get("name", "?"), "backend": m.get("backend", "?"),
-        "precision": m.get("precision", "?"), "max batch": args.max_batch,
-        "streams x items": f"{args.streams} x {args.items} (window {args.window})", **extra,
-        f"{unit}/s": f"{result[f'{unit}_per_s']:,.1f}", "p50 ms": f"{result['latency_p50_ms']:.1f}",
-        "p99 ms": f"{result['latency_p99_ms']:.1f}", "est. batch": f"{result['est_batch_mean']:.1f}",
+        "device": args.device,
+        "replicas": args.replicas,
+        "model": m.get("name", "?"),
+        "backend": m.get("backend", "?"),
+        "precision": m.get("precision", "?"),
+        "max batch": args.max_batch,
+        "streams x items": f"{args.streams} x {args.items} (window {args.window})",
+        **extra,
+        f"{unit}/s": f"{result[f'{unit}_per_s']:,.1f}",
+        "p50 ms": f"{result['latency_p50_ms']:.1f}",
+        "p99 ms": f"{result['latency_p99_ms']:.1f}",
+        "est. batch": f"{result['est_batch_mean']:.1f}",
         "start-up s": f"{result['startup_s']:.1f}",
     }
     numeric = {"replicas", "max batch", f"{unit}/s", "p50 ms", "p99 ms", "est. batch", "start-up s"}
@@ -378,12 +401,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.checkpoint and not args.procedural:
             args.checkpoint = str(workdir / "wav2lip-seeded.pth")
             write_seeded_checkpoint(Path(args.checkpoint))
-        result, tail = serve_and_load(args, workdir, "lipsync", lipsync_flags(args),
-                                      lipsync_pb2_grpc.LipSyncServiceStub, run_stream, "frames")
+        result, tail = serve_and_load(args, workdir, "lipsync", lipsync_flags(args), lipsync_pb2_grpc.LipSyncServiceStub, run_stream, "frames")
 
-    result.update(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                  args={k: v for k, v in vars(args).items() if k != "checkpoint"},
-                  checkpoint="seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural"))
+    result.update(
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        args={k: v for k, v in vars(args).items() if k != "checkpoint"},
+        checkpoint="seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural"),
+    )
     print_result_table(args, result, "frames")
     return report_errors_and_write(result, args, tail, "frames")
 

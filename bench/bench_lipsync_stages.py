@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     serial = sum(rows.values())
     if device.type == "cuda":
+
         def device_side() -> np.ndarray:
             f = torch.from_numpy(faces).to(device, non_blocking=True)
             m = mel_t.to(device, non_blocking=True)
@@ -118,10 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         rows["device-side alternative: uint8 in, prep + model + uint8 out on GPU"] = timed(device_side, device, r)
         mel_d, face_d = mel_t.to(device), face_t.to(device)
-        rows["model only (forward_device, inputs already on GPU)"] = timed(
-            lambda: backend.forward_device(mel_d, face_d), device, r)
-    report(f"batch {batch} on {device} ({backend.describe()}), median of {r}:", rows, serial, batch, "frames", args.out,
-           device=str(device), backend=backend.describe())
+        rows["model only (forward_device, inputs already on GPU)"] = timed(lambda: backend.forward_device(mel_d, face_d), device, r)
+    report(
+        f"batch {batch} on {device} ({backend.describe()}), median of {r}:",
+        rows,
+        serial,
+        batch,
+        "frames",
+        args.out,
+        device=str(device),
+        backend=backend.describe(),
+    )
     return 0
 
 

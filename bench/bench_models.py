@@ -91,16 +91,14 @@ WAV2LIP_ROWS = [
     Config("fp16 + BN folded + CUDA graph", "fp16", channels_last=True, fold_bn=True, cuda_graphs=True, gpu_only=True),
     Config("bf16 + BN folded + CUDA graph", "bf16", channels_last=True, fold_bn=True, cuda_graphs=True, gpu_only=True),
     Config("torch.compile max-autotune (fp16, folded)", "fp16", channels_last=True, fold_bn=True, compile=True),
-    Config("torch.compile max-autotune + CUDA graph", "fp16", channels_last=True, fold_bn=True, compile=True,
-           cuda_graphs=True, gpu_only=True),
+    Config("torch.compile max-autotune + CUDA graph", "fp16", channels_last=True, fold_bn=True, compile=True, cuda_graphs=True, gpu_only=True),
 ]
 SR_ROWS = [
     Config("fp32", "fp32"),
     Config("fp16", "fp16"),
     Config("fp16 channels_last + CUDA graph", "fp16", channels_last=True, cuda_graphs=True, gpu_only=True),
     Config("torch.compile max-autotune (fp16)", "fp16", channels_last=True, compile=True),
-    Config("torch.compile max-autotune + CUDA graph", "fp16", channels_last=True, compile=True, cuda_graphs=True,
-           gpu_only=True),
+    Config("torch.compile max-autotune + CUDA graph", "fp16", channels_last=True, compile=True, cuda_graphs=True, gpu_only=True),
 ]
 
 
@@ -192,18 +190,18 @@ def time_calls(fn: Callable[[], object], device: torch.device, seconds: float, w
     return statistics.median(samples), calls
 
 
-def make_row_backend(cfg: Config, model: nn.Module, device: torch.device, batches: Sequence[int],
-                     args: argparse.Namespace) -> Backend:
-    common = dict(precision=cfg.precision, channels_last=cfg.channels_last, fold_bn=cfg.fold_bn,
-                  batch_buckets=tuple(batches))
+def make_row_backend(cfg: Config, model: nn.Module, device: torch.device, batches: Sequence[int], args: argparse.Namespace) -> Backend:
+    common = dict(precision=cfg.precision, channels_last=cfg.channels_last, fold_bn=cfg.fold_bn, batch_buckets=tuple(batches))
     if cfg.compile:
-        return make_backend("compile", copy.deepcopy(model), device, cache_dir=args.cache_dir,
-                            compile_mode=args.compile_mode, cuda_graphs=cfg.cuda_graphs, **common)
+        return make_backend(
+            "compile", copy.deepcopy(model), device, cache_dir=args.cache_dir, compile_mode=args.compile_mode, cuda_graphs=cfg.cuda_graphs, **common
+        )
     return make_backend("torch", copy.deepcopy(model), device, cuda_graphs=cfg.cuda_graphs, **common)
 
 
-def bench_model(label: str, unit: str, model: nn.Module, inputs_fn: InputsFn, rows: Sequence[Config],
-                batches: Sequence[int], device: torch.device, args: argparse.Namespace) -> list[Row]:
+def bench_model(
+    label: str, unit: str, model: nn.Module, inputs_fn: InputsFn, rows: Sequence[Config], batches: Sequence[int], device: torch.device, args: argparse.Namespace
+) -> list[Row]:
     results: list[Row] = []
     check_batch = min(batches)
     check_inputs = inputs_fn(check_batch)
@@ -245,11 +243,24 @@ def bench_model(label: str, unit: str, model: nn.Module, inputs_fn: InputsFn, ro
                         e2e_med, _ = time_calls(lambda: backend(*cpu_in), device, args.seconds / 2, 1)
                         e2e = b / e2e_med
                     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-                    results.append(Row(
-                        label, cfg.name, b, unit, items_per_s=b / med, ms_per_batch=med * 1e3, e2e_items_per_s=e2e,
-                        rel_err=err, max_abs_err_u8=du8, peak_mem_mb=peak, setup_s=setup + warm,
-                        compile_s=compile_s, iterations=calls, extra={"backend": backend.describe()},
-                    ))
+                    results.append(
+                        Row(
+                            label,
+                            cfg.name,
+                            b,
+                            unit,
+                            items_per_s=b / med,
+                            ms_per_batch=med * 1e3,
+                            e2e_items_per_s=e2e,
+                            rel_err=err,
+                            max_abs_err_u8=du8,
+                            peak_mem_mb=peak,
+                            setup_s=setup + warm,
+                            compile_s=compile_s,
+                            iterations=calls,
+                            extra={"backend": backend.describe()},
+                        )
+                    )
                     print(f"    batch {b}: {b / med:,.1f} {unit}/s ({med * 1e3:.2f} ms)", file=sys.stderr)
         except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
             traceback.print_exc()
@@ -282,8 +293,9 @@ def environment(device: torch.device) -> dict:
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(gpu=props.name, capability=f"{props.major}.{props.minor}",
-                   gpu_memory_gb=round(props.total_memory / 2**30, 1), sm_count=props.multi_processor_count)
+        env.update(
+            gpu=props.name, capability=f"{props.major}.{props.minor}", gpu_memory_gb=round(props.total_memory / 2**30, 1), sm_count=props.multi_processor_count
+        )
     try:
         import tensorrt  # type: ignore[import-not-found]
 
@@ -351,19 +363,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     models = {m.strip() for m in args.models.split(",")}
     if "wav2lip" in models:
-        rows += bench_model("wav2lip", "frames", build_wav2lip(args.wav2lip_checkpoint), wav2lip_inputs,
-                            WAV2LIP_ROWS, batches, device, args)
+        rows += bench_model("wav2lip", "frames", build_wav2lip(args.wav2lip_checkpoint), wav2lip_inputs, WAV2LIP_ROWS, batches, device, args)
     if "srvgg" in models:
-        rows += bench_model(f"srvgg-x4-c32 {args.sr_size}px", "crops", build_srvgg(), sr_inputs_fn(args.sr_size),
-                            SR_ROWS, sr_batches, device, args)
+        rows += bench_model(f"srvgg-x4-c32 {args.sr_size}px", "crops", build_srvgg(), sr_inputs_fn(args.sr_size), SR_ROWS, sr_batches, device, args)
 
     table = markdown(rows, env)
     print(table)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"environment": env, "args": {k: v for k, v in vars(args).items()},
-                                   "rows": [asdict(r) for r in rows], "markdown": table}, indent=2))
+        out.write_text(
+            json.dumps({"environment": env, "args": {k: v for k, v in vars(args).items()}, "rows": [asdict(r) for r in rows], "markdown": table}, indent=2)
+        )
         print(f"wrote {out}", file=sys.stderr)
     failed = [r for r in rows if r.note.startswith("FAILED")]
     return 1 if failed else 0

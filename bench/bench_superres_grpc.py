@@ -48,7 +48,13 @@ import grpc
 import numpy as np
 
 from bench.bench_lipsync_grpc import (
-    Stats, add_load_args, check_service_imports, print_result_table, report_errors_and_write, serve_and_load, serving_flags,
+    Stats,
+    add_load_args,
+    check_service_imports,
+    print_result_table,
+    report_errors_and_write,
+    serve_and_load,
+    serving_flags,
 )
 from lipline.v1 import superres_pb2, superres_pb2_grpc
 from services.common.codec import image_to_proto
@@ -78,8 +84,7 @@ def parse_size(text: str) -> tuple[int, int]:
     return size
 
 
-async def run_stream(stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args: argparse.Namespace,
-                     stop_at: float, stats: Stats) -> None:
+async def run_stream(stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args: argparse.Namespace, stop_at: float, stats: Stats) -> None:
     """One Upscale stream: messages of args.items crops until stop_at, args.window in flight."""
     rng = np.random.default_rng(sid)
     pool = [image_to_proto(rng.integers(0, 256, (CROP_SIDE, CROP_SIDE, 3), dtype=np.uint8)) for _ in range(args.pool)]
@@ -91,10 +96,7 @@ async def run_stream(stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args
         index = 0
         while time.perf_counter() < stop_at:
             await window.acquire()
-            items = [
-                superres_pb2.UpscaleItem(index=i, image=pool[i % len(pool)], out_width=out_w, out_height=out_h)
-                for i in range(index, index + args.items)
-            ]
+            items = [superres_pb2.UpscaleItem(index=i, image=pool[i % len(pool)], out_width=out_w, out_height=out_h) for i in range(index, index + args.items)]
             index += args.items
             sent.append(time.perf_counter())
             yield superres_pb2.UpscaleRequest(items=items)
@@ -109,8 +111,7 @@ async def run_stream(stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args
                 checked = True
                 got = {(it.image.width, it.image.height) for it in response.items}
                 if len(response.items) != args.items or (out_w and got != {(out_w, out_h)}):
-                    stats.errors.append(f"stream {sid}: asked {args.items} items at {out_w}x{out_h}, "
-                                        f"got {len(response.items)} at {sorted(got)}")
+                    stats.errors.append(f"stream {sid}: asked {args.items} items at {out_w}x{out_h}, got {len(response.items)} at {sorted(got)}")
     except grpc.aio.AioRpcError as exc:
         stats.errors.append(f"stream {sid}: {exc.code().name}: {exc.details()}")
 
@@ -135,8 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=16, help="concurrent Upscale streams")
     p.add_argument("--items", type=int, default=32, help="crops per request message (the gateway sends 32)")
     p.add_argument("--pool", type=int, default=8, help="distinct random crops per stream")
-    p.add_argument("--out-size", type=parse_size, default=(192, 192),
-                   help="WxH (or N) each crop comes back at; 0 = the model's native size (384 for x4)")
+    p.add_argument("--out-size", type=parse_size, default=(192, 192), help="WxH (or N) each crop comes back at; 0 = the model's native size (384 for x4)")
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for SERVING")
     add_load_args(p, "superres")
     args = p.parse_args(argv)
@@ -157,12 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if seeded:
             args.checkpoint = str(workdir / f"{args.model}-seeded.pth")
             write_seeded_checkpoint(Path(args.checkpoint), args.model)
-        result, tail = serve_and_load(args, workdir, "superres", superres_flags(args),
-                                      superres_pb2_grpc.SuperResServiceStub, run_stream, "crops")
+        result, tail = serve_and_load(args, workdir, "superres", superres_flags(args), superres_pb2_grpc.SuperResServiceStub, run_stream, "crops")
 
-    result.update(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                  args={k: v for k, v in vars(args).items() if k != "checkpoint"},
-                  checkpoint="lanczos" if args.lanczos else ("seeded" if seeded else args.checkpoint))
+    result.update(
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        args={k: v for k, v in vars(args).items() if k != "checkpoint"},
+        checkpoint="lanczos" if args.lanczos else ("seeded" if seeded else args.checkpoint),
+    )
     out_w, out_h = args.out_size
     print_result_table(args, result, "crops", {"out size": f"{out_w}x{out_h}" if out_w else "native"})
     return report_errors_and_write(result, args, tail, "crops")

@@ -59,14 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     crops = [rng.integers(0, 256, (96, 96, 3), dtype=np.uint8) for _ in range(batch)]
     sizes = [args.out_size] * batch
     requests = [
-        superres_pb2.UpscaleRequest(items=[
-            superres_pb2.UpscaleItem(index=i, image=image_to_proto(crops[i]), out_width=args.out_size[0], out_height=args.out_size[1])
-            for i in range(start, min(start + ITEMS_PER_MESSAGE, batch))
-        ]).SerializeToString()
+        superres_pb2.UpscaleRequest(
+            items=[
+                superres_pb2.UpscaleItem(index=i, image=image_to_proto(crops[i]), out_width=args.out_size[0], out_height=args.out_size[1])
+                for i in range(start, min(start + ITEMS_PER_MESSAGE, batch))
+            ]
+        ).SerializeToString()
         for start in range(0, batch, ITEMS_PER_MESSAGE)
     ]
-    chunks = [UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE])
-              for s in range(0, batch, ITEMS_PER_MESSAGE)]
+    chunks = [UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE]) for s in range(0, batch, ITEMS_PER_MESSAGE)]
     results = engine.run(chunks)
     x = torch.rand(batch, 3, 96, 96, generator=torch.Generator().manual_seed(0)).to(device, engine.dtype)
     if engine.channels_last:
@@ -85,17 +86,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: dict[str, float] = {
         "event loop: parse requests + decode images": timed(parse_and_decode, device, r),
         "event loop: UpscaleChunk.from_items": timed(
-            lambda: [UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE])
-                     for s in range(0, batch, ITEMS_PER_MESSAGE)],
-            device, r,
+            lambda: [UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE]) for s in range(0, batch, ITEMS_PER_MESSAGE)],
+            device,
+            r,
         ),
         "model thread: engine.run (upload, network, maths, resize, copy back, bytes)": timed(lambda: engine.run(chunks), device, r),
         "event loop: build + serialise responses": timed(respond, device, r),
     }
     serial = sum(rows.values())
     rows["(inside engine.run) network alone, input on the device"] = timed(lambda: backend.forward_device(x), device, r)
-    report(f"batch {batch} of 96x96 -> {args.out_size[0]}x{args.out_size[1]} on {device} ({backend.describe()}), median of {r}:",
-           rows, serial, batch, "crops", args.out, device=str(device), backend=backend.describe(), out_size=list(args.out_size))
+    report(
+        f"batch {batch} of 96x96 -> {args.out_size[0]}x{args.out_size[1]} on {device} ({backend.describe()}), median of {r}:",
+        rows,
+        serial,
+        batch,
+        "crops",
+        args.out,
+        device=str(device),
+        backend=backend.describe(),
+        out_size=list(args.out_size),
+    )
     return 0
 
 

@@ -23,10 +23,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.local.process import start  # noqa: E402
+from services.local.process import start
 
-FLAGS = ["--host=127.0.0.1", "--port=0", "--metrics-port=0", "--log-format=json", "--grace-s=2", "--device=cuda",
-         "--max-batch=32", "--batch-buckets=32", "--detector=none"]
+FLAGS = [
+    "--host=127.0.0.1",
+    "--port=0",
+    "--metrics-port=0",
+    "--log-format=json",
+    "--grace-s=2",
+    "--device=cuda",
+    "--max-batch=32",
+    "--batch-buckets=32",
+    "--detector=none",
+]
 
 
 def metric_rows(port: int, name: str) -> list[str]:
@@ -79,33 +88,45 @@ def main() -> int:
     cache = work / "compile-cache"
     t0 = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "services.lipsync", "--device=cuda", "--max-batch=32", "--batch-buckets=32", "--detector=none", "--backend=compile",
-         "--warm-cache-only=true", f"--compile-cache-dir={cache}", "--log-format=text"],
-        capture_output=True, text=True, timeout=500,
+        [
+            sys.executable,
+            "-m",
+            "services.lipsync",
+            "--device=cuda",
+            "--max-batch=32",
+            "--batch-buckets=32",
+            "--detector=none",
+            "--backend=compile",
+            "--warm-cache-only=true",
+            f"--compile-cache-dir={cache}",
+            "--log-format=text",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=500,
     )
     artifacts = sorted(p.name for p in cache.glob("*")) if cache.exists() else []
-    results["warm_cache_only"] = {"rc": done.returncode, "seconds": round(time.monotonic() - t0, 1), "artifacts": artifacts,
-                                  "log_tail": done.stderr[-1500:]}
+    results["warm_cache_only"] = {"rc": done.returncode, "seconds": round(time.monotonic() - t0, 1), "artifacts": artifacts, "log_tail": done.stderr[-1500:]}
     good = done.returncode == 0 and bool(artifacts)
     ok &= good
-    print(f"[{'ok' if good else 'FAIL'}] --warm-cache-only: rc {done.returncode}, {len(artifacts)} artifact(s), "
-          f"{results['warm_cache_only']['seconds']} s")
+    print(f"[{'ok' if good else 'FAIL'}] --warm-cache-only: rc {done.returncode}, {len(artifacts)} artifact(s), {results['warm_cache_only']['seconds']} s")
 
     # 3. auto on the warm cache, with a compile that cannot build: falls back to torch and serves
-    env = {"CC": "/bin/false", "TRITON_CACHE_DIR": str(work / "triton-empty"),
-           "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-empty")}
+    env = {"CC": "/bin/false", "TRITON_CACHE_DIR": str(work / "triton-empty"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-empty")}
     svc = start("lipsync-fallback", "lipsync", [*FLAGS, "--backend=auto", f"--compile-cache-dir={cache}"], work, env=env)
     try:
         results["fallback_start_s"] = round(svc.wait_ready(500), 1)
         frames = generate_once(svc.address)
         log = svc.log()
         fell_back = "falling back to torch" in log
-        results["fallback"] = {"generate_frames": frames, "fell_back": fell_back,
-                               "decisions": [line for line in log.splitlines() if "backend auto" in line][-3:]}
+        results["fallback"] = {
+            "generate_frames": frames,
+            "fell_back": fell_back,
+            "decisions": [line for line in log.splitlines() if "backend auto" in line][-3:],
+        }
         good = fell_back and frames == 8
         ok &= good
-        print(f"[{'ok' if good else 'FAIL'}] auto on a warm cache whose compile fails: fell back {fell_back}, "
-              f"served {frames} frames")
+        print(f"[{'ok' if good else 'FAIL'}] auto on a warm cache whose compile fails: fell back {fell_back}, served {frames} frames")
     except (RuntimeError, TimeoutError) as exc:
         results["fallback"] = {"error": str(exc)[-2000:]}
         ok = False

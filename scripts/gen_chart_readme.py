@@ -110,8 +110,7 @@ def _type(schema: dict[str, Any], value: Any) -> str:
         return " or ".join(kind)
     if kind:
         return str(kind)
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(value), "")
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(type(value), "")
 
 
 def _default(value: Any) -> str:
@@ -156,17 +155,18 @@ def tables(values_text: str, schema: dict[str, Any]) -> str:
             leaves += _rows(key, value, node, notes, False)
     stage = next(iter(props["stages"]["properties"].values()))
     generic = {"config": "`LIPLINE_*` settings of the stage's service (`python -m services.<stage> --help`)"}
-    stage_rows = [f"| `{key}` | {_type(node, None)} | {generic.get(key) or _inline([node.get('description', '')])} |"
-                  for key, node in sorted(stage["properties"].items())]
+    stage_rows = [
+        f"| `{key}` | {_type(node, None)} | {generic.get(key) or _inline([node.get('description', '')])} |" for key, node in sorted(stage["properties"].items())
+    ]
     parts = [
         "## Values",
-        "Generated from the comments in `values.yaml` and from `values.schema.json` by "
-        "`scripts/gen_chart_readme.py`; edit those, then run it.",
+        "Generated from the comments in `values.yaml` and from `values.schema.json` by `scripts/gen_chart_readme.py`; edit those, then run it.",
         f"### Chart-wide keys\n\n{HEADER}\n" + "\n".join(leaves) + "\n",
         *sections,
         "### Per-stage keys\n\nWhat any entry of `stages` may set (`stages.<stage>.<key>`); the pod keys add to or "
         "replace their chart-wide namesakes as the descriptions say.\n\n| Key | Type | Description |\n|-----|------|-------------|\n"
-        + "\n".join(stage_rows) + "\n",
+        + "\n".join(stage_rows)
+        + "\n",
     ]
     return "\n\n".join(part.strip() for part in parts) + "\n"
 

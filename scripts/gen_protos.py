@@ -23,8 +23,15 @@ def generate(out_dir: Path = ROOT, force: bool = False) -> list[Path]:
         import grpc_tools
 
         include = Path(grpc_tools.__file__).parent / "_proto"
-        args = ["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
-                f"--grpc_python_out={out_dir}", *map(str, protos)]
+        args = [
+            "protoc",
+            f"-I{PROTO_DIR}",
+            f"-I{include}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            *map(str, protos),
+        ]
         if protoc.main(args) != 0:
             raise SystemExit("protoc failed")
         for pkg in (out_dir / "lipline", out_dir / "lipline" / "v1"):

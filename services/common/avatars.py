@@ -57,11 +57,11 @@ class AvatarMeta:
     id: str
     name: str
     fps: float
-    photo_fps: float                  # how the source is decoded again (a photo becomes one frame)
+    photo_fps: float  # how the source is decoded again (a photo becomes one frame)
     frame_count: int
-    width: int                        # of the decoded frames (even)
+    width: int  # of the decoded frames (even)
     height: int
-    boxes: list[Box | None]           # per frame, padded and smoothed; None = no face (frame passes through)
+    boxes: list[Box | None]  # per frame, padded and smoothed; None = no face (frame passes through)
     create_time: float
 
     @property

@@ -28,7 +28,7 @@ def clean_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.
     for key, value in state_dict.items():
         # Wrappers nest in any order (torch.compile of a DataParallel model: `_orig_mod.module.`).
         while key.startswith(_WRAPPER_PREFIXES):
-            key = key[len(next(p for p in _WRAPPER_PREFIXES if key.startswith(p))):]
+            key = key[len(next(p for p in _WRAPPER_PREFIXES if key.startswith(p))) :]
         cleaned[key] = value
     return cleaned
 
@@ -47,7 +47,7 @@ def read_checkpoint(path: str | Path, entries: Sequence[str]) -> dict[str, torch
     try:
         # weights_only: a checkpoint is data; never execute pickled code from a weights volume.
         blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file
+    except Exception as exc:
         raise CheckpointError(f"checkpoint {path} could not be read as a torch file: {exc}") from exc
     if not isinstance(blob, Mapping):
         raise CheckpointError(f"checkpoint {path} holds a {type(blob).__name__}, expected a dict")
@@ -57,9 +57,7 @@ def read_checkpoint(path: str | Path, entries: Sequence[str]) -> dict[str, torch
             return dict(blob[entry])
     if blob and all(isinstance(v, torch.Tensor) for v in blob.values()):
         return dict(blob)
-    raise CheckpointError(
-        f"checkpoint {path} has none of the entries {list(entries)} (found {sorted(map(str, blob))[:8]})"
-    )
+    raise CheckpointError(f"checkpoint {path} has none of the entries {list(entries)} (found {sorted(map(str, blob))[:8]})")
 
 
 def load_strict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], source: str) -> nn.Module:

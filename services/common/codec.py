@@ -27,9 +27,7 @@ def image_to_proto(image: np.ndarray) -> common_pb2.Image:
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected (H, W, 3) uint8, got {image.shape} {image.dtype}")
     h, w = image.shape[:2]
-    return common_pb2.Image(
-        width=w, height=h, format=common_pb2.PIXEL_FORMAT_BGR24, data=np.ascontiguousarray(image).tobytes()
-    )
+    return common_pb2.Image(width=w, height=h, format=common_pb2.PIXEL_FORMAT_BGR24, data=np.ascontiguousarray(image).tobytes())
 
 
 def image_from_proto(msg: common_pb2.Image, what: str = "image") -> np.ndarray:
@@ -54,10 +52,7 @@ def image_from_proto(msg: common_pb2.Image, what: str = "image") -> np.ndarray:
             found = "empty" if not data else f"a {header.format} image" if header else "not an image"
             raise InvalidMedia(f"{what}: could not decode {name} data: the bytes are {found}, not PNG or JPEG")
         if max(header.width, header.height) > MAX_IMAGE_SIDE:
-            raise InvalidMedia(
-                f"{what}: the {header.format} is {header.width}x{header.height} px, above the limit of "
-                f"{MAX_IMAGE_SIDE} px per side"
-            )
+            raise InvalidMedia(f"{what}: the {header.format} is {header.width}x{header.height} px, above the limit of {MAX_IMAGE_SIDE} px per side")
         decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
         if decoded is None:
             raise InvalidMedia(f"{what}: could not decode {name} data (corrupt or truncated)")
@@ -80,12 +75,18 @@ def mel_from_bytes(data: bytes, what: str = "mel window") -> np.ndarray:
 
 
 def pack_generate_items(
-    frame_indices: list[int], crop_indices: list[int], mels: list[bytes], speech: list[float] | None = None,
+    frame_indices: list[int],
+    crop_indices: list[int],
+    mels: list[bytes],
+    speech: list[float] | None = None,
 ) -> lipsync_pb2.GenerateItems:
     """Packed Generate items from per-item values (mels: 2,560-byte float16 windows, as on the wire;
     speech: the clip's envelope value per item, or None)."""
     return lipsync_pb2.GenerateItems(
-        frame_indices=frame_indices, crop_indices=crop_indices, mels=b"".join(mels), speech=speech or [],
+        frame_indices=frame_indices,
+        crop_indices=crop_indices,
+        mels=b"".join(mels),
+        speech=speech or [],
     )
 
 
@@ -110,9 +111,7 @@ def unpack_generate_items(items: lipsync_pb2.GenerateItems) -> tuple[np.ndarray,
         raise InvalidMedia(f"items: {n} frame indices but {len(crops)} crop indices")
     raw = items.mels  # read a bytes field once: each read copies it out of the message
     if len(raw) != n * MEL_BYTES:
-        raise InvalidMedia(
-            f"items: {n} items need {n * MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(raw)}"
-        )
+        raise InvalidMedia(f"items: {n} items need {n * MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(raw)}")
     mels = np.frombuffer(raw, dtype="<f2").reshape(n, MEL_BANDS, MEL_STEP)
     if not np.isfinite(mels).all():
         bad = int(np.argmax(~np.isfinite(mels).reshape(n, -1).all(axis=1)))

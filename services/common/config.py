@@ -30,7 +30,7 @@ class LogFormat(str, enum.Enum):
     TEXT = "text"
 
 
-def _field(default: Any, help: str, **kwargs: Any) -> Any:  # noqa: A002 - mirrors argparse
+def _field(default: Any, help: str, **kwargs: Any) -> Any:
     return dataclasses.field(default=default, metadata={"help": help, **kwargs})
 
 
@@ -57,25 +57,29 @@ class ServiceSettings:
     max_connection_age_s: float = _field(300.0, "close client connections after this long so they rebalance")
     grace_s: float = _field(20.0, "on SIGTERM, seconds to let in-flight streams finish")
     max_concurrent_streams: int = _field(
-        256, "max concurrent RPCs in all (a stream counts until it ends; health checks and reflection are never "
-        "counted nor refused); more are rejected RESOURCE_EXHAUSTED with a retry-after-ms hint; 0 = no cap"
+        256,
+        "max concurrent RPCs in all (a stream counts until it ends; health checks and reflection are never "
+        "counted nor refused); more are rejected RESOURCE_EXHAUSTED with a retry-after-ms hint; 0 = no cap",
     )
     max_streams_per_client: int = _field(
-        0, "max concurrent RPCs of one client (its x-api-key metadata, else its IP address); more are rejected "
-        "RESOURCE_EXHAUSTED; 0 = no cap (the stages' default: their clients are gateways and render workers)"
+        0,
+        "max concurrent RPCs of one client (its x-api-key metadata, else its IP address); more are rejected "
+        "RESOURCE_EXHAUSTED; 0 = no cap (the stages' default: their clients are gateways and render workers)",
     )
     log_level: str = _field("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: LogFormat = _field(LogFormat.JSON, "json (one object per line) or text")
     device: Device = _field(Device.AUTO, "auto (cuda if available), cpu or cuda")
     require_cudnn: bool = _field(True, "on a GPU, refuse to start when the cuDNN self-check fails")
     api_keys_file: str = _field(
-        "", "API keys of the public API (the gateway): a file with one key per line, or `name:key` per line (# comments); "
+        "",
+        "API keys of the public API (the gateway): a file with one key per line, or `name:key` per line (# comments); "
         "every RPC but health and reflection then needs one in x-api-key (or authorization: Bearer) metadata, and the "
-        "client's identity for per-client limits is the key's name; empty = no API keys (local mode)"
+        "client's identity for per-client limits is the key's name; empty = no API keys (local mode)",
     )
     internal_token_file: str = _field(
-        "", "a file holding the token between services: the stages refuse calls without it in x-lipline-internal "
-        "metadata (health and reflection exempt); the gateway and render workers send it on every stage call; empty = off"
+        "",
+        "a file holding the token between services: the stages refuse calls without it in x-lipline-internal "
+        "metadata (health and reflection exempt); the gateway and render workers send it on every stage call; empty = off",
     )
     tls_cert_file: str = _field("", "PEM certificate (chain) of the gRPC port; with tls_key_file: TLS; empty = plaintext")
     tls_key_file: str = _field("", "PEM private key of tls_cert_file")
@@ -110,20 +114,22 @@ class ModelStageSettings(ServiceSettings):
         "overlap the previous one's compute; docs/performance.md has the gain), 1 on the CPU",
     )
     backend: str = _field(
-        "auto", "model backend: auto (CUDA: compile if compile_cache_dir holds this model's artifacts, else torch "
+        "auto",
+        "model backend: auto (CUDA: compile if compile_cache_dir holds this model's artifacts, else torch "
         "fp16 + folded BN + CUDA graphs; CPU: cpu), cpu, torch, compile, tensorrt",
     )
     batch_buckets: tuple[int, ...] = _field(
         (), "batch sizes a model batch is padded up to (static shapes for CUDA graphs/compile); empty = default up to max_batch"
     )
     compile_cache_dir: str = _field(
-        "var/compile-cache", "compiled-kernel caches, keyed by model/torch/GPU/options (a shared volume: the first backend=compile "
-        "pod fills it, later pods start warm and backend=auto then uses it)"
+        "var/compile-cache",
+        "compiled-kernel caches, keyed by model/torch/GPU/options (a shared volume: the first backend=compile "
+        "pod fills it, later pods start warm and backend=auto then uses it)",
     )
     max_rel_error: float = _field(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
     warm_cache_only: bool = _field(
-        False, "load and warm the model (backend=compile: fill compile_cache_dir), then exit 0 without serving "
-        "(the chart's compile-cache Job); exit 1 if that fails"
+        False,
+        "load and warm the model (backend=compile: fill compile_cache_dir), then exit 0 without serving (the chart's compile-cache Job); exit 1 if that fails",
     )
 
     def validate(self) -> None:
@@ -150,12 +156,11 @@ class StoreSettings(ServiceSettings):
     of one machine.
     """
 
-    job_store: str = _field(
-        "sqlite:///var/lipline.db", "job store: sqlite:///path.db (embedded, one machine) or postgresql://user:password@host:port/db"
-    )
+    job_store: str = _field("sqlite:///var/lipline.db", "job store: sqlite:///path.db (embedded, one machine) or postgresql://user:password@host:port/db")
     blob_store: str = _field(
-        "var/blobs", "blob store: a folder (file:///path or a path; a ReadWriteMany volume in a cluster) or s3://bucket/prefix "
-        "(credentials and endpoint from the AWS_* variables)"
+        "var/blobs",
+        "blob store: a folder (file:///path or a path; a ReadWriteMany volume in a cluster) or s3://bucket/prefix "
+        "(credentials and endpoint from the AWS_* variables)",
     )
 
 
@@ -189,9 +194,7 @@ def _convert(tp: Any, raw: str) -> Any:
     return tp(raw)
 
 
-def parse_settings(
-    cls: type[SettingsT], argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
-) -> SettingsT:
+def parse_settings(cls: type[SettingsT], argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> SettingsT:
     """Build `cls` from defaults, then `LIPLINE_*` variables, then flags; then validate.
 
     Raises:

@@ -138,8 +138,7 @@ def prepare_device(settings: ServiceSettings, metrics: Metrics) -> torch.device:
     return device
 
 
-def finish_backend_start(backend: Backend, reference: nn.Module | None, inputs: Sequence[torch.Tensor],
-                         settings: ModelStageSettings, metrics: Metrics) -> None:
+def finish_backend_start(backend: Backend, reference: nn.Module | None, inputs: Sequence[torch.Tensor], settings: ModelStageSettings, metrics: Metrics) -> None:
     """After a model stage's warm-up passes: keep a fresh compile's artifacts, then the numerics guard.
 
     The guard skips an fp32 backend on the CPU (that *is* the reference computation); otherwise
@@ -159,8 +158,12 @@ def finish_backend_start(backend: Backend, reference: nn.Module | None, inputs: 
 
 
 def stage_backend_builder(
-    settings: ModelStageSettings, device: torch.device, model: nn.Module, *,
-    precision: str | None = None, cuda_graphs: bool | None = None,
+    settings: ModelStageSettings,
+    device: torch.device,
+    model: nn.Module,
+    *,
+    precision: str | None = None,
+    cuda_graphs: bool | None = None,
 ) -> Callable[[bool], Backend]:
     """`build(allow_compile)` for `start_backend`: a model stage's settings -> `resolve_backend_spec`
     (which decides and logs) -> `build_backend`. Both GPU stages build their backend through this.
@@ -175,18 +178,22 @@ def stage_backend_builder(
 
     def build(allow_compile: bool) -> Backend:
         spec = resolve_backend_spec(
-            settings.backend, device, model=model, precision=precision, max_batch=settings.max_batch,
-            batch_buckets=settings.batch_buckets or None, cache_dir=settings.compile_cache_dir or None,
-            cuda_graphs=cuda_graphs, allow_compile=allow_compile,
+            settings.backend,
+            device,
+            model=model,
+            precision=precision,
+            max_batch=settings.max_batch,
+            batch_buckets=settings.batch_buckets or None,
+            cache_dir=settings.compile_cache_dir or None,
+            cuda_graphs=cuda_graphs,
+            allow_compile=allow_compile,
         )
         return build_backend(spec, model)
 
     return build
 
 
-async def start_backend(
-    kind: str, build: Callable[[bool], Backend], warm: Callable[[Backend], Awaitable[None]]
-) -> Backend:
+async def start_backend(kind: str, build: Callable[[bool], Backend], warm: Callable[[Backend], Awaitable[None]]) -> Backend:
     """Build and warm up a stage's backend; `auto`'s compile pick falls back to `torch` if it fails.
 
     `build(allow_compile)` makes the backend (`stage_backend_builder`) and `warm` runs its warm-up
@@ -198,11 +205,13 @@ async def start_backend(
     backend = build(True)
     try:
         await warm(backend)
-    except Exception as exc:  # noqa: BLE001 - only auto's compile pick falls back; anything else re-raises
+    except Exception as exc:
         if kind != "auto" or backend.name != "compile":
             raise
         _LOGGER.warning(
-            "backend auto: the compiled backend failed to start (%s: %s); falling back to torch", type(exc).__name__, exc,
+            "backend auto: the compiled backend failed to start (%s: %s); falling back to torch",
+            type(exc).__name__,
+            exc,
             extra={"backend": "torch", "fallback_from": "compile"},
         )
         backend = build(False)

@@ -65,7 +65,7 @@ class Discovery:
         for listener in list(self._listeners):
             try:
                 listener(new)
-            except Exception:  # noqa: BLE001 - one listener's failure must not stop the others
+            except Exception:
                 _LOGGER.exception("discovery listener failed")
 
     async def start(self) -> None:
@@ -208,8 +208,11 @@ class KubernetesDiscovery(Discovery):
                 backoff = 0.5
                 self._watch = watch.Watch(return_type="V1EndpointSlice")
                 for event in self._watch.stream(
-                    self._api.list_namespaced_endpoint_slice, self.namespace, label_selector=self.label_selector,
-                    resource_version=listed.metadata.resource_version, timeout_seconds=self.WATCH_TIMEOUT_S,
+                    self._api.list_namespaced_endpoint_slice,
+                    self.namespace,
+                    label_selector=self.label_selector,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=self.WATCH_TIMEOUT_S,
                 ):
                     if self._stop.is_set():
                         break
@@ -225,8 +228,7 @@ class KubernetesDiscovery(Discovery):
                 if self._stop.is_set():
                     break
                 if exc.status != 410:  # 410 Gone: the watch's version expired; list again now
-                    _LOGGER.warning("endpointslice watch failed", extra={"service": self.service, "status": exc.status,
-                                                                        "reason": exc.reason})
+                    _LOGGER.warning("endpointslice watch failed", extra={"service": self.service, "status": exc.status, "reason": exc.reason})
                     self._stop.wait(backoff)
                     backoff = min(10.0, backoff * 2)
             except Exception as exc:  # noqa: BLE001 - the API server going away must not end discovery
@@ -246,7 +248,7 @@ class KubernetesDiscovery(Discovery):
 
 def parse_k8s_target(address: str) -> tuple[str, str, int]:
     """`k8s:///<service>[.<namespace>]:<port>` -> (service, namespace, port)."""
-    rest = address[len(K8S_SCHEME):]
+    rest = address[len(K8S_SCHEME) :]
     host, sep, port = rest.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"{address!r}: expected k8s:///<service>.<namespace>:<port>")
@@ -262,7 +264,7 @@ def discovery_for(address: str) -> Discovery:
     if address.startswith(K8S_SCHEME):
         return KubernetesDiscovery(*parse_k8s_target(address))
     if address.startswith(FILE_SCHEME):
-        return FileDiscovery(address[len(FILE_SCHEME):])
+        return FileDiscovery(address[len(FILE_SCHEME) :])
     if "," in address and ":///" not in address and not address.startswith(("ipv4:", "ipv6:", "unix:")):
         return StaticDiscovery(a.strip() for a in address.split(",") if a.strip())
     return StaticDiscovery([address])
@@ -356,10 +358,7 @@ class DiscoveredStageClients(StageClients):
     def __init__(self, addresses: dict[str, str], max_message_bytes: int, grace_s: float = DEFAULT_GRACE_S) -> None:
         # StageClients.__init__ would open channels on the raw settings (`k8s:///`, `file://` are not gRPC targets).
         self.addresses = dict(addresses)
-        self.providers = {
-            name: DiscoveredChannel(discovery_for(address), max_message_bytes, grace_s, name)
-            for name, address in self.addresses.items()
-        }
+        self.providers = {name: DiscoveredChannel(discovery_for(address), max_message_bytes, grace_s, name) for name, address in self.addresses.items()}
 
     @property  # type: ignore[override]
     def channels(self) -> dict[str, grpc.aio.Channel | None]:
@@ -387,6 +386,15 @@ class DiscoveredStageClients(StageClients):
 
 
 __all__ = [
-    "DiscoveredChannel", "DiscoveredStageClients", "Discovery", "FileDiscovery", "KubernetesDiscovery", "NoAddresses",
-    "StaticDiscovery", "discovery_for", "endpoint_slice_addresses", "parse_k8s_target", "read_address_file",
+    "DiscoveredChannel",
+    "DiscoveredStageClients",
+    "Discovery",
+    "FileDiscovery",
+    "KubernetesDiscovery",
+    "NoAddresses",
+    "StaticDiscovery",
+    "discovery_for",
+    "endpoint_slice_addresses",
+    "parse_k8s_target",
+    "read_address_file",
 ]

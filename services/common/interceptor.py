@@ -86,8 +86,7 @@ def parse_api_keys(text: str, source: str = "the API keys file") -> dict[str, st
         if not _KEY_NAME.match(name):
             raise ValueError(f"{where}: a key name is 1-64 of A-Z a-z 0-9 _ . @ - (the line is `name:key` or `key`)")
         if not (MIN_API_KEY_CHARS <= len(key) <= MAX_API_KEY_CHARS and _KEY_CHARS.match(key)):
-            raise ValueError(f"{where} ({name}): a key is {MIN_API_KEY_CHARS}..{MAX_API_KEY_CHARS} printable ASCII "
-                             "characters without spaces")
+            raise ValueError(f"{where} ({name}): a key is {MIN_API_KEY_CHARS}..{MAX_API_KEY_CHARS} printable ASCII characters without spaces")
         if name in keys:
             raise ValueError(f"{where}: the key name {name!r} appears twice")
         if any(hmac.compare_digest(key, other) for other in keys.values()):
@@ -125,8 +124,7 @@ class Auth:
         if internal_token_file:
             token = read_secret_file(internal_token_file, "internal token file").strip()
             if not (MIN_API_KEY_CHARS <= len(token) <= 4096 and _KEY_CHARS.match(token)):
-                raise ValueError(f"the internal token in {internal_token_file} must be {MIN_API_KEY_CHARS}..4096 "
-                                 "printable ASCII characters without spaces")
+                raise ValueError(f"the internal token in {internal_token_file} must be {MIN_API_KEY_CHARS}..4096 printable ASCII characters without spaces")
         return cls(dict(keys), token)
 
     @property
@@ -142,8 +140,10 @@ class Auth:
         if self.internal_token:
             sent = metadata.get(INTERNAL_TOKEN_HEADER)
             if sent is None:
-                raise PermissionError(f"this service accepts only calls from lipline's own services: send the internal "
-                                      f"token in the {INTERNAL_TOKEN_HEADER} metadata (internal_token_file)")
+                raise PermissionError(
+                    f"this service accepts only calls from lipline's own services: send the internal "
+                    f"token in the {INTERNAL_TOKEN_HEADER} metadata (internal_token_file)"
+                )
             if not hmac.compare_digest(_text(sent).encode(), self.internal_token.encode()):
                 raise PermissionError(f"the {INTERNAL_TOKEN_HEADER} metadata does not hold this deployment's internal token")
         if not self.api_keys:
@@ -154,21 +154,22 @@ class Auth:
             scheme, _, rest = bearer.partition(" ")
             key = rest.strip() if scheme.lower() == "bearer" and rest.strip() else None
         if key is None:
-            raise PermissionError(f"this API needs an API key: send an API key in the {API_KEY_HEADER} metadata "
-                                  f"(or {AUTHORIZATION_HEADER}: Bearer <key>)")
+            raise PermissionError(f"this API needs an API key: send an API key in the {API_KEY_HEADER} metadata (or {AUTHORIZATION_HEADER}: Bearer <key>)")
         sent = _text(key).encode()
         found = ""
         for name, secret in self.api_keys.items():  # every key compared: the time does not tell which matched
             if hmac.compare_digest(sent, secret.encode()):
                 found = name
         if not found:
-            raise PermissionError(f"the API key in the {API_KEY_HEADER} metadata is not valid here ({key_hash(_text(key))}); "
-                                  "send an API key in the x-api-key metadata that this deployment knows")
+            raise PermissionError(
+                f"the API key in the {API_KEY_HEADER} metadata is not valid here ({key_hash(_text(key))}); "
+                "send an API key in the x-api-key metadata that this deployment knows"
+            )
         return found
 
 
 def client_identity(metadata: dict[str, Any], peer: str) -> str:
-    """"key:<x-api-key>" when the call carries one, else "ip:<address>" of `peer` (gRPC's
+    """ "key:<x-api-key>" when the call carries one, else "ip:<address>" of `peer` (gRPC's
     "ipv4:1.2.3.4:5678", "ipv6:[::1]:5678", possibly percent-encoded); other peers as they are.
 
     Raises:
@@ -207,10 +208,7 @@ class RpcLimits:
                 f"(max_streams_per_client {self.max_per_client}); close some streams or retry later"
             )
         if 0 < self.max_total <= self.total:
-            return (
-                f"the server has {self.total} calls in progress, its limit (max_concurrent_streams "
-                f"{self.max_total}); retry later or on another replica"
-            )
+            return f"the server has {self.total} calls in progress, its limit (max_concurrent_streams {self.max_total}); retry later or on another replica"
         self.total += 1
         self.per_client[client] = mine + 1
         return None
@@ -225,8 +223,7 @@ class RpcLimits:
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, metrics: Metrics, ready: asyncio.Event, limits: RpcLimits | None = None,
-                 auth: Auth | None = None) -> None:
+    def __init__(self, metrics: Metrics, ready: asyncio.Event, limits: RpcLimits | None = None, auth: Auth | None = None) -> None:
         self._metrics = metrics
         self._ready = ready
         self.limits = limits or RpcLimits(0, 0)
@@ -293,9 +290,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 class _Call:
     """Book-keeping of one RPC: request id, span, timing and the final status code."""
 
-    def __init__(
-        self, owner: ServerInterceptor, method: str, metadata: dict[str, Any], context: grpc.aio.ServicerContext
-    ) -> None:
+    def __init__(self, owner: ServerInterceptor, method: str, metadata: dict[str, Any], context: grpc.aio.ServicerContext) -> None:
         self.owner, self.method, self.context = owner, method, context
         self.code = grpc.StatusCode.OK
         self.request_id = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
@@ -337,8 +332,7 @@ class _Call:
             self.key_name = self.owner.auth.authenticate(self.metadata)
         except PermissionError as exc:
             self.code = grpc.StatusCode.UNAUTHENTICATED
-            _LOGGER.info("%s refused: %s", self.method, exc,
-                         extra={"request_id": self.request_id, "code": self.code.name, "peer": self.context.peer()})
+            _LOGGER.info("%s refused: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name, "peer": self.context.peer()})
             await self.context.abort(self.code, str(exc))
 
     async def admit(self) -> None:
@@ -362,9 +356,7 @@ class _Call:
             raise exc
         if isinstance(exc, LiplineError):
             self.code = exc.code
-            _LOGGER.info(
-                "%s failed: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name}
-            )
+            _LOGGER.info("%s failed: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name})
             await self.context.abort(self.code, str(exc))
         if isinstance(exc, grpc.aio.AbortError):
             # The handler aborted by itself (context.abort raises AbortError); keep its status.
@@ -373,6 +365,4 @@ class _Call:
             raise exc
         self.code = grpc.StatusCode.INTERNAL
         _LOGGER.exception("%s crashed", self.method, extra={"request_id": self.request_id})
-        await self.context.abort(
-            self.code, f"internal error in {self.method} (request id {self.request_id}); the server log has details"
-        )
+        await self.context.abort(self.code, f"internal error in {self.method} (request id {self.request_id}); the server log has details")

@@ -98,9 +98,7 @@ def decode_avatar(
         # An AVIF photo (ISO-BMFF, major brand "avif") is a one-frame AV1 video to FFmpeg; it is a photo.
         return frames, float(photo_fps) if data[8:12] == b"avif" else fps
     except _DECODE_ERRORS as exc:
-        raise InvalidMedia(
-            f"could not decode the avatar as an image or a video: {_reason(exc)}; {_SUPPORTED_HINT}"
-        ) from exc
+        raise InvalidMedia(f"could not decode the avatar as an image or a video: {_reason(exc)}; {_SUPPORTED_HINT}") from exc
 
 
 # What PyAV and FFmpeg raise for bad input (av.FFmpegError subclasses ValueError or OSError; metadata
@@ -120,9 +118,7 @@ def _decode_still(data: bytes, header: ImageSize, *, max_pixels: int, min_side: 
     # applies the EXIF orientation (which swaps width and height, not their product).
     image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if image is None:
-        raise InvalidMedia(
-            f"could not decode the avatar as a {header.format} image (corrupt or truncated data); {_SUPPORTED_HINT}"
-        )
+        raise InvalidMedia(f"could not decode the avatar as a {header.format} image (corrupt or truncated data); {_SUPPORTED_HINT}")
     _check_size(image.shape[1], image.shape[0], max_pixels, min_side)
     return _even(image[None])
 
@@ -131,14 +127,9 @@ def _decode_video(data: bytes, *, max_frames: int, max_pixels: int, min_side: in
     """Decodes every frame of the first video stream into one preallocated even-sized array (see decode_avatar)."""
     with _open_video(data) as container:
         if not container.streams.video:
-            raise InvalidMedia(
-                f"could not decode the avatar as an image or a video: it has no video stream; {_SUPPORTED_HINT}"
-            )
+            raise InvalidMedia(f"could not decode the avatar as an image or a video: it has no video stream; {_SUPPORTED_HINT}")
         if container.format.name.endswith("_pipe") or container.format.name in _IMAGE_DEMUXERS:
-            raise InvalidMedia(
-                f"the avatar is a still image in a format that is not supported ({container.format.name}); "
-                f"{_SUPPORTED_HINT}"
-            )
+            raise InvalidMedia(f"the avatar is a still image in a format that is not supported ({container.format.name}); {_SUPPORTED_HINT}")
         stream = container.streams.video[0]
         context = stream.codec_context
         if context is None:
@@ -189,8 +180,12 @@ def _open_video(data: bytes) -> av.container.InputContainer:
 
 
 def _decode_packets(
-    stream: av.video.stream.VideoStream, packets: list[av.Packet], count: int,
-    max_frames: int, max_pixels: int, min_side: int,
+    stream: av.video.stream.VideoStream,
+    packets: list[av.Packet],
+    count: int,
+    max_frames: int,
+    max_pixels: int,
+    min_side: int,
 ) -> np.ndarray:
     """Decodes packets into an (n, H, W, 3) array allocated once for ``count`` frames (grown if more come)."""
     out: np.ndarray | None = None
@@ -228,8 +223,7 @@ def _decode_packets(
                 n += 1
     except _DECODE_ERRORS as exc:
         raise InvalidMedia(
-            f"could not decode frame {n} of the avatar video: {_reason(exc)} (frames are limited to "
-            f"{max_pixels} pixels); {_SUPPORTED_HINT}"
+            f"could not decode frame {n} of the avatar video: {_reason(exc)} (frames are limited to {max_pixels} pixels); {_SUPPORTED_HINT}"
         ) from exc
     if out is None or n == 0:
         raise InvalidMedia(f"the avatar video has no frames; {_SUPPORTED_HINT}")
@@ -251,20 +245,14 @@ def _describe(key: tuple[int, int, int]) -> str:
 
 def _too_many_frames(max_frames: int, fps: float, frames: int | None = None) -> str:
     has = f" (it declares {frames})" if frames else ""
-    return (
-        f"the avatar video has more than {max_frames} frames{has}, the limit ({max_frames / fps:.1f} s at "
-        f"{fps:g} fps); send a shorter video"
-    )
+    return f"the avatar video has more than {max_frames} frames{has}, the limit ({max_frames / fps:.1f} s at {fps:g} fps); send a shorter video"
 
 
 def _check_size(width: int, height: int, max_pixels: int, min_side: int) -> None:
     """TooLarge above ``max_pixels``, InvalidMedia below ``min_side`` on either side."""
     _check_pixels(width, height, max_pixels)
     if min(width, height) < min_side:
-        raise InvalidMedia(
-            f"the avatar is {width}x{height} px; send at least {min_side}x{min_side} "
-            f"(a photo or video in which the face is clearly visible)"
-        )
+        raise InvalidMedia(f"the avatar is {width}x{height} px; send at least {min_side}x{min_side} (a photo or video in which the face is clearly visible)")
 
 
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:

@@ -28,19 +28,11 @@ class Metrics:
         self.stage = stage
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "lipline_stage_requests", "RPCs finished, by method and status code", ["stage", "method", "code"], registry=r
-        )
-        self.request_seconds = Histogram(
-            "lipline_stage_request_seconds", "RPC duration", ["stage", "method"], buckets=_SECONDS, registry=r
-        )
+        self.requests = Counter("lipline_stage_requests", "RPCs finished, by method and status code", ["stage", "method", "code"], registry=r)
+        self.request_seconds = Histogram("lipline_stage_request_seconds", "RPC duration", ["stage", "method"], buckets=_SECONDS, registry=r)
         self.items = Counter("lipline_stage_items", "items processed (frames, windows, crops)", ["stage"], registry=r)
-        self.queue_seconds = Histogram(
-            "lipline_stage_queue_seconds", "time an item waits for a batch", ["stage"], buckets=_SECONDS, registry=r
-        )
-        self.compute_seconds = Histogram(
-            "lipline_stage_compute_seconds", "model time per batch", ["stage"], buckets=_SECONDS, registry=r
-        )
+        self.queue_seconds = Histogram("lipline_stage_queue_seconds", "time an item waits for a batch", ["stage"], buckets=_SECONDS, registry=r)
+        self.compute_seconds = Histogram("lipline_stage_compute_seconds", "model time per batch", ["stage"], buckets=_SECONDS, registry=r)
         self.batch_size = Histogram("lipline_stage_batch_size", "items per batch", ["stage"], buckets=_BATCH, registry=r)
         self.inflight = Gauge("lipline_stage_inflight_items", "items accepted and not yet answered", ["stage"], registry=r)
         self.queue_depth = Gauge("lipline_stage_queue_depth", "items waiting for a batch", ["stage"], registry=r)
@@ -51,9 +43,7 @@ class Metrics:
             registry=r,
         )
         self.cudnn_ok = Gauge("lipline_cudnn_ok", "1 if the cuDNN self-check passed (GPU only)", ["stage"], registry=r)
-        self.numerics_error = Gauge(
-            "lipline_numerics_relative_error", "start-up relative error of the backend vs fp32 (GPU only)", ["stage"], registry=r
-        )
+        self.numerics_error = Gauge("lipline_numerics_relative_error", "start-up relative error of the backend vs fp32 (GPU only)", ["stage"], registry=r)
         # Gateway job metrics live on the same registry so the gateway has one /metrics too.
         self.jobs = Counter("lipline_jobs", "jobs finished, by final status", ["status"], registry=r)
         self.job_seconds = Histogram("lipline_job_seconds", "SubmitJob to finished MP4", buckets=_SECONDS, registry=r)
@@ -72,17 +62,11 @@ class Metrics:
         self.queue_tasks = Gauge("lipline_queue_depth", "tasks waiting to be claimed, by kind (segment, join)", ["kind"], registry=r)
         self.queue_leased = Gauge("lipline_queue_leased", "tasks held by a live lease", registry=r)
         self.queue_oldest_seconds = Gauge("lipline_queue_oldest_seconds", "age of the oldest claimable task", registry=r)
-        self.queue_wait_seconds = Histogram(
-            "lipline_queue_wait_seconds", "task creation (or last release) to its claim", buckets=_SECONDS, registry=r
-        )
+        self.queue_wait_seconds = Histogram("lipline_queue_wait_seconds", "task creation (or last release) to its claim", buckets=_SECONDS, registry=r)
         self.lease_lost = Counter("lipline_lease_lost", "leases lost while working (expired, or the job was cancelled)", registry=r)
         self.render_frames = Counter("lipline_render_frames", "frames composited and encoded", registry=r)
-        self.render_composite_seconds = Histogram(
-            "lipline_render_composite_seconds", "compositing time per frame", buckets=_FRAME_SECONDS, registry=r
-        )
-        self.render_encode_seconds = Histogram(
-            "lipline_render_encode_seconds", "x264 time per frame", buckets=_FRAME_SECONDS, registry=r
-        )
+        self.render_composite_seconds = Histogram("lipline_render_composite_seconds", "compositing time per frame", buckets=_FRAME_SECONDS, registry=r)
+        self.render_encode_seconds = Histogram("lipline_render_encode_seconds", "x264 time per frame", buckets=_FRAME_SECONDS, registry=r)
         self.render_busy = Gauge("lipline_render_busy", "1 while this worker holds a task", registry=r)
         r.register(GpuCollector())
 
@@ -138,7 +122,7 @@ class GpuCollector(Collector):
                         families["used"].add_metric([str(i)], float(mem.used))
                         families["total"].add_metric([str(i)], float(mem.total))
                         families["power"].add_metric([str(i)], nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
-                except Exception:  # noqa: BLE001 - a failed read must never break /metrics
+                except Exception:
                     _LOGGER.debug("NVML read failed", exc_info=True)
         yield from families.values()
 

@@ -54,7 +54,11 @@ class StageServicer(Generic[Svc]):
 
 
 def cut_responses(
-    keys: Keys, images: PackedImages, budget: int, overhead: int, build: Callable[[Keys, PackedImages], Resp],
+    keys: Keys,
+    images: PackedImages,
+    budget: int,
+    overhead: int,
+    build: Callable[[Keys, PackedImages], Resp],
 ) -> Iterator[Resp]:
     """One request message's images as responses of at most `budget` bytes of images (each image
     plus `overhead`) each, an image larger than that alone, in item order; `build(keys, images)`
@@ -114,8 +118,14 @@ class ModelStage(Service[S], Generic[S, Chunk]):
         return device, resolve_pipeline_depth(self.settings.pipeline_depth, device)
 
     async def start_model(
-        self, device: torch.device, model: nn.Module, warm: Callable[[Backend], Awaitable[None]],
-        guard_inputs: Sequence[torch.Tensor], *, precision: str | None = None, cuda_graphs: bool | None = None,
+        self,
+        device: torch.device,
+        model: nn.Module,
+        warm: Callable[[Backend], Awaitable[None]],
+        guard_inputs: Sequence[torch.Tensor],
+        *,
+        precision: str | None = None,
+        cuda_graphs: bool | None = None,
     ) -> Backend:
         """Build the backend of `model` (settings -> `stage_backend_builder`), run `warm` on it (one
         pass per `backend.spec.warmup_batches`, where a compile happens; `auto` falls back from a
@@ -126,7 +136,12 @@ class ModelStage(Service[S], Generic[S, Chunk]):
         return backend
 
     def start_batcher(
-        self, run: Callable[[list[Chunk]], list[PackedImages]], depth: int, model: str, backend: str, precision: str,
+        self,
+        run: Callable[[list[Chunk]], list[PackedImages]],
+        depth: int,
+        model: str,
+        backend: str,
+        precision: str,
     ) -> None:
         """Serve: the ModelInfo of every stream's first response, the metrics' backend labels, and
         the dynamic batcher over the engine's `run` (`depth` batches in flight)."""

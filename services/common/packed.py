@@ -52,7 +52,10 @@ class PackedImages:
     def to_pb(self, frame_indices: Sequence[int], crop_indices: Sequence[int]) -> lipsync_pb2.GeneratedFaces:
         """The packed GeneratedFaces form, with each image's frame and crop index."""
         return lipsync_pb2.GeneratedFaces(
-            frame_indices=frame_indices, crop_indices=crop_indices, widths=self.widths, heights=self.heights,
+            frame_indices=frame_indices,
+            crop_indices=crop_indices,
+            widths=self.widths,
+            heights=self.heights,
             data=self.data,
         )
 

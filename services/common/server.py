@@ -119,10 +119,14 @@ class ServiceRunner:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{s.host}:{s.port}"
         if s.tls_cert_file:
-            credentials = grpc.ssl_server_credentials([(
-                read_secret_file(s.tls_key_file, "TLS key file").encode(),
-                read_secret_file(s.tls_cert_file, "TLS certificate file").encode(),
-            )])
+            credentials = grpc.ssl_server_credentials(
+                [
+                    (
+                        read_secret_file(s.tls_key_file, "TLS key file").encode(),
+                        read_secret_file(s.tls_cert_file, "TLS certificate file").encode(),
+                    )
+                ]
+            )
             self.port = self.server.add_secure_port(address, credentials)
         else:
             self.port = self.server.add_insecure_port(address)
@@ -132,8 +136,13 @@ class ServiceRunner:
         await self.server.start()
         _LOGGER.info(
             "listening; loading models",
-            extra={"port": self.port, "metrics_port": self.metrics_port, "tls": bool(s.tls_cert_file),
-                   "api_keys": sorted(self.auth.api_keys), "internal_token": bool(self.internal_token)},
+            extra={
+                "port": self.port,
+                "metrics_port": self.metrics_port,
+                "tls": bool(s.tls_cert_file),
+                "api_keys": sorted(self.auth.api_keys),
+                "internal_token": bool(self.internal_token),
+            },
         )
         # The stage channels that load() opens send the internal token (a context variable: this task only).
         from services.common import channels  # here: channels imports this module
@@ -196,6 +205,6 @@ def run(service_cls: type[Service], settings_cls: type[SettingsT], argv: Sequenc
     metrics = Metrics(service_cls.stage)
     try:
         asyncio.run(serve(service_cls(settings, metrics)))
-    except Exception as exc:  # noqa: BLE001 - a start-up failure is one clear log line and exit 1
+    except Exception as exc:
         _LOGGER.critical("failed to start: %s", exc, exc_info=True)
         sys.exit(1)

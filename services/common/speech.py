@@ -27,15 +27,15 @@ __all__ = ["speech_envelope", "speech_levels"]
 
 SPEECH_BANDS = slice(4, 64)  # mel bands ~150 Hz..4 kHz of the 80 spanning 55..7600 Hz
 FRAME_COLUMNS = slice(0, 4)  # a window starts at its frame's time: columns 0-3 are its first 50 ms
-FLOOR_PERCENTILE = 10.0      # the noise floor: the quietest tenth of the clip (its pauses)
-PEAK_PERCENTILE = 95.0       # the speech level
-MIN_RANGE = 0.8              # 10 dB: a clip that varies less is steady sound (noise, hum, silence), not speech
-MAX_RANGE = 2.0              # 25 dB: sound further below the speech level counts as silence, however clean the pauses
-GATE = 0.25                  # fraction of the floor-to-speech range that keeps the mouth shut
-SPAN = 0.7                   # fraction over which it opens from shut to fully open
-ATTACK_S = 0.05              # opening time constant
-RELEASE_S = 0.07             # closing time constant
-SHUT = 0.1                   # a release tail below this is 0: a shut mouth is exactly the reference face
+FLOOR_PERCENTILE = 10.0  # the noise floor: the quietest tenth of the clip (its pauses)
+PEAK_PERCENTILE = 95.0  # the speech level
+MIN_RANGE = 0.8  # 10 dB: a clip that varies less is steady sound (noise, hum, silence), not speech
+MAX_RANGE = 2.0  # 25 dB: sound further below the speech level counts as silence, however clean the pauses
+GATE = 0.25  # fraction of the floor-to-speech range that keeps the mouth shut
+SPAN = 0.7  # fraction over which it opens from shut to fully open
+ATTACK_S = 0.05  # opening time constant
+RELEASE_S = 0.07  # closing time constant
+SHUT = 0.1  # a release tail below this is 0: a shut mouth is exactly the reference face
 
 
 def speech_levels(windows: np.ndarray) -> np.ndarray:

@@ -48,7 +48,7 @@ def choose_exporter(environ: Mapping[str, str]) -> str | None:
         return "console"
     if exporter != "otlp":
         raise ValueError(f"OTEL_TRACES_EXPORTER={exporter!r}: lipline supports otlp, console and none")
-    protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
     protocol = protocol.strip().lower()
     if protocol == "grpc":
         return "otlp-grpc"
@@ -140,7 +140,9 @@ def record_job_span(job_id: str, parent: str, start_time: float, state: str, **a
     if not _ENABLED:
         return
     span = trace.get_tracer("lipline").start_span(
-        "lipline job", context=_stored_context(parent), kind=trace.SpanKind.INTERNAL,
+        "lipline job",
+        context=_stored_context(parent),
+        kind=trace.SpanKind.INTERNAL,
         start_time=int(start_time * 1e9),
     )
     span.set_attribute("lipline.job_id", job_id)

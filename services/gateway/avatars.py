@@ -25,18 +25,13 @@ FRAMES_PER_MESSAGE = 8
 DETECT_ATTEMPTS = 3  # a replica draining or a connection reaching its age ends the stream UNAVAILABLE
 
 
-async def detect_faces(
-    lipsync: lipsync_pb2_grpc.LipSyncServiceStub, frames: np.ndarray, request_id: str = ""
-) -> list[Box | None]:
+async def detect_faces(lipsync: lipsync_pb2_grpc.LipSyncServiceStub, frames: np.ndarray, request_id: str = "") -> list[Box | None]:
     """Padded, smoothed face boxes for every frame of an avatar."""
 
     async def requests() -> AsyncIterator[lipsync_pb2.DetectFacesRequest]:
         for start in range(0, len(frames), FRAMES_PER_MESSAGE):
             yield lipsync_pb2.DetectFacesRequest(
-                frames=[
-                    lipsync_pb2.IndexedFrame(index=i, image=image_to_proto(frames[i]))
-                    for i in range(start, min(start + FRAMES_PER_MESSAGE, len(frames)))
-                ]
+                frames=[lipsync_pb2.IndexedFrame(index=i, image=image_to_proto(frames[i])) for i in range(start, min(start + FRAMES_PER_MESSAGE, len(frames)))]
             )
 
     for attempt in range(1, DETECT_ATTEMPTS + 1):
@@ -57,17 +52,21 @@ async def detect_faces(
 
 
 async def create_avatar(
-    blobs: BlobStore, lipsync: lipsync_pb2_grpc.LipSyncServiceStub, aid: str, data: bytes, name: str,
-    photo_fps: float, max_frames: int, max_pixels: int, request_id: str = "",
+    blobs: BlobStore,
+    lipsync: lipsync_pb2_grpc.LipSyncServiceStub,
+    aid: str,
+    data: bytes,
+    name: str,
+    photo_fps: float,
+    max_frames: int,
+    max_pixels: int,
+    request_id: str = "",
 ) -> AvatarRecord:
     """Decode, detect, crop and store one avatar; returns its summary (the caller records it)."""
     frames, fps = await asyncio.to_thread(decode_avatar, data, photo_fps=photo_fps, max_frames=max_frames, max_pixels=max_pixels)
     boxes = await detect_faces(lipsync, frames, request_id)
     if not any(b is not None for b in boxes):
-        raise InvalidMedia(
-            "no face found in the avatar; use a photo or video with one frontal, well-lit face "
-            "covering at least 10% of the picture"
-        )
+        raise InvalidMedia("no face found in the avatar; use a photo or video with one frontal, well-lit face covering at least 10% of the picture")
     count, height, width = frames.shape[:3]
     meta = AvatarMeta(aid, name, fps, photo_fps, count, width, height, boxes, time.time())
 

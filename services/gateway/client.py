@@ -35,9 +35,17 @@ MAX_RECONNECT_BACKOFF_MS = 4000
 
 
 class LiplineClient:
-    def __init__(self, address: str, max_message_bytes: int = 64 * 1024 * 1024, timeout: float = 600.0,
-                 api_key: str | None = None, *, tls: bool | None = None, tls_ca_file: str | None = None,
-                 tls_server_name: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        timeout: float = 600.0,
+        api_key: str | None = None,
+        *,
+        tls: bool | None = None,
+        tls_ca_file: str | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
         """`timeout` bounds every call (and all of `wait`); `api_key` is sent as `x-api-key` metadata;
         `tls`/`tls_ca_file`/`tls_server_name` as in the module's doc (None: from the environment)."""
         env = os.environ
@@ -79,12 +87,11 @@ class LiplineClient:
 
     def submit(self, avatar_id: str, audio: bytes, super_resolution: bool = False, crf: int = 0) -> gateway_pb2.Job:
         options = gateway_pb2.JobOptions(super_resolution=super_resolution, crf=crf)
-        return self.stub.SubmitJob(
-            gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=self.timeout
-        )
+        return self.stub.SubmitJob(gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=self.timeout)
 
-    def wait(self, job_id: str, on_event: Callable[[gateway_pb2.Job], None] | None = None, *,
-             retries: int = 8, backoff_s: float = 0.25, max_backoff_s: float = 5.0) -> gateway_pb2.Job:
+    def wait(
+        self, job_id: str, on_event: Callable[[gateway_pb2.Job], None] | None = None, *, retries: int = 8, backoff_s: float = 0.25, max_backoff_s: float = 5.0
+    ) -> gateway_pb2.Job:
         """Follow WatchJob until the job is finished; returns its final state.
 
         A stream that is cut (a status in RESUMABLE) is resumed: after a back-off (doubling from
@@ -122,8 +129,7 @@ class LiplineClient:
             delay = min(max_backoff_s, backoff_s * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
             if failures > retries or time.monotonic() + delay >= deadline:
                 raise error
-            _LOGGER.info("WatchJob of %s was cut (%s); resuming in %.2f s (%d/%d)", job_id, error.code().name,
-                         delay, failures, retries)
+            _LOGGER.info("WatchJob of %s was cut (%s); resuming in %.2f s (%d/%d)", job_id, error.code().name, delay, failures, retries)
             time.sleep(delay)
 
     def avatar_ids(self) -> set[str]:
@@ -162,46 +168,46 @@ class _StreamEnded(grpc.RpcError):
         return self._details
 
 
-class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     """Adds fixed metadata (the API key) to every call."""
 
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
         self._metadata = metadata
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        return _CallDetails(details.method, details.timeout, (*(details.metadata or ()), *self._metadata),
-                            details.credentials, details.wait_for_ready, details.compression)
+        return _CallDetails(
+            details.method, details.timeout, (*(details.metadata or ()), *self._metadata), details.credentials, details.wait_for_ready, details.compression
+        )
 
-    def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001, ANN201
+    def intercept_unary_unary(self, continuation, details, request):
         return continuation(self._details(details), request)
 
-    def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001, ANN201
+    def intercept_unary_stream(self, continuation, details, request):
         return continuation(self._details(details), request)
 
-    def intercept_stream_unary(self, continuation, details, requests):  # noqa: ANN001, ANN201
+    def intercept_stream_unary(self, continuation, details, requests):
         return continuation(self._details(details), requests)
 
-    def intercept_stream_stream(self, continuation, details, requests):  # noqa: ANN001, ANN201
+    def intercept_stream_stream(self, continuation, details, requests):
         return continuation(self._details(details), requests)
 
 
 class _CallDetails(grpc.ClientCallDetails):
-    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression) -> None:  # noqa: ANN001
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression) -> None:
         self.method, self.timeout, self.metadata = method, timeout, metadata
         self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
 
 
-def render_file(client: LiplineClient, avatar: Path, audio: Path, output: Path, *, super_resolution: bool = True,
-                write: Callable[[str], None] = print) -> tuple[gateway_pb2.Avatar, gateway_pb2.Job]:
+def render_file(
+    client: LiplineClient, avatar: Path, audio: Path, output: Path, *, super_resolution: bool = True, write: Callable[[str], None] = print
+) -> tuple[gateway_pb2.Avatar, gateway_pb2.Job]:
     """Register `avatar`, render `audio` onto it and download the MP4 to `output` (when the job succeeds).
 
     The round trip the demo and the deployment's smoke test both make; progress goes to `write`.
     Returns the avatar and the job's final state; the caller decides what a failure means.
     """
     registered = client.create_avatar(avatar.read_bytes(), name=avatar.name)
-    write(f"avatar {registered.id}: {registered.width}x{registered.height}, {registered.frame_count} frame(s), "
-          f"face found in {registered.faces_found}")
+    write(f"avatar {registered.id}: {registered.width}x{registered.height}, {registered.frame_count} frame(s), face found in {registered.faces_found}")
     job = client.submit(registered.id, audio.read_bytes(), super_resolution=super_resolution)
     write(f"job {job.id}: {job.audio_seconds:.2f} s of audio")
     job = client.wait(job.id, progress_printer(write))

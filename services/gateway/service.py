@@ -43,9 +43,9 @@ WATCH_HEARTBEAT_S = 5.0  # WatchJob re-sends the job at least this often (progre
 MAX_NAME_CHARS = 256
 MAX_ID_CHARS = 64
 MAX_LIST_AVATARS = 1000  # ListAvatars answers the oldest this many (the API has no paging yet)
-DOWNLOAD_CHUNK_MIN = 64 * 1024     # smaller chunk_bytes requests are raised to this
-DOWNLOAD_CHUNK_DEFAULT = 1 << 20   # chunk_bytes unset
-DOWNLOAD_CHUNK_MAX = 1 << 20       # larger requests are lowered to this: a stream blocked on a client
+DOWNLOAD_CHUNK_MIN = 64 * 1024  # smaller chunk_bytes requests are raised to this
+DOWNLOAD_CHUNK_DEFAULT = 1 << 20  # chunk_bytes unset
+DOWNLOAD_CHUNK_MAX = 1 << 20  # larger requests are lowered to this: a stream blocked on a client
 #   that stopped reading holds ~4 copies of a chunk (ours, the message, its serialization, gRPC's), so
 #   the gateway's worst case is max_concurrent_streams x 4 MiB
 
@@ -54,8 +54,14 @@ def _avatar_proto(avatar: AvatarRecord) -> gateway_pb2.Avatar:
     created = Timestamp()
     created.FromNanoseconds(int(avatar.create_time * 1e9))
     return gateway_pb2.Avatar(
-        id=avatar.id, name=avatar.name, frame_count=avatar.frame_count, fps=avatar.fps,
-        width=avatar.width, height=avatar.height, faces_found=avatar.faces_found, create_time=created,
+        id=avatar.id,
+        name=avatar.name,
+        frame_count=avatar.frame_count,
+        fps=avatar.fps,
+        width=avatar.width,
+        height=avatar.height,
+        faces_found=avatar.faces_found,
+        create_time=created,
     )
 
 
@@ -90,9 +96,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     # -- avatars ------------------------------------------------------------------------------
 
-    async def CreateAvatar(
-        self, request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], context: grpc.aio.ServicerContext
-    ) -> gateway_pb2.Avatar:
+    async def CreateAvatar(self, request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], context: grpc.aio.ServicerContext) -> gateway_pb2.Avatar:
         svc, s = self._svc, self._svc.settings
         name, photo_fps, chunks, size = "", 0.0, [], 0
         async for request in request_iterator:
@@ -115,9 +119,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             return _avatar_proto(await asyncio.to_thread(svc.jobs.get_avatar, aid))
         except NotFound:
             pass
-        record = await create_avatar(
-            svc.blobs, svc.lipsync, aid, data, name, photo_fps, s.max_avatar_frames, s.max_avatar_pixels, REQUEST_ID.get()
-        )
+        record = await create_avatar(svc.blobs, svc.lipsync, aid, data, name, photo_fps, s.max_avatar_frames, s.max_avatar_pixels, REQUEST_ID.get())
         await asyncio.to_thread(svc.jobs.put_avatar, record)
         _LOGGER.info("avatar created", extra={"avatar_id": aid, "frames": record.frame_count, "faces": record.faces_found})
         return _avatar_proto(record)
@@ -126,9 +128,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         _check_avatar_id(request.avatar_id)
         return _avatar_proto(await asyncio.to_thread(self._svc.jobs.get_avatar, request.avatar_id))
 
-    async def ListAvatars(
-        self, request: gateway_pb2.ListAvatarsRequest, context: grpc.aio.ServicerContext
-    ) -> gateway_pb2.ListAvatarsResponse:
+    async def ListAvatars(self, request: gateway_pb2.ListAvatarsRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListAvatarsResponse:
         """The oldest MAX_LIST_AVATARS avatars, and never more than half the message limit in bytes
         (names are bounded, so 1000 avatars take at most ~1.3 MB; the byte bound matters only when
         max_message_bytes is set near its 1 MiB minimum)."""
@@ -142,9 +142,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             response.avatars.append(avatar)
         return response
 
-    async def DeleteAvatar(
-        self, request: gateway_pb2.DeleteAvatarRequest, context: grpc.aio.ServicerContext
-    ) -> gateway_pb2.DeleteAvatarResponse:
+    async def DeleteAvatar(self, request: gateway_pb2.DeleteAvatarRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.DeleteAvatarResponse:
         _check_avatar_id(request.avatar_id)
         await asyncio.to_thread(self._svc.jobs.delete_avatar, request.avatar_id)
         await asyncio.to_thread(self._svc.blobs.delete_prefix, prefix(request.avatar_id))
@@ -159,9 +157,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if request.options.crf > 51:
             raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
         # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
-        options = gateway_pb2.JobOptions(
-            super_resolution=request.options.super_resolution, crf=request.options.crf, loop=request.options.loop
-        )
+        options = gateway_pb2.JobOptions(super_resolution=request.options.super_resolution, crf=request.options.crf, loop=request.options.loop)
         if options.loop not in gateway_pb2.JobOptions.LoopMode.values():
             raise InvalidRequest(f"loop {options.loop} is not one of PING_PONG (0) or WRAP (1)")
         _check_avatar_id(request.avatar_id)
@@ -172,23 +168,44 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         job_id = uuid.uuid4().hex[:20]
         try:
             prepared = await prepare_audio(
-                svc.blobs, svc.audio, job_id, request.audio, avatar.fps, s.max_audio_seconds, s.segment_seconds,
+                svc.blobs,
+                svc.audio,
+                job_id,
+                request.audio,
+                avatar.fps,
+                s.max_audio_seconds,
+                s.segment_seconds,
                 REQUEST_ID.get(),
             )
             job = await asyncio.to_thread(
                 svc.jobs.create_job,
-                NewJob(job_id, avatar.id, CLIENT_ID.get(), options.SerializeToString(), prepared.audio_seconds,
-                       avatar.fps, prepared.total_frames, prepared.segments, prepared.stage_seconds,
-                       trace_context=context_carrier()),
+                NewJob(
+                    job_id,
+                    avatar.id,
+                    CLIENT_ID.get(),
+                    options.SerializeToString(),
+                    prepared.audio_seconds,
+                    avatar.fps,
+                    prepared.total_frames,
+                    prepared.segments,
+                    prepared.stage_seconds,
+                    trace_context=context_carrier(),
+                ),
                 s.max_active_jobs,
                 s.max_active_jobs_per_client,
             )
         except BaseException:
             await asyncio.shield(asyncio.to_thread(svc.blobs.delete_prefix, job_prefix(job_id)))
             raise
-        _LOGGER.info("job submitted", extra={
-            "job_id": job.id, "avatar_id": avatar.id, "audio_s": round(job.audio_seconds, 3), "segments": job.segments_total,
-        })
+        _LOGGER.info(
+            "job submitted",
+            extra={
+                "job_id": job.id,
+                "avatar_id": avatar.id,
+                "audio_s": round(job.audio_seconds, 3),
+                "segments": job.segments_total,
+            },
+        )
         return job_to_proto(job)
 
     async def GetJob(self, request: gateway_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
@@ -207,9 +224,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             _LOGGER.info("job cancelled", extra={"job_id": job.id})
         return job_to_proto(job)
 
-    async def WatchJob(
-        self, request: gateway_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[gateway_pb2.JobEvent]:
+    async def WatchJob(self, request: gateway_pb2.WatchJobRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gateway_pb2.JobEvent]:
         svc = self._svc
         _check_job_id(request.job_id)
         job = await asyncio.to_thread(svc.jobs.get_job, request.job_id)
@@ -232,9 +247,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         _check_job_id(request.job_id)
         job = await asyncio.to_thread(svc.jobs.get_job, request.job_id)
         if job.state != JobState.SUCCEEDED:
-            raise FailedPrecondition(
-                f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED"
-            )
+            raise FailedPrecondition(f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED")
         chunk = download_chunk_bytes(request.chunk_bytes, svc.settings.max_message_bytes)
         chunks = await asyncio.to_thread(svc.blobs.read_chunks, output_key(job.id), chunk)
         first = True

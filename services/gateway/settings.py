@@ -23,12 +23,13 @@ class GatewaySettings(StoreSettings):
     max_avatar_pixels: int = _field(1920 * 1080, "largest avatar frame size in pixels")
     max_active_jobs: int = _field(256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED")
     max_active_jobs_per_client: int = _field(
-        32, "queued + running jobs of one client (the job's owner: its x-api-key metadata, else its IP address); "
-        "more are rejected RESOURCE_EXHAUSTED; 0 = no cap"
+        32,
+        "queued + running jobs of one client (the job's owner: its x-api-key metadata, else its IP address); more are rejected RESOURCE_EXHAUSTED; 0 = no cap",
     )
     max_streams_per_client: int = _field(
-        64, "max concurrent RPCs of one client (its x-api-key metadata, else its IP address; an idle WatchJob "
-        "counts until it ends); more are rejected RESOURCE_EXHAUSTED; health checks are never refused; 0 = no cap"
+        64,
+        "max concurrent RPCs of one client (its x-api-key metadata, else its IP address; an idle WatchJob "
+        "counts until it ends); more are rejected RESOURCE_EXHAUSTED; health checks are never refused; 0 = no cap",
     )
     segment_seconds: float = _field(2.0, "length of a render segment (the unit of work a render worker claims)")
     stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")

@@ -46,7 +46,11 @@ class PreparedAudio:
 
 
 async def extract_windows(
-    audio: audio_pb2_grpc.AudioServiceStub, data: bytes, fps: float, max_seconds: float, request_id: str,
+    audio: audio_pb2_grpc.AudioServiceStub,
+    data: bytes,
+    fps: float,
+    max_seconds: float,
+    request_id: str,
 ) -> tuple[np.ndarray, float]:
     """All mel windows of the clip from the audio stage, (frames, 2560) bytes as uint8 (float16
     inside), and the clip's decoded length in seconds. The stage refuses audio over `max_seconds`."""
@@ -76,8 +80,14 @@ async def extract_windows(
 
 
 async def prepare_audio(
-    blobs: BlobStore, audio: audio_pb2_grpc.AudioServiceStub, job_id: str, data: bytes, fps: float,
-    max_audio_seconds: float, segment_seconds: float, request_id: str = "",
+    blobs: BlobStore,
+    audio: audio_pb2_grpc.AudioServiceStub,
+    job_id: str,
+    data: bytes,
+    fps: float,
+    max_audio_seconds: float,
+    segment_seconds: float,
+    request_id: str = "",
 ) -> PreparedAudio:
     """The audio stage's checks and mel windows (a bad upload is refused before the job exists), then
     the upload and each segment's windows stored."""
@@ -93,14 +103,15 @@ async def prepare_audio(
         # segment's mel windows with their speech envelope (which needs the whole clip: see speech.py).
         speech = speech_envelope(windows.view("<f2").reshape(len(windows), MEL_BANDS, MEL_STEP), fps)
         puts = [(upload_key(job_id), data)] + [
-            (mels_key(job_id, k), pack_segment_audio(windows[start:end], speech[start:end]))
-            for k, (start, end) in enumerate(ranges) if k != AUDIO_TASK
+            (mels_key(job_id, k), pack_segment_audio(windows[start:end], speech[start:end])) for k, (start, end) in enumerate(ranges) if k != AUDIO_TASK
         ]
         with ThreadPoolExecutor(min(_PUT_THREADS, len(puts))) as pool:
             list(pool.map(lambda item: blobs.put(*item), puts))
 
     await asyncio.to_thread(store)
     return PreparedAudio(
-        seconds, len(windows), ranges,
+        seconds,
+        len(windows),
+        ranges,
         {"audio": extracted, "submit": time.perf_counter() - t0},
     )

@@ -74,10 +74,7 @@ class CropBank:
         rows = np.fromiter((self._rows.get(int(c), -1) for c in crop_indices), dtype=np.int64, count=len(crop_indices))
         if (rows < 0).any():
             bad = int(np.argmax(rows < 0))
-            raise InvalidRequest(
-                f"item for frame {int(frame_indices[bad])} names crop {int(crop_indices[bad])}, "
-                "which this stream has not sent"
-            )
+            raise InvalidRequest(f"item for frame {int(frame_indices[bad])} names crop {int(crop_indices[bad])}, which this stream has not sent")
         return rows
 
     def tensor(self) -> torch.Tensor:
@@ -107,8 +104,8 @@ class GenerateChunk:
     """The items of one request message: what the batcher queues (never split across batches)."""
 
     bank: CropBank
-    rows: np.ndarray           # (n,) int64 rows of `bank`
-    mels: np.ndarray           # (n, 80, 16) float16
+    rows: np.ndarray  # (n,) int64 rows of `bank`
+    mels: np.ndarray  # (n, 80, 16) float16
     sizes: list[tuple[int, int]] | None  # per item (width, height) to resize to; None = 96x96
     speech: np.ndarray | None = None  # (n,) float32 clip speech envelope in [0, 1]; None = not sent
 

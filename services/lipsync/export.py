@@ -22,7 +22,7 @@ from services.lipsync.wav2lip import WAV2LIP_INFO, Wav2Lip, load_wav2lip
 
 INPUT_NAMES = ("mel", "face")
 OUTPUT_NAME = "pred"
-EXPORT_BATCH = 2   # the traced example; the check runs VERIFY_BATCH, so the dynamic axis is exercised
+EXPORT_BATCH = 2  # the traced example; the check runs VERIFY_BATCH, so the dynamic axis is exercised
 VERIFY_BATCH = 3
 
 
@@ -38,8 +38,7 @@ def example_inputs(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tenso
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m services.lipsync.export", description=__doc__.split("\n")[0])
     add_common_arguments(parser)
-    parser.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=True,
-                        help="fold BatchNorm into the convolutions (default: on)")
+    parser.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=True, help="fold BatchNorm into the convolutions (default: on)")
     return parser
 
 
@@ -47,9 +46,17 @@ def export(args: argparse.Namespace) -> ExportReport:
     model = seeded(Wav2Lip()) if args.seeded else load_wav2lip(args.checkpoint)
     exported = fold_conv_bn(model) if args.fold_bn else model
     axes = {name: {0: "batch"} for name in (*INPUT_NAMES, OUTPUT_NAME)}
-    return export_verified(exported, model, example_inputs(EXPORT_BATCH), example_inputs(VERIFY_BATCH, seed=1),
-                           args.out, input_names=INPUT_NAMES, output_name=OUTPUT_NAME, dynamic_axes=axes,
-                           opset=args.opset)
+    return export_verified(
+        exported,
+        model,
+        example_inputs(EXPORT_BATCH),
+        example_inputs(VERIFY_BATCH, seed=1),
+        args.out,
+        input_names=INPUT_NAMES,
+        output_name=OUTPUT_NAME,
+        dynamic_axes=axes,
+        opset=args.opset,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -73,8 +73,7 @@ class HaarFaceDetector:
     lipsync service runs concurrent DetectFaces calls on a thread pool).
     """
 
-    def __init__(self, max_side: int = 640, scale_factor: float = 1.1, min_neighbors: int = 5,
-                 min_size_frac: float = 0.08) -> None:
+    def __init__(self, max_side: int = 640, scale_factor: float = 1.1, min_neighbors: int = 5, min_size_frac: float = 0.08) -> None:
         """
         Args:
             max_side: frames are downscaled so their longest side is at most this (speed; faces in
@@ -112,9 +111,7 @@ class HaarFaceDetector:
         # Equalising makes the cascade robust to dim or low-contrast footage.
         gray = cv2.equalizeHist(gray)
         min_side = max(24, int(self.min_size_frac * min(gray.shape[:2])))
-        found, votes = self._classifier().detectMultiScale2(
-            gray, scaleFactor=self.scale_factor, minNeighbors=self.min_neighbors, minSize=(min_side, min_side)
-        )
+        found, votes = self._classifier().detectMultiScale2(gray, scaleFactor=self.scale_factor, minNeighbors=self.min_neighbors, minSize=(min_side, min_side))
         if len(found) == 0:
             return None
         # The speaker is the largest face (upstream likewise keeps one face per frame), but only
@@ -147,7 +144,7 @@ def smooth_boxes(boxes: np.ndarray, T: int = SMOOTH_T) -> np.ndarray:
     out = np.array(boxes, dtype=np.int64, copy=True)
     n = len(out)
     for i in range(n):
-        window = out[n - T:] if i + T > n else out[i:i + T]
+        window = out[n - T :] if i + T > n else out[i : i + T]
         out[i] = np.mean(window, axis=0)
     return out
 
@@ -167,9 +164,9 @@ def _local_poly(x: np.ndarray, half: int, order: int) -> np.ndarray:
     t = np.arange(-h, h + 1, dtype=np.float64)
     coef = np.linalg.pinv(np.vander(t, p + 1, increasing=True))  # (p+1, w): samples -> polynomial
     out = np.empty(n, dtype=np.float64)
-    out[h:n - h] = np.convolve(x, coef[0][::-1], mode="valid")
+    out[h : n - h] = np.convolve(x, coef[0][::-1], mode="valid")
     for idx, start in ((np.arange(h), 0), (np.arange(n - h, n), n - w)):
-        c = coef @ x[start:start + w]
+        c = coef @ x[start : start + w]
         tt = (idx - start - h).astype(np.float64)
         out[idx] = np.polyval(c[::-1], tt)
     return out
@@ -191,8 +188,9 @@ def _hysteresis_round(x: np.ndarray, margin: float) -> np.ndarray:
     return out
 
 
-def steady_boxes(boxes: np.ndarray, height: int, width: int, half: int = STEADY_HALF, order: int = STEADY_ORDER,
-                 hysteresis: float = STEADY_HYSTERESIS) -> np.ndarray:
+def steady_boxes(
+    boxes: np.ndarray, height: int, width: int, half: int = STEADY_HALF, order: int = STEADY_ORDER, hysteresis: float = STEADY_HYSTERESIS
+) -> np.ndarray:
     """Detector jitter removed without lag: (N, 4) int boxes -> (N, 4) int64 boxes inside the frame.
 
     The whole run of boxes is known when an avatar is created, so the fit is centred (non-causal):
@@ -210,8 +208,7 @@ def steady_boxes(boxes: np.ndarray, height: int, width: int, half: int = STEADY_
     return out
 
 
-def drop_outlier_boxes(boxes: Sequence[Box | None], half: int = OUTLIER_HALF,
-                       fraction: float = OUTLIER_FRACTION) -> list[Box | None]:
+def drop_outlier_boxes(boxes: Sequence[Box | None], half: int = OUTLIER_HALF, fraction: float = OUTLIER_FRACTION) -> list[Box | None]:
     """`boxes` with the isolated detector errors set to None (see OUTLIER_FRACTION).
 
     Judged against the detected boxes among the `half` frames on each side; with fewer than
@@ -221,7 +218,7 @@ def drop_outlier_boxes(boxes: Sequence[Box | None], half: int = OUTLIER_HALF,
     for i, box in enumerate(boxes):
         if box is None:
             continue
-        near = [b for b in boxes[max(0, i - half): i + half + 1] if b is not None]
+        near = [b for b in boxes[max(0, i - half) : i + half + 1] if b is not None]
         if len(near) < half + 1:
             continue
         b = np.array(near, dtype=np.float64)
@@ -229,14 +226,12 @@ def drop_outlier_boxes(boxes: Sequence[Box | None], half: int = OUTLIER_HALF,
         size = np.median(b[:, 2:] - b[:, :2], axis=0)
         own = np.array(box, dtype=np.float64)
         tolerance = fraction * float(size.mean())
-        if (np.abs((own[:2] + own[2:]) / 2 - centre).max() > tolerance
-                or np.abs((own[2:] - own[:2]) - size).max() > tolerance):
+        if np.abs((own[:2] + own[2:]) / 2 - centre).max() > tolerance or np.abs((own[2:] - own[:2]) - size).max() > tolerance:
             out[i] = None
     return out
 
 
-def prepare_boxes(raw: Sequence[Box | None], height: int, width: int, pads: Sequence[int] = DEFAULT_PADS,
-                  smooth: bool = True) -> list[Box | None]:
+def prepare_boxes(raw: Sequence[Box | None], height: int, width: int, pads: Sequence[int] = DEFAULT_PADS, smooth: bool = True) -> list[Box | None]:
     """Pad every detected box, then smooth within each contiguous run of frames that have a face.
 
     The smoothing is `steady_boxes` (centred local polynomial fit, no lag), not upstream's 5-frame

@@ -36,12 +36,12 @@ from services.lipsync.faces import DEFAULT_PADS, prepare_boxes
 __all__ = ["OcclusionConfig", "lower_face_scores", "mouth_covered", "visible_boxes"]
 
 CROP_SIDE = 48
-BLUR_SIGMA = 1.0            # px of the CROP_SIDE crop
-UPPER_ROWS = (0.15, 0.50)   # fractions of the padded box height: eyes and nose, never regenerated
-LOWER_ROWS = (0.55, 0.98)   # mouth, lips and chin (the procedural mouth sits at 0.73)
+BLUR_SIGMA = 1.0  # px of the CROP_SIDE crop
+UPPER_ROWS = (0.15, 0.50)  # fractions of the padded box height: eyes and nose, never regenerated
+LOWER_ROWS = (0.55, 0.98)  # mouth, lips and chin (the procedural mouth sits at 0.73)
 LOWER_COLS = (0.15, 0.85)
-MIN_SPREAD = 4.0            # grey levels
-PIXEL_CAP = 2.0             # per-pixel distance cap, in normalised units
+MIN_SPREAD = 4.0  # grey levels
+PIXEL_CAP = 2.0  # per-pixel distance cap, in normalised units
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,10 @@ class OcclusionConfig:
     """Thresholds of `mouth_covered` (LipSyncSettings carries them; these are the defaults)."""
 
     enabled: bool = True
-    mad_k: float = 4.0        # robust z-score above which a frame is an outlier
-    min_score: float = 0.8    # absolute floor of the threshold (mean capped distance)
-    dilate: int = 2           # frames added on each side of a covered run
-    min_frames: int = 8       # fewer faces than this: never flagged
+    mad_k: float = 4.0  # robust z-score above which a frame is an outlier
+    min_score: float = 0.8  # absolute floor of the threshold (mean capped distance)
+    dilate: int = 2  # frames added on each side of a covered run
+    min_frames: int = 8  # fewer faces than this: never flagged
 
 
 def _bands(side: int) -> tuple[slice, slice, slice]:
@@ -109,8 +109,7 @@ def covered_from_scores(scores: np.ndarray, config: OcclusionConfig = OcclusionC
     return covered & valid
 
 
-def mouth_covered(frames: Sequence[np.ndarray], boxes: Sequence[Box | None],
-                  config: OcclusionConfig = OcclusionConfig()) -> np.ndarray:
+def mouth_covered(frames: Sequence[np.ndarray], boxes: Sequence[Box | None], config: OcclusionConfig = OcclusionConfig()) -> np.ndarray:
     """(N,) bool: True where a face was found but its lower face is hidden (hand, microphone, card).
 
     Args:
@@ -123,8 +122,13 @@ def mouth_covered(frames: Sequence[np.ndarray], boxes: Sequence[Box | None],
     return covered_from_scores(lower_face_scores(frames, boxes), config)
 
 
-def visible_boxes(frames: Sequence[np.ndarray], raw: Sequence[Box | None], pads: Sequence[int] = DEFAULT_PADS,
-                  smooth: bool = True, config: OcclusionConfig = OcclusionConfig()) -> tuple[list[Box | None], np.ndarray]:
+def visible_boxes(
+    frames: Sequence[np.ndarray],
+    raw: Sequence[Box | None],
+    pads: Sequence[int] = DEFAULT_PADS,
+    smooth: bool = True,
+    config: OcclusionConfig = OcclusionConfig(),
+) -> tuple[list[Box | None], np.ndarray]:
     """DetectFaces' boxes: `prepare_boxes`, with the covered frames' boxes set to None.
 
     The cascade's boxes on covered frames are often off (the hand changes what it sees), and the

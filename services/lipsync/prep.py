@@ -22,6 +22,7 @@ __all__ = [
     "resize_to",
 ]
 
+
 def model_inputs(faces: np.ndarray) -> np.ndarray:
     """(B, S, S, 3) uint8 BGR faces -> (B, 6, S, S) float32: [lower-half-masked face, face] / 255.
 
@@ -30,7 +31,7 @@ def model_inputs(faces: np.ndarray) -> np.ndarray:
     """
     size = faces.shape[1]
     masked = faces.copy()
-    masked[:, size // 2:] = 0
+    masked[:, size // 2 :] = 0
     # float32 division by 255 is exactly what upstream's float64 divide-then-cast yields for 0..255.
     batch = np.concatenate((masked, faces), axis=3).astype(np.float32) / np.float32(255.0)
     return np.ascontiguousarray(batch.transpose(0, 3, 1, 2))
@@ -41,7 +42,7 @@ def model_inputs_torch(faces_uint8: torch.Tensor) -> torch.Tensor:
     size = faces_uint8.shape[1]
     faces = faces_uint8.permute(0, 3, 1, 2).to(torch.float32) / 255.0
     masked = faces.clone()
-    masked[:, :, size // 2:] = 0
+    masked[:, :, size // 2 :] = 0
     return torch.cat((masked, faces), dim=1).contiguous()
 
 

@@ -34,14 +34,14 @@ __all__ = ["ProceduralLipSync"]
 # horizontally centred; its line is found per crop (`lip_line`). Scaled for other crop sizes.
 REF_SIZE = 96.0
 MOUTH_CX = 48.0
-UPPER_FIXED_Y = 44.0     # rows above this never move (eyes, nose)
-JAW_HALF_WIDTH = 30.0    # horizontal extent of the warp (cos^2 falloff to 0 at this distance)
-LIP_DROP_MAX = 7.0       # lower lip / jaw displacement at full opening
-LIP_RAISE_MAX = 2.0      # upper lip displacement at full opening
+UPPER_FIXED_Y = 44.0  # rows above this never move (eyes, nose)
+JAW_HALF_WIDTH = 30.0  # horizontal extent of the warp (cos^2 falloff to 0 at this distance)
+LIP_DROP_MAX = 7.0  # lower lip / jaw displacement at full opening
+LIP_RAISE_MAX = 2.0  # upper lip displacement at full opening
 MOUTH_HALF_WIDTH = 15.0  # inner-mouth ellipse half width
 INNER_MOUTH_BGR = (0.10, 0.08, 0.22)  # dark red-brown, BGR like everything else
-MAX_DARKNESS = 0.85      # blend weight of the inner-mouth colour at the ellipse centre
-EDGE_SOFTNESS = 0.35     # fraction of the ellipse radius over which the darkening fades out
+MAX_DARKNESS = 0.85  # blend weight of the inner-mouth colour at the ellipse centre
+EDGE_SOFTNESS = 0.35  # fraction of the ellipse radius over which the darkening fades out
 MIN_VISIBLE_HALF_HEIGHT = 1.5  # px; smaller openings fade the ellipse in instead of a hard line
 # The lip-line search: rows LIP_ROWS of the crop, over the central columns +-LIP_HALF_WIDTH; a row's
 # score is its darkness against the rows LIP_VALLEY px above and below (a narrow valley: the lip gap,
@@ -79,7 +79,7 @@ class ProceduralLipSync(nn.Module):
         sy, sx = height / REF_SIZE, width / REF_SIZE
         luma = (ref.float() * torch.tensor([0.114, 0.587, 0.299], device=ref.device).view(1, 3, 1, 1)).sum(1)
         c0, c1 = round((MOUTH_CX - LIP_HALF_WIDTH) * sx), round((MOUTH_CX + LIP_HALF_WIDTH) * sx) + 1
-        profile = luma[:, :, c0:c1].mean(dim=2)                              # (B, H)
+        profile = luma[:, :, c0:c1].mean(dim=2)  # (B, H)
         gap = max(1, round(LIP_VALLEY * sy))
         r0, r1 = round(LIP_ROWS[0] * sy), min(round(LIP_ROWS[1] * sy), height - 1 - gap)
         rows = torch.arange(r0, r1 + 1, device=ref.device)
@@ -88,13 +88,12 @@ class ProceduralLipSync(nn.Module):
         best = (valley + prior).argmin(dim=1)
         return rows[best].float().view(-1, 1, 1)
 
-    def forward(self, audio_sequences: torch.Tensor, face_sequences: torch.Tensor,
-                speech: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, audio_sequences: torch.Tensor, face_sequences: torch.Tensor, speech: torch.Tensor | None = None) -> torch.Tensor:
         ref = face_sequences[:, 3:6]
         batch, _, height, width = ref.shape
         device = ref.device
         sy, sx = height / REF_SIZE, width / REF_SIZE
-        cx, cy = MOUTH_CX * sx, self.lip_line(ref)                           # cy: (B, 1, 1)
+        cx, cy = MOUTH_CX * sx, self.lip_line(ref)  # cy: (B, 1, 1)
         y_fixed, y_bottom = UPPER_FIXED_Y * sy, height - 1.0
 
         o = self.opening(audio_sequences).to(device)
@@ -115,7 +114,7 @@ class ProceduralLipSync(nn.Module):
         # Backward map: output row y samples source row y - shift (positive shift = moved down).
         # Both branches are monotonic in y, so nothing folds; the gap opening at the mouth line
         # samples stretched lip texture and is painted over by the inner-mouth ellipse below.
-        shift = profile * (drop * w_low - raise_ * w_up)                    # (B, H, W)
+        shift = profile * (drop * w_low - raise_ * w_up)  # (B, H, W)
         src_y = ys - shift
         grid = torch.stack(
             (
@@ -127,7 +126,7 @@ class ProceduralLipSync(nn.Module):
         warped = F.grid_sample(ref, grid, mode="bilinear", padding_mode="border", align_corners=True)
 
         # Inner mouth: an ellipse spanning the gap between the moved lips.
-        half_h = 0.5 * (drop + raise_)                                      # (B, 1, 1)
+        half_h = 0.5 * (drop + raise_)  # (B, 1, 1)
         centre_y = cy + 0.5 * (drop - raise_)
         r = torch.sqrt(((xs - cx) / (MOUTH_HALF_WIDTH * sx)) ** 2 + ((ys - centre_y) / half_h.clamp_min(1e-3)) ** 2)
         alpha = ((1.0 - r) / EDGE_SOFTNESS).clamp(0.0, 1.0) * MAX_DARKNESS

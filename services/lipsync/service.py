@@ -42,9 +42,7 @@ class LipSyncSettings(ModelStageSettings):
     max_crops_per_stream: int = _field(4096, "reference crops one Generate stream may register")
     max_detect_frames: int = _field(3000, "frames one DetectFaces stream may send")
     detector: str = _field("haar", "face detector for DetectFaces: haar (OpenCV's bundled cascade) or none")
-    occlusion_check: bool = _field(
-        True, "DetectFaces: frames whose lower face is hidden (hand, microphone, card) pass through unchanged"
-    )
+    occlusion_check: bool = _field(True, "DetectFaces: frames whose lower face is hidden (hand, microphone, card) pass through unchanged")
     occlusion_mad_k: float = _field(4.0, "a frame's lower face is covered above median + k * MAD of the avatar's scores")
     occlusion_min_score: float = _field(0.8, "absolute floor of the covered-mouth threshold (a nearly still avatar)")
     occlusion_dilate: int = _field(2, "frames added on each side of a covered run (no flicker at its edges)")
@@ -116,10 +114,7 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
             for crop in request.crops:
                 size = (crop.paste_width or IMG, crop.paste_height or IMG)
                 if max(size) > MAX_IMAGE_SIDE:  # at the edge, before it can reach a shared batch
-                    raise InvalidRequest(
-                        f"reference crop {crop.crop_index}: paste size {size[0]}x{size[1]} is above "
-                        f"{MAX_IMAGE_SIDE} px per side"
-                    )
+                    raise InvalidRequest(f"reference crop {crop.crop_index}: paste size {size[0]}x{size[1]} is above {MAX_IMAGE_SIDE} px per side")
                 bank.add(crop.crop_index, image_from_proto(crop.image, f"reference crop {crop.crop_index}"))
                 paste[crop.crop_index] = size
             frames, crops, mels = unpack_generate_items(request.items)
@@ -139,8 +134,13 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
         # One request message's faces may need several responses (at paste size a close-up face is
         # megabytes): cut by bytes, in item order, in the packed GeneratedFaces form.
         async for response in model_stream(
-            request_iterator, run, generated_response, settings=svc.settings, model_info=svc.model_info,
-            overhead=FACE_OVERHEAD, size_of=lambda r: len(r.items.frame_indices),
+            request_iterator,
+            run,
+            generated_response,
+            settings=svc.settings,
+            model_info=svc.model_info,
+            overhead=FACE_OVERHEAD,
+            size_of=lambda r: len(r.items.frame_indices),
         ):
             yield response
 
@@ -193,8 +193,9 @@ class LipSyncService(ModelStage[LipSyncSettings, GenerateChunk]):
         gen = torch.Generator().manual_seed(0)
         guard_inputs = (torch.rand((8, 1, 80, 16), generator=gen) * 8 - 4, torch.rand((8, 6, IMG, IMG), generator=gen))
         # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
-        self.backend = await self.start_model(device, model, warm, guard_inputs, precision=s.precision or None,
-                                              cuda_graphs=None if name == "wav2lip" else False)
+        self.backend = await self.start_model(
+            device, model, warm, guard_inputs, precision=s.precision or None, cuda_graphs=None if name == "wav2lip" else False
+        )
         if s.detector == "haar":
             self.detector = HaarFaceDetector()
             await asyncio.to_thread(self.detector.detect, [np.zeros((64, 64, 3), np.uint8)])

@@ -39,8 +39,7 @@ class Conv2dBlock(nn.Module):
     The attribute names (`conv_block.0`, `conv_block.1`) are the checkpoint's key names.
     """
 
-    def __init__(self, cin: int, cout: int, kernel_size: _Pair, stride: _Pair, padding: _Pair,
-                 residual: bool = False) -> None:
+    def __init__(self, cin: int, cout: int, kernel_size: _Pair, stride: _Pair, padding: _Pair, residual: bool = False) -> None:
         super().__init__()
         self.conv_block = nn.Sequential(nn.Conv2d(cin, cout, kernel_size, stride, padding), nn.BatchNorm2d(cout))
         self.act = nn.ReLU()
@@ -57,8 +56,7 @@ class Conv2dBlock(nn.Module):
 class ConvTranspose2dBlock(nn.Module):
     """ConvTranspose2d + BatchNorm2d + ReLU (never residual): upstream `models.conv.Conv2dTranspose`."""
 
-    def __init__(self, cin: int, cout: int, kernel_size: int, stride: int, padding: int,
-                 output_padding: int = 0) -> None:
+    def __init__(self, cin: int, cout: int, kernel_size: int, stride: int, padding: int, output_padding: int = 0) -> None:
         super().__init__()
         self.conv_block = nn.Sequential(
             nn.ConvTranspose2d(cin, cout, kernel_size, stride, padding, output_padding),
@@ -88,33 +86,45 @@ class Wav2Lip(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         C = Conv2dBlock
-        self.face_encoder_blocks = nn.ModuleList([
-            nn.Sequential(C(6, 16, 7, 1, 3)),                                    # 96x96
-            nn.Sequential(C(16, 32, 3, 2, 1), _res(32), _res(32)),               # 48x48
-            nn.Sequential(C(32, 64, 3, 2, 1), _res(64), _res(64), _res(64)),     # 24x24
-            nn.Sequential(C(64, 128, 3, 2, 1), _res(128), _res(128)),            # 12x12
-            nn.Sequential(C(128, 256, 3, 2, 1), _res(256), _res(256)),           # 6x6
-            nn.Sequential(C(256, 512, 3, 2, 1), _res(512)),                      # 3x3
-            nn.Sequential(C(512, 512, 3, 1, 0), C(512, 512, 1, 1, 0)),           # 1x1
-        ])
+        self.face_encoder_blocks = nn.ModuleList(
+            [
+                nn.Sequential(C(6, 16, 7, 1, 3)),  # 96x96
+                nn.Sequential(C(16, 32, 3, 2, 1), _res(32), _res(32)),  # 48x48
+                nn.Sequential(C(32, 64, 3, 2, 1), _res(64), _res(64), _res(64)),  # 24x24
+                nn.Sequential(C(64, 128, 3, 2, 1), _res(128), _res(128)),  # 12x12
+                nn.Sequential(C(128, 256, 3, 2, 1), _res(256), _res(256)),  # 6x6
+                nn.Sequential(C(256, 512, 3, 2, 1), _res(512)),  # 3x3
+                nn.Sequential(C(512, 512, 3, 1, 0), C(512, 512, 1, 1, 0)),  # 1x1
+            ]
+        )
         # Mel window (1, 80, 16) -> (512, 1, 1): 80x16 -> 27x16 -> 9x6 -> 3x3 -> 1x1.
         self.audio_encoder = nn.Sequential(
-            C(1, 32, 3, 1, 1), _res(32), _res(32),
-            C(32, 64, 3, (3, 1), 1), _res(64), _res(64),
-            C(64, 128, 3, 3, 1), _res(128), _res(128),
-            C(128, 256, 3, (3, 2), 1), _res(256),
-            C(256, 512, 3, 1, 0), C(512, 512, 1, 1, 0),
+            C(1, 32, 3, 1, 1),
+            _res(32),
+            _res(32),
+            C(32, 64, 3, (3, 1), 1),
+            _res(64),
+            _res(64),
+            C(64, 128, 3, 3, 1),
+            _res(128),
+            _res(128),
+            C(128, 256, 3, (3, 2), 1),
+            _res(256),
+            C(256, 512, 3, 1, 0),
+            C(512, 512, 1, 1, 0),
         )
         # Each stage's input is the previous output concatenated with the matching encoder feature.
-        self.face_decoder_blocks = nn.ModuleList([
-            nn.Sequential(C(512, 512, 1, 1, 0)),                                 # 1x1
-            nn.Sequential(ConvTranspose2dBlock(1024, 512, 3, 1, 0), _res(512)),  # 3x3
-            nn.Sequential(_up(1024, 512), _res(512), _res(512)),                 # 6x6
-            nn.Sequential(_up(768, 384), _res(384), _res(384)),                  # 12x12
-            nn.Sequential(_up(512, 256), _res(256), _res(256)),                  # 24x24
-            nn.Sequential(_up(320, 128), _res(128), _res(128)),                  # 48x48
-            nn.Sequential(_up(160, 64), _res(64), _res(64)),                     # 96x96
-        ])
+        self.face_decoder_blocks = nn.ModuleList(
+            [
+                nn.Sequential(C(512, 512, 1, 1, 0)),  # 1x1
+                nn.Sequential(ConvTranspose2dBlock(1024, 512, 3, 1, 0), _res(512)),  # 3x3
+                nn.Sequential(_up(1024, 512), _res(512), _res(512)),  # 6x6
+                nn.Sequential(_up(768, 384), _res(384), _res(384)),  # 12x12
+                nn.Sequential(_up(512, 256), _res(256), _res(256)),  # 24x24
+                nn.Sequential(_up(320, 128), _res(128), _res(128)),  # 48x48
+                nn.Sequential(_up(160, 64), _res(64), _res(64)),  # 96x96
+            ]
+        )
         self.output_block = nn.Sequential(C(80, 32, 3, 1, 1), nn.Conv2d(32, 3, 1, 1, 0), nn.Sigmoid())
 
     def forward(self, audio_sequences: torch.Tensor, face_sequences: torch.Tensor) -> torch.Tensor:

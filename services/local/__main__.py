@@ -26,8 +26,9 @@ from services.local.cluster import REPO_ROOT, LocalCluster
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m services.local", description=__doc__.splitlines()[0])
-    p.add_argument("command", nargs="?", choices=["demo", "serve"], default="demo",
-                   help="demo: render the sample and stop (default); serve: keep the services running")
+    p.add_argument(
+        "command", nargs="?", choices=["demo", "serve"], default="demo", help="demo: render the sample and stop (default); serve: keep the services running"
+    )
     p.add_argument("--workers", type=int, default=2, help="render worker processes")
     p.add_argument("--gateway-port", type=int, default=0, help="serve: the gateway's port (0 = any free port)")
     p.add_argument("--avatar", type=Path, default=REPO_ROOT / "samples" / "avatar.jpg", help="photo or video")
@@ -50,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.gateway_port:
         extra["gateway"] = [f"--port={args.gateway_port}"]
-    print(f"starting audio, lipsync, superres, gateway and {args.workers} render workers on 127.0.0.1 "
-          f"(logs in {args.workdir})", flush=True)
+    print(f"starting audio, lipsync, superres, gateway and {args.workers} render workers on 127.0.0.1 (logs in {args.workdir})", flush=True)
     started = time.perf_counter()
     with LocalCluster(args.workdir, extra_args=extra, replicas={"render": args.workers}) as cluster:
         print(f"all services SERVING after {time.perf_counter() - started:.1f} s; gateway at {cluster.gateway_address}")
@@ -64,18 +64,20 @@ def main(argv: list[str] | None = None) -> int:
                 pass
             return 0
         with LiplineClient(cluster.gateway_address) as client:
-            _, job = render_file(client, args.avatar, args.audio, args.output,
-                                 super_resolution=not args.no_super_resolution,
-                                 write=lambda line: print(line, flush=True))
+            _, job = render_file(
+                client, args.avatar, args.audio, args.output, super_resolution=not args.no_super_resolution, write=lambda line: print(line, flush=True)
+            )
             if job.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                 print(f"job failed: {job.error}", file=sys.stderr)
                 return 1
     info = probe_media(args.output)
     models = ", ".join(f"{m.name} ({m.backend}, {m.precision})" for m in job.models)
-    print(f"wrote {args.output}: {info['width']}x{info['height']} {info['video_codec']} + {info['audio_codec']}, "
-          f"{info['frames']} frames at {info['fps']:g} fps = {info['video_duration']:.2f} s "
-          f"(audio {info['audio_duration']:.2f} s); models: {models}; "
-          f"rendered in {job.elapsed_seconds:.1f} s ({job.realtime_factor:.1f}x real time)")
+    print(
+        f"wrote {args.output}: {info['width']}x{info['height']} {info['video_codec']} + {info['audio_codec']}, "
+        f"{info['frames']} frames at {info['fps']:g} fps = {info['video_duration']:.2f} s "
+        f"(audio {info['audio_duration']:.2f} s); models: {models}; "
+        f"rendered in {job.elapsed_seconds:.1f} s ({job.realtime_factor:.1f}x real time)"
+    )
     return 0
 
 

@@ -85,8 +85,16 @@ class ServiceProcess:
         self.process.wait()
 
 
-def start(name: str, module: str, args: Sequence[str], workdir: Path, *, base_args: Sequence[str] = (),
-          env: Mapping[str, str] | None = None, cuda_visible_devices: str | None = None) -> ServiceProcess:
+def start(
+    name: str,
+    module: str,
+    args: Sequence[str],
+    workdir: Path,
+    *,
+    base_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cuda_visible_devices: str | None = None,
+) -> ServiceProcess:
     """Start `python -m services.<module> <base_args> <args> --port-file=<workdir>/<name>.port`, logging to
     <workdir>/<name>.log.
 

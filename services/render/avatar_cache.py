@@ -30,8 +30,8 @@ _LOGGER = logging.getLogger(__name__)
 @dataclasses.dataclass
 class LocalAvatar:
     meta: AvatarMeta
-    crops: np.ndarray            # (K, 96, 96, 3) uint8, rows in meta.crop_frames order
-    crop_row: dict[int, int]     # avatar frame index -> row of `crops`
+    crops: np.ndarray  # (K, 96, 96, 3) uint8, rows in meta.crop_frames order
+    crop_row: dict[int, int]  # avatar frame index -> row of `crops`
     compositor: Compositor
 
 
@@ -74,13 +74,9 @@ class AvatarCache:
             source = self._blobs.get(prefix(avatar_id) + "source")
             # The same decode as CreateAvatar's; the limits are the avatar's own (the source may be one
             # pixel wider and taller than the frames, which are cropped to even sizes).
-            frames, _ = decode_avatar(source, photo_fps=meta.photo_fps, max_frames=max(meta.frame_count, 1),
-                                      max_pixels=(meta.width + 1) * (meta.height + 1))
+            frames, _ = decode_avatar(source, photo_fps=meta.photo_fps, max_frames=max(meta.frame_count, 1), max_pixels=(meta.width + 1) * (meta.height + 1))
             if frames.shape[0] != meta.frame_count or frames.shape[1:3] != (meta.height, meta.width):
-                raise RuntimeError(
-                    f"avatar {avatar_id}: the source decoded to {frames.shape[:3]}, its meta says "
-                    f"{(meta.frame_count, meta.height, meta.width)}"
-                )
+                raise RuntimeError(f"avatar {avatar_id}: the source decoded to {frames.shape[:3]}, its meta says {(meta.frame_count, meta.height, meta.width)}")
             tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp.npy")
             I420Frames.from_bgr(frames).save(tmp)
             del frames

@@ -82,8 +82,7 @@ class I420Frames:
         """
         if not isinstance(data, np.ndarray) or data.ndim != 3 or data.dtype != np.uint8:
             raise ValueError(
-                f"I420 frames must be a (count, height * 3 / 2, width) uint8 array, got "
-                f"{getattr(data, 'shape', type(data))} {getattr(data, 'dtype', '')}"
+                f"I420 frames must be a (count, height * 3 / 2, width) uint8 array, got {getattr(data, 'shape', type(data))} {getattr(data, 'dtype', '')}"
             )
         count, rows, width = data.shape
         if count < 1 or rows == 0 or width == 0 or rows % 3 or (rows * 2 // 3) % 2 or width % 2:
@@ -267,8 +266,7 @@ class _Weights:
 
     __slots__ = ("buffer", "wy", "wy_inv", "wc", "wc_inv", "rows", "cols")
 
-    def __init__(self, buffer: np.ndarray, ry: np.ndarray, rx: np.ndarray, cy: np.ndarray, cx: np.ndarray,
-                 rows: slice, cols: slice) -> None:
+    def __init__(self, buffer: np.ndarray, ry: np.ndarray, rx: np.ndarray, cy: np.ndarray, cx: np.ndarray, rows: slice, cols: slice) -> None:
         self.buffer = buffer
         self.rows, self.cols = rows, cols
         views = []
@@ -298,8 +296,7 @@ class _ThreadWeights(threading.local):
 _THREAD_WEIGHTS = _ThreadWeights()
 
 
-def _weights(height: int, width: int, top: int, left: int, bottom: int, right: int, feather: float, siting: str,
-             start: int = 0) -> _Weights:
+def _weights(height: int, width: int, top: int, left: int, bottom: int, right: int, feather: float, siting: str, start: int = 0) -> _Weights:
     """The blend weights of one box geometry, from this thread's cache.
 
     ``wy`` is the feather mask over the box's rows ``[start, height)`` (``height - start``, width)
@@ -375,8 +372,7 @@ class Compositor:
     threads scales.
     """
 
-    def __init__(self, frames: I420Frames, boxes: Sequence[Box | None], feather: float = 0.15,
-                 regenerated_from: float = REGENERATED_FROM) -> None:
+    def __init__(self, frames: I420Frames, boxes: Sequence[Box | None], feather: float = 0.15, regenerated_from: float = REGENERATED_FROM) -> None:
         """
         Args:
             frames: The avatar's frames in I420.
@@ -453,10 +449,7 @@ class Compositor:
         x1, y1, x2, y2 = box
         h, w = y2 - y1, x2 - x1
         if not isinstance(face, np.ndarray) or face.shape != (h, w, 3) or face.dtype != np.uint8:
-            raise ValueError(
-                f"face is {getattr(face, 'shape', type(face))} {getattr(face, 'dtype', '')}, "
-                f"the box {box} needs {(h, w, 3)} uint8"
-            )
+            raise ValueError(f"face is {getattr(face, 'shape', type(face))} {getattr(face, 'dtype', '')}, the box {box} needs {(h, w, 3)} uint8")
 
         # Only the regenerated region (box rows from `start` on) is blended; above it the frame keeps
         # the cached bytes (Y rows and the chroma blocks whose top-left pixel is above `start`).

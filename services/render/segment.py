@@ -106,8 +106,7 @@ class SegmentRenderer:
         loop = asyncio.get_running_loop()
         writer = await loop.run_in_executor(
             self._encoder,
-            lambda: Mp4Writer(output, meta.width, meta.height, meta.fps, None, 48000, crf=crf, preset=self._preset,
-                              threads=self._threads),
+            lambda: Mp4Writer(output, meta.width, meta.height, meta.fps, None, 48000, crf=crf, preset=self._preset, threads=self._threads),
         )
         pending: list[asyncio.Future] = []
         next_frame = start
@@ -162,8 +161,16 @@ class SegmentRenderer:
         return SegmentResult(end - start, models, times)
 
     async def _generated(
-        self, avatar: LocalAvatar, face_frames: list[int], start: int, audio: SegmentAudio, raw_size: bool,
-        times: dict[str, float], models: list[dict], metadata: tuple, template_loop: str = LOOP_PING_PONG,
+        self,
+        avatar: LocalAvatar,
+        face_frames: list[int],
+        start: int,
+        audio: SegmentAudio,
+        raw_size: bool,
+        times: dict[str, float],
+        models: list[dict],
+        metadata: tuple,
+        template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         """(frame index, face) from lipsync, in order: 96x96 with `raw_size`, else at paste size."""
         if not face_frames:
@@ -176,17 +183,23 @@ class SegmentRenderer:
                 crops = []
                 for f in used[k : k + ITEMS_PER_MESSAGE]:
                     x1, y1, x2, y2 = meta.boxes[f]  # type: ignore[misc]
-                    crops.append(lipsync_pb2.ReferenceCrop(
-                        crop_index=f, image=image_to_proto(avatar.crops[avatar.crop_row[f]]),
-                        paste_width=x2 - x1, paste_height=y2 - y1,
-                    ))
+                    crops.append(
+                        lipsync_pb2.ReferenceCrop(
+                            crop_index=f,
+                            image=image_to_proto(avatar.crops[avatar.crop_row[f]]),
+                            paste_width=x2 - x1,
+                            paste_height=y2 - y1,
+                        )
+                    )
                 yield lipsync_pb2.GenerateRequest(crops=crops, raw_size=raw_size)
             for k in range(0, len(face_frames), ITEMS_PER_MESSAGE):
                 frames = face_frames[k : k + ITEMS_PER_MESSAGE]
                 rows = [i - start for i in frames]
                 yield lipsync_pb2.GenerateRequest(
                     items=pack_generate_items(
-                        frames, [meta.frame_for(i, template_loop) for i in frames], [audio.mels[r].tobytes() for r in rows],
+                        frames,
+                        [meta.frame_for(i, template_loop) for i in frames],
+                        [audio.mels[r].tobytes() for r in rows],
                         None if audio.speech is None else audio.speech[rows].tolist(),
                     ),
                     raw_size=raw_size,
@@ -202,8 +215,13 @@ class SegmentRenderer:
                 times["lipsync"] = time.perf_counter() - t0
 
     async def _restored(
-        self, avatar: LocalAvatar, faces: AsyncIterator[tuple[int, np.ndarray]], times: dict[str, float],
-        models: list[dict], metadata: tuple, template_loop: str = LOOP_PING_PONG,
+        self,
+        avatar: LocalAvatar,
+        faces: AsyncIterator[tuple[int, np.ndarray]],
+        times: dict[str, float],
+        models: list[dict],
+        metadata: tuple,
+        template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         meta = avatar.meta
 

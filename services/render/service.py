@@ -53,12 +53,14 @@ class RenderService(Service[RenderSettings]):
         self.renderer = SegmentRenderer(
             lambda: clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub),  # a fresh stub per segment
             lambda: clients.stub("superres", superres_pb2_grpc.SuperResServiceStub),
-            self.metrics, s.x264_preset, threads, s.encode_nice,
+            self.metrics,
+            s.x264_preset,
+            threads,
+            s.encode_nice,
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, AvatarCache(self.blobs, s.cache_dir), self.renderer, name)
-        self._loops = [asyncio.create_task(self.worker.run(), name="render-loop"),
-                       asyncio.create_task(self._export_queue_stats(), name="queue-stats")]
+        self._loops = [asyncio.create_task(self.worker.run(), name="render-loop"), asyncio.create_task(self._export_queue_stats(), name="queue-stats")]
         _LOGGER.info("render worker ready", extra={"worker": name, "x264_threads": threads, "preset": s.x264_preset})
 
     async def _export_queue_stats(self) -> None:

@@ -9,7 +9,6 @@ from services.common.media import X264_PRESETS
 from services.common.stages import STAGES
 
 
-
 @dataclasses.dataclass(frozen=True)
 class RenderSettings(StoreSettings):
     """Settings of a render worker: claims segments from the job store, renders them through the stages."""
@@ -23,13 +22,12 @@ class RenderSettings(StoreSettings):
     heartbeat_s: float = _field(0.5, "how often a worker renews its lease (and notices a cancel)")
     max_attempts: int = _field(3, "claims of one task before its job fails")
     poll_s: float = _field(0.2, "how often an idle worker looks for work")
-    x264_preset: str = _field(
-        "veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf"
-    )
+    x264_preset: str = _field("veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf")
     x264_threads: int = _field(0, "x264 threads per segment encoder; 0 = auto (the cores this process may use, at most 4)")
     encode_nice: int = _field(
-        5, "nice value (0-19) of the x264 threads: encoding is bulk work with slack, so a job's audio task, "
-        "its join and the stages' host threads on the same machine get the CPU first"
+        5,
+        "nice value (0-19) of the x264 threads: encoding is bulk work with slack, so a job's audio task, "
+        "its join and the stages' host threads on the same machine get the CPU first",
     )
     stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
 

@@ -55,8 +55,14 @@ class LeaseLost(Exception):
 
 class RenderWorker:
     def __init__(
-        self, settings: RenderSettings, metrics: Metrics, jobs: JobStore, blobs: BlobStore,
-        cache: AvatarCache, renderer: SegmentRenderer, name: str,
+        self,
+        settings: RenderSettings,
+        metrics: Metrics,
+        jobs: JobStore,
+        blobs: BlobStore,
+        cache: AvatarCache,
+        renderer: SegmentRenderer,
+        name: str,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -167,8 +173,10 @@ class RenderWorker:
         where = f"segment {task.index}" if not task.is_join else "the join"
         if isinstance(exc, StageFailed) and exc.retryable and task.attempts < s.max_attempts:
             m.segments.labels("retried").inc()
-            _LOGGER.warning("stage failed; task given back for another attempt",
-                            extra={"job_id": task.job_id, "segment": task.index, "attempt": task.attempts, "error": str(exc)})
+            _LOGGER.warning(
+                "stage failed; task given back for another attempt",
+                extra={"job_id": task.job_id, "segment": task.index, "attempt": task.attempts, "error": str(exc)},
+            )
             await self._quietly(self.jobs.release, task, True)
             return
         if isinstance(exc, LiplineError):
@@ -194,15 +202,14 @@ class RenderWorker:
     async def _quietly(self, fn, *args):  # type: ignore[no-untyped-def]
         try:
             return await asyncio.to_thread(fn, *args)
-        except Exception:  # noqa: BLE001 - reporting a failure must not raise another
+        except Exception:
             _LOGGER.warning("could not record a task's outcome", exc_info=True)
             return None
 
     async def _do(self, task: Task) -> None:
         job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
         kind = "join" if task.is_join else "audio" if task.index == AUDIO_TASK else "segment"
-        with job_span(f"render {kind}", job.id, job.trace_context, task=task.index, attempt=task.attempts,
-                      frames=task.end_frame - task.start_frame):
+        with job_span(f"render {kind}", job.id, job.trace_context, task=task.index, attempt=task.attempts, frames=task.end_frame - task.start_frame):
             if kind == "join":
                 await self._join(task, job)
             elif kind == "audio":
@@ -216,6 +223,7 @@ class RenderWorker:
         data = await asyncio.to_thread(self.blobs.get, upload_key(job.id))
         local = self._scratch / f"{job.id}-audio-{uuid.uuid4().hex[:8]}.m4a"
         try:
+
             def encode() -> None:
                 encode_aac(decode_audio(data, MUX_AUDIO_RATE), MUX_AUDIO_RATE, local)
 
@@ -238,8 +246,15 @@ class RenderWorker:
         local = self._scratch / f"{job.id}-{task.index}-{uuid.uuid4().hex[:8]}.mp4"
         try:
             result = await self.renderer.render(
-                avatar, task.start_frame, task.end_frame, audio, options.super_resolution, options.crf or 20, local,
-                outgoing_metadata(job.id), template_loop=loop_mode(options),
+                avatar,
+                task.start_frame,
+                task.end_frame,
+                audio,
+                options.super_resolution,
+                options.crf or 20,
+                local,
+                outgoing_metadata(job.id),
+                template_loop=loop_mode(options),
             )
             key = segment_key(job.id, task.index)
             await asyncio.to_thread(self.blobs.put_file, key, local)
@@ -278,7 +293,6 @@ class RenderWorker:
         elapsed = max(1e-6, done.finish_time - done.create_time)
         m.job_seconds.observe(elapsed)
         m.job_realtime_factor.observe(done.audio_seconds / elapsed)
-        record_job_span(job.id, job.trace_context, done.create_time, "succeeded", frames=frames,
-                        audio_seconds=done.audio_seconds, segments=done.segments_total)
+        record_job_span(job.id, job.trace_context, done.create_time, "succeeded", frames=frames, audio_seconds=done.audio_seconds, segments=done.segments_total)
         await self._quietly(self.blobs.delete_prefix, job_prefix(job.id))
         _LOGGER.info("job succeeded", extra={"job_id": job.id, "frames": frames, "seconds": round(elapsed, 3)})

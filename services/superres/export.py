@@ -38,11 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def export(args: argparse.Namespace) -> ExportReport:
     model = seeded(create_sr_model(args.model)) if args.seeded else create_sr_model(args.model, args.checkpoint)
-    axes = {INPUT_NAME: {0: "batch", 2: "height", 3: "width"},
-            OUTPUT_NAME: {0: "batch", 2: "out_height", 3: "out_width"}}
-    return export_verified(model, model, [example_image(EXPORT_SHAPE)], [example_image(VERIFY_SHAPE, seed=1)],
-                           args.out, input_names=[INPUT_NAME], output_name=OUTPUT_NAME, dynamic_axes=axes,
-                           opset=args.opset)
+    axes = {INPUT_NAME: {0: "batch", 2: "height", 3: "width"}, OUTPUT_NAME: {0: "batch", 2: "out_height", 3: "out_width"}}
+    return export_verified(
+        model,
+        model,
+        [example_image(EXPORT_SHAPE)],
+        [example_image(VERIFY_SHAPE, seed=1)],
+        args.out,
+        input_names=[INPUT_NAME],
+        output_name=OUTPUT_NAME,
+        dynamic_axes=axes,
+        opset=args.opset,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,9 +14,7 @@ from services.common.checkpoints import clean_state_dict, load_strict, read_chec
 REALESRGAN_ENTRIES: tuple[str, ...] = ("params_ema", "params")
 
 
-def load_realesrgan(
-    model: nn.Module, path: str | Path, entries: Sequence[str] = REALESRGAN_ENTRIES
-) -> nn.Module:
+def load_realesrgan(model: nn.Module, path: str | Path, entries: Sequence[str] = REALESRGAN_ENTRIES) -> nn.Module:
     """Load a Real-ESRGAN checkpoint into `model` and switch it to eval mode.
 
     Args:

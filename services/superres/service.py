@@ -74,7 +74,11 @@ class SuperResServicer(StageServicer["SuperResService"], superres_pb2_grpc.Super
         # A message's images may need several responses (8 faces at 2048x2048 are 100 MB): cut by
         # bytes, in item order, each built only when it is sent.
         async for response in model_stream(
-            request_iterator, run, upscale_response, settings=svc.settings, model_info=svc.model_info,
+            request_iterator,
+            run,
+            upscale_response,
+            settings=svc.settings,
+            model_info=svc.model_info,
             overhead=ITEM_OVERHEAD,
         ):
             yield response
@@ -134,9 +138,12 @@ class SuperResService(ModelStage[SuperResSettings, UpscaleChunk]):
         _LOGGER.info(
             "superres ready",
             extra={
-                "model": self.upscaler.model_name, "device": str(device), "precision": precision,
+                "model": self.upscaler.model_name,
+                "device": str(device),
+                "precision": precision,
                 "backend": backend.describe() if backend is not None else backend_name,
-                "resize": self.engine.resize, "pipeline_depth": depth,
+                "resize": self.engine.resize,
+                "pipeline_depth": depth,
             },
         )
 

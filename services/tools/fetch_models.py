@@ -124,7 +124,7 @@ def _http_chunks(url: str, timeout: float) -> Iterator[bytes]:
     shown = display_url(url)
     request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT})
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - the scheme is checked in Item.parse
+        response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
         raise FetchError(f"{shown}: HTTP {exc.code} {exc.reason}", retry=exc.code in _RETRY_STATUS) from None
     except (urllib.error.URLError, OSError) as exc:  # refused, DNS, TLS, timeouts
@@ -188,8 +188,7 @@ def _download(item: Item, final: Path, opener: Opener, timeout: float) -> int:
         got = digest.hexdigest()
         if got != item.sha256:
             raise HashMismatch(
-                f"{item.name}: {display_url(item.url)} has sha256 {got} ({size} bytes), expected {item.sha256}: "
-                "check the URL and the item's sha256"
+                f"{item.name}: {display_url(item.url)} has sha256 {got} ({size} bytes), expected {item.sha256}: check the URL and the item's sha256"
             )
         os.chmod(tmp, 0o644)  # readable by every pod, whatever its uid
         os.replace(tmp, final)
@@ -207,8 +206,9 @@ def _download(item: Item, final: Path, opener: Opener, timeout: float) -> int:
     return size
 
 
-def fetch_item(item: Item, dest: Path, *, opener: Opener = open_source, retries: int = 3, timeout: float = 60.0,
-               sleep: Callable[[float], None] = time.sleep) -> str:
+def fetch_item(
+    item: Item, dest: Path, *, opener: Opener = open_source, retries: int = 3, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep
+) -> str:
     """Make `dest/item.name` hold the item: "present" (already had the hash) or "downloaded".
 
     Raises:
@@ -238,21 +238,25 @@ def fetch_item(item: Item, dest: Path, *, opener: Opener = open_source, retries:
             sleep(wait)
             continue
         took = time.monotonic() - start
-        _LOGGER.info("%s: downloaded %d bytes from %s in %.1f s, sha256 matches", item.name, size,
-                     display_url(item.url), took)
+        _LOGGER.info("%s: downloaded %d bytes from %s in %.1f s, sha256 matches", item.name, size, display_url(item.url), took)
         return "downloaded"
     raise AssertionError("unreachable")
 
 
-def main(argv: Sequence[str] | None = None, *, opener: Opener = open_source,
-         sleep: Callable[[float], None] = time.sleep) -> int:
+def main(argv: Sequence[str] | None = None, *, opener: Opener = open_source, sleep: Callable[[float], None] = time.sleep) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m services.tools.fetch_models",
         description="Download model checkpoints from http(s):// or s3:// into a folder, each checked against its sha256.",
     )
     parser.add_argument("--dest", type=Path, required=True, help="the folder (the models volume's mount path)")
-    parser.add_argument("--item", nargs=3, action="append", required=True, metavar=("NAME", "URL", "SHA256"),
-                        help="one checkpoint: its file name under --dest, http(s):// or s3://bucket/key, its sha256; repeat")
+    parser.add_argument(
+        "--item",
+        nargs=3,
+        action="append",
+        required=True,
+        metavar=("NAME", "URL", "SHA256"),
+        help="one checkpoint: its file name under --dest, http(s):// or s3://bucket/key, its sha256; repeat",
+    )
     parser.add_argument("--retries", type=int, default=3, help="more attempts after a transient failure (default 3)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a connection or a read may wait (default 60)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -269,8 +273,12 @@ def main(argv: Sequence[str] | None = None, *, opener: Opener = open_source,
         _LOGGER.error("--dest %s is not a directory: is the models volume mounted there?", dest)
         return EXIT_USAGE
     if not os.access(dest, os.W_OK | os.X_OK):
-        _LOGGER.error("%s is not writable by uid %d (gid %d): give the volume to that user or group "
-                      "(the chart's podSecurityContext.fsGroup), or mount it read-write", dest, os.getuid(), os.getgid())
+        _LOGGER.error(
+            "%s is not writable by uid %d (gid %d): give the volume to that user or group (the chart's podSecurityContext.fsGroup), or mount it read-write",
+            dest,
+            os.getuid(),
+            os.getgid(),
+        )
         return EXIT_FETCH_FAILED
 
     worst = EXIT_OK
@@ -289,8 +297,7 @@ def main(argv: Sequence[str] | None = None, *, opener: Opener = open_source,
             _LOGGER.error("%s: cannot write under %s: %s", item.name, dest, exc)
             worst = max(worst, EXIT_FETCH_FAILED)
         outcomes["failed"] += 1
-    _LOGGER.info("models in %s: %d present, %d downloaded, %d failed", dest, outcomes["present"],
-                 outcomes["downloaded"], outcomes["failed"])
+    _LOGGER.info("models in %s: %d present, %d downloaded, %d failed", dest, outcomes["present"], outcomes["downloaded"], outcomes["failed"])
     return worst
 
 

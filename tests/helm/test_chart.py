@@ -57,8 +57,12 @@ def _gen_chart_schema() -> Any:
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/lipline-helm/cache", "HELM_CONFIG_HOME": "/tmp/lipline-helm/config",
-           "HELM_DATA_HOME": "/tmp/lipline-helm/data"}
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": "/tmp/lipline-helm/cache",
+        "HELM_CONFIG_HOME": "/tmp/lipline-helm/config",
+        "HELM_DATA_HOME": "/tmp/lipline-helm/data",
+    }
     return subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=60, check=check, env=env)
 
 
@@ -69,8 +73,9 @@ def _set_args(sets: tuple[str, ...]) -> list[str]:
     return args
 
 
-def render(*sets: str, release: str = "lip", api_versions: tuple[str, ...] = (OPERATOR_API,),
-           values: tuple[Path, ...] = (), kube_version: str = KUBE_VERSION) -> list[dict[str, Any]]:
+def render(
+    *sets: str, release: str = "lip", api_versions: tuple[str, ...] = (OPERATOR_API,), values: tuple[Path, ...] = (), kube_version: str = KUBE_VERSION
+) -> list[dict[str, Any]]:
     """`helm template` of the chart: `values` files first, then the --set/--set-json `sets`."""
     args = ["template", release, str(CHART), "--namespace", "media", "--kube-version", kube_version]
     for api in api_versions:
@@ -123,32 +128,50 @@ def mounts_of(deployment: dict[str, Any]) -> dict[str, str]:
 
 PG_SECRET = ("store.jobStore.existingSecret=lipline-pg", "store.jobStore.secretKey=dsn")
 RWX = ("store.blobStore.persistence.existingClaim=lipline-blobs",)
-S3 = ("store.blobStore.url=s3://lipline-media/prod", "store.blobStore.s3.existingSecret=lipline-s3",
-      "store.blobStore.s3.endpoint=https://minio.storage.svc:9000", "store.blobStore.s3.region=eu-west-1")
+S3 = (
+    "store.blobStore.url=s3://lipline-media/prod",
+    "store.blobStore.s3.existingSecret=lipline-s3",
+    "store.blobStore.s3.endpoint=https://minio.storage.svc:9000",
+    "store.blobStore.s3.region=eu-west-1",
+)
 
 VARIANTS = {
     "defaults": (),
     "PostgreSQL from a Secret, RWX blobs, volumes, no autoscaling, no monitoring": (
-        *PG_SECRET, *RWX, "store.local.enabled=false",
-        "models.existingClaim=lipline-models", "compileCache.existingClaim=lipline-compile-cache",
-        "stages.lipsync.autoscaling.enabled=false", "stages.superres.autoscaling.enabled=false",
-        "stages.audio.autoscaling.enabled=false", "stages.render.autoscaling.enabled=false",
-        "monitoring.serviceMonitor.enabled=false", "monitoring.prometheusRule.enabled=false",
-        "networkPolicy.enabled=false", "gpu.runtimeClassName=nvidia",
+        *PG_SECRET,
+        *RWX,
+        "store.local.enabled=false",
+        "models.existingClaim=lipline-models",
+        "compileCache.existingClaim=lipline-compile-cache",
+        "stages.lipsync.autoscaling.enabled=false",
+        "stages.superres.autoscaling.enabled=false",
+        "stages.audio.autoscaling.enabled=false",
+        "stages.render.autoscaling.enabled=false",
+        "monitoring.serviceMonitor.enabled=false",
+        "monitoring.prometheusRule.enabled=false",
+        "networkPolicy.enabled=false",
+        "gpu.runtimeClassName=nvidia",
     ),
     "S3 with a credentials Secret, dev DSN": (
-        "store.jobStore.url=postgresql://lipline:secret@pg.db.svc:5432/lipline", *S3,
+        "store.jobStore.url=postgresql://lipline:secret@pg.db.svc:5432/lipline",
+        *S3,
     ),
     "KEDA, PostgreSQL": (
-        "keda.enabled=true", *PG_SECRET, *S3, "stages.superres.autoscaling.metric=queue",
+        "keda.enabled=true",
+        *PG_SECRET,
+        *S3,
+        "stages.superres.autoscaling.metric=queue",
         "stages.lipsync.autoscaling.minReplicas=2",
     ),
     "KEDA, SQLite": ("keda.enabled=true", "stages.superres.autoscaling.metric=queue"),
     "queue-time autoscaling, gateway LoadBalancer, gatewayFrom": (
-        "stages.lipsync.autoscaling.metric=queue", "stages.lipsync.autoscaling.target:=0.05",
-        "stages.gateway.service.type=LoadBalancer", "stages.gateway.autoscaling.enabled=true",
+        "stages.lipsync.autoscaling.metric=queue",
+        "stages.lipsync.autoscaling.target:=0.05",
+        "stages.gateway.service.type=LoadBalancer",
+        "stages.gateway.autoscaling.enabled=true",
         'networkPolicy.gatewayFrom:=[{"namespaceSelector": {"matchLabels": {"team": "product"}}}]',
-        *PG_SECRET, *RWX,
+        *PG_SECRET,
+        *RWX,
     ),
 }
 
@@ -173,8 +196,7 @@ def s3_docs() -> list[dict[str, Any]]:
     return render(*VARIANTS["S3 with a credentials Secret, dev DSN"])
 
 
-@pytest.mark.parametrize("sets", [(), (*PG_SECRET, *S3, "store.local.enabled=false", "keda.enabled=true")],
-                         ids=["defaults", "production stores, KEDA"])
+@pytest.mark.parametrize("sets", [(), (*PG_SECRET, *S3, "store.local.enabled=false", "keda.enabled=true")], ids=["defaults", "production stores, KEDA"])
 def test_helm_lint_passes_strict(sets: tuple[str, ...]) -> None:
     result = helm("lint", "--strict", str(CHART), *_set_args(sets), check=False)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -214,24 +236,38 @@ def test_the_validator_rejects_a_broken_manifest(default_docs: list[dict[str, An
 
 
 def test_values_schema_rejects_bad_values() -> None:
-    for bad in ("stages.lipsync.autoscaling.metric=memory", "stages.lipsync.gpu=-1", "image.pullPolicy=Sometimes",
-                "stages.superres.port=70000", "stages.lipsync.config.no_such_setting=1",
-                "monitoring.serviceMonitor.enabeld=false", "stages.lipsync.pdb.minAvailabel=1",
-                "stages.render.config.x264_presett=fast", "stages.render.config.job_store=sqlite:///x.db",
-                "stages.gateway.config.data_dir=/data", "stages.render.dials={audio,nope}",
-                "stages.render.cache.size=1Gi", "store.jobStore.url=mysql://db/lipline", "store.blobStore.url=/data",
-                "store.blobStore.s3.secret=x", "stages.render.autoscaling.cpu=0"):
+    for bad in (
+        "stages.lipsync.autoscaling.metric=memory",
+        "stages.lipsync.gpu=-1",
+        "image.pullPolicy=Sometimes",
+        "stages.superres.port=70000",
+        "stages.lipsync.config.no_such_setting=1",
+        "monitoring.serviceMonitor.enabeld=false",
+        "stages.lipsync.pdb.minAvailabel=1",
+        "stages.render.config.x264_presett=fast",
+        "stages.render.config.job_store=sqlite:///x.db",
+        "stages.gateway.config.data_dir=/data",
+        "stages.render.dials={audio,nope}",
+        "stages.render.cache.size=1Gi",
+        "store.jobStore.url=mysql://db/lipline",
+        "store.blobStore.url=/data",
+        "store.blobStore.s3.secret=x",
+        "stages.render.autoscaling.cpu=0",
+    ):
         stderr = render_fails(bad)
         assert "values don't meet the specifications of the schema" in stderr, (bad, stderr)
 
 
-@pytest.mark.parametrize(("sets", "message"), [
-    ((*PG_SECRET, "store.jobStore.url=postgresql://a@b/c"), "existingSecret (a Secret with the PostgreSQL DSN) or url, not both"),
-    ((*S3, *RWX), "not both"),
-    (("store.blobStore.s3.existingSecret=lipline-s3",), "store.blobStore.url is empty"),
-    (("store.local.enabled=false", *PG_SECRET), "store.blobStore.url (s3://...) or store.blobStore.persistence.existingClaim"),
-    (("store.local.enabled=false", *S3), "store.jobStore.existingSecret (a Secret with a PostgreSQL DSN)"),
-])
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        ((*PG_SECRET, "store.jobStore.url=postgresql://a@b/c"), "existingSecret (a Secret with the PostgreSQL DSN) or url, not both"),
+        ((*S3, *RWX), "not both"),
+        (("store.blobStore.s3.existingSecret=lipline-s3",), "store.blobStore.url is empty"),
+        (("store.local.enabled=false", *PG_SECRET), "store.blobStore.url (s3://...) or store.blobStore.persistence.existingClaim"),
+        (("store.local.enabled=false", *S3), "store.jobStore.existingSecret (a Secret with a PostgreSQL DSN)"),
+    ],
+)
 def test_contradictory_or_missing_stores_fail_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
     assert message in render_fails(*sets)
 
@@ -320,8 +356,7 @@ def test_render_workers_run_on_the_cpu_with_the_stores_a_cache_and_probes(pg_rwx
     assert "emptyDir" in volumes_of(render_d)["cache"] and mounts_of(render_d)["cache"] == env["LIPLINE_CACHE_DIR"]
     # The gateway reads the same stores.
     gateway_env = env_of(by_kind(pg_rwx_docs, "Deployment")["lip-lipline-gateway"])
-    assert {k: gateway_env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")} == {
-        k: env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")}
+    assert {k: gateway_env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")} == {k: env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")}
     # No try-out volume with shared stores, and no stage without `stores` sees them.
     assert "PersistentVolumeClaim" not in {d["kind"] for d in pg_rwx_docs}
     for name, d in by_kind(pg_rwx_docs, "Deployment").items():
@@ -542,8 +577,7 @@ def test_servicemonitor_scrapes_every_stage_metrics_port(default_docs: list[dict
     (monitor,) = by_kind(default_docs, "ServiceMonitor").values()
     selector = monitor["spec"]["selector"]["matchLabels"]
     (endpoint,) = monitor["spec"]["endpoints"]
-    matched = {s["metadata"]["name"]: s for s in by_kind(default_docs, "Service").values()
-               if selector.items() <= s["metadata"]["labels"].items()}
+    matched = {s["metadata"]["name"]: s for s in by_kind(default_docs, "Service").values() if selector.items() <= s["metadata"]["labels"].items()}
     assert set(matched) == {f"lip-lipline-{s}" for s in STAGES}  # render workers included
     for svc in matched.values():
         assert endpoint["port"] in {p["name"] for p in svc["spec"]["ports"]}
@@ -576,11 +610,9 @@ def test_alerts_and_dashboards_use_metrics_the_services_export(default_docs: lis
     from services.common.metrics import Metrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-    exported = {family.name + suffix for family in Metrics("any").registry.collect()
-                for suffix in suffixes.get(family.type, ("",))}
+    exported = {family.name + suffix for family in Metrics("any").registry.collect() for suffix in suffixes.get(family.type, ("",))}
     # GpuCollector's families exist only where NVML sees a GPU.
-    exported |= {"lipline_gpu_utilization_ratio", "lipline_gpu_memory_used_bytes", "lipline_gpu_memory_total_bytes",
-                 "lipline_gpu_power_watts"}
+    exported |= {"lipline_gpu_utilization_ratio", "lipline_gpu_memory_used_bytes", "lipline_gpu_memory_total_bytes", "lipline_gpu_power_watts"}
     (rule,) = by_kind(default_docs, "PrometheusRule").values()
     assert rule["spec"]["groups"]
     texts = [*_rule_expressions(), _dashboard(default_docs)]
@@ -594,13 +626,18 @@ def test_the_render_workers_are_on_the_dashboard_and_alerted_on(default_docs: li
     import json
 
     exprs = " ".join(t["expr"] for p in json.loads(_dashboard(default_docs))["panels"] for t in p.get("targets", []))
-    for metric in ("lipline_queue_depth", "lipline_queue_wait_seconds_bucket", "lipline_segments_total",
-                   "lipline_lease_lost_total", "lipline_render_frames_total", "lipline_render_composite_seconds_bucket",
-                   "lipline_render_encode_seconds_bucket"):
+    for metric in (
+        "lipline_queue_depth",
+        "lipline_queue_wait_seconds_bucket",
+        "lipline_segments_total",
+        "lipline_lease_lost_total",
+        "lipline_render_frames_total",
+        "lipline_render_composite_seconds_bucket",
+        "lipline_render_encode_seconds_bucket",
+    ):
         assert metric in exprs, metric
     assert "sum(lipline_queue_depth" not in exprs.replace(" ", "")  # one shared queue: max, never sum
-    rules = {r.get("alert"): r for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
-             for r in g["rules"]}
+    rules = {r.get("alert"): r for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"] for r in g["rules"]}
     assert rules["LiplineRenderQueueWaitHigh"]["for"] == "10m" and "> 30" in rules["LiplineRenderQueueWaitHigh"]["expr"]
     assert "lipline_lease_lost_total" in rules["LiplineRenderLeasesLost"]["expr"] and rules["LiplineRenderLeasesLost"]["for"] == "10m"
 
@@ -614,9 +651,7 @@ def test_helm_test_hook_runs_the_smoke_check_against_the_gateway(default_docs: l
 
 
 def test_values_schema_is_generated_from_the_services_settings() -> None:
-    assert (CHART / "values.schema.json").read_text() == _gen_chart_schema().render(), (
-        "values.schema.json is stale: run `python scripts/gen_chart_schema.py`"
-    )
+    assert (CHART / "values.schema.json").read_text() == _gen_chart_schema().render(), "values.schema.json is stale: run `python scripts/gen_chart_schema.py`"
 
 
 def test_promtool_accepts_the_chart_rules() -> None:

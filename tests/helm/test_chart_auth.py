@@ -30,11 +30,9 @@ from tests.helm.test_chart_values import notes
 KEYS_FILE = "/etc/lipline/api-keys/keys"
 TOKEN_FILE = "/etc/lipline/internal/token"
 TLS = ("tls.existingSecret=gw-tls",)
-OWN = ("auth.apiKeys.existingSecret=my-keys", "auth.apiKeys.secretKey=file",
-       "auth.internalToken.existingSecret=my-token", "auth.internalToken.secretKey=t")
+OWN = ("auth.apiKeys.existingSecret=my-keys", "auth.apiKeys.secretKey=file", "auth.internalToken.existingSecret=my-token", "auth.internalToken.secretKey=t")
 OFF = ("auth.apiKeys.enabled=false", "auth.internalToken.enabled=false")
-VARIANTS = {"defaults": (), "tls": TLS, "own-secrets+tls": (*OWN, *TLS, "tls.testCaKey=tls.crt",
-                                                              "tls.testServerName=api.example.com"), "off": OFF}
+VARIANTS = {"defaults": (), "tls": TLS, "own-secrets+tls": (*OWN, *TLS, "tls.testCaKey=tls.crt", "tls.testServerName=api.example.com"), "off": OFF}
 
 
 def deployments(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

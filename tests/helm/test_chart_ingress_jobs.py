@@ -41,16 +41,20 @@ GPU_STAGES = sorted(name for name, s in VALUES["stages"].items() if s["gpu"] > 0
 CI = CHART / "ci"
 SHA_A = "a" * 64
 SHA_B = "0123456789ABCDEF" * 4
-PARENT = '{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "public", "namespace": "gateway-system", ' \
-         '"sectionName": "https", "port": 443}'
-ITEMS = (f'[{{"name": "wav2lip.pth", "url": "https://weights.example.com/w.pth?X-Amz-Signature=x", "sha256": "{SHA_A}"}},'
-         f' {{"name": "sr/realesr-general-x4v3.pth", "url": "s3://weights/realesr.pth", "sha256": "{SHA_B}"}}]')
+PARENT = '{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "public", "namespace": "gateway-system", "sectionName": "https", "port": 443}'
+ITEMS = (
+    f'[{{"name": "wav2lip.pth", "url": "https://weights.example.com/w.pth?X-Amz-Signature=x", "sha256": "{SHA_A}"}},'
+    f' {{"name": "sr/realesr-general-x4v3.pth", "url": "s3://weights/realesr.pth", "sha256": "{SHA_B}"}}]'
+)
 MODELS = ("models.existingClaim=lipline-models", "models.download.enabled=true", f"models.download.items:={ITEMS}")
 WARM = ("compileCache.existingClaim=lipline-cc", "compileCache.warmJob.enabled=true")
-INGRESS = ("ingress.enabled=true", "ingress.className=nginx", "ingress.hosts={api.example.com}",
-           'ingress.tls:=[{"secretName": "api-tls", "hosts": ["api.example.com"]}]')
-ROUTE = ("grpcRoute.enabled=true", f"grpcRoute.parentRefs:=[{PARENT}]", "grpcRoute.hostnames={api.example.com}",
-         "grpcRoute.annotations.team=media")
+INGRESS = (
+    "ingress.enabled=true",
+    "ingress.className=nginx",
+    "ingress.hosts={api.example.com}",
+    'ingress.tls:=[{"secretName": "api-tls", "hosts": ["api.example.com"]}]',
+)
+ROUTE = ("grpcRoute.enabled=true", f"grpcRoute.parentRefs:=[{PARENT}]", "grpcRoute.hostnames={api.example.com}", "grpcRoute.annotations.team=media")
 
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[Path, ...]]] = {
     "ingress (ci)": ((), (CI / "ingress-values.yaml",)),
@@ -111,6 +115,7 @@ def all_docs() -> list[dict[str, Any]]:
 
 # ---- every variant: lint, render, validate ----
 
+
 def test_the_grpcroute_schemas_are_vendored() -> None:
     assert [p.name for p in GRPCROUTE_SCHEMAS] == ["gateway-api-v1.1.0-grpcroute.json", "gateway-api-v1.6.1-grpcroute.json"]
 
@@ -145,15 +150,22 @@ def test_defaults_render_no_ingress_route_nor_job() -> None:
     assert not kinds & {"Ingress", "GRPCRoute", "Job"}
 
 
-@pytest.mark.parametrize("sets", [("ingress.enabled=false", *INGRESS[1:]), ("grpcRoute.enabled=false", *ROUTE[1:]),
-                                  ("models.download.enabled=false", *MODELS[:1], *MODELS[2:]),
-                                  ("compileCache.warmJob.enabled=false", WARM[0])],
-                         ids=["ingress", "grpcroute", "download", "warm"])
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ("ingress.enabled=false", *INGRESS[1:]),
+        ("grpcRoute.enabled=false", *ROUTE[1:]),
+        ("models.download.enabled=false", *MODELS[:1], *MODELS[2:]),
+        ("compileCache.warmJob.enabled=false", WARM[0]),
+    ],
+    ids=["ingress", "grpcroute", "download", "warm"],
+)
 def test_configured_but_disabled_renders_nothing(sets: tuple[str, ...]) -> None:
     assert not {d["kind"] for d in render(*sets)} & {"Ingress", "GRPCRoute", "Job"}
 
 
 # ---- Ingress ----
+
 
 def _ingress(docs: list[dict[str, Any]]) -> dict[str, Any]:
     (ing,) = by_kind(docs, "Ingress").values()
@@ -200,9 +212,16 @@ def test_the_users_backend_protocol_wins() -> None:
     assert ing["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPCS"
 
 
-@pytest.mark.parametrize("bad", ["ingress.hosts={Not_A_Host}", "ingress.tls:=[{\"hosts\": [\"a.example.com\"]}]",
-                                 "ingress.tlsSecret=x", "grpcRoute.parentRefs:=[{\"namespace\": \"x\"}]",
-                                 "grpcRoute.hostnames={-bad-}"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "ingress.hosts={Not_A_Host}",
+        'ingress.tls:=[{"hosts": ["a.example.com"]}]',
+        "ingress.tlsSecret=x",
+        'grpcRoute.parentRefs:=[{"namespace": "x"}]',
+        "grpcRoute.hostnames={-bad-}",
+    ],
+)
 def test_the_schema_refuses_bad_way_in_values(bad: str) -> None:
     assert "values don't meet the specifications of the schema" in render_fails(bad)
 
@@ -212,6 +231,7 @@ def test_a_route_needs_a_gateway() -> None:
 
 
 # ---- GRPCRoute ----
+
 
 def test_grpcroute_attaches_the_gateway_service(all_docs: list[dict[str, Any]]) -> None:
     (route,) = by_kind(all_docs, "GRPCRoute").values()
@@ -224,6 +244,7 @@ def test_grpcroute_attaches_the_gateway_service(all_docs: list[dict[str, Any]]) 
 
 # ---- the models-download Job ----
 
+
 def _download_job(docs: list[dict[str, Any]]) -> dict[str, Any]:
     (job,) = (j for j in by_kind(docs, "Job").values() if j["metadata"]["name"].endswith("-models-download"))
     return job
@@ -234,14 +255,16 @@ def _items_of(job: dict[str, Any]) -> list[tuple[str, str, str]]:
     assert args[:5] == ["python", "-m", "services.tools.fetch_models", "--dest", "/models"]
     rest = args[5:]
     assert rest[::4] == ["--item"] * (len(rest) // 4) and len(rest) % 4 == 0
-    return [tuple(rest[i + 1:i + 4]) for i in range(0, len(rest), 4)]  # type: ignore[misc]
+    return [tuple(rest[i + 1 : i + 4]) for i in range(0, len(rest), 4)]  # type: ignore[misc]
 
 
 def test_the_download_job_carries_every_item_and_its_sha256(all_docs: list[dict[str, Any]]) -> None:
     job = _download_job(all_docs)
     items = _items_of(job)
-    assert items == [("wav2lip.pth", "https://weights.example.com/w.pth?X-Amz-Signature=x", SHA_A),
-                     ("sr/realesr-general-x4v3.pth", "s3://weights/realesr.pth", SHA_B.lower())]
+    assert items == [
+        ("wav2lip.pth", "https://weights.example.com/w.pth?X-Amz-Signature=x", SHA_A),
+        ("sr/realesr-general-x4v3.pth", "s3://weights/realesr.pth", SHA_B.lower()),
+    ]
     assert [i.sha256 for i in parse_items(items)] == [SHA_A, SHA_B.lower()]  # the script accepts them
 
 
@@ -288,24 +311,38 @@ def test_the_download_job_gets_the_chart_wide_proxy_and_volumes() -> None:
     assert "ca-bundle" in {m["name"] for m in container(job)["volumeMounts"]}
 
 
-@pytest.mark.parametrize(("sets", "message"), [
-    (("models.download.enabled=true", f"models.download.items:={ITEMS}"), "needs models.existingClaim"),
-    (("models.existingClaim=m", "models.download.enabled=true"), "needs models.download.items"),
-    (("models.existingClaim=m", "models.download.enabled=true",
-      f'models.download.items:=[{{"name": "a.pth", "url": "https://x/a", "sha256": "{SHA_A}"}}, '
-      f'{{"name": "a.pth", "url": "https://x/b", "sha256": "{SHA_A}"}}]'), "a.pth appears twice"),
-], ids=["no claim", "no items", "a name twice"])
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("models.download.enabled=true", f"models.download.items:={ITEMS}"), "needs models.existingClaim"),
+        (("models.existingClaim=m", "models.download.enabled=true"), "needs models.download.items"),
+        (
+            (
+                "models.existingClaim=m",
+                "models.download.enabled=true",
+                f'models.download.items:=[{{"name": "a.pth", "url": "https://x/a", "sha256": "{SHA_A}"}}, '
+                f'{{"name": "a.pth", "url": "https://x/b", "sha256": "{SHA_A}"}}]',
+            ),
+            "a.pth appears twice",
+        ),
+    ],
+    ids=["no claim", "no items", "a name twice"],
+)
 def test_the_download_job_refuses_incomplete_values(sets: tuple[str, ...], message: str) -> None:
     assert message in render_fails(*sets)
 
 
-@pytest.mark.parametrize("item", [
-    '{"name": "w.pth", "url": "https://x/w", "sha256": "abc"}',
-    '{"name": "w.pth", "url": "ftp://x/w", "sha256": "' + SHA_A + '"}',
-    '{"name": "../w.pth", "url": "https://x/w", "sha256": "' + SHA_A + '"}',
-    '{"name": "w.pth", "url": "https://x/w"}',
-    '{"name": "w.pth", "url": "https://x/w", "sha256": "' + SHA_A + '", "md5": "x"}',
-], ids=["short hash", "ftp", "dot-dot", "no hash", "unknown key"])
+@pytest.mark.parametrize(
+    "item",
+    [
+        '{"name": "w.pth", "url": "https://x/w", "sha256": "abc"}',
+        '{"name": "w.pth", "url": "ftp://x/w", "sha256": "' + SHA_A + '"}',
+        '{"name": "../w.pth", "url": "https://x/w", "sha256": "' + SHA_A + '"}',
+        '{"name": "w.pth", "url": "https://x/w"}',
+        '{"name": "w.pth", "url": "https://x/w", "sha256": "' + SHA_A + '", "md5": "x"}',
+    ],
+    ids=["short hash", "ftp", "dot-dot", "no hash", "unknown key"],
+)
 def test_the_schema_refuses_bad_items(item: str) -> None:
     stderr = render_fails("models.existingClaim=m", "models.download.enabled=true", f"models.download.items:=[{item}]")
     assert "values don't meet the specifications of the schema" in stderr
@@ -313,9 +350,13 @@ def test_the_schema_refuses_bad_items(item: str) -> None:
 
 # ---- the compile-cache Jobs ----
 
+
 def _warm_jobs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {j["metadata"]["labels"]["app.kubernetes.io/component"].removesuffix("-warm-cache"): j
-            for j in by_kind(docs, "Job").values() if j["metadata"]["name"].endswith("-warm-1")}
+    return {
+        j["metadata"]["labels"]["app.kubernetes.io/component"].removesuffix("-warm-cache"): j
+        for j in by_kind(docs, "Job").values()
+        if j["metadata"]["name"].endswith("-warm-1")
+    }
 
 
 def test_one_compile_job_per_gpu_stage_named_with_the_revision(all_docs: list[dict[str, Any]]) -> None:
@@ -391,6 +432,7 @@ def test_the_compile_job_without_weights_compiles_the_fallbacks() -> None:
 
 # ---- NOTES and docs ----
 
+
 def test_notes_name_the_way_in_and_the_jobs(tmp_path: Path) -> None:
     text = notes(tmp_path, *INGRESS, *ROUTE, *MODELS, *WARM)
     assert "api.example.com:443" in text and "backend-protocol GRPC" in text
@@ -404,6 +446,5 @@ def test_notes_name_the_way_in_and_the_jobs(tmp_path: Path) -> None:
 
 def test_the_chart_readme_explains_access_modes_and_the_jobs() -> None:
     readme = (CHART / "README.md").read_text()
-    for words in ("ReadWriteMany", "ReadOnlyMany", "fsGroupChangePolicy", "models.download", "compileCache.warmJob",
-                  "--warm-cache-only", "GRPCS", "GRPCRoute"):
+    for words in ("ReadWriteMany", "ReadOnlyMany", "fsGroupChangePolicy", "models.download", "compileCache.warmJob", "--warm-cache-only", "GRPCS", "GRPCRoute"):
         assert words in readme, words

@@ -27,16 +27,22 @@ from tests.helm.test_chart import (
     validate_builtin,
 )
 
-DUMMY = Stage("facerestore", port=50065, metrics_port=9096, settings="services.common.config:ModelStageSettings",
-              gpu=True, calls=("lipsync",))
+DUMMY = Stage("facerestore", port=50065, metrics_port=9096, settings="services.common.config:ModelStageSettings", gpu=True, calls=("lipsync",))
 NAME = f"lip-lipline-{DUMMY.name}"
 
 
 def values_block(stage: Stage, like: str) -> dict[str, Any]:
     """`stages.<stage>` of values.yaml: the registry's traits over the pod keys of the stage `like`."""
     block = copy.deepcopy(yaml.safe_load((CHART / "values.yaml").read_text())["stages"][like])
-    block.update(port=stage.port, metricsPort=stage.metrics_port, gpu=int(stage.gpu), headless=not stage.public,
-                 public=stage.public, stores=stage.stores, dials=list(stage.calls))
+    block.update(
+        port=stage.port,
+        metricsPort=stage.metrics_port,
+        gpu=int(stage.gpu),
+        headless=not stage.public,
+        public=stage.public,
+        stores=stage.stores,
+        dials=list(stage.calls),
+    )
     return block
 
 

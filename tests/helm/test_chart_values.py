@@ -70,9 +70,16 @@ def default_docs() -> list[dict[str, Any]]:
 
 # ---- ci/: the chart-testing scenarios ----
 
+
 def test_the_chart_testing_scenarios_exist() -> None:
-    assert {"default-values.yaml", "postgres-s3-values.yaml", "keda-values.yaml", "tracing-values.yaml",
-            "gpu-pools-values.yaml", "monitoring-values.yaml"} <= set(CI_IDS)
+    assert {
+        "default-values.yaml",
+        "postgres-s3-values.yaml",
+        "keda-values.yaml",
+        "tracing-values.yaml",
+        "gpu-pools-values.yaml",
+        "monitoring-values.yaml",
+    } <= set(CI_IDS)
 
 
 @pytest.mark.parametrize("values", CI, ids=CI_IDS)
@@ -132,14 +139,20 @@ def test_every_key_of_the_schema_is_set_by_the_defaults_or_a_ci_scenario() -> No
 
 # ---- monitoring that installs ----
 
-@pytest.mark.parametrize(("api_versions", "sets", "kinds"), [
-    ((), (), set()),
-    ((OPERATOR_API,), (), MONITORING_KINDS),
-    ((OPERATOR_API,), ("monitoring.serviceMonitor.enabled=false",), {"PrometheusRule"}),
-    ((OPERATOR_API,), ("monitoring.prometheusRule.enabled=false",), {"ServiceMonitor"}),
-], ids=["no operator API: neither", "operator API: both", "ServiceMonitor off", "PrometheusRule off"])
+
+@pytest.mark.parametrize(
+    ("api_versions", "sets", "kinds"),
+    [
+        ((), (), set()),
+        ((OPERATOR_API,), (), MONITORING_KINDS),
+        ((OPERATOR_API,), ("monitoring.serviceMonitor.enabled=false",), {"PrometheusRule"}),
+        ((OPERATOR_API,), ("monitoring.prometheusRule.enabled=false",), {"ServiceMonitor"}),
+    ],
+    ids=["no operator API: neither", "operator API: both", "ServiceMonitor off", "PrometheusRule off"],
+)
 def test_servicemonitor_and_prometheusrule_render_only_where_the_operator_api_is_served(
-        api_versions: tuple[str, ...], sets: tuple[str, ...], kinds: set[str]) -> None:
+    api_versions: tuple[str, ...], sets: tuple[str, ...], kinds: set[str]
+) -> None:
     docs = render(*sets, api_versions=api_versions)
     assert MONITORING_KINDS & {d["kind"] for d in docs} == kinds
 
@@ -176,8 +189,7 @@ def _runbook_sections() -> dict[str, str]:
 
 def test_every_alert_has_a_runbook_url_to_its_section_of_docs_runbooks(default_docs: list[dict[str, Any]]) -> None:
     alerts = _alerts(default_docs)
-    file_alerts = {r["alert"] for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
-                   for r in g["rules"] if "alert" in r}
+    file_alerts = {r["alert"] for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"] for r in g["rules"] if "alert" in r}
     assert set(alerts) == file_alerts and len(alerts) >= 8
     sections = _runbook_sections()
     base = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["prometheusRule"]["runbookBaseUrl"]
@@ -192,13 +204,11 @@ def test_every_alert_has_a_runbook_url_to_its_section_of_docs_runbooks(default_d
         # The annotations of the rules file are kept as they are.
         assert alert["annotations"]["summary"] and "{{ $labels" in json.dumps(alerts) and alert["expr"]
     custom = _alerts(render(values=(CHART / "ci" / "monitoring-values.yaml",)))
-    assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/lipline/runbooks.md#")
-               for a in custom.values())
+    assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/lipline/runbooks.md#") for a in custom.values())
 
 
 def test_the_gpu_metrics_alert_fires_for_gpu_pods_without_nvml() -> None:
-    rules = {r.get("alert"): r for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
-             for r in g["rules"]}
+    rules = {r.get("alert"): r for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"] for r in g["rules"]}
     expr = rules["LiplineGpuMetricsMissing"]["expr"]
     assert "lipline_cudnn_ok" in expr and "unless on (namespace, pod) lipline_gpu_utilization_ratio" in expr
 
@@ -221,14 +231,15 @@ def test_the_adapter_rules_configmap_is_opt_in() -> None:
 
 # ---- NOTES ----
 
+
 def notes(tmp_path: Path, *sets: str, api_versions: tuple[str, ...] = ()) -> str:
     """NOTES.txt as `helm install` prints it, through a copy of the chart that exposes it as a ConfigMap."""
     chart = tmp_path / "lipline"
     shutil.copytree(CHART, chart)
     (chart / "files" / "NOTES.txt").write_text((CHART / "templates" / "NOTES.txt").read_text())
     (chart / "templates" / "zz-notes.yaml").write_text(
-        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
-        'data:\n  notes: {{ tpl (.Files.Get "files/NOTES.txt") . | quote }}\n')
+        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: {{ tpl (.Files.Get "files/NOTES.txt") . | quote }}\n'
+    )
     args = ["template", "lip", str(chart), "-n", "media", "--show-only", "templates/zz-notes.yaml"]
     for api in api_versions:
         args += ["--api-versions", api]
@@ -249,14 +260,14 @@ def test_notes_explain_the_release_label_until_it_is_set(tmp_path: Path) -> None
 
 # ---- the pod keys ----
 
+
 @pytest.fixture(scope="module")
 def pools_docs() -> list[dict[str, Any]]:
     return render(values=(CHART / "ci" / "gpu-pools-values.yaml",))
 
 
 def test_an_extra_env_entry_reaches_every_container_of_every_workload() -> None:
-    docs = render('extraEnv:=[{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]',
-                  'extraEnvFrom:=[{"secretRef": {"name": "site"}}]')
+    docs = render('extraEnv:=[{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]', 'extraEnvFrom:=[{"secretRef": {"name": "site"}}]')
     workloads = [d for d in docs if d["kind"] in {"Deployment", "StatefulSet", "DaemonSet", "Job"}]
     assert len(workloads) == len(STAGES)
     for d in workloads:
@@ -370,6 +381,7 @@ def test_name_overrides_and_common_labels() -> None:
 
 # ---- tracing ----
 
+
 def test_tracing_values_become_the_standard_otel_variables() -> None:
     docs = render(values=(CHART / "ci" / "tracing-values.yaml",))
     for stage, d in deployments(docs).items():
@@ -381,9 +393,14 @@ def test_tracing_values_become_the_standard_otel_variables() -> None:
         assert env["OTEL_SERVICE_NAME"] == f"lipline-{stage}"
         assert env["K8S_POD_NAME"] == "field:metadata.name"
         attributes = dict(kv.split("=", 1) for kv in env["OTEL_RESOURCE_ATTRIBUTES"].split(","))
-        assert attributes == {"k8s.namespace.name": "media", "k8s.pod.name": "$(K8S_POD_NAME)",
-                              "k8s.deployment.name": d["metadata"]["name"], "service.version": "0.1.0",
-                              "deployment.environment.name": "staging", "team": "media"}
+        assert attributes == {
+            "k8s.namespace.name": "media",
+            "k8s.pod.name": "$(K8S_POD_NAME)",
+            "k8s.deployment.name": d["metadata"]["name"],
+            "service.version": "0.1.0",
+            "deployment.environment.name": "staging",
+            "team": "media",
+        }
         # K8S_POD_NAME is defined before the variable that refers to it (Kubernetes expands in order).
         names = [e["name"] for e in container(d)["env"]]
         assert names.index("K8S_POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
@@ -406,22 +423,48 @@ def test_tracing_enabled_without_an_endpoint_fails_with_a_clear_message() -> Non
 
 # ---- the schema ----
 
-@pytest.mark.parametrize("bad", [
-    "extraEnv[0].nme=X", 'extraEnv:=[{"value": "no name"}]', 'extraEnvFrom:=[{"secretReff": {"name": "x"}}]',
-    'extraVolumeMounts:=[{"name": "x"}]', 'extraVolumeMounts:=[{"name": "x", "mountPath": "/x", "readonly": true}]',
-    'extraVolumes:=[{"name": "x"}]', "nodeSelector.pool:=1", 'tolerations:=[{"key": "x", "operator": "Exist"}]',
-    "affinity.nodeAfinity.x=1", 'topologySpreadConstraints:=[{"maxSkew": 1, "topologyKey": "zone"}]',
-    "priorityClassName:=5", "updateStrategy.type=BlueGreen", "updateStrategy.rollingUpdate.maxSurgee=1",
-    "probes.liveness.timeoutSecond=5", "probes.readiness.periodSeconds:=0", "probes.startupp.periodSeconds=5",
-    "terminationGraceMarginSeconds:=-1", "nameOverride=Not_A_Name", "commonLabels.app\\.kubernetes\\.io/name=x",
-    "podLabels.app\\.kubernetes\\.io/component=x", "tracing.enable=true", "tracing.protocol=http",
-    "tracing.sampler=sometimes", "tracing.endpoint=collector:4317", "tracing.resourceAttributes.a\\,b=c",
-    "monitoring.labell.release=x", "monitoring.prometheusRule.runbookBaseUrl=docs/runbooks.md",
-    "monitoring.adapterRules.enabled=true", "monitoring.serviceMonitor.interval=often",
-    "stages.lipsync.nodeSelectr.pool=a", "stages.lipsync.extraEnv[0].nme=X", "stages.superres.gpuResourceNmae=x",
-    "stages.render.probes.liveness.timeoutSecs=3", "stages.gateway.podLabels.app\\.kubernetes\\.io/instance=x",
-    "stages.audio.updateStrategy.type=Rolling", "stages.lipsync.priorityClass=x",
-])
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "extraEnv[0].nme=X",
+        'extraEnv:=[{"value": "no name"}]',
+        'extraEnvFrom:=[{"secretReff": {"name": "x"}}]',
+        'extraVolumeMounts:=[{"name": "x"}]',
+        'extraVolumeMounts:=[{"name": "x", "mountPath": "/x", "readonly": true}]',
+        'extraVolumes:=[{"name": "x"}]',
+        "nodeSelector.pool:=1",
+        'tolerations:=[{"key": "x", "operator": "Exist"}]',
+        "affinity.nodeAfinity.x=1",
+        'topologySpreadConstraints:=[{"maxSkew": 1, "topologyKey": "zone"}]',
+        "priorityClassName:=5",
+        "updateStrategy.type=BlueGreen",
+        "updateStrategy.rollingUpdate.maxSurgee=1",
+        "probes.liveness.timeoutSecond=5",
+        "probes.readiness.periodSeconds:=0",
+        "probes.startupp.periodSeconds=5",
+        "terminationGraceMarginSeconds:=-1",
+        "nameOverride=Not_A_Name",
+        "commonLabels.app\\.kubernetes\\.io/name=x",
+        "podLabels.app\\.kubernetes\\.io/component=x",
+        "tracing.enable=true",
+        "tracing.protocol=http",
+        "tracing.sampler=sometimes",
+        "tracing.endpoint=collector:4317",
+        "tracing.resourceAttributes.a\\,b=c",
+        "monitoring.labell.release=x",
+        "monitoring.prometheusRule.runbookBaseUrl=docs/runbooks.md",
+        "monitoring.adapterRules.enabled=true",
+        "monitoring.serviceMonitor.interval=often",
+        "stages.lipsync.nodeSelectr.pool=a",
+        "stages.lipsync.extraEnv[0].nme=X",
+        "stages.superres.gpuResourceNmae=x",
+        "stages.render.probes.liveness.timeoutSecs=3",
+        "stages.gateway.podLabels.app\\.kubernetes\\.io/instance=x",
+        "stages.audio.updateStrategy.type=Rolling",
+        "stages.lipsync.priorityClass=x",
+    ],
+)
 def test_a_typo_in_a_new_value_fails_the_schema(bad: str) -> None:
     stderr = render_fails(bad)
     assert "values don't meet the specifications of the schema" in stderr, (bad, stderr)
@@ -429,8 +472,7 @@ def test_a_typo_in_a_new_value_fails_the_schema(bad: str) -> None:
 
 def test_values_yaml_comments_generate_the_readme() -> None:
     readme = (CHART / "README.md").read_text()
-    assert readme == _gen_chart_readme().render(readme), (
-        "helm/lipline/README.md is stale: run `python scripts/gen_chart_readme.py`")
+    assert readme == _gen_chart_readme().render(readme), "helm/lipline/README.md is stale: run `python scripts/gen_chart_readme.py`"
 
 
 def test_the_readme_documents_every_value_and_every_stage_key() -> None:
@@ -448,11 +490,12 @@ def test_the_readme_documents_every_value_and_every_stage_key() -> None:
 
 def test_the_readme_generator_reads_comment_blocks_not_list_items() -> None:
     gen = _gen_chart_readme()
-    text = ("# The block.\n# Two lines.\nblock:\n  # A leaf.\n  leaf: 1\n  items:\n    # not a key\n    - a: 1\n      b: 2\n"
-            "  # After.\n  after: x\n\n# Spaced.\n\nlone: 2\n")
+    text = (
+        "# The block.\n# Two lines.\nblock:\n  # A leaf.\n  leaf: 1\n  items:\n    # not a key\n    - a: 1\n      b: 2\n"
+        "  # After.\n  after: x\n\n# Spaced.\n\nlone: 2\n"
+    )
     found = gen.comments(text)
-    assert found == {"block": ["The block.", "Two lines."], "block.leaf": ["A leaf."], "block.items": [],
-                     "block.after": ["After."], "lone": []}
+    assert found == {"block": ["The block.", "Two lines."], "block.leaf": ["A leaf."], "block.items": [], "block.after": ["After."], "lone": []}
 
 
 def test_helm_package_includes_the_readme_and_the_adapter_values(tmp_path: Path) -> None:
@@ -460,8 +503,14 @@ def test_helm_package_includes_the_readme_and_the_adapter_values(tmp_path: Path)
     (package,) = tmp_path.glob("lipline-*.tgz")
     with tarfile.open(package) as tgz:
         names = set(tgz.getnames())
-    for path in ("README.md", "values.schema.json", "files/prometheus-adapter-values.yaml", "files/prometheus-rules.yaml",
-                 "ci/gpu-pools-values.yaml", "templates/NOTES.txt"):
+    for path in (
+        "README.md",
+        "values.schema.json",
+        "files/prometheus-adapter-values.yaml",
+        "files/prometheus-rules.yaml",
+        "ci/gpu-pools-values.yaml",
+        "templates/NOTES.txt",
+    ):
         assert f"lipline/{path}" in names, path
 
 

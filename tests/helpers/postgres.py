@@ -23,8 +23,7 @@ from pathlib import Path
 import psycopg
 
 MISSING_REASON = (
-    "needs the PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb and postgres): "
-    "install the Debian package postgresql (bash scripts/install.sh does)"
+    "needs the PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb and postgres): install the Debian package postgresql (bash scripts/install.sh does)"
 )
 
 
@@ -35,8 +34,7 @@ def find_postgres_bin() -> Path | None:
         m = re.search(r"/postgresql/([\d.]+)/bin", path)
         return tuple(int(p) for p in m.group(1).split(".")) if m else (0,)
 
-    found = [p for p in glob.glob("/usr/lib/postgresql/*/bin")
-             if Path(p, "initdb").exists() and Path(p, "postgres").exists()]
+    found = [p for p in glob.glob("/usr/lib/postgresql/*/bin") if Path(p, "initdb").exists() and Path(p, "postgres").exists()]
     if found:
         return Path(max(found, key=version))
     initdb = shutil.which("initdb")
@@ -53,8 +51,7 @@ def missing_reason() -> str | None:
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            return ("running as root, PostgreSQL must run as another user, and there is no 'postgres' user "
-                    "(the Debian package postgresql creates it)")
+            return "running as root, PostgreSQL must run as another user, and there is no 'postgres' user (the Debian package postgresql creates it)"
     return None
 
 
@@ -119,9 +116,20 @@ class PostgresServer:
         with open(self.log, "ab") as log:
             os.chmod(self.log, 0o666)
             proc = self._run(
-                [str(self.bindir / "initdb"), "-D", str(self.data), "-U", self.user, "--auth=trust",
-                 "--encoding=UTF8", "--locale=C", "--no-sync", "--no-instructions"],
-                stdout=log, stderr=subprocess.STDOUT,
+                [
+                    str(self.bindir / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    self.user,
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                    "--no-instructions",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
             if proc.wait(timeout=120) != 0:
                 raise RuntimeError(f"initdb failed ({proc.returncode}):\n{self.log_tail()}")
@@ -129,13 +137,30 @@ class PostgresServer:
     def start(self) -> PostgresServer:
         if not self.data.exists():
             self._initdb()
-        log = open(self.log, "ab")  # noqa: SIM115 - the server writes to it while it runs
+        log = open(self.log, "ab")
         try:
             self._proc = self._run(
-                [str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port), "-k", str(self.sockets),
-                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
-                 "-c", "full_page_writes=off", "-c", "max_connections=200"],
-                stdout=log, stderr=subprocess.STDOUT,
+                [
+                    str(self.bindir / "postgres"),
+                    "-D",
+                    str(self.data),
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.sockets),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "max_connections=200",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         finally:
             log.close()
@@ -153,9 +178,7 @@ class PostgresServer:
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
                     self._terminate()
-                    raise RuntimeError(
-                        f"postgres did not accept connections in {self.start_timeout} s:\n{self.log_tail()}"
-                    ) from None
+                    raise RuntimeError(f"postgres did not accept connections in {self.start_timeout} s:\n{self.log_tail()}") from None
                 time.sleep(0.05)
 
     def _terminate(self) -> None:

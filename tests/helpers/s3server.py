@@ -63,7 +63,7 @@ class S3Server:
         for _ in range(3):  # the free port can be taken between probing and binding it; try another
             self.port = _free_port()
             self.endpoint = f"http://127.0.0.1:{self.port}"
-            self._log = tempfile.NamedTemporaryFile(prefix="moto-server-", suffix=".log")  # noqa: SIM115
+            self._log = tempfile.NamedTemporaryFile(prefix="moto-server-", suffix=".log")
             self._proc = subprocess.Popen(
                 [str(binary), "-H", "127.0.0.1", "-p", str(self.port)],
                 stdin=subprocess.DEVNULL,

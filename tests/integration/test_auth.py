@@ -32,10 +32,28 @@ def make_certificate(folder: Path) -> tuple[Path, Path]:
     """A self-signed certificate for localhost and 127.0.0.1 (PEM files cert, key)."""
     cert, key = folder / "tls.crt", folder / "tls.key"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert, key
 
@@ -45,8 +63,7 @@ class Secured:
         self.cluster, self.cert, self.keys, self.token = cluster, cert, keys, token
 
     def channel(self) -> grpc.Channel:
-        return grpc.secure_channel(self.cluster.gateway_address,
-                                   grpc.ssl_channel_credentials(root_certificates=self.cert.read_bytes()))
+        return grpc.secure_channel(self.cluster.gateway_address, grpc.ssl_channel_credentials(root_certificates=self.cert.read_bytes()))
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +76,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     (workdir / "token").write_text(token + "\n")
     internal = [f"--internal-token-file={workdir / 'token'}"]
     extra = {stage: internal for stage in (*STAGES, "render")}
-    extra["gateway"] = [*internal, f"--api-keys-file={workdir / 'api-keys'}", f"--tls-cert-file={cert}",
-                        f"--tls-key-file={key}", "--segment-seconds=0.8"]
+    extra["gateway"] = [*internal, f"--api-keys-file={workdir / 'api-keys'}", f"--tls-cert-file={cert}", f"--tls-key-file={key}", "--segment-seconds=0.8"]
     with start_cluster(workdir / "cluster", extra_args=extra) as cluster:
         yield Secured(cluster, cert, keys, token)
 
@@ -73,21 +89,24 @@ def _call(channel: grpc.Channel, method_name: str, metadata: tuple[tuple[str, st
 
     request = message_factory.GetMessageClass(method.input_type)()
     response_class = message_factory.GetMessageClass(method.output_type)
-    kind = {(False, False): channel.unary_unary, (False, True): channel.unary_stream,
-            (True, False): channel.stream_unary, (True, True): channel.stream_stream}[
-        (method.client_streaming, method.server_streaming)]
+    kind = {(False, False): channel.unary_unary, (False, True): channel.unary_stream, (True, False): channel.stream_unary, (True, True): channel.stream_stream}[
+        (method.client_streaming, method.server_streaming)
+    ]
     stub = kind(path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=response_class.FromString)
     answer = stub(iter([request]) if method.client_streaming else request, timeout=10, metadata=metadata)
     if method.server_streaming:
         list(answer)
 
 
-@pytest.mark.parametrize("metadata", [
-    pytest.param((), id="no-key"),
-    pytest.param((("x-api-key", "not-a-key-of-this-deployment"),), id="wrong-key"),
-    pytest.param((("authorization", "Bearer not-a-key-of-this-deployment"),), id="wrong-bearer"),
-    pytest.param((("authorization", "Basic YWxpY2U6cGFzcw=="),), id="basic-auth"),
-])
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        pytest.param((), id="no-key"),
+        pytest.param((("x-api-key", "not-a-key-of-this-deployment"),), id="wrong-key"),
+        pytest.param((("authorization", "Bearer not-a-key-of-this-deployment"),), id="wrong-bearer"),
+        pytest.param((("authorization", "Basic YWxpY2U6cGFzcw=="),), id="basic-auth"),
+    ],
+)
 def test_every_public_rpc_without_a_valid_key_is_unauthenticated(secured: Secured, metadata: tuple) -> None:
     assert len(GATEWAY.methods) >= 9
     with secured.channel() as channel:
@@ -110,18 +129,18 @@ def test_the_right_key_passes_on_every_public_rpc(secured: Secured) -> None:
 
 
 def test_a_job_completes_over_tls_with_the_key(secured: Secured, tmp_path: Path) -> None:
-    with LiplineClient(secured.cluster.gateway_address, timeout=120, api_key=secured.keys["alice"],
-                       tls_ca_file=str(secured.cert)) as client:
-        avatar, job = render_file(client, SAMPLES / "avatar.jpg", SAMPLES / "speech.wav", tmp_path / "out.mp4",
-                                  super_resolution=True, write=lambda _line: None)
+    with LiplineClient(secured.cluster.gateway_address, timeout=120, api_key=secured.keys["alice"], tls_ca_file=str(secured.cert)) as client:
+        avatar, job = render_file(client, SAMPLES / "avatar.jpg", SAMPLES / "speech.wav", tmp_path / "out.mp4", super_resolution=True, write=lambda _line: None)
         assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
         assert (tmp_path / "out.mp4").stat().st_size > 1000
         client.delete_avatar(avatar.id)
 
 
 def test_plaintext_to_the_tls_port_fails(secured: Secured) -> None:
-    with (LiplineClient(secured.cluster.gateway_address, timeout=5, api_key=secured.keys["alice"], tls=False,
-                        tls_ca_file="") as client, pytest.raises(grpc.RpcError) as caught):
+    with (
+        LiplineClient(secured.cluster.gateway_address, timeout=5, api_key=secured.keys["alice"], tls=False, tls_ca_file="") as client,
+        pytest.raises(grpc.RpcError) as caught,
+    ):
         client.avatar_ids()
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
@@ -134,13 +153,14 @@ def test_health_answers_without_credentials(secured: Secured) -> None:
         assert health_status(secured.cluster.processes[stage].address) == health_pb2.HealthCheckResponse.SERVING
 
 
-@pytest.mark.parametrize("metadata", [(), (("x-lipline-internal", "a-wrong-token-of-enough-length"),)],
-                         ids=["no-token", "wrong-token"])
+@pytest.mark.parametrize("metadata", [(), (("x-lipline-internal", "a-wrong-token-of-enough-length"),)], ids=["no-token", "wrong-token"])
 def test_a_stage_called_without_the_internal_token_refuses(secured: Secured, metadata: tuple) -> None:
     with grpc.insecure_channel(secured.cluster.processes["audio"].address) as channel:
-        extract = channel.stream_stream("/lipline.v1.AudioService/Extract",
-                                        request_serializer=audio_pb2.ExtractRequest.SerializeToString,
-                                        response_deserializer=audio_pb2.ExtractResponse.FromString)
+        extract = channel.stream_stream(
+            "/lipline.v1.AudioService/Extract",
+            request_serializer=audio_pb2.ExtractRequest.SerializeToString,
+            response_deserializer=audio_pb2.ExtractResponse.FromString,
+        )
         with pytest.raises(grpc.RpcError) as caught:
             list(extract(iter([audio_pb2.ExtractRequest()]), timeout=10, metadata=metadata))
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -149,20 +169,20 @@ def test_a_stage_called_without_the_internal_token_refuses(secured: Secured, met
 
 def test_the_stage_accepts_the_internal_token(secured: Secured) -> None:
     with grpc.insecure_channel(secured.cluster.processes["audio"].address) as channel:
-        extract = channel.stream_stream("/lipline.v1.AudioService/Extract",
-                                        request_serializer=audio_pb2.ExtractRequest.SerializeToString,
-                                        response_deserializer=audio_pb2.ExtractResponse.FromString)
+        extract = channel.stream_stream(
+            "/lipline.v1.AudioService/Extract",
+            request_serializer=audio_pb2.ExtractRequest.SerializeToString,
+            response_deserializer=audio_pb2.ExtractResponse.FromString,
+        )
         try:
-            list(extract(iter([audio_pb2.ExtractRequest()]), timeout=10,
-                         metadata=(("x-lipline-internal", secured.token),)))
+            list(extract(iter([audio_pb2.ExtractRequest()]), timeout=10, metadata=(("x-lipline-internal", secured.token),)))
         except grpc.RpcError as exc:  # an empty request may be refused, but not for want of the token
             assert exc.code() != grpc.StatusCode.UNAUTHENTICATED, exc.details()
 
 
 def test_the_helm_test_smoke_check_passes_with_the_key_and_ca_from_the_environment(secured: Secured) -> None:
     """As the chart's test pod runs it: LIPLINE_API_KEY and LIPLINE_TLS_CA_FILE, no flags."""
-    command = [sys.executable, "-m", "services.gateway.smoke", f"--address={secured.cluster.gateway_address}",
-               "--timeout=120"]
+    command = [sys.executable, "-m", "services.gateway.smoke", f"--address={secured.cluster.gateway_address}", "--timeout=120"]
     env = {**os.environ, "LIPLINE_TLS_CA_FILE": str(secured.cert), "LIPLINE_TLS_SERVER_NAME": "localhost"}
     refused = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr, refused.stdout + refused.stderr

@@ -34,7 +34,7 @@ from tests.integration.util import assert_all_serving, eventually, rss_mb
 
 MiB = 1 << 20
 DEFAULT_MAX_MESSAGE = 64 * MiB  # ServiceSettings.max_message_bytes
-DEFAULT_MAX_AUDIO = 50 * MiB    # GatewaySettings.max_audio_bytes
+DEFAULT_MAX_AUDIO = 50 * MiB  # GatewaySettings.max_audio_bytes
 
 
 def expect_status(code: grpc.StatusCode, call: Callable[[], Any], *words: str) -> str:
@@ -204,9 +204,7 @@ def test_unknown_job(mclient: LiplineClient) -> None:
     expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.GetJob(gateway_pb2.GetJobRequest(job_id=job_id)), job_id)
     expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job_id)), job_id)
     expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=job_id)), job_id)
-    expect_status(
-        grpc.StatusCode.NOT_FOUND, lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id)), job_id
-    )
+    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id)), job_id)
 
 
 def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.Avatar, cluster: LocalCluster) -> None:
@@ -216,6 +214,7 @@ def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.
     stub = mclient.stub
     download = lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id))  # noqa: E731
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "SUCCEEDED")
+
     def rendering() -> gateway_pb2.Job | None:  # cancel mid-render, with the part files open
         now = stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id))
         return now if now.frames_done >= 50 else None
@@ -229,8 +228,7 @@ def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "CANCELLED")
     # Workers drop the job's segments within a heartbeat; nothing of it is left in the blob store.
     job_blobs = cluster.blob_dir / "jobs" / job.id
-    eventually(lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")), timeout=10,
-               what=f"the blobs of job {job.id} to be removed")
+    eventually(lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")), timeout=10, what=f"the blobs of job {job.id} to be removed")
     assert not (cluster.blob_dir / "outputs" / f"{job.id}.mp4").exists()
 
 
@@ -311,7 +309,9 @@ def test_lipsync_bad_images(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -
 
 
 def test_poisoned_generate_stream_fails_alone(
-    lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub, mclient: LiplineClient, avatar: gateway_pb2.Avatar,
+    lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub,
+    mclient: LiplineClient,
+    avatar: gateway_pb2.Avatar,
     speech_bytes: bytes,
 ) -> None:
     # A stream asking for a 65535x65535 paste size, sent while three normal jobs run, used to fail
@@ -397,9 +397,7 @@ def test_png_bomb_avatar_is_refused_fast_and_costs_no_memory(mclient: LiplineCli
     assert rss_mb(pid) - before < 100
 
 
-def test_png_bomb_item_to_upscale_is_refused_from_its_header(
-    superres_stub: superres_pb2_grpc.SuperResServiceStub, cluster: LocalCluster
-) -> None:
+def test_png_bomb_item_to_upscale_is_refused_from_its_header(superres_stub: superres_pb2_grpc.SuperResServiceStub, cluster: LocalCluster) -> None:
     from tests.helpers.bombs import png_claiming
 
     item = superres_pb2.UpscaleItem(

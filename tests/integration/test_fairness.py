@@ -42,7 +42,7 @@ STREAM_BUDGET = 10 * MiB
 class Fixture:
     cluster: LocalCluster
     store: JobStore
-    queued: str    # a job that stays QUEUED (nothing renders here): its WatchJob streams are idle
+    queued: str  # a job that stays QUEUED (nothing renders here): its WatchJob streams are idle
     finished: str  # a SUCCEEDED job whose output is OUTPUT_BYTES of noise
 
 
@@ -66,10 +66,8 @@ def finish(store: JobStore, job_id: str, output: bytes, blob_store: str) -> None
 
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
-    gateway = [f"--max-streams-per-client={PER_CLIENT}", f"--max-concurrent-streams={IN_ALL}",
-               f"--max-active-jobs-per-client={JOBS_PER_CLIENT}"]
-    with start_cluster(tmp_path_factory.mktemp("fairness"), extra_args={"gateway": gateway},
-                       replicas={"render": 0}) as cluster:
+    gateway = [f"--max-streams-per-client={PER_CLIENT}", f"--max-concurrent-streams={IN_ALL}", f"--max-active-jobs-per-client={JOBS_PER_CLIENT}"]
+    with start_cluster(tmp_path_factory.mktemp("fairness"), extra_args={"gateway": gateway}, replicas={"render": 0}) as cluster:
         store = open_job_store(cluster.job_store)
         try:
             finished = new_job(store)  # first, while no other job has claimable tasks
@@ -98,8 +96,7 @@ class Watches:
 
     def add(self, n: int) -> Watches:
         for _ in range(n):
-            call = self.gateway.WatchJob(gateway_pb2.WatchJobRequest(job_id=self.job_id), timeout=300,
-                                         metadata=self.metadata)
+            call = self.gateway.WatchJob(gateway_pb2.WatchJobRequest(job_id=self.job_id), timeout=300, metadata=self.metadata)
             try:
                 assert next(call).job.state == gateway_pb2.JOB_STATE_QUEUED
                 self.open.append(call)
@@ -249,8 +246,7 @@ def test_downloads_nobody_reads_hold_little_memory(fx: Fixture) -> None:
                 call.cancel()
         # Chunks are 64 KiB..1 MiB whatever the client asks.
         for asked, size in [(1, 64 * 1024), (200_000, 200_000), (1 << 30, MiB)]:
-            call = gateway.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=fx.finished, chunk_bytes=asked),
-                                          timeout=60)
+            call = gateway.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=fx.finished, chunk_bytes=asked), timeout=60)
             assert len(next(call).data) == size
             call.cancel()
 
@@ -261,10 +257,12 @@ def test_every_request_field_is_bounded(fx: Fixture) -> None:
         gateway = stub(channel)
         # Ids that cannot exist are NOT_FOUND (and never reach the store).
         for job_id in ["a" * 65, "\u0661\u0662\u0663", "abc/../x", "", "ab cd"]:
-            for call in (lambda: gateway.GetJob(gateway_pb2.GetJobRequest(job_id=job_id), timeout=10),
-                         lambda: gateway.CancelJob(gateway_pb2.CancelJobRequest(job_id=job_id), timeout=10),
-                         lambda: list(gateway.WatchJob(gateway_pb2.WatchJobRequest(job_id=job_id), timeout=10)),
-                         lambda: list(gateway.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id), timeout=10))):
+            for call in (
+                lambda: gateway.GetJob(gateway_pb2.GetJobRequest(job_id=job_id), timeout=10),
+                lambda: gateway.CancelJob(gateway_pb2.CancelJobRequest(job_id=job_id), timeout=10),
+                lambda: list(gateway.WatchJob(gateway_pb2.WatchJobRequest(job_id=job_id), timeout=10)),
+                lambda: list(gateway.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id), timeout=10)),
+            ):
                 with pytest.raises(grpc.RpcError) as err:
                     call()
                 assert err.value.code() == grpc.StatusCode.NOT_FOUND, (job_id, err.value)
@@ -272,8 +270,10 @@ def test_every_request_field_is_bounded(fx: Fixture) -> None:
             gateway.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id="0" * 65), timeout=10)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
         # An avatar name over 256 characters is refused at once, in whichever message it comes.
-        for messages in ([gateway_pb2.CreateAvatarRequest(name="n" * 257)],
-                         [gateway_pb2.CreateAvatarRequest(data=b"x"), gateway_pb2.CreateAvatarRequest(name="n" * 257)]):
+        for messages in (
+            [gateway_pb2.CreateAvatarRequest(name="n" * 257)],
+            [gateway_pb2.CreateAvatarRequest(data=b"x"), gateway_pb2.CreateAvatarRequest(name="n" * 257)],
+        ):
             with pytest.raises(grpc.RpcError) as err:
                 gateway.CreateAvatar(iter(messages), timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "256" in err.value.details()
@@ -281,10 +281,8 @@ def test_every_request_field_is_bounded(fx: Fixture) -> None:
     # Options are stored as their known fields only: unknown fields sent along are dropped.
     with LiplineClient(address, timeout=60, api_key="fields") as client:
         avatar = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
-        options = gateway_pb2.JobOptions.FromString(
-            gateway_pb2.JobOptions(crf=20).SerializeToString() + b"\xfa\x01\x05hello")  # + field 31, unknown
-        request = gateway_pb2.SubmitJobRequest(avatar_id=avatar.id, options=options,
-                                               audio=cut_wav((SAMPLES / "speech.wav").read_bytes(), 0.5))
+        options = gateway_pb2.JobOptions.FromString(gateway_pb2.JobOptions(crf=20).SerializeToString() + b"\xfa\x01\x05hello")  # + field 31, unknown
+        request = gateway_pb2.SubmitJobRequest(avatar_id=avatar.id, options=options, audio=cut_wav((SAMPLES / "speech.wav").read_bytes(), 0.5))
         assert b"hello" in request.SerializeToString()
         job = client.stub.SubmitJob(request, timeout=60)
         assert fx.store.get_job(job.id).options == gateway_pb2.JobOptions(crf=20).SerializeToString()

@@ -114,6 +114,7 @@ def test_metrics_after_a_job(cluster: LocalCluster, client: LiplineClient, avata
     grew("lipsync", "lipline_stage_items_total", by=job.total_frames, stage="lipsync")
     grew("audio", "lipline_stage_items_total", by=job.total_frames, stage="audio")
     grew("superres", "lipline_stage_items_total", by=job.total_frames, stage="superres")
+
     def workers_grew(sample: str, by: float = 1.0, **labels: str) -> None:
         """Summed over the render workers: which one finished which part is up to their claims."""
         delta = sum(sample_sum(after[w], sample, **labels) - sample_sum(before[w], sample, **labels) for w in WORKERS)
@@ -153,7 +154,7 @@ def _request(i: int) -> superres_pb2.UpscaleRequest:
     return superres_pb2.UpscaleRequest(items=[superres_pb2.UpscaleItem(index=i, image=image_to_proto(face), out_width=128, out_height=128)])
 
 
-def _wait_for_log(proc, text: str, timeout: float) -> None:  # noqa: ANN001
+def _wait_for_log(proc, text: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while text not in proc.log():
         assert time.monotonic() < deadline, f"no {text!r} in the log:\n{proc.log()[-4000:]}"

@@ -45,8 +45,7 @@ def decode_frames(path: Path) -> list[np.ndarray]:
         return [f.to_ndarray(format="bgr24") for f in container.decode(video=0)]
 
 
-def render_job(client: LiplineClient, avatar_id: str, audio: bytes, out: Path, super_resolution: bool,
-               loop: int = 0) -> Rendered:
+def render_job(client: LiplineClient, avatar_id: str, audio: bytes, out: Path, super_resolution: bool, loop: int = 0) -> Rendered:
     options = gateway_pb2.JobOptions(super_resolution=super_resolution, loop=loop)
     submitted = client.stub.SubmitJob(gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=60)
     assert submitted.state in (gateway_pb2.JOB_STATE_QUEUED, gateway_pb2.JOB_STATE_RUNNING)
@@ -118,8 +117,9 @@ def openings(speech_bytes: bytes) -> np.ndarray:
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["sr", "no-sr"])
-def rendered(request: pytest.FixtureRequest, mclient: LiplineClient, photo: gateway_pb2.Avatar,
-             speech_bytes: bytes, tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+def rendered(
+    request: pytest.FixtureRequest, mclient: LiplineClient, photo: gateway_pb2.Avatar, speech_bytes: bytes, tmp_path_factory: pytest.TempPathFactory
+) -> Rendered:
     out = tmp_path_factory.mktemp("pipeline") / f"out-{request.param_index}.mp4"
     return render_job(mclient, photo.id, speech_bytes, out, super_resolution=request.param)
 
@@ -217,8 +217,7 @@ def test_output_format(rendered: Rendered, photo: gateway_pb2.Avatar, speech_byt
 def test_clip_was_rendered_in_segments_and_nothing_is_left_behind(rendered: Rendered, cluster: LocalCluster) -> None:
     """The session cluster cuts clips into 0.8 s segments: this output went through several workers' segments and the join."""
     assert len(rendered.frames) >= 60
-    claimed = {name for name in cluster.replica_names("render")
-               if f'"job_id": "{rendered.job.id}"' in cluster.processes[name].log()}
+    claimed = {name for name in cluster.replica_names("render") if f'"job_id": "{rendered.job.id}"' in cluster.processes[name].log()}
     assert claimed, "no render worker logged this job"
     blobs = cluster.blob_dir
     assert (blobs / "outputs" / f"{rendered.job.id}.mp4").stat().st_size == rendered.job.output_bytes
@@ -293,8 +292,7 @@ def make_shifted_video(path: Path, image: np.ndarray, frames: int, step: int) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", [gateway_pb2.JobOptions.PING_PONG, gateway_pb2.JobOptions.WRAP], ids=["ping-pong", "wrap"])
-def test_video_avatar_loops(client: LiplineClient, avatar_frames: np.ndarray, speech_bytes: bytes, tmp_path: Path,
-                            loop: int) -> None:
+def test_video_avatar_loops(client: LiplineClient, avatar_frames: np.ndarray, speech_bytes: bytes, tmp_path: Path, loop: int) -> None:
     video = tmp_path / "template.mp4"
     make_shifted_video(video, avatar_frames[0], frames=10, step=3)
     data = video.read_bytes()

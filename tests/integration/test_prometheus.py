@@ -72,21 +72,22 @@ def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(RULES)],
-        "scrape_configs": [{
-            "job_name": "lipline",
-            "static_configs": [
-                {"targets": [f"127.0.0.1:{p.metrics_port}"], "labels": {"namespace": NAMESPACE, "pod": _pod(name)}}
-                for name, p in cluster.processes.items()
-            ],
-        }],
+        "scrape_configs": [
+            {
+                "job_name": "lipline",
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{p.metrics_port}"], "labels": {"namespace": NAMESPACE, "pod": _pod(name)}} for name, p in cluster.processes.items()
+                ],
+            }
+        ],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = _free_port()
     log = (workdir / "prometheus.log").open("w")
     proc = subprocess.Popen(
-        ["prometheus", f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
+        ["prometheus", f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     prom = Prometheus(f"http://127.0.0.1:{port}")
 
@@ -117,9 +118,7 @@ def test_prometheus_scrapes_every_service(prometheus: Prometheus, cluster: Local
     assert {t["labels"]["pod"] for t in targets} == {_pod(name) for name in cluster.processes}
 
 
-def test_a_job_shows_up_per_stage_and_in_the_chart_rules(
-    prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
-) -> None:
+def test_a_job_shows_up_per_stage_and_in_the_chart_rules(prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes) -> None:
     avatar = client.create_avatar(avatar_bytes)
     job = client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
     assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
@@ -157,13 +156,15 @@ def test_every_chart_rule_loads_and_evaluates_cleanly(prometheus: Prometheus) ->
 def _adapter_query(rule: dict[str, Any]) -> str:
     """The query prometheus-adapter sends for the HPA of the pods in NAMESPACE (its <<.X>> templating)."""
     series = rule["seriesQuery"].split("{")[0]
-    return (rule["metricsQuery"].replace("<<.Series>>", series)
-            .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{_pod("lipsync")}|{_pod("superres")}"')
-            .replace("<<.GroupBy>>", "pod"))
+    return (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", series)
+        .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{_pod("lipsync")}|{_pod("superres")}"')
+        .replace("<<.GroupBy>>", "pod")
+    )
 
 
-def test_adapter_queries_give_one_value_per_pod(prometheus: Prometheus, client: LiplineClient,
-                                                 avatar_bytes: bytes, speech_bytes: bytes) -> None:
+def test_adapter_queries_give_one_value_per_pod(prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes) -> None:
     rules = {r["name"]["as"]: r for r in yaml.safe_load(ADAPTER.read_text())["rules"]}
     avatar = client.create_avatar(avatar_bytes)
     client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
@@ -186,16 +187,27 @@ def _check_gpu_rows(rows: list[dict[str, Any]]) -> None:
     assert all(0 <= float(r["value"][1]) <= 1 for r in rows)
 
 
-def test_keda_trigger_queries_as_rendered_by_the_chart(prometheus: Prometheus, client: LiplineClient,
-                                                       avatar_bytes: bytes, speech_bytes: bytes) -> None:
+def test_keda_trigger_queries_as_rendered_by_the_chart(prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes) -> None:
     helm = helm_binary()
     rendered = subprocess.run(
-        [helm, "template", RELEASE, str(REPO_ROOT / "helm" / "lipline"), "--namespace", NAMESPACE,
-         "--set", "keda.enabled=true", "--set", "stages.superres.autoscaling.metric=queue"],
-        capture_output=True, text=True, check=True, timeout=60,
+        [
+            helm,
+            "template",
+            RELEASE,
+            str(REPO_ROOT / "helm" / "lipline"),
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            "keda.enabled=true",
+            "--set",
+            "stages.superres.autoscaling.metric=queue",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout
-    triggers = {d["metadata"]["name"]: d["spec"]["triggers"][0]["metadata"]["query"]
-                for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ScaledObject"}
+    triggers = {d["metadata"]["name"]: d["spec"]["triggers"][0]["metadata"]["query"] for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ScaledObject"}
     assert set(triggers) == {f"{RELEASE}-lipsync", f"{RELEASE}-superres", f"{RELEASE}-render"}
     # Render workers scale on the segments waiting (the job store is SQLite here: a Prometheus trigger);
     # every worker exports the shared queue, so the query has one value whatever the worker count.

@@ -32,11 +32,11 @@ from services.common.media import COLOR_TAGS
 from tests.integration.util import SAMPLES, codec_floor, render_template, write_template
 
 FPS = 25
-FRAMES = 48           # the template: 1.92 s, the audio 5 s
-SIZE = 320            # output frame (square)
+FRAMES = 48  # the template: 1.92 s, the audio 5 s
+SIZE = 320  # output frame (square)
 CANVAS = SIZE + FRAMES
 AUDIO_S = 5.0
-CRF = 20              # the workers' default
+CRF = 20  # the workers' default
 
 
 def template_frames() -> list[np.ndarray]:
@@ -134,8 +134,7 @@ def test_colour_tags_match_the_conversion(rendered: dict) -> None:
         frame = next(container.decode(stream))
     # BT.601 matrix (smpte170m), limited range: what cv2.COLOR_BGR2YUV_I420 produces; BT.709
     # primaries and transfer (docs/quality.md). In the container (colr) and in the stream (VUI).
-    assert {name: getattr(context, name) for name in COLOR_TAGS} == COLOR_TAGS == {
-        "colorspace": 6, "color_range": 1, "color_primaries": 1, "color_trc": 1}
+    assert {name: getattr(context, name) for name in COLOR_TAGS} == COLOR_TAGS == {"colorspace": 6, "color_range": 1, "color_primaries": 1, "color_trc": 1}
     assert {name: getattr(frame, name) for name in COLOR_TAGS} == COLOR_TAGS
 
 

@@ -132,8 +132,12 @@ def everything_back(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def wait_claimed(cluster: LocalCluster, name: str, job_id: str, timeout: float = 60) -> None:
-    eventually(lambda: f'"job_id": "{job_id}"' in cluster.processes[name].log() and "task claimed" in cluster.processes[name].log(),
-               timeout=timeout, every=0.02, what=f"{name} to claim a task of {job_id}")
+    eventually(
+        lambda: f'"job_id": "{job_id}"' in cluster.processes[name].log() and "task claimed" in cluster.processes[name].log(),
+        timeout=timeout,
+        every=0.02,
+        what=f"{name} to claim a task of {job_id}",
+    )
 
 
 def assert_every_frame_in_order(client: LiplineClient, job: gateway_pb2.Job, tmp_path: Path) -> None:
@@ -152,30 +156,23 @@ def test_worker_killed_mid_segment(rcluster: LocalCluster, template: gateway_pb2
 
 
 @pytest.mark.parametrize("stage", ["lipsync", "superres"])
-def test_stage_replica_killed_mid_job(
-    rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str
-) -> None:
+def test_stage_replica_killed_mid_job(rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str) -> None:
     job = client.submit(template.id, speech_seconds(6.0), super_resolution=True)
-    eventually(lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).state == gateway_pb2.JOB_STATE_RUNNING,
-               every=0.02, what="the job to start")
+    eventually(lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).state == gateway_pb2.JOB_STATE_RUNNING, every=0.02, what="the job to start")
     rcluster.kill(f"{stage}-1")
     assert_every_frame_in_order(client, job, tmp_path)
 
 
-def test_cancel_mid_job_stops_every_worker_and_leaves_nothing(
-    rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient
-) -> None:
+def test_cancel_mid_job_stops_every_worker_and_leaves_nothing(rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient) -> None:
     job = client.submit(template.id, speech_seconds(7.5))
-    eventually(lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).frames_done > 0, every=0.02,
-               what="a first segment")
+    eventually(lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).frames_done > 0, every=0.02, what="a first segment")
     cancelled = client.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=10)
     assert cancelled.state == gateway_pb2.JOB_STATE_CANCELLED
     assert cancelled.error_code == grpc.StatusCode.CANCELLED.value[0]
     time.sleep(1.0)
     assert [render_busy(rcluster, n) for n in rcluster.replica_names("render")] == [0.0, 0.0]
     job_blobs = rcluster.blob_dir / "jobs" / job.id
-    eventually(lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")), timeout=5,
-               what="the job's blobs to be removed")
+    eventually(lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")), timeout=5, what="the job's blobs to be removed")
     assert not (rcluster.blob_dir / "outputs" / f"{job.id}.mp4").exists()
     assert client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).state == gateway_pb2.JOB_STATE_CANCELLED
 
@@ -217,8 +214,11 @@ def test_two_gateways_answer_for_each_other(rcluster: LocalCluster, tmp_path: Pa
 
 
 def test_postgres_restart_mid_job(
-    rcluster: LocalCluster, store_url: tuple[str, PostgresServer | None], template: gateway_pb2.Avatar,
-    client: LiplineClient, tmp_path: Path,
+    rcluster: LocalCluster,
+    store_url: tuple[str, PostgresServer | None],
+    template: gateway_pb2.Avatar,
+    client: LiplineClient,
+    tmp_path: Path,
 ) -> None:
     _, server = store_url
     if server is None:
@@ -268,9 +268,7 @@ def long_speech(seconds: float) -> bytes:
 
 
 @pytest.mark.slow
-def test_ten_minute_clip_keeps_worker_memory_flat(
-    rcluster: LocalCluster, store_url: tuple[str, PostgresServer | None], client: LiplineClient
-) -> None:
+def test_ten_minute_clip_keeps_worker_memory_flat(rcluster: LocalCluster, store_url: tuple[str, PostgresServer | None], client: LiplineClient) -> None:
     if store_url[1] is not None:
         pytest.skip("one store is enough for a memory test (the SQLite run covers it)")
     photo = cv2.resize(cv2.imread(str(SAMPLES / "avatar.jpg")), (256, 256), interpolation=cv2.INTER_AREA)
@@ -296,9 +294,7 @@ def test_ten_minute_clip_keeps_worker_memory_flat(
         assert growth < 60, f"{name} grew by {growth:.0f} MB over a 10-minute clip ({settled[0]:.0f} -> {max(settled):.0f} MB)"
 
 
-def test_a_stage_failure_fails_the_job_with_the_stages_status(
-    rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient
-) -> None:
+def test_a_stage_failure_fails_the_job_with_the_stages_status(rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient) -> None:
     # Both lipsync replicas gone for good: every attempt of the first segment fails with UNAVAILABLE
     # until the attempts run out. The job must end FAILED with that status, never CANCELLED.
     for name in rcluster.replica_names("lipsync"):

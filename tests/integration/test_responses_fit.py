@@ -40,7 +40,7 @@ SPEECH_S = 2.0
 def close_up_photo() -> tuple[bytes, tuple[int, int]]:
     """A 1080x1080 JPEG of the sample face cropped tightly: (the file, the padded face box's size)."""
     image = cv2.imread(str(SAMPLES / "avatar.jpg"))
-    (x1, y1, x2, y2), = HaarFaceDetector().detect([image])
+    ((x1, y1, x2, y2),) = HaarFaceDetector().detect([image])
     cx, cy, side = (x1 + x2) // 2, (y1 + y2) // 2, round(1.2 * max(x2 - x1, y2 - y1))
     crop = image[cy - side // 2 : cy - side // 2 + side, cx - side // 2 : cx - side // 2 + side]
     photo = cv2.resize(crop, (CLOSE_UP, CLOSE_UP), interpolation=cv2.INTER_CUBIC)
@@ -140,9 +140,7 @@ def test_generate_answers_a_message_of_large_faces_in_several_responses(fcluster
     crop = np.full((96, 96, 3), 128, np.uint8)
     mel = np.full((80, 16), -4.0, "<f2").tobytes()
     requests = [
-        lipsync_pb2.GenerateRequest(
-            crops=[lipsync_pb2.ReferenceCrop(crop_index=7, image=image_to_proto(crop), paste_width=side, paste_height=side)]
-        ),
+        lipsync_pb2.GenerateRequest(crops=[lipsync_pb2.ReferenceCrop(crop_index=7, image=image_to_proto(crop), paste_width=side, paste_height=side)]),
         lipsync_pb2.GenerateRequest(items=pack_generate_items(list(range(100, 100 + n)), [7] * n, [mel] * n)),
     ]
     with _channel(fcluster, "lipsync") as channel:
@@ -158,9 +156,7 @@ def test_upscale_answers_eight_items_at_2048_in_several_responses(fcluster: Loca
     n, side = 8, 2048
     rng = np.random.default_rng(0)
     items = [
-        superres_pb2.UpscaleItem(index=i, image=image_to_proto(rng.integers(0, 256, (96, 96, 3), np.uint8)),
-                                 out_width=side, out_height=side)
-        for i in range(n)
+        superres_pb2.UpscaleItem(index=i, image=image_to_proto(rng.integers(0, 256, (96, 96, 3), np.uint8)), out_width=side, out_height=side) for i in range(n)
     ]
     with _channel(fcluster, "superres") as channel:
         responses = list(superres_pb2_grpc.SuperResServiceStub(channel).Upscale(iter([superres_pb2.UpscaleRequest(items=items)]), timeout=120))

@@ -93,9 +93,7 @@ def inflight_items(cluster: LocalCluster, name: str) -> float:
 
 
 @pytest.mark.parametrize("stage", ["lipsync", "superres"])
-def test_stage_replica_sigterm_mid_job(
-    dcluster: LocalCluster, numbered: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str
-) -> None:
+def test_stage_replica_sigterm_mid_job(dcluster: LocalCluster, numbered: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str) -> None:
     name = f"{stage}-1"
     job = client.submit(numbered.id, speech(7.5), super_resolution=True)
     try:

@@ -33,16 +33,21 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request, context):  # type: ignore[no-untyped-def]
         with self._lock:
             for resource_spans in request.resource_spans:
-                service = next((a.value.string_value for a in resource_spans.resource.attributes
-                                if a.key == "service.name"), "")
+                service = next((a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), "")
                 for scope in resource_spans.scope_spans:
                     for span in scope.spans:
-                        self.spans.append({
-                            "service": service, "name": span.name, "trace": span.trace_id.hex(),
-                            "id": span.span_id.hex(), "parent": span.parent_span_id.hex(),
-                            "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
-                            "attributes": {a.key: a.value for a in span.attributes},
-                        })
+                        self.spans.append(
+                            {
+                                "service": service,
+                                "name": span.name,
+                                "trace": span.trace_id.hex(),
+                                "id": span.span_id.hex(),
+                                "parent": span.parent_span_id.hex(),
+                                "start": span.start_time_unix_nano,
+                                "end": span.end_time_unix_nano,
+                                "attributes": {a.key: a.value for a in span.attributes},
+                            }
+                        )
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -60,7 +65,8 @@ def collector() -> Iterator[tuple[Collector, int]]:
 def test_a_job_is_one_trace(collector: tuple[Collector, int], tmp_path: Path) -> None:
     spans, port = collector
     env = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within 0.1 s instead of 5 s
     }
     with start_cluster(tmp_path, env=env, extra_args={"gateway": ["--segment-seconds=0.8"]}) as cluster:

@@ -71,8 +71,7 @@ def test_job_with_wav2lip(w2l_cluster: LocalCluster, avatar_bytes: bytes, one_se
     assert "wav2lip" in w2l_cluster.processes["lipsync"].log()
 
 
-def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpoint: Path, avatar_bytes: bytes,
-                                              one_second: bytes) -> None:
+def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpoint: Path, avatar_bytes: bytes, one_second: bytes) -> None:
     # One real reference crop and four real mel windows (one with silence, three with speech).
     frames, _ = decode_avatar(avatar_bytes)
     (box,) = prepare_boxes(HaarFaceDetector().detect([frames[0]]), *frames.shape[1:3])
@@ -87,9 +86,7 @@ def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpo
             lipsync_pb2.GenerateRequest(
                 crops=[lipsync_pb2.ReferenceCrop(crop_index=3, image=image_to_proto(crop), paste_width=paste[0], paste_height=paste[1])]
             ),
-            lipsync_pb2.GenerateRequest(
-                items=pack_generate_items(list(range(len(mels))), [3] * len(mels), mels), raw_size=raw_size
-            ),
+            lipsync_pb2.GenerateRequest(items=pack_generate_items(list(range(len(mels))), [3] * len(mels), mels), raw_size=raw_size),
         ]
         with grpc.insecure_channel(w2l_cluster.processes["lipsync"].address) as channel:
             return tuple(lipsync_pb2_grpc.LipSyncServiceStub(channel).Generate(iter(requests), timeout=120))
@@ -136,7 +133,13 @@ def test_checkpoint_with_wrong_keys_fails_start(tmp_path: Path) -> None:
         cluster.stop()
     message = str(err.value)
     assert "lipsync exited with 1" in message
-    for text in ("missing keys", "output_block.1.weight", "audio_encoder.0.conv_block.0.bias",
-                 "unexpected keys", "face_encoder_blocks.9.0.conv_block.0.weight", str(bad)):
+    for text in (
+        "missing keys",
+        "output_block.1.weight",
+        "audio_encoder.0.conv_block.0.bias",
+        "unexpected keys",
+        "face_encoder_blocks.9.0.conv_block.0.weight",
+        str(bad),
+    ):
         assert text in message, text
     assert cluster.processes["lipsync"].process.returncode == 1

@@ -21,9 +21,7 @@ LOG_TAIL = 6000
 
 def logs_of(cluster: LocalCluster) -> str:
     """The tail of every service's log, for failure reports."""
-    return "\n".join(
-        f"----- {name} ({proc.log_path}) -----\n{proc.log()[-LOG_TAIL:]}" for name, proc in cluster.processes.items()
-    )
+    return "\n".join(f"----- {name} ({proc.log_path}) -----\n{proc.log()[-LOG_TAIL:]}" for name, proc in cluster.processes.items())
 
 
 @contextlib.contextmanager

@@ -30,9 +30,7 @@ FLAGS = {
 @pytest.mark.parametrize("name", sorted(FLAGS))
 def test_help_exits_zero_and_lists_the_flags(name: str) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))}
-    done = subprocess.run(
-        [sys.executable, "-m", f"services.{name}", "--help"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-m", f"services.{name}", "--help"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"python -m services.{name}" in done.stdout
     for flag in FLAGS[name]:

@@ -36,13 +36,24 @@ LOCK = REPO / "requirements.lock"
 STAGES = tuple(VALUES["stages"])
 NO_TORCH = ("audio", "gateway", "render")
 # What the gateway and render images must never carry (DESIGN.md section 6, the brief of issue "render workers").
-FORBIDDEN_WITHOUT_MODELS = {"torch", "sympy", "mpmath", "networkx", "pytest", "onnx", "onnxruntime", "grpcio-tools",
-                            "jsonschema", "kubernetes-validate", "hypothesis"}
+FORBIDDEN_WITHOUT_MODELS = {
+    "torch",
+    "sympy",
+    "mpmath",
+    "networkx",
+    "pytest",
+    "onnx",
+    "onnxruntime",
+    "grpcio-tools",
+    "jsonschema",
+    "kubernetes-validate",
+    "hypothesis",
+}
 # The test tools (pyproject's `dev` extra): in no image at all.
 TEST_TOOLS = {"pytest", "pytest-timeout", "hypothesis", "grpcio-tools", "kubernetes-validate", "jsonschema"}
 
 
-def _image_requirements():  # noqa: ANN202 - the module
+def _image_requirements():
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         import image_requirements
@@ -123,8 +134,19 @@ def test_gateway_and_render_images_carry_no_torch_nor_dev_tools() -> None:
         installed = _installed(service)
         assert not installed & FORBIDDEN_WITHOUT_MODELS, (service, sorted(installed & FORBIDDEN_WITHOUT_MODELS))
         # What those services do need is still there.
-        assert {"grpcio", "protobuf", "numpy", "av", "opencv-python-headless", "psycopg", "psycopg-binary",
-                "psycopg-pool", "obstore", "prometheus-client", "kubernetes"} <= installed, service
+        assert {
+            "grpcio",
+            "protobuf",
+            "numpy",
+            "av",
+            "opencv-python-headless",
+            "psycopg",
+            "psycopg-binary",
+            "psycopg-pool",
+            "obstore",
+            "prometheus-client",
+            "kubernetes",
+        } <= installed, service
     for service in ("lipsync", "superres"):
         assert {"torch", "numpy"} <= _installed(service) and "pytest" not in _installed(service)
     for service in STAGES:
@@ -198,11 +220,14 @@ def in_image(image: str, body: str) -> str:
 @pytest.mark.parametrize("service", NO_TORCH)
 def test_the_no_torch_services_start_without_what_their_image_leaves_out(service: str) -> None:
     """`python -m services.<service> --help` (what the image build runs) with the excluded packages unimportable."""
-    script = in_image(service, f"""
+    script = in_image(
+        service,
+        f"""
         import runpy
         sys.argv = ["services.{service}", "--help"]
         runpy.run_module("services.{service}", run_name="__main__")
-    """)
+    """,
+    )
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "not in the lipline-" not in result.stderr, result.stderr[-3000:]
     assert result.returncode == 0, result.stderr[-3000:]
@@ -220,8 +245,7 @@ def test_make_images_builds_the_tags_the_chart_pulls() -> None:
         built |= {tag.replace("$s", s) for s in stages.split()}
         if "BASE_IMAGE=python:" in args:
             cpu |= set(stages.split())
-    rendered = subprocess.run([helm, "template", "x", str(REPO / "helm" / "lipline")], capture_output=True,
-                              text=True, check=True).stdout
+    rendered = subprocess.run([helm, "template", "x", str(REPO / "helm" / "lipline")], capture_output=True, text=True, check=True).stdout
     pulled = set(re.findall(r'image: "(\S+)"', rendered))
     assert pulled == built and len(built) == len(STAGES), (sorted(pulled), sorted(built))
     # The CPU services (gpu: 0 in the chart) build on the CPU base, the GPU stages on CUDA's.
@@ -287,8 +311,7 @@ def _run_install_step(tmp_path: Path, runtime: str) -> list[str]:
         stub = bin_dir / tool
         stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n')
         stub.chmod(0o755)
-    env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "RUNTIME": runtime, "SERVICE": "x",
-           "DEBIAN_FRONTEND": "noninteractive"}
+    env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "RUNTIME": runtime, "SERVICE": "x", "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["sh", "-ec", step], env=env, check=True, timeout=30)
     return log.read_text().splitlines() if log.exists() else []
 
@@ -332,8 +355,9 @@ def test_nvml_goes_into_the_gpu_images_only() -> None:
 def test_the_lock_gives_the_gpu_images_nvml() -> None:
     ir = _image_requirements()
     if "nvidia-ml-py" not in {name for name, _ in ir.lock_lines(LOCK)}:
-        pytest.skip("requirements.lock has no nvidia-ml-py line yet (its owner adds nvidia-ml-py==13.580.82); "
-                    "until then the GPU image build's --check fails on purpose")
+        pytest.skip(
+            "requirements.lock has no nvidia-ml-py line yet (its owner adds nvidia-ml-py==13.580.82); until then the GPU image build's --check fails on purpose"
+        )
     for service in GPU_STAGES:
         assert "nvidia-ml-py" in _installed(service), service
     for service in CPU_STAGES:
@@ -342,14 +366,14 @@ def test_the_lock_gives_the_gpu_images_nvml() -> None:
 
 # ---- hadolint ----
 
+
 def _hadolint() -> str:
     """hadolint next to this Python or on PATH, else the pinned one installed now (skip where that fails)."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     found = shutil.which("hadolint", path=path)
     if found is None:
         target = Path(sys.executable).parent / "hadolint"
-        result = subprocess.run([sys.executable, str(REPO / "scripts" / "install_hadolint.py"), str(target)],
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run([sys.executable, str(REPO / "scripts" / "install_hadolint.py"), str(target)], capture_output=True, text=True, timeout=300)
         found = shutil.which("hadolint", path=path)
         if found is None:
             pytest.skip(f"needs hadolint (python scripts/install_hadolint.py): {result.stderr[-500:]}")
@@ -358,10 +382,14 @@ def _hadolint() -> str:
 
 def test_hadolint_passes_on_the_dockerfile(tmp_path: Path) -> None:
     """No configuration file (run from an empty folder with an empty HOME), every rule on, any finding fails."""
-    result = subprocess.run([_hadolint(), "--no-color", "--failure-threshold", "style", str(REPO / "services" / "Dockerfile")],
-                            cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                                               "XDG_CONFIG_HOME": str(tmp_path)},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [_hadolint(), "--no-color", "--failure-threshold", "style", str(REPO / "services" / "Dockerfile")],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (REPO / ".hadolint.yaml").exists() and not (REPO / ".hadolint.yml").exists()
 

@@ -21,17 +21,23 @@ PROTO_DIR = PROTO_ROOT / "lipline" / "v1"
 GENERATED_DIR = REPO_ROOT / "lipline" / "v1"
 PROTOS = sorted(PROTO_DIR.glob("*.proto"))
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
-REGENERATE = (
-    "python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/lipline/v1/*.proto"
-)
+REGENERATE = "python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/lipline/v1/*.proto"
 
 
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The modules protoc generates from protos/ now, in a temporary folder."""
     out = tmp_path_factory.mktemp("generated")
-    cmd = [sys.executable, "-m", "grpc_tools.protoc", "-Iprotos", f"--python_out={out}", f"--pyi_out={out}",
-           f"--grpc_python_out={out}", *(str(p.relative_to(REPO_ROOT)) for p in PROTOS)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        "-Iprotos",
+        f"--python_out={out}",
+        f"--pyi_out={out}",
+        f"--grpc_python_out={out}",
+        *(str(p.relative_to(REPO_ROOT)) for p in PROTOS),
+    ]
     result = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"protoc failed:\n{result.stderr}"
     return out / "lipline" / "v1"
@@ -55,10 +61,7 @@ def test_generated_modules_are_up_to_date(fresh: Path, proto: Path) -> None:
 
 def test_no_generated_module_without_a_proto() -> None:
     stems = {p.stem for p in PROTOS}
-    leftovers = [
-        p.name for p in GENERATED_DIR.iterdir()
-        if p.name.endswith(SUFFIXES) and re.sub(r"_pb2(_grpc)?\.pyi?$", "", p.name) not in stems
-    ]
+    leftovers = [p.name for p in GENERATED_DIR.iterdir() if p.name.endswith(SUFFIXES) and re.sub(r"_pb2(_grpc)?\.pyi?$", "", p.name) not in stems]
     assert leftovers == [], f"generated modules whose .proto is gone: {leftovers}"
 
 

@@ -74,14 +74,19 @@ def build_backend(spec: BackendSpec, module: nn.Module) -> SpecBackend:
     return TorchBackend(module, spec)
 
 
-def make_backend(kind: str, module: nn.Module, device: torch.device | str, *,
-                 batch_buckets: Sequence[int] | None = None, cache_dir: str | os.PathLike | None = None,
-                 **options: object) -> SpecBackend:
+def make_backend(
+    kind: str,
+    module: nn.Module,
+    device: torch.device | str,
+    *,
+    batch_buckets: Sequence[int] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    **options: object,
+) -> SpecBackend:
     """`build_backend(resolve_backend_spec(kind, device, model=module, ...), module)` in one call.
 
     For tests, benchmarks and tools; `options` are `resolve_backend_spec`'s (precision, max_batch,
     channels_last, fold_bn, cuda_graphs, compile_mode, allow_compile).
     """
-    spec = resolve_backend_spec(kind, device, model=module, batch_buckets=batch_buckets, cache_dir=cache_dir,
-                                **options)  # type: ignore[arg-type]
+    spec = resolve_backend_spec(kind, device, model=module, batch_buckets=batch_buckets, cache_dir=cache_dir, **options)  # type: ignore[arg-type]
     return build_backend(spec, module)

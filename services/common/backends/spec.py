@@ -109,11 +109,9 @@ def _device_tag(device: torch.device) -> str:
     return f"cpu {platform.machine()} {platform.processor()}"
 
 
-def compile_cache_key(module: nn.Module, device: torch.device, precision: str, buckets: Sequence[int],
-                      extra: str = "") -> str:
+def compile_cache_key(module: nn.Module, device: torch.device, precision: str, buckets: Sequence[int], extra: str = "") -> str:
     """sha256 of (model state, torch version, GPU name/capability, precision, buckets, extra)."""
-    parts = [_state_hash(module), torch.__version__, _device_tag(device), precision,
-             ",".join(map(str, buckets)), extra]
+    parts = [_state_hash(module), torch.__version__, _device_tag(device), precision, ",".join(map(str, buckets)), extra]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -225,10 +223,21 @@ def auto_kind(device: torch.device, *, warm_compile_cache: bool) -> str:
     return "torch"
 
 
-def _kind_spec(kind: str, device: torch.device, model: nn.Module | None, *, precision: str | None,
-               buckets: tuple[int, ...] | None, max_batch: int | None, channels_last: bool | None,
-               fold_bn: bool | None, cuda_graphs: bool | None, cache_dir: str | os.PathLike | None,
-               compile_mode: str, graph_warmup_iters: int) -> tuple[BackendSpec, list[str]]:
+def _kind_spec(
+    kind: str,
+    device: torch.device,
+    model: nn.Module | None,
+    *,
+    precision: str | None,
+    buckets: tuple[int, ...] | None,
+    max_batch: int | None,
+    channels_last: bool | None,
+    fold_bn: bool | None,
+    cuda_graphs: bool | None,
+    cache_dir: str | os.PathLike | None,
+    compile_mode: str,
+    graph_warmup_iters: int,
+) -> tuple[BackendSpec, list[str]]:
     """The spec of one concrete kind ("cpu", "torch", "compile", "tensorrt") with its defaults filled in,
     and the notes (options the kind overrides) for the log line."""
     notes: list[str] = []
@@ -241,8 +250,7 @@ def _kind_spec(kind: str, device: torch.device, model: nn.Module | None, *, prec
     if kind == "tensorrt":
         if importlib.util.find_spec("tensorrt") is None:
             raise RuntimeError(
-                "tensorrt backend needs the tensorrt package (pip install tensorrt, or use an NVIDIA TensorRT "
-                "container); use --backend torch or auto instead"
+                "tensorrt backend needs the tensorrt package (pip install tensorrt, or use an NVIDIA TensorRT container); use --backend torch or auto instead"
             )
         if not cuda:
             raise RuntimeError("the tensorrt backend needs a CUDA device")
@@ -265,8 +273,17 @@ def _kind_spec(kind: str, device: torch.device, model: nn.Module | None, *, prec
     needs_buckets = kind in ("compile", "tensorrt") or bool(cuda_graphs)
     if buckets is None or (not buckets and needs_buckets):
         buckets = default_buckets(max_batch) if needs_buckets else ()
-    spec = BackendSpec(kind, device, precision, buckets, channels_last, bool(fold_bn), bool(cuda_graphs),
-                       compile_mode if kind == "compile" else "", graph_warmup_iters=graph_warmup_iters)
+    spec = BackendSpec(
+        kind,
+        device,
+        precision,
+        buckets,
+        channels_last,
+        bool(fold_bn),
+        bool(cuda_graphs),
+        compile_mode if kind == "compile" else "",
+        graph_warmup_iters=graph_warmup_iters,
+    )
     if kind in ("compile", "tensorrt") and model is not None:
         # Keyed on the module as given (before folding or casting) with every option that changes the
         # compiled code, so `auto` can ask "is there a warm cache?" without building anything.
@@ -323,8 +340,15 @@ def resolve_backend_spec(
         raise ValueError(f"backend {backend!r} is not one of {list(BACKEND_KINDS)}")
     device = torch.device(device)
     buckets = normalise_buckets(batch_buckets) if batch_buckets else None
-    options = dict(precision=precision, buckets=buckets, max_batch=max_batch, channels_last=channels_last,
-                   cache_dir=cache_dir, compile_mode=compile_mode, graph_warmup_iters=graph_warmup_iters)
+    options = dict(
+        precision=precision,
+        buckets=buckets,
+        max_batch=max_batch,
+        channels_last=channels_last,
+        cache_dir=cache_dir,
+        compile_mode=compile_mode,
+        graph_warmup_iters=graph_warmup_iters,
+    )
     reason = ""
     if backend != "auto":
         spec, notes = _kind_spec(backend, device, model, fold_bn=fold_bn, cuda_graphs=cuda_graphs, **options)  # type: ignore[arg-type]
@@ -340,8 +364,7 @@ def resolve_backend_spec(
         if warm and auto_kind(device, warm_compile_cache=True) == "compile":
             spec, reason = compiled, f"compile cache warm at {compiled.cache_path}"  # type: ignore[assignment]
         else:
-            spec, notes = _kind_spec("torch", device, model, fold_bn=fold,
-                                     cuda_graphs=True if cuda_graphs is None else cuda_graphs, **options)  # type: ignore[arg-type]
+            spec, notes = _kind_spec("torch", device, model, fold_bn=fold, cuda_graphs=True if cuda_graphs is None else cuda_graphs, **options)  # type: ignore[arg-type]
             if not allow_compile:
                 reason = "compile not allowed (fallback)"
             elif compiled is None:
@@ -352,6 +375,8 @@ def resolve_backend_spec(
                 reason = f"no warm compile cache at {compiled.cache_path}"
     spec = dataclasses.replace(spec, requested=backend, reason="; ".join(filter(None, [reason, *notes])))
     if log:
-        _LOGGER.info(spec.decision, extra={"backend": spec.name, "requested": backend, "device": str(spec.device),
-                                           "precision": spec.precision, "buckets": list(spec.buckets)})
+        _LOGGER.info(
+            spec.decision,
+            extra={"backend": spec.name, "requested": backend, "device": str(spec.device), "precision": spec.precision, "buckets": list(spec.buckets)},
+        )
     return spec

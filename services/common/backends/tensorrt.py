@@ -25,10 +25,16 @@ __all__ = ["TensorRTBackend", "export_onnx"]
 _LOGGER = logging.getLogger("services.common.backends")
 
 
-def export_onnx(module: nn.Module, example: Sequence[torch.Tensor], path: str | os.PathLike,
-                opset: int = 17, *, input_names: Sequence[str] | None = None,
-                output_names: Sequence[str] = ("output",),
-                dynamic_axes: dict[str, dict[int, str]] | None = None) -> list[str]:
+def export_onnx(
+    module: nn.Module,
+    example: Sequence[torch.Tensor],
+    path: str | os.PathLike,
+    opset: int = 17,
+    *,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] = ("output",),
+    dynamic_axes: dict[str, dict[int, str]] | None = None,
+) -> list[str]:
     """Export `module` (fp32) to ONNX with a dynamic batch axis on every input and the output.
 
     Uses the TorchScript exporter (`dynamo=False`): it needs only the `onnx` package, not onnxscript.
@@ -43,8 +49,9 @@ def export_onnx(module: nn.Module, example: Sequence[torch.Tensor], path: str | 
     axes = dynamic_axes if dynamic_axes is not None else {name: {0: "batch"} for name in [*names, *output_names]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "legacy TorchScript-based exporter"
-        torch.onnx.export(module, tuple(example), str(path), input_names=names, output_names=list(output_names),
-                          dynamic_axes=axes, opset_version=opset, dynamo=False)
+        torch.onnx.export(
+            module, tuple(example), str(path), input_names=names, output_names=list(output_names), dynamic_axes=axes, opset_version=opset, dynamo=False
+        )
     return names
 
 

@@ -27,8 +27,7 @@ _LOGGER = logging.getLogger("services.common.backends")
 class _CudaGraphRunner:
     """One captured forward pass at a fixed input shape: static inputs in, replay, static output out."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], example: Sequence[torch.Tensor], pool: object,
-                 warmup_iters: int) -> None:
+    def __init__(self, fn: Callable[..., torch.Tensor], example: Sequence[torch.Tensor], pool: object, warmup_iters: int) -> None:
         self.static_inputs = [x.clone() for x in example]  # clone keeps the memory format
         # Eager iterations on a side stream first: cuDNN benchmark picks its algorithms and the
         # caching allocator settles before anything is recorded (torch.cuda.graphs docs' recipe).
@@ -43,9 +42,7 @@ class _CudaGraphRunner:
             self.static_output = fn(*self.static_inputs)
 
     def matches(self, inputs: Sequence[torch.Tensor]) -> bool:
-        return len(inputs) == len(self.static_inputs) and all(
-            x.shape[1:] == s.shape[1:] for x, s in zip(inputs, self.static_inputs)
-        )
+        return len(inputs) == len(self.static_inputs) and all(x.shape[1:] == s.shape[1:] for x, s in zip(inputs, self.static_inputs))
 
     def run(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Copy the n rows in (dtype/device conversion included), replay, return the first n output rows.
@@ -137,7 +134,7 @@ class SpecBackend:
         n = inputs[0].shape[0]
         step = self.spec.chunk_rows(n)
         for i in range(0, n, step):
-            yield [x[i:i + step] for x in inputs]
+            yield [x[i : i + step] for x in inputs]
 
     @staticmethod
     def _to_host(y: torch.Tensor) -> torch.Tensor:
@@ -171,8 +168,12 @@ class SpecBackend:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             took[b] = time.perf_counter() - t0
-        _LOGGER.info("backend warm: %s in %.1fs", self.describe(), sum(took.values()),
-                     extra={"backend": self.describe(), "seconds": {str(k): round(v, 3) for k, v in took.items()}})
+        _LOGGER.info(
+            "backend warm: %s in %.1fs",
+            self.describe(),
+            sum(took.values()),
+            extra={"backend": self.describe(), "seconds": {str(k): round(v, 3) for k, v in took.items()}},
+        )
         return took
 
 

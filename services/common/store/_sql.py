@@ -51,8 +51,7 @@ MIGRATE_LOCK = 0x6C69706C696E01
 CREATE_LOCK = 0x6C69706C696E02
 
 _ACTIVE = f"state IN ({int(JobState.QUEUED)}, {int(JobState.RUNNING)})"
-_WAITING, _LEASED, _BLOCKED, _DONE = (f"'{s.value}'" for s in (TaskState.WAITING, TaskState.LEASED,
-                                                               TaskState.BLOCKED, TaskState.DONE))
+_WAITING, _LEASED, _BLOCKED, _DONE = (f"'{s.value}'" for s in (TaskState.WAITING, TaskState.LEASED, TaskState.BLOCKED, TaskState.DONE))
 
 
 #: the statements that take the schema from version v - 1 to v (in one transaction with the others)
@@ -205,10 +204,10 @@ class Tx(abc.ABC):
     def now(self) -> float:
         """The store's clock (Unix seconds): what leases are measured with."""
 
-    def notify(self, job_id: str) -> None:  # noqa: B027 - only PostgreSQL announces changes
+    def notify(self, job_id: str) -> None:
         """Announce, at commit, that the job changed."""
 
-    def lock(self, key: int) -> None:  # noqa: B027 - SQLite's write transactions are exclusive anyway
+    def lock(self, key: int) -> None:
         """Hold a lock named `key` until the transaction ends (serializes e.g. limit checks)."""
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
@@ -229,8 +228,8 @@ class SqlJobStore(JobStore):
     """The JobStore over a `Tx`; subclasses supply `_transaction`, the dialect bits and the feed."""
 
     blob_type = "BLOB"
-    row_lock = ""     # appended to SELECTs of rows the transaction will change (PostgreSQL: FOR UPDATE)
-    claim_lock = ""   # appended to the claim's SELECT (PostgreSQL: FOR UPDATE OF t SKIP LOCKED)
+    row_lock = ""  # appended to SELECTs of rows the transaction will change (PostgreSQL: FOR UPDATE)
+    claim_lock = ""  # appended to the claim's SELECT (PostgreSQL: FOR UPDATE OF t SKIP LOCKED)
 
     @abc.abstractmethod
     def _transaction(self, fn: Callable[[Tx], T], write: bool = True) -> T:
@@ -318,11 +317,13 @@ class SqlJobStore(JobStore):
     @staticmethod
     def _finish_task(tx: Tx, task: Task) -> bool:
         """DONE, if `task` still holds the lease (its token); else False."""
-        return tx.execute(
-            f"UPDATE tasks SET state = {_DONE}, lease_expires = 0 "
-            f"WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
-            (task.job_id, task.index, task.token),
-        ) > 0
+        return (
+            tx.execute(
+                f"UPDATE tasks SET state = {_DONE}, lease_expires = 0 WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
+                (task.job_id, task.index, task.token),
+            )
+            > 0
+        )
 
     # -- jobs ---------------------------------------------------------------------------------------
     def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0) -> Job:
@@ -336,20 +337,26 @@ class SqlJobStore(JobStore):
                     if active >= max_active:
                         raise TooLarge(too_many_message(active, max_active))
                 if max_active_per_owner > 0:
-                    mine = int(tx.one(f"SELECT count(*) AS n FROM jobs WHERE owner = ? AND {_ACTIVE}",
-                                      (job.owner,))["n"])
+                    mine = int(tx.one(f"SELECT count(*) AS n FROM jobs WHERE owner = ? AND {_ACTIVE}", (job.owner,))["n"])
                     if mine >= max_active_per_owner:
                         raise TooLarge(too_many_message(mine, max_active_per_owner, job.owner))
             now = tx.now()
             values = {
-                "id": job.id, "avatar_id": job.avatar_id, "owner": job.owner, "state": int(JobState.QUEUED),
-                "stage": "queued", "options": bytes(job.options), "audio_seconds": float(job.audio_seconds),
-                "fps": float(job.fps), "total_frames": int(job.total_frames), "segments_total": len(segments),
+                "id": job.id,
+                "avatar_id": job.avatar_id,
+                "owner": job.owner,
+                "state": int(JobState.QUEUED),
+                "stage": "queued",
+                "options": bytes(job.options),
+                "audio_seconds": float(job.audio_seconds),
+                "fps": float(job.fps),
+                "total_frames": int(job.total_frames),
+                "segments_total": len(segments),
                 "stage_seconds": encode_json({k: float(v) for k, v in job.stage_seconds.items()}),
-                "create_time": now, "trace_context": job.trace_context,
+                "create_time": now,
+                "trace_context": job.trace_context,
             }
-            tx.execute(f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
-                       list(values.values()))
+            tx.execute(f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values()))
             join_state = TaskState.BLOCKED if segments else TaskState.WAITING
             rows = [(job.id, i, TaskState.WAITING.value, s, e, now) for i, (s, e) in enumerate(segments)]
             rows.append((job.id, JOIN_INDEX, join_state.value, 0, int(job.total_frames), now))
@@ -367,15 +374,13 @@ class SqlJobStore(JobStore):
 
     def cancel_job(self, job_id: str) -> Job:
         def run(tx: Tx) -> Job:
-            self._end_job(tx, job_id, state=int(JobState.CANCELLED), stage="cancelled",
-                          error=CANCELLED_MESSAGE, error_code=CANCELLED)
+            self._end_job(tx, job_id, state=int(JobState.CANCELLED), stage="cancelled", error=CANCELLED_MESSAGE, error_code=CANCELLED)
             return self._job(tx, job_id)
 
         return self._transaction(run)
 
     def fail_job(self, job_id: str, error: str, error_code: int) -> bool:
-        return self._transaction(lambda tx: self._end_job(
-            tx, job_id, state=int(JobState.FAILED), stage="failed", error=error, error_code=int(error_code)))
+        return self._transaction(lambda tx: self._end_job(tx, job_id, state=int(JobState.FAILED), stage="failed", error=error, error_code=int(error_code)))
 
     # -- tasks --------------------------------------------------------------------------------------
     def claim(self, worker: str, lease_s: float, max_attempts: int) -> Task | None:
@@ -409,21 +414,38 @@ class SqlJobStore(JobStore):
             "lease_expires = ?, ready_time = ? WHERE job_id = ? AND idx = ?",
             (token, worker, expires, ready, job_id, index),
         )
-        self._update_job(tx, job_id, only_if=f"state = {int(JobState.QUEUED)}", state=int(JobState.RUNNING),
-                         stage="join" if index == JOIN_INDEX else "render", start_time=now)
-        return Task(job_id=job_id, index=index, start_frame=int(row["start_frame"]), end_frame=int(row["end_frame"]),
-                    attempts=attempts + 1, token=token, lease_expires=expires, ready_time=ready)
+        self._update_job(
+            tx,
+            job_id,
+            only_if=f"state = {int(JobState.QUEUED)}",
+            state=int(JobState.RUNNING),
+            stage="join" if index == JOIN_INDEX else "render",
+            start_time=now,
+        )
+        return Task(
+            job_id=job_id,
+            index=index,
+            start_frame=int(row["start_frame"]),
+            end_frame=int(row["end_frame"]),
+            attempts=attempts + 1,
+            token=token,
+            lease_expires=expires,
+            ready_time=ready,
+        )
 
     def renew(self, task: Task, lease_s: float) -> bool:
         # An expired lease that nobody re-claimed is still this claim's: renewing it loses nothing.
-        return self._transaction(lambda tx: tx.execute(
-            f"UPDATE tasks SET lease_expires = ? WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
-            (tx.now() + lease_s, task.job_id, task.index, task.token),
-        ) > 0)
+        return self._transaction(
+            lambda tx: (
+                tx.execute(
+                    f"UPDATE tasks SET lease_expires = ? WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
+                    (tx.now() + lease_s, task.job_id, task.index, task.token),
+                )
+                > 0
+            )
+        )
 
-    def complete_segment(
-        self, task: Task, frames: int, stage_seconds: dict[str, float], models: list[dict]
-    ) -> bool:
+    def complete_segment(self, task: Task, frames: int, stage_seconds: dict[str, float], models: list[dict]) -> bool:
         if task.is_join:
             raise ValueError("complete_segment was given the join; use complete_join")
 
@@ -443,8 +465,7 @@ class SqlJobStore(JobStore):
             if done >= job.segments_total:
                 fields["stage"] = "join"
                 tx.execute(
-                    f"UPDATE tasks SET state = {_WAITING}, ready_time = ? "
-                    f"WHERE job_id = ? AND idx = ? AND state = {_BLOCKED}",
+                    f"UPDATE tasks SET state = {_WAITING}, ready_time = ? WHERE job_id = ? AND idx = ? AND state = {_BLOCKED}",
                     (tx.now(), task.job_id, JOIN_INDEX),
                 )
             self._update_job(tx, task.job_id, **fields)
@@ -460,32 +481,45 @@ class SqlJobStore(JobStore):
             if not self._finish_task(tx, task):
                 return False
             job = self._job(tx, task.job_id)
-            return self._end_job(tx, task.job_id, state=int(JobState.SUCCEEDED), stage="done",
-                                 output_key=output_key, output_bytes=int(output_bytes),
-                                 stage_seconds=encode_json(add_seconds(job.stage_seconds, stage_seconds)))
+            return self._end_job(
+                tx,
+                task.job_id,
+                state=int(JobState.SUCCEEDED),
+                stage="done",
+                output_key=output_key,
+                output_bytes=int(output_bytes),
+                stage_seconds=encode_json(add_seconds(job.stage_seconds, stage_seconds)),
+            )
 
         return self._transaction(run)
 
     def release(self, task: Task, count_attempt: bool = True) -> None:
-        self._transaction(lambda tx: tx.execute(
-            f"UPDATE tasks SET state = {_WAITING}, token = '', worker = '', lease_expires = 0, ready_time = ?, "
-            f"attempts = attempts - ? WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
-            (tx.now(), 0 if count_attempt else 1, task.job_id, task.index, task.token),
-        ))
+        self._transaction(
+            lambda tx: tx.execute(
+                f"UPDATE tasks SET state = {_WAITING}, token = '', worker = '', lease_expires = 0, ready_time = ?, "
+                f"attempts = attempts - ? WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
+                (tx.now(), 0 if count_attempt else 1, task.job_id, task.index, task.token),
+            )
+        )
 
     def job_tasks_active(self, job_id: str) -> bool:
-        return self._transaction(lambda tx: tx.one(
-            f"SELECT 1 AS x FROM tasks WHERE job_id = ? AND state = {_LEASED} AND lease_expires > ? LIMIT 1",
-            (job_id, tx.now()),
-        ) is not None, write=False)
+        return self._transaction(
+            lambda tx: (
+                tx.one(
+                    f"SELECT 1 AS x FROM tasks WHERE job_id = ? AND state = {_LEASED} AND lease_expires > ? LIMIT 1",
+                    (job_id, tx.now()),
+                )
+                is not None
+            ),
+            write=False,
+        )
 
     def queue_stats(self) -> QueueStats:
         def run(tx: Tx) -> QueueStats:
             now = tx.now()
             claimable = f"(state = {_WAITING} OR (state = {_LEASED} AND lease_expires <= ?))"
             row = tx.one(
-                f"SELECT count(*) AS n, min(CASE WHEN state = {_WAITING} THEN ready_time ELSE lease_expires END) "
-                f"AS oldest FROM tasks WHERE {claimable}",
+                f"SELECT count(*) AS n, min(CASE WHEN state = {_WAITING} THEN ready_time ELSE lease_expires END) AS oldest FROM tasks WHERE {claimable}",
                 (now,),
             )
             leased = tx.one(f"SELECT count(*) AS n FROM tasks WHERE state = {_LEASED} AND lease_expires > ?", (now,))
@@ -503,11 +537,12 @@ class SqlJobStore(JobStore):
     # -- avatars ------------------------------------------------------------------------------------
     def put_avatar(self, avatar: AvatarRecord) -> None:
         values = dataclasses.asdict(avatar)
-        self._transaction(lambda tx: tx.execute(
-            f"INSERT INTO avatars ({', '.join(values)}) VALUES ({', '.join('?' * len(values))}) "
-            "ON CONFLICT (id) DO NOTHING",
-            list(values.values()),
-        ))
+        self._transaction(
+            lambda tx: tx.execute(
+                f"INSERT INTO avatars ({', '.join(values)}) VALUES ({', '.join('?' * len(values))}) ON CONFLICT (id) DO NOTHING",
+                list(values.values()),
+            )
+        )
 
     def get_avatar(self, avatar_id: str) -> AvatarRecord:
         row = self._transaction(lambda tx: tx.one("SELECT * FROM avatars WHERE id = ?", (avatar_id,)), write=False)
@@ -516,8 +551,7 @@ class SqlJobStore(JobStore):
         return avatar_from_row(row)
 
     def list_avatars(self, limit: int = 1000) -> list[AvatarRecord]:
-        rows = self._transaction(lambda tx: tx.query(
-            "SELECT * FROM avatars ORDER BY create_time, id LIMIT ?", (int(limit),)), write=False)
+        rows = self._transaction(lambda tx: tx.query("SELECT * FROM avatars ORDER BY create_time, id LIMIT ?", (int(limit),)), write=False)
         return [avatar_from_row(row) for row in rows]
 
     def delete_avatar(self, avatar_id: str) -> None:

@@ -56,7 +56,7 @@ class BlobStore(abc.ABC):
     def list(self, prefix: str) -> list[str]:
         """Keys starting with `prefix`, sorted."""
 
-    def close(self) -> None:  # noqa: B027 - optional
+    def close(self) -> None:
         """Release connections."""
 
 

@@ -125,9 +125,7 @@ class FolderBlobStore(BlobStore):
                 if attempt == _WRITE_ATTEMPTS - 1:
                     raise
             except (NotADirectoryError, IsADirectoryError, FileExistsError) as e:
-                raise ValueError(
-                    f"blob key {key!r}: a folder store cannot hold both a key and keys below it ({e})"
-                ) from e
+                raise ValueError(f"blob key {key!r}: a folder store cannot hold both a key and keys below it ({e})") from e
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -43,7 +43,7 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 class TaskState(str, enum.Enum):
     BLOCKED = "blocked"  # the join, until every segment is done
     WAITING = "waiting"  # claimable
-    LEASED = "leased"    # a worker holds it until lease_expires (then claimable again)
+    LEASED = "leased"  # a worker holds it until lease_expires (then claimable again)
     DONE = "done"
 
 
@@ -53,14 +53,14 @@ class NewJob:
 
     id: str
     avatar_id: str
-    owner: str                 # the client (API key name, or "" when keys are off): per-client limits
-    options: bytes             # a serialized lipline.v1.JobOptions
+    owner: str  # the client (API key name, or "" when keys are off): per-client limits
+    options: bytes  # a serialized lipline.v1.JobOptions
     audio_seconds: float
     fps: float
     total_frames: int
     segments: Sequence[tuple[int, int]]  # [start, end) frame ranges, consecutive, covering total_frames
     stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
-    trace_context: str = ""    # the submitting request's trace context (JSON of W3C headers), or ""
+    trace_context: str = ""  # the submitting request's trace context (JSON of W3C headers), or ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,25 +69,25 @@ class Job:
     avatar_id: str
     owner: str
     state: JobState
-    stage: str                 # "queued", "render", "join", "done", "failed", "cancelled"
+    stage: str  # "queued", "render", "join", "done", "failed", "cancelled"
     options: bytes
     audio_seconds: float
     fps: float
     total_frames: int
-    frames_done: int           # frames of the segments done so far
+    frames_done: int  # frames of the segments done so far
     segments_total: int
     segments_done: int
     error: str
-    error_code: int            # grpc.StatusCode value[0]; 0 = OK
-    models: list[dict]         # [{"name", "backend", "precision"}], as the stages reported them
+    error_code: int  # grpc.StatusCode value[0]; 0 = OK
+    models: list[dict]  # [{"name", "backend", "precision"}], as the stages reported them
     stage_seconds: dict[str, float]  # summed over the job's tasks
     create_time: float
-    start_time: float          # first claim; 0 = not started
-    finish_time: float         # 0 = not finished
-    output_key: str            # blob key of the MP4 once SUCCEEDED
+    start_time: float  # first claim; 0 = not started
+    finish_time: float  # 0 = not finished
+    output_key: str  # blob key of the MP4 once SUCCEEDED
     output_bytes: int
-    version: int               # +1 on every change
-    trace_context: str = ""    # see NewJob
+    version: int  # +1 on every change
+    trace_context: str = ""  # see NewJob
 
     @property
     def terminal(self) -> bool:
@@ -99,14 +99,14 @@ class Task:
     """A claimed task, as its worker holds it (the lease is identified by `token`)."""
 
     job_id: str
-    index: int                 # segment index, or JOIN_INDEX
-    start_frame: int           # [start, end) frames; the join spans the whole clip
+    index: int  # segment index, or JOIN_INDEX
+    start_frame: int  # [start, end) frames; the join spans the whole clip
     end_frame: int
-    attempts: int              # claims so far, this one included
-    token: str                 # unique per claim: renew/complete/release must present it
+    attempts: int  # claims so far, this one included
+    token: str  # unique per claim: renew/complete/release must present it
     lease_expires: float
-    ready_time: float          # when the task last became claimable (created, unblocked, released
-                               # or its lease expired): claim time minus this = queue wait
+    ready_time: float  # when the task last became claimable (created, unblocked, released
+    # or its lease expired): claim time minus this = queue wait
 
     @property
     def is_join(self) -> bool:
@@ -129,10 +129,10 @@ class AvatarRecord:
 class QueueStats:
     """For metrics and autoscaling (DESIGN.md section 5)."""
 
-    waiting: int               # segment and join tasks claimable now (expired leases included)
-    leased: int                # tasks held by a live lease
-    oldest_wait_s: float       # how long the oldest claimable task has waited (0 when none)
-    active_jobs: int           # QUEUED + RUNNING jobs
+    waiting: int  # segment and join tasks claimable now (expired leases included)
+    leased: int  # tasks held by a live lease
+    oldest_wait_s: float  # how long the oldest claimable task has waited (0 when none)
+    active_jobs: int  # QUEUED + RUNNING jobs
 
 
 class JobStore(abc.ABC):
@@ -188,9 +188,7 @@ class JobStore(abc.ABC):
         job was cancelled or failed): the worker must stop and drop its work."""
 
     @abc.abstractmethod
-    def complete_segment(
-        self, task: Task, frames: int, stage_seconds: dict[str, float], models: list[dict]
-    ) -> bool:
+    def complete_segment(self, task: Task, frames: int, stage_seconds: dict[str, float], models: list[dict]) -> bool:
         """Mark a segment DONE (only with the current lease, else False), add its frames and
         stage_seconds to the job, record `models` if the job has none; when it was the last
         segment, the join becomes WAITING and the job's stage "join"."""

@@ -121,9 +121,7 @@ class S3BlobStore(BlobStore):
         retry: dict[str, Any] = dict(DEFAULT_RETRY_CONFIG)
         retry.update(retry_config or {})
 
-        self._store = S3Store(
-            self.bucket, prefix=self.prefix or None, config=config, client_options=client, retry_config=retry
-        )
+        self._store = S3Store(self.bucket, prefix=self.prefix or None, config=config, client_options=client, retry_config=retry)
 
     def __repr__(self) -> str:
         return f"S3BlobStore({self.url!r})"
@@ -225,14 +223,14 @@ class S3BlobStore(BlobStore):
                 buf = next(stream)
             except StopIteration:
                 return
-            except Exception as e:  # noqa: BLE001 - mapped or re-raised
+            except Exception as e:
                 raise self._map_error(e, key) from e
             yield buf
 
     def _call(self, key: str, fn: Callable[[], T], *, write: bool = False) -> T:
         try:
             return fn()
-        except Exception as e:  # noqa: BLE001 - mapped or re-raised
+        except Exception as e:
             mapped = self._map_error(e, key, write=write)
             if mapped is e:
                 raise

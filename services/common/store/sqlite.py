@@ -38,7 +38,7 @@ def sqlite_path(url: str) -> Path:
     """`sqlite:///relative.db` -> relative.db; `sqlite:////abs/path.db` -> /abs/path.db."""
     if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
         raise ValueError(f"SQLite job store URL {url!r}: use sqlite:///relative/path.db or sqlite:////abs/path.db")
-    return Path(url[len("sqlite:///"):])
+    return Path(url[len("sqlite:///") :])
 
 
 class _Connection(sqlite3.Connection):
@@ -82,8 +82,7 @@ class SqliteJobStore(SqlJobStore):
         if self._closed:
             raise StoreUnavailable(f"the SQLite job store {self.path} is closed")
         try:
-            conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None,
-                                   check_same_thread=False, factory=_Connection)
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False, factory=_Connection)
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
             self._enable_wal(conn)

@@ -67,7 +67,7 @@ def test_mel_chunks_match_wav2lip_exactly(mel_vector):
     starts = mel_vector["mel_chunk_starts"]
     assert len(chunks) == len(starts) == 30
     for chunk, start in zip(chunks, starts):
-        np.testing.assert_array_equal(chunk, mel[:, start:start + 16])
+        np.testing.assert_array_equal(chunk, mel[:, start : start + 16])
     # The tail chunk is the last 16 columns (here it repeats the previous regular chunk).
     assert mel_vector["mel_chunk_is_tail"][-1] and not mel_vector["mel_chunk_is_tail"][:-1].any()
     np.testing.assert_array_equal(chunks[-1], mel[:, -16:])
@@ -90,7 +90,7 @@ def test_mel_windows_agree_with_mel_chunks(mel_vector):
     chunks = mel_chunks(mel, fps)
     windows = mel_windows(mel, fps, len(chunks))
     np.testing.assert_array_equal(windows[:-1], chunks[:-1])
-    np.testing.assert_array_equal(windows[-1], mel[:, mel.shape[1] - 16:])
+    np.testing.assert_array_equal(windows[-1], mel[:, mel.shape[1] - 16 :])
     np.testing.assert_array_equal(windows, chunks)  # so in fact they agree entirely
 
 
@@ -102,7 +102,7 @@ def test_mel_windows_clamp_past_the_end(mel_vector, fps):
     assert windows.shape == (100, 80, 16) and windows.dtype == np.float32
     for i, window in enumerate(windows):
         start = min(int(i * (80.0 / fps)), total - 16)
-        np.testing.assert_array_equal(window, mel[:, start:start + 16])
+        np.testing.assert_array_equal(window, mel[:, start : start + 16])
     np.testing.assert_array_equal(windows[-1], mel[:, -16:])
 
 

@@ -98,14 +98,18 @@ def _no_audio_stream() -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("data, limit, error", [
-    (b"", None, InvalidMedia),
-    (np.random.default_rng(0).bytes(5000), None, InvalidMedia),
-    (encode_tone("wav", 1.0)[:30], None, InvalidMedia),
-    (_no_audio_stream(), None, InvalidMedia),
-    (multichannel_wav(0.2, MAX_CHANNELS + 1), None, InvalidMedia),
-    (encode_tone("wav", 1.5), 1.0, TooLarge),
-], ids=["empty", "random", "truncated", "no-audio-stream", "too-many-channels", "too-long"])
+@pytest.mark.parametrize(
+    "data, limit, error",
+    [
+        (b"", None, InvalidMedia),
+        (np.random.default_rng(0).bytes(5000), None, InvalidMedia),
+        (encode_tone("wav", 1.0)[:30], None, InvalidMedia),
+        (_no_audio_stream(), None, InvalidMedia),
+        (multichannel_wav(0.2, MAX_CHANNELS + 1), None, InvalidMedia),
+        (encode_tone("wav", 1.5), 1.0, TooLarge),
+    ],
+    ids=["empty", "random", "truncated", "no-audio-stream", "too-many-channels", "too-long"],
+)
 def test_bad_uploads_are_refused_with_lipline_errors(data: bytes, limit: float | None, error: type) -> None:
     with pytest.raises(error):
         decode_audio(data, 16000, limit)

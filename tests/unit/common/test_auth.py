@@ -29,16 +29,19 @@ def test_parse_api_keys_names_and_bare_keys() -> None:
     assert keys[bare[0]] == "z" * 20
 
 
-@pytest.mark.parametrize("text, why", [
-    ("", "holds no key"),
-    ("# only a comment\n", "holds no key"),
-    ("alice:short", "line 1"),
-    (f"alice:{ALICE}\nalice:{BOB}", "appears twice"),
-    (f"alice:{ALICE}\nbob:{ALICE}", "same key appears twice"),
-    (f"al ice:{ALICE}", "key name"),
-    (f"alice:{ALICE} with spaces", "printable ASCII"),
-    ("alice:" + "k" * 200, "printable ASCII"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("", "holds no key"),
+        ("# only a comment\n", "holds no key"),
+        ("alice:short", "line 1"),
+        (f"alice:{ALICE}\nalice:{BOB}", "appears twice"),
+        (f"alice:{ALICE}\nbob:{ALICE}", "same key appears twice"),
+        (f"al ice:{ALICE}", "key name"),
+        (f"alice:{ALICE} with spaces", "printable ASCII"),
+        ("alice:" + "k" * 200, "printable ASCII"),
+    ],
+)
 def test_parse_api_keys_refuses_bad_files_without_showing_keys(text: str, why: str) -> None:
     with pytest.raises(ValueError, match=why) as caught:
         parse_api_keys(text)
@@ -52,8 +55,14 @@ def test_auth_decision() -> None:
     assert auth.authenticate({"x-api-key": BOB.encode()}) == "bob"
     assert auth.authenticate({"authorization": f"Bearer {BOB}"}) == "bob"
     assert auth.authenticate({"authorization": f"bearer {ALICE}"}) == "alice"
-    for metadata in ({}, {"x-api-key": "nope"}, {"x-api-key": ALICE + "x"}, {"authorization": ALICE},
-                     {"authorization": "Bearer "}, {"x-api-key": "", "authorization": f"Bearer {ALICE}"}):
+    for metadata in (
+        {},
+        {"x-api-key": "nope"},
+        {"x-api-key": ALICE + "x"},
+        {"authorization": ALICE},
+        {"authorization": "Bearer "},
+        {"x-api-key": "", "authorization": f"Bearer {ALICE}"},
+    ):
         with pytest.raises(PermissionError, match="send an API key in the x-api-key metadata") as caught:
             auth.authenticate(metadata)
         assert ALICE not in str(caught.value) and BOB not in str(caught.value)

@@ -66,9 +66,7 @@ def _sample(metrics: Metrics, name: str) -> float | None:
 
 def test_concurrent_callers_share_one_batch() -> None:
     async def body(batcher: DynamicBatcher, model: FakeModel, _m: Metrics) -> None:
-        a, b, c = await asyncio.gather(
-            batcher.submit_many([1, 2, 3, 4, 5]), batcher.submit_many([11, 12, 13]), batcher.submit(21)
-        )
+        a, b, c = await asyncio.gather(batcher.submit_many([1, 2, 3, 4, 5]), batcher.submit_many([11, 12, 13]), batcher.submit(21))
         assert a == [10, 20, 30, 40, 50]
         assert b == [110, 120, 130]
         assert c == 210
@@ -165,9 +163,7 @@ def test_a_failing_item_fails_only_its_caller_and_the_loop_lives_on() -> None:
         assert isinstance(bad, ValueError) and str(bad) == "model exploded"
         assert innocent == 10
         # A caller whose items span the failing item gets the error; the other caller its outputs.
-        failed, fine = await asyncio.gather(
-            batcher.submit_many(["bad", 2]), batcher.submit_many([3, 4]), return_exceptions=True
-        )
+        failed, fine = await asyncio.gather(batcher.submit_many(["bad", 2]), batcher.submit_many([3, 4]), return_exceptions=True)
         assert isinstance(failed, ValueError)
         assert fine == [30, 40]
         # And the batcher keeps serving.
@@ -265,7 +261,7 @@ def test_bounded_queue_makes_submit_wait() -> None:
             blocked = asyncio.create_task(batcher.submit(3))
             await asyncio.sleep(0.05)
             assert not blocked.done()
-            assert batcher._queue.qsize() == 2  # noqa: SLF001 - the bound itself
+            assert batcher._queue.qsize() == 2
             release.set()
             assert await asyncio.wait_for(asyncio.gather(first, filler, blocked), 5) == [0, [10, 20], 30]
         finally:

@@ -22,14 +22,16 @@ def _small() -> nn.Module:
 
 def test_clean_state_dict_strips_wrapper_prefixes() -> None:
     t = torch.zeros(1)
-    cleaned = clean_state_dict({
-        "module.a.weight": t,
-        "_orig_mod.b.weight": t,
-        "module.module.c.weight": t,
-        "_orig_mod.module.d.weight": t,  # torch.compile of a DataParallel model
-        "module._orig_mod.e.weight": t,
-        "f.weight": t,
-    })
+    cleaned = clean_state_dict(
+        {
+            "module.a.weight": t,
+            "_orig_mod.b.weight": t,
+            "module.module.c.weight": t,
+            "_orig_mod.module.d.weight": t,  # torch.compile of a DataParallel model
+            "module._orig_mod.e.weight": t,
+            "f.weight": t,
+        }
+    )
     assert list(cleaned) == ["a.weight", "b.weight", "c.weight", "d.weight", "e.weight", "f.weight"]
     assert all(v is t for v in cleaned.values())
 

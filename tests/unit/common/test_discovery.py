@@ -22,12 +22,24 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.models import (
-    V1Endpoint, V1EndpointConditions, V1EndpointSlice, V1EndpointSliceList, V1ListMeta, V1ObjectMeta,
+    V1Endpoint,
+    V1EndpointConditions,
+    V1EndpointSlice,
+    V1EndpointSliceList,
+    V1ListMeta,
+    V1ObjectMeta,
 )
 
 from services.common.discovery import (
-    DiscoveredChannel, DiscoveredStageClients, FileDiscovery, KubernetesDiscovery, NoAddresses, StaticDiscovery,
-    discovery_for, endpoint_slice_addresses, parse_k8s_target,
+    DiscoveredChannel,
+    DiscoveredStageClients,
+    FileDiscovery,
+    KubernetesDiscovery,
+    NoAddresses,
+    StaticDiscovery,
+    discovery_for,
+    endpoint_slice_addresses,
+    parse_k8s_target,
 )
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -43,6 +55,7 @@ async def until(check: Callable[[], Any], timeout: float = 5.0) -> Any:
 
 
 # ----- parsing and the static / file sources -----
+
 
 @pytest.mark.parametrize(
     ("setting", "kind", "addresses"),
@@ -99,6 +112,7 @@ def test_file_discovery_rereads(tmp_path: Path) -> None:
 
 # ----- the channel swap, with real gRPC servers -----
 
+
 async def health_server(status: int) -> tuple[grpc.aio.Server, health.aio.HealthServicer, str]:
     server = grpc.aio.server()
     servicer = health.aio.HealthServicer()
@@ -133,7 +147,7 @@ def test_channel_swaps_for_new_calls_and_lets_streams_finish() -> None:
         # The old channel still carries its stream (within the grace), and takes no new call.
         await a_health.set("", NOT_SERVING)
         assert (await asyncio.wait_for(stream.read(), 5)).status == NOT_SERVING
-        with pytest.raises(Exception):  # noqa: B017 - grpc raises UsageError on a closing channel
+        with pytest.raises(Exception):
             await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
         stream.cancel()
         await until(lambda: not provider._retiring)  # closed once its last call ended
@@ -176,6 +190,7 @@ def test_stage_clients_wait_for_a_first_address(tmp_path: Path) -> None:
 
 
 # ----- the Kubernetes watch, against a fake API -----
+
 
 def endpoint_slice(name: str, endpoints: list[tuple[str, bool | None]], version: str = "1") -> V1EndpointSlice:
     return V1EndpointSlice(
@@ -241,8 +256,9 @@ class FakeDiscoveryApi:
 def test_endpoint_slice_addresses_keep_ready_ones() -> None:
     s = endpoint_slice("a", [("10.0.0.1", True), ("10.0.0.2", False), ("10.0.0.3", None)])
     assert endpoint_slice_addresses(s, 50062) == {"10.0.0.1:50062", "10.0.0.3:50062"}
-    s6 = V1EndpointSlice(address_type="IPv6", metadata=V1ObjectMeta(name="b"),
-                         endpoints=[V1Endpoint(addresses=["fd00::1"], conditions=V1EndpointConditions(ready=True))])
+    s6 = V1EndpointSlice(
+        address_type="IPv6", metadata=V1ObjectMeta(name="b"), endpoints=[V1Endpoint(addresses=["fd00::1"], conditions=V1EndpointConditions(ready=True))]
+    )
     assert endpoint_slice_addresses(s6, 1) == {"[fd00::1]:1"}
     fqdn = V1EndpointSlice(address_type="FQDN", metadata=V1ObjectMeta(name="c"), endpoints=[V1Endpoint(addresses=["x.example"])])
     assert endpoint_slice_addresses(fqdn, 1) == set()

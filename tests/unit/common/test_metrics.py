@@ -62,8 +62,14 @@ def test_histogram_types_and_gauges() -> None:
     m = Metrics("x")
     _observe_everything(m)
     text = generate_latest(m.registry).decode()
-    for name in ("lipline_stage_queue_seconds", "lipline_stage_compute_seconds", "lipline_stage_batch_size",
-                 "lipline_job_seconds", "lipline_job_realtime_factor", "lipline_render_first_frame_seconds"):
+    for name in (
+        "lipline_stage_queue_seconds",
+        "lipline_stage_compute_seconds",
+        "lipline_stage_batch_size",
+        "lipline_job_seconds",
+        "lipline_job_realtime_factor",
+        "lipline_render_first_frame_seconds",
+    ):
         assert f"# TYPE {name} histogram" in text
     for name in ("lipline_stage_inflight_items", "lipline_stage_queue_depth", "lipline_backend_info"):
         assert f"# TYPE {name} gauge" in text
@@ -75,12 +81,10 @@ def test_backend_info_carries_its_labels_and_is_replaced() -> None:
     m = Metrics("lipsync")
     m.set_backend("procedural", "cpu", "fp32")
     m.set_backend("wav2lip", "torch", "fp16")
-    lines = [line for line in generate_latest(m.registry).decode().splitlines()
-             if line.startswith("lipline_backend_info{")]
+    lines = [line for line in generate_latest(m.registry).decode().splitlines() if line.startswith("lipline_backend_info{")]
     assert len(lines) == 1  # the previous backend is cleared
     line = lines[0]
-    for label in ('stage="lipsync"', 'model="wav2lip"', 'backend="torch"', 'precision="fp16"', "torch=",
-                  "cuda=", "cudnn=", "tensorrt="):
+    for label in ('stage="lipsync"', 'model="wav2lip"', 'backend="torch"', 'precision="fp16"', "torch=", "cuda=", "cudnn=", "tensorrt="):
         assert label in line
     assert line.endswith(" 1.0")
 
@@ -125,6 +129,8 @@ def test_the_audio_service_does_not_load_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from services.audio.service import AudioService; from services.common.metrics import Metrics; "
-            "Metrics('audio').set_backend('wav2lip-mel', 'cpu', 'fp32'); sys.exit('torch' in sys.modules)")
+    code = (
+        "import sys; from services.audio.service import AudioService; from services.common.metrics import Metrics; "
+        "Metrics('audio').set_backend('wav2lip-mel', 'cpu', 'fp32'); sys.exit('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

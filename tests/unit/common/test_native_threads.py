@@ -27,8 +27,7 @@ print(json.dumps({"blas": blas, "opencv": cv2.getNumThreads()}))
 
 def probe(module: str, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
-    done = subprocess.run([sys.executable, "-c", PROBE, module], cwd=REPO_ROOT, env={**clean, **env},
-                          capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run([sys.executable, "-c", PROBE, module], cwd=REPO_ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -52,6 +51,12 @@ def test_gpu_stages_keep_the_defaults() -> None:
 
 
 def cv2_default() -> int:
-    done = subprocess.run([sys.executable, "-c", "import cv2; print(cv2.getNumThreads())"], capture_output=True,
-                          text=True, timeout=60, check=True, env={k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES})
+    done = subprocess.run(
+        [sys.executable, "-c", "import cv2; print(cv2.getNumThreads())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES},
+    )
     return int(done.stdout)

@@ -17,13 +17,13 @@ import torch
 from services.common.resize import lanczos4_matrix, lanczos4_resize, round_like_opencv
 
 CASES = [
-    ((96, 96), (150, 150)),    # the usual 96 px face to a paste size
+    ((96, 96), (150, 150)),  # the usual 96 px face to a paste size
     ((384, 384), (250, 250)),  # x4 output shrunk (no antialiasing, 8 taps)
     ((384, 384), (400, 400)),  # x4 output grown a little
-    ((96, 80), (170, 131)),    # non-square, different factor per axis
-    ((384, 384), (97, 301)),   # shrink one axis, grow-ish the other
-    ((100, 120), (37, 41)),    # strong downscale
-    ((7, 5), (23, 11)),        # smaller than the 8-tap window: every tap hits a border
+    ((96, 80), (170, 131)),  # non-square, different factor per axis
+    ((384, 384), (97, 301)),  # shrink one axis, grow-ish the other
+    ((100, 120), (37, 41)),  # strong downscale
+    ((7, 5), (23, 11)),  # smaller than the 8-tap window: every tap hits a border
 ]
 
 

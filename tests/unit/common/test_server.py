@@ -31,14 +31,14 @@ class EchoService(Service[ServiceSettings]):
 
     def __init__(self, settings: ServiceSettings, metrics: Metrics) -> None:
         super().__init__(settings, metrics)
-        self.gate = asyncio.Event()      # load() returns once this is set
-        self.loading = asyncio.Event()   # set when load() has started (the port is open)
+        self.gate = asyncio.Event()  # load() returns once this is set
+        self.loading = asyncio.Event()  # set when load() has started (the port is open)
         self.closed = False
         self.request_ids: list[str] = []
         self.client_ids: list[str] = []
-        self.idle_open = 0               # Idle streams whose handler is running
-        self.forever = asyncio.Event()   # never set: Idle streams wait on it
-        self.flood_sent = 0              # messages Flood streams have handed to gRPC
+        self.idle_open = 0  # Idle streams whose handler is running
+        self.forever = asyncio.Event()  # never set: Idle streams wait on it
+        self.flood_sent = 0  # messages Flood streams have handed to gRPC
 
     @property
     def service_names(self) -> Sequence[str]:
@@ -109,14 +109,13 @@ class EchoService(Service[ServiceSettings]):
         return str(total).encode()
 
 
-def run_server(test: Callable[[EchoService, ServiceRunner, grpc.aio.Channel], Awaitable[None]],
-               port_file: Path | None = None, ready: bool = True, **settings: Any) -> EchoService:
+def run_server(
+    test: Callable[[EchoService, ServiceRunner, grpc.aio.Channel], Awaitable[None]], port_file: Path | None = None, ready: bool = True, **settings: Any
+) -> EchoService:
     """Start EchoService on 127.0.0.1:0 (loaded unless ready=False), run `test`, stop the server."""
 
     async def main() -> EchoService:
-        settings_ = ServiceSettings(
-            host="127.0.0.1", port=0, metrics_port=-1, grace_s=1.0, port_file=str(port_file or ""), **settings
-        )
+        settings_ = ServiceSettings(host="127.0.0.1", port=0, metrics_port=-1, grace_s=1.0, port_file=str(port_file or ""), **settings)
         service = EchoService(settings_, Metrics("test"))
         runner = ServiceRunner(service)
         start = asyncio.create_task(runner.start())
@@ -153,9 +152,7 @@ async def call_error(call: Awaitable[Any] | AsyncIterator[Any]) -> grpc.aio.AioR
 
 
 def requests_count(service: EchoService, method: str, code: str) -> float:
-    value = service.metrics.registry.get_sample_value(
-        "lipline_stage_requests_total", {"stage": "test", "method": method, "code": code}
-    )
+    value = service.metrics.registry.get_sample_value("lipline_stage_requests_total", {"stage": "test", "method": method, "code": code})
     return value or 0.0
 
 
@@ -365,14 +362,17 @@ def test_no_caps_when_zero() -> None:
     run_server(test, max_concurrent_streams=0, max_streams_per_client=0)
 
 
-@pytest.mark.parametrize(("metadata", "peer", "identity"), [
-    ({}, "ipv4:10.1.2.3:45678", "ip:10.1.2.3"),
-    ({}, "ipv6:[::1]:45678", "ip:::1"),
-    ({}, "ipv6:%5B2001:db8::7%5D:443", "ip:2001:db8::7"),
-    ({}, "unix:/tmp/socket", "unix:/tmp/socket"),
-    ({}, "", "unknown"),
-    ({"x-api-key": "team-7"}, "ipv4:10.1.2.3:45678", "key:team-7"),
-])
+@pytest.mark.parametrize(
+    ("metadata", "peer", "identity"),
+    [
+        ({}, "ipv4:10.1.2.3:45678", "ip:10.1.2.3"),
+        ({}, "ipv6:[::1]:45678", "ip:::1"),
+        ({}, "ipv6:%5B2001:db8::7%5D:443", "ip:2001:db8::7"),
+        ({}, "unix:/tmp/socket", "unix:/tmp/socket"),
+        ({}, "", "unknown"),
+        ({"x-api-key": "team-7"}, "ipv4:10.1.2.3:45678", "key:team-7"),
+    ],
+)
 def test_client_identity(metadata: dict[str, str], peer: str, identity: str) -> None:
     assert client_identity(metadata, peer) == identity
 

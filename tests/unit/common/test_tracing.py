@@ -17,8 +17,10 @@ from services.common.tracing import choose_exporter
         ({"OTEL_TRACES_EXPORTER": "console"}, "console"),
         ({"OTEL_TRACES_EXPORTER": "otlp"}, "otlp-grpc"),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "otlp-http"),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
-          "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "otlp-http"),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "otlp-http",
+        ),
         ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, None),
         ({"OTEL_SDK_DISABLED": "false", "OTEL_TRACES_EXPORTER": "console"}, "console"),
     ],

@@ -45,8 +45,7 @@ class FakeGateway(gateway_pb2_grpc.GatewayServicer):
     """WatchJob plays the next script: a list of Jobs to send, then an optional status to end with.
     GetJob answers `current` (or `get_error`)."""
 
-    def __init__(self, watches: list[tuple[list[gateway_pb2.Job], grpc.StatusCode | None]],
-                 current: gateway_pb2.Job | None = None) -> None:
+    def __init__(self, watches: list[tuple[list[gateway_pb2.Job], grpc.StatusCode | None]], current: gateway_pb2.Job | None = None) -> None:
         self.watches = list(watches)
         self.current = current or job(RUNNING)
         self.get_error: grpc.StatusCode | None = None
@@ -54,7 +53,7 @@ class FakeGateway(gateway_pb2_grpc.GatewayServicer):
         self.api_keys: list[str | None] = []
         self.sent = threading.Event()  # set once a WatchJob has sent its jobs
 
-    def WatchJob(self, request, context):  # noqa: ANN001, ANN201, N802
+    def WatchJob(self, request, context):
         self.calls.append("WatchJob")
         self.api_keys.append(dict(context.invocation_metadata()).get("x-api-key"))
         jobs, status = self.watches.pop(0) if self.watches else ([], UNAVAILABLE)
@@ -63,7 +62,7 @@ class FakeGateway(gateway_pb2_grpc.GatewayServicer):
         if status is not None:
             context.abort(status, "scripted cut")
 
-    def GetJob(self, request, context):  # noqa: ANN001, ANN201, N802
+    def GetJob(self, request, context):
         self.calls.append("GetJob")
         if self.get_error is not None:
             context.abort(self.get_error, "scripted failure")
@@ -88,8 +87,7 @@ def client_of(port: int, **kwargs: object) -> LiplineClient:
 
 
 def test_wait_resumes_a_cut_stream() -> None:
-    fake = FakeGateway([([job(QUEUED), job(RUNNING, 0.2)], UNAVAILABLE),
-                        ([job(RUNNING, 0.6), job(DONE, 1.0)], None)], current=job(RUNNING, 0.4))
+    fake = FakeGateway([([job(QUEUED), job(RUNNING, 0.2)], UNAVAILABLE), ([job(RUNNING, 0.6), job(DONE, 1.0)], None)], current=job(RUNNING, 0.4))
     seen: list[tuple[int, float]] = []
     with serve(fake) as (_, port), client_of(port, api_key="team-7") as client:
         final = client.wait("j1", lambda j: seen.append((j.state, round(j.progress, 1))), backoff_s=0.01)
@@ -124,12 +122,11 @@ def test_wait_rides_out_a_gateway_restart_on_the_same_port() -> None:
     with contextlib.ExitStack() as stack:
         server, port = stack.enter_context(serve(first))
         client = stack.enter_context(client_of(port, timeout=60.0))
-        thread = threading.Thread(target=lambda: result.update(job=client.wait("j1", lambda j: seen.append(j.progress),
-                                                                               backoff_s=0.2, max_backoff_s=1.0)))
+        thread = threading.Thread(target=lambda: result.update(job=client.wait("j1", lambda j: seen.append(j.progress), backoff_s=0.2, max_backoff_s=1.0)))
         thread.start()
         assert first.sent.wait(10)
         server.stop(0).wait()  # the gateway dies with the stream open
-        time.sleep(1.5)        # down: the client's calls fail meanwhile
+        time.sleep(1.5)  # down: the client's calls fail meanwhile
         with serve(second, port):
             thread.join(30)
     assert not thread.is_alive()
@@ -140,10 +137,12 @@ def test_wait_rides_out_a_gateway_restart_on_the_same_port() -> None:
 
 def _hold_open(watch: Callable) -> Callable:
     """A WatchJob that sends its script and then stays open until the server stops."""
-    def held(request, context):  # noqa: ANN001, ANN202
+
+    def held(request, context):
         yield from watch(request, context)
         while context.is_active():
             time.sleep(0.05)
+
     return held
 
 

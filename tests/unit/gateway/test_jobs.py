@@ -13,10 +13,28 @@ from services.gateway.jobs import job_to_proto, segment_bounds
 
 OPTIONS = gateway_pb2.JobOptions(super_resolution=True, crf=23)
 JOB = Job(
-    id="j1", avatar_id="a1", owner="", state=JobState.QUEUED, stage="queued", options=OPTIONS.SerializeToString(),
-    audio_seconds=10.0, fps=25.0, total_frames=250, frames_done=0, segments_total=5, segments_done=0, error="",
-    error_code=0, models=[], stage_seconds={"audio": 0.1}, create_time=1000.0, start_time=0.0, finish_time=0.0,
-    output_key="", output_bytes=0, version=1,
+    id="j1",
+    avatar_id="a1",
+    owner="",
+    state=JobState.QUEUED,
+    stage="queued",
+    options=OPTIONS.SerializeToString(),
+    audio_seconds=10.0,
+    fps=25.0,
+    total_frames=250,
+    frames_done=0,
+    segments_total=5,
+    segments_done=0,
+    error="",
+    error_code=0,
+    models=[],
+    stage_seconds={"audio": 0.1},
+    create_time=1000.0,
+    start_time=0.0,
+    finish_time=0.0,
+    output_key="",
+    output_bytes=0,
+    version=1,
 )
 
 
@@ -39,8 +57,14 @@ def test_running_progress_and_eta() -> None:
 
 def test_succeeded_has_total_and_realtime_factor() -> None:
     job = dataclasses.replace(
-        JOB, state=JobState.SUCCEEDED, stage="done", start_time=1000.5, finish_time=1004.0, frames_done=250,
-        output_bytes=1234, models=[{"name": "procedural", "backend": "cpu", "precision": "fp32"}],
+        JOB,
+        state=JobState.SUCCEEDED,
+        stage="done",
+        start_time=1000.5,
+        finish_time=1004.0,
+        frames_done=250,
+        output_bytes=1234,
+        models=[{"name": "procedural", "backend": "cpu", "precision": "fp32"}],
     )
     p = job_to_proto(job, now=2000.0)
     assert p.progress == 1.0 and p.elapsed_seconds == pytest.approx(4.0)

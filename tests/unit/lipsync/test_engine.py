@@ -67,8 +67,7 @@ def test_engine_resizes_like_cv2_inter_linear(model: Wav2Lip) -> None:
     # One upscale, one downscale and the model's own size, interleaved over two chunks: the engine
     # resizes per size (out of item order) and must hand every face back in its item's place.
     sizes = [(150, 170), (64, 80), (150, 170), (96, 96)]
-    out_a, out_b = engine.run([GenerateChunk(bank, np.array([0, 1, 2]), mels[:3], sizes[:3]),
-                               GenerateChunk(bank, np.array([3]), mels[3:], sizes[3:])])
+    out_a, out_b = engine.run([GenerateChunk(bank, np.array([0, 1, 2]), mels[:3], sizes[:3]), GenerateChunk(bank, np.array([3]), mels[3:], sizes[3:])])
     raw = _numpy_path(model, faces, mels)
     assert list(zip(out_a.widths + out_b.widths, out_a.heights + out_b.heights)) == sizes
     for face, (w, h), r in zip(out_a.arrays() + out_b.arrays(), sizes, raw):
@@ -95,7 +94,6 @@ def _concurrent_runs_match_serial(device: str, model: Wav2Lip) -> None:
     """Batches run from several threads at once (the batcher's concurrency) give the serial results."""
     import copy
     from concurrent.futures import ThreadPoolExecutor
-
 
     engine = LipSyncEngine(make_backend("auto", copy.deepcopy(model), device, max_batch=16), overlap=True)
     faces, mels = _inputs(12, 5)
@@ -125,7 +123,6 @@ def test_concurrent_runs_match_serial_cuda(model: Wav2Lip) -> None:
 def test_engine_on_cuda_matches_cpu(model: Wav2Lip) -> None:
     """The service's GPU path (auto: fp16, folded BN, CUDA graphs) against the CPU fp32 engine."""
     import copy
-
 
     faces, mels = _inputs(40, 4)
     results = []

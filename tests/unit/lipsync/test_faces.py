@@ -102,8 +102,7 @@ def test_steady_boxes_follow_motion_without_lag() -> None:
     out = steady_boxes(_detected(true), 720, 1280)
     velocity, true_velocity = np.diff(_centres(out)[0]), np.diff(_centres(true)[0])
     lags = list(range(-5, 6))
-    xcorr = [float(np.dot(velocity[max(0, k):len(velocity) + min(0, k)],
-                          true_velocity[max(0, -k):len(true_velocity) - max(0, k)])) for k in lags]
+    xcorr = [float(np.dot(velocity[max(0, k) : len(velocity) + min(0, k)], true_velocity[max(0, -k) : len(true_velocity) - max(0, k)])) for k in lags]
     assert lags[int(np.argmax(xcorr))] == 0
     assert float(np.abs(out - true).mean()) < 0.6  # follows a 30 px swing, not just its average
 
@@ -154,7 +153,7 @@ def test_haar_detector_gives_each_thread_its_own_classifier() -> None:
 
     def run() -> None:
         results.append(detector.detect([face] * 3))
-        seen[threading.get_ident()] = detector._classifier()  # noqa: SLF001 - what the thread used
+        seen[threading.get_ident()] = detector._classifier()
 
     threads = [threading.Thread(target=run) for _ in range(4)]
     for t in threads:

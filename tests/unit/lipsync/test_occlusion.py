@@ -108,6 +108,10 @@ def test_disabled_and_floor() -> None:
 def test_settings_carry_the_thresholds() -> None:
     s = LipSyncSettings()
     assert (s.occlusion_check, s.occlusion_mad_k, s.occlusion_min_score, s.occlusion_dilate) == (
-        OcclusionConfig().enabled, OcclusionConfig().mad_k, OcclusionConfig().min_score, OcclusionConfig().dilate)
+        OcclusionConfig().enabled,
+        OcclusionConfig().mad_k,
+        OcclusionConfig().min_score,
+        OcclusionConfig().dilate,
+    )
     with pytest.raises(ValueError, match="occlusion"):
         LipSyncSettings(occlusion_dilate=-1).validate()

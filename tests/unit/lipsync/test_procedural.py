@@ -53,8 +53,8 @@ def test_batch_items_are_independent() -> None:
     model = ProceduralLipSync()
     batched = model(_audio(levels), faces)
     for i, level in enumerate(levels):
-        single = model(_audio([level]), faces[i:i + 1])
-        assert torch.allclose(batched[i:i + 1], single, atol=1e-6)
+        single = model(_audio([level]), faces[i : i + 1])
+        assert torch.allclose(batched[i : i + 1], single, atol=1e-6)
     assert torch.equal(batched[0], faces[0, 3:6]) and torch.equal(batched[3], faces[3, 3:6])
 
 
@@ -70,8 +70,8 @@ def test_speech_envelope_drives_the_opening() -> None:
     model = ProceduralLipSync()
     loud = _audio([0.0, 0.0, 0.0])
     out = model(loud, faces, torch.tensor([0.0, float("nan"), 1.0]))
-    assert torch.equal(out[0], faces[0, 3:6])                           # envelope 0: shut, despite the loud window
-    assert torch.allclose(out[1], model(loud[1:2], faces[1:2])[0])      # NaN: the window's loudness
+    assert torch.equal(out[0], faces[0, 3:6])  # envelope 0: shut, despite the loud window
+    assert torch.allclose(out[1], model(loud[1:2], faces[1:2])[0])  # NaN: the window's loudness
     assert torch.allclose(out[2], model(_audio([2.0]), faces[2:3])[0])  # envelope 1: fully open
 
 

@@ -55,8 +55,7 @@ def test_forward_shape_and_range(seeded) -> None:
 def test_load_prefixed_checkpoint_container(seeded, tmp_path: Path) -> None:
     model, sd = seeded
     path = tmp_path / "wav2lip.pth"
-    torch.save({"state_dict": {f"module.{k}": v for k, v in sd.items()}, "optimizer": {},
-                "global_step": 0, "global_epoch": 0}, path)
+    torch.save({"state_dict": {f"module.{k}": v for k, v in sd.items()}, "optimizer": {}, "global_step": 0, "global_epoch": 0}, path)
     loaded = load_wav2lip(path)
     assert not loaded.training
     audio, faces = _inputs()

@@ -55,8 +55,7 @@ def _maxdiff(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max()) if a.size else 0
 
 
-def _check(bgr: np.ndarray, box: tuple[int, int, int, int], face: np.ndarray, compositor: Compositor | None = None,
-           index: int = 0) -> tuple[int, int, int]:
+def _check(bgr: np.ndarray, box: tuple[int, int, int, int], face: np.ndarray, compositor: Compositor | None = None, index: int = 0) -> tuple[int, int, int]:
     """Compares Compositor.frame with the reference; asserts the outside is exact; returns the max diffs (Y, U, V)."""
     height, width = bgr.shape[:2]
     if compositor is None:
@@ -101,16 +100,16 @@ def random_frame() -> np.ndarray:
 def _boxes(width: int, height: int) -> list[tuple[int, int, int, int]]:
     cx, cy = width // 2, height // 2
     return [
-        (cx - 100, cy - 110, cx + 100, cy + 110),      # even coordinates, even size
-        (cx - 99, cy - 107, cx + 101, cy + 111),       # odd x1/y1, odd x2/y2 (even size)
-        (cx - 99, cy - 100, cx + 100, cy + 111),       # odd width and height
-        (0, 0, 151, 133),                             # touching the top-left corner
-        (width - 151, height - 133, width, height),    # touching the bottom-right corner
-        (0, 31, width, 150),                          # full width
-        (0, 0, width, height),                        # the whole frame
-        (7, 9, 12, 14),                               # tiny: no feathering (mask 1 over the box)
-        (5, 5, 6, 6),                                 # 1 pixel
-        (10, 11, 13, 200),                            # thin and tall: feathered in y only
+        (cx - 100, cy - 110, cx + 100, cy + 110),  # even coordinates, even size
+        (cx - 99, cy - 107, cx + 101, cy + 111),  # odd x1/y1, odd x2/y2 (even size)
+        (cx - 99, cy - 100, cx + 100, cy + 111),  # odd width and height
+        (0, 0, 151, 133),  # touching the top-left corner
+        (width - 151, height - 133, width, height),  # touching the bottom-right corner
+        (0, 31, width, 150),  # full width
+        (0, 0, width, height),  # the whole frame
+        (7, 9, 12, 14),  # tiny: no feathering (mask 1 over the box)
+        (5, 5, 6, 6),  # 1 pixel
+        (10, 11, 13, 200),  # thin and tall: feathered in y only
     ]
 
 

@@ -41,8 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def _planes(frame: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     flat = frame.reshape(-1)
     n = height * width
-    return (flat[:n].reshape(height, width), flat[n : n + n // 4].reshape(height // 2, width // 2),
-            flat[n + n // 4 :].reshape(height // 2, width // 2))
+    return (flat[:n].reshape(height, width), flat[n : n + n // 4].reshape(height // 2, width // 2), flat[n + n // 4 :].reshape(height // 2, width // 2))
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +54,7 @@ def avatar() -> np.ndarray:
 # -- 1. only the regenerated region ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("box", [(100, 80, 460, 480), (101, 81, 301, 333), (131, 97, 450, 420), (10, 11, 13, 200),
-                                 (7, 9, 12, 14), (0, 0, 512, 512)])
+@pytest.mark.parametrize("box", [(100, 80, 460, 480), (101, 81, 301, 333), (131, 97, 450, 420), (10, 11, 13, 200), (7, 9, 12, 14), (0, 0, 512, 512)])
 def test_upper_face_is_the_templates_bytes(avatar: np.ndarray, box: tuple[int, int, int, int]) -> None:
     """Y rows above box row height/2 and the chroma rows above it are bit-identical to the cached frame."""
     height, width = avatar.shape[:2]

@@ -23,5 +23,5 @@ def test_job_span_carries_the_job_and_is_the_parent_of_outgoing_calls() -> None:
         assert metadata["traceparent"].split("-")[1] == f"{trace_id:032x}"
     finally:
         tracing._ENABLED = False
-        trace._TRACER_PROVIDER = None  # noqa: SLF001 - let other tests start without a provider
-        trace._TRACER_PROVIDER_SET_ONCE._done = False  # noqa: SLF001
+        trace._TRACER_PROVIDER = None
+        trace._TRACER_PROVIDER_SET_ONCE._done = False

@@ -54,7 +54,7 @@ def web(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
         def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             asked.append(self.path)
             if failures.get(self.path, 0) > 0:
                 failures[self.path] -= 1
@@ -117,8 +117,7 @@ def test_a_present_file_with_another_hash_is_replaced(web: tuple[str, list[str]]
     assert (dest / "sub" / "w.pth").read_bytes() == WEIGHTS and asked == ["/wav2lip.pth"]
 
 
-def test_a_wrong_hash_exits_3_and_leaves_nothing(web: tuple[str, list[str]], dest: Path,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_a_wrong_hash_exits_3_and_leaves_nothing(web: tuple[str, list[str]], dest: Path, caplog: pytest.LogCaptureFixture) -> None:
     base, _ = web
     with caplog.at_level(logging.ERROR):
         code = _run(dest, ("wav2lip.pth", f"{base}/wav2lip.pth?sig=secret", WRONG))
@@ -135,8 +134,7 @@ def test_a_wrong_hash_keeps_the_file_already_there(web: tuple[str, list[str]], d
     assert (dest / "wav2lip.pth").read_bytes() == b"old"
 
 
-def test_404_exits_1_without_retrying_and_the_other_items_still_come(web: tuple[str, list[str]], dest: Path,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_404_exits_1_without_retrying_and_the_other_items_still_come(web: tuple[str, list[str]], dest: Path, caplog: pytest.LogCaptureFixture) -> None:
     base, asked = web
     code = _run(dest, ("missing.pth", f"{base}/missing.pth", SHA), ("wav2lip.pth", f"{base}/wav2lip.pth", SHA))
     assert code == EXIT_FETCH_FAILED
@@ -180,21 +178,22 @@ def test_a_truncated_stream_is_retried_and_never_lands(dest: Path) -> None:
         yield WEIGHTS[:100]
         raise FetchError("connection reset", retry=True)
 
-    code = main(["--dest", str(dest), "--retries", "2", "--item", "w.pth", "http://h/w.pth", SHA],
-                opener=opener, sleep=lambda s: None)
+    code = main(["--dest", str(dest), "--retries", "2", "--item", "w.pth", "http://h/w.pth", SHA], opener=opener, sleep=lambda s: None)
     assert code == EXIT_FETCH_FAILED and len(calls) == 3
     assert not (dest / "w.pth").exists() and not _leftovers(dest)
 
 
-@pytest.mark.parametrize(("item", "message"), [
-    (("../x.pth", "http://h/x", SHA), "'..'"),
-    (("/abs.pth", "http://h/x", SHA), "relative path"),
-    (("x.pth", "ftp://h/x", SHA), "not http://, https:// or s3://"),
-    (("x.pth", "s3://bucket", SHA), "a bucket and a key"),
-    (("x.pth", "http://h/x", "abc"), "not 64 hex digits"),
-])
-def test_bad_items_exit_2(dest: Path, item: tuple[str, str, str], message: str,
-                          capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        (("../x.pth", "http://h/x", SHA), "'..'"),
+        (("/abs.pth", "http://h/x", SHA), "relative path"),
+        (("x.pth", "ftp://h/x", SHA), "not http://, https:// or s3://"),
+        (("x.pth", "s3://bucket", SHA), "a bucket and a key"),
+        (("x.pth", "http://h/x", "abc"), "not 64 hex digits"),
+    ],
+)
+def test_bad_items_exit_2(dest: Path, item: tuple[str, str, str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         _run(dest, item)
     assert exc.value.code == EXIT_USAGE
@@ -248,21 +247,28 @@ def test_the_tool_imports_nothing_the_gateway_image_leaves_out() -> None:
     unimportable, `--help` works and an s3:// download gets as far as the network."""
     from tests.unit.test_images import in_image
 
-    script = in_image("gateway", """
+    script = in_image(
+        "gateway",
+        """
         from services.tools import fetch_models
         fetch_models._s3_chunks  # the s3 branch's imports:
         import services.common.errors, services.common.store.s3
         assert "torch" not in sys.modules
         sys.exit(fetch_models.main(["--help"]))
-    """)
+    """,
+    )
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "--item NAME URL SHA256" in result.stdout
 
 
 def test_module_runs_as_a_script(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "services.tools.fetch_models", "--dest", str(tmp_path),
-                             "--item", "a.pth", "http://h/a", "nothex"], cwd=REPO, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.tools.fetch_models", "--dest", str(tmp_path), "--item", "a.pth", "http://h/a", "nothex"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == EXIT_USAGE and "not 64 hex digits" in result.stderr
     assert fetch_models.__doc__ and "Exit codes" in fetch_models.__doc__

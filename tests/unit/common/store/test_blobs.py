@@ -245,7 +245,7 @@ def test_folder_write_in_progress_is_invisible(tmp_path: Path) -> None:
     writer.start()
     folder = tmp_path / "blobs" / "outputs"
     with open(fifo, "wb") as pipe:
-        pipe.write(data[: MIB])
+        pipe.write(data[:MIB])
         pipe.flush()
         deadline = time.monotonic() + 10
         while not (temps := list(folder.glob(".video.mp4.*.tmp"))) or temps[0].stat().st_size == 0:

@@ -371,8 +371,7 @@ def test_queue_stats(job_store: JobStore) -> None:
 
 # -- avatars -------------------------------------------------------------------------------------------
 def avatar(avatar_id: str, name: str = "Ann", t: float = 1.0) -> AvatarRecord:
-    return AvatarRecord(id=avatar_id, name=name, fps=25.0, frame_count=100, width=640, height=480, faces_found=98,
-                        create_time=t)
+    return AvatarRecord(id=avatar_id, name=name, fps=25.0, frame_count=100, width=640, height=480, faces_found=98, create_time=t)
 
 
 def test_avatars(job_store: JobStore) -> None:
@@ -444,8 +443,15 @@ def test_two_processes_claim_each_segment_exactly_once(job_store: JobStore, stor
         job_store.create_job(new_job(f"j{j}", segments=10))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     procs = [
-        subprocess.Popen([sys.executable, "-c", _CLAIMER, store_url, f"p{i}"], cwd=REPO_ROOT, env=env,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _CLAIMER, store_url, f"p{i}"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in range(2)
     ]
     try:
