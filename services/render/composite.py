@@ -46,6 +46,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -286,6 +287,19 @@ class _Weights:
         return 2 * (height * width + chroma_height * chroma_width)
 
 
+class _FaceRegion(NamedTuple):
+    """A face ready to blend: its I420 planes over the even-expanded region, the blend weights, the
+    box it is blended into (from the regenerated row on) and the expansion's top and left."""
+
+    y: np.ndarray
+    u: np.ndarray
+    v: np.ndarray
+    weights: _Weights
+    box: tuple[int, int, int, int]
+    top: int
+    left: int
+
+
 class _ThreadWeights(threading.local):
     """Each thread's LRU of `_Weights` (thread-local, so a slot is never rewritten while another thread blends with it)."""
 
@@ -438,11 +452,43 @@ class Compositor:
             IndexError: ``frame_index`` is out of range.
             ValueError: ``face`` is given for a frame without a box, or its shape or dtype is wrong.
         """
+        if face is None and not copy:
+            self._check_index(frame_index)
+            return self._data[frame_index]
+        out = np.empty((self._height * 3 // 2, self._width), np.uint8)
+        self.frame_into(frame_index, face, _planes(out, self._height, self._width))
+        return out
+
+    def frame_into(self, frame_index: int, face: np.ndarray | None, planes: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        """`frame`, written into ``planes``: writable Y (height, width), U and V (height/2, width/2)
+        arrays, such as the encoder's own frame (`Mp4Writer.i420_planes`), so an output frame is
+        copied once (cached frame -> encoder frame) and blended there. Same arguments and errors."""
+        self._check_index(frame_index)
+        region = None if face is None else self._face_region(frame_index, face)
+        out_y, out_u, out_v = planes
+        cached_y, cached_u, cached_v = _planes(self._data[frame_index], self._height, self._width)
+        out_y[:] = cached_y
+        out_u[:] = cached_u
+        out_v[:] = cached_v
+        if region is None:
+            return
+        face_y, face_u, face_v, weights, (x1, y1, x2, y2), top, left = region
+        h = y2 - y1
+        w = x2 - x1
+        _blend(face_y[top : top + h, left : left + w], out_y[y1:y2, x1:x2], weights.wy, weights.wy_inv)
+        cy, cx = (y1 - top) // 2, (x1 - left) // 2  # the expanded region's first chroma block
+        rows, cols = weights.rows, weights.cols
+        crow = slice(cy + rows.start, cy + rows.stop)
+        ccol = slice(cx + cols.start, cx + cols.stop)
+        _blend(face_u[rows, cols], out_u[crow, ccol], weights.wc, weights.wc_inv)
+        _blend(face_v[rows, cols], out_v[crow, ccol], weights.wc, weights.wc_inv)
+
+    def _check_index(self, frame_index: int) -> None:
         if not 0 <= frame_index < len(self._boxes):
             raise IndexError(f"frame {frame_index} out of range: the avatar has {len(self._boxes)} frames")
-        cached = self._data[frame_index]
-        if face is None:
-            return np.array(cached, copy=True) if copy else cached
+
+    def _face_region(self, frame_index: int, face: np.ndarray) -> _FaceRegion:
+        """`face` (validated) made ready to blend into frame ``frame_index``."""
         box = self._boxes[frame_index]
         if box is None:
             raise ValueError(f"frame {frame_index} has no face box, but a face was given")
@@ -469,15 +515,5 @@ class Compositor:
             padded = face if face.flags.c_contiguous else np.ascontiguousarray(face)
         eh, ew = h + top + bottom, w + left + right
         face_y, face_u, face_v = _planes(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
-
         weights = _weights(h + start, w, top, left, bottom, right, self._feather, self._siting, start)
-        out = np.array(cached, copy=True)  # C-contiguous (also from a memory map)
-        out_y, out_u, out_v = _planes(out, self._height, self._width)
-        _blend(face_y[top : top + h, left : left + w], out_y[y1:y2, x1:x2], weights.wy, weights.wy_inv)
-        cy, cx = (y1 - top) // 2, (x1 - left) // 2  # the expanded region's first chroma block
-        rows, cols = weights.rows, weights.cols
-        crow = slice(cy + rows.start, cy + rows.stop)
-        ccol = slice(cx + cols.start, cx + cols.stop)
-        _blend(face_u[rows, cols], out_u[crow, ccol], weights.wc, weights.wc_inv)
-        _blend(face_v[rows, cols], out_v[crow, ccol], weights.wc, weights.wc_inv)
-        return out
+        return _FaceRegion(face_y, face_u, face_v, weights, (x1, y1, x2, y2), top, left)

@@ -113,9 +113,10 @@ class SegmentRenderer:
 
         def write(frame_index: int, face: np.ndarray | None) -> None:  # on the encoder thread, in order
             t0 = time.perf_counter()
-            i420 = avatar.compositor.frame(meta.frame_for(frame_index, template_loop), face, copy=False)
+            # Composed straight into the encoder's own frame: one copy of the cached frame, no other.
+            avatar.compositor.frame_into(meta.frame_for(frame_index, template_loop), face, writer.i420_planes())
             t1 = time.perf_counter()
-            writer.write_yuv420(i420)
+            writer.write_planes()
             t2 = time.perf_counter()
             times["composite"] += t1 - t0
             times["encode"] += t2 - t1

@@ -245,6 +245,27 @@ def test_write_yuv420_round_trip(tmp_path: Path) -> None:
     assert np.abs(decoded.astype(int) - frame).mean() < 3  # lossless x264; only the YUV round trip differs
 
 
+@pytest.mark.parametrize("size", [(64, 48), (1000, 200)], ids=["64x48", "1000x200-padded-chroma-rows"])
+def test_one_reused_frame_encodes_each_distinct_frame(tmp_path: Path, size: tuple[int, int]) -> None:
+    # `i420_planes` hands out the same frame every time: if x264 kept a pointer to it instead of
+    # copying (B-frames and the lookahead hold frames back), later frames would overwrite earlier
+    # ones. Each frame here is a flat grey of its own level, with B-frames and lookahead on.
+    width, height = size
+    path = tmp_path / "reused.mp4"
+    levels = [16 + 7 * k for k in range(30)]
+    with Mp4Writer(path, width, height, 25.0, None, 16000, crf=0, preset="veryfast", threads=2) as writer:
+        for level in levels:
+            y, u, v = writer.i420_planes()
+            assert y.shape == (height, width) and u.shape == v.shape == (height // 2, width // 2)
+            y[:] = level
+            u[:] = 128
+            v[:] = 128
+            writer.write_planes()
+    with av.open(str(path)) as container:
+        decoded = [frame.to_ndarray(format="yuv420p")[:height] for frame in container.decode(video=0)]
+    assert [int(round(float(f.mean()))) for f in decoded] == levels
+
+
 def test_unknown_x264_preset_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="preset"):
         Mp4Writer(tmp_path / "x.mp4", 64, 48, 25.0, None, 16000, preset="warpspeed")

@@ -150,6 +150,23 @@ def test_non_contiguous_face(avatar: np.ndarray) -> None:
     _check(avatar, box, face)
 
 
+def test_frame_into_strided_planes_equals_frame(avatar: np.ndarray) -> None:
+    # What the render worker does: compose straight into the encoder's frame, whose rows are padded
+    # (a plane's line size is wider than the picture). Stale bytes in the planes must not survive.
+    bgr = np.stack([avatar, np.roll(avatar, 5, axis=0)])
+    boxes = [(101, 81, 459, 479), None]
+    compositor = Compositor(I420Frames.from_bgr(bgr), boxes)
+    height, width = bgr.shape[1:3]
+    y = np.full((height, width + 48), 7, np.uint8)[:, :width]
+    u = np.full((height // 2, width // 2 + 24), 7, np.uint8)[:, : width // 2]
+    v = np.full((height // 2, width // 2 + 24), 7, np.uint8)[:, : width // 2]
+    face = np.random.default_rng(5).integers(0, 256, (479 - 81, 459 - 101, 3), np.uint8)
+    for index, given in ((0, face), (1, None)):
+        compositor.frame_into(index, given, (y, u, v))
+        expected = compositor.frame(index, given)
+        assert np.array_equal(np.concatenate([y.reshape(-1), u.reshape(-1), v.reshape(-1)]), expected.reshape(-1))
+
+
 def test_several_frames_with_their_own_boxes(avatar: np.ndarray) -> None:
     rng = np.random.default_rng(3)
     bgr = np.stack([avatar, np.roll(avatar, 3, axis=1), cv2.GaussianBlur(avatar, (5, 5), 2)])
