@@ -31,8 +31,8 @@ def resolve_device(choice: Device) -> torch.device:
 def resolve_pipeline_depth(depth: int, device: torch.device) -> int:
     """A `pipeline_depth` setting -> model batches in flight: 0 (auto) is 2 on CUDA, 1 on the CPU.
 
-    On CUDA a second batch's uploads and host work overlap the first one's compute (lipsync on an
-    H200: 10,581 -> 14,370 frames/s at 2); on the CPU both batches would share the same cores.
+    On CUDA a second batch's uploads and host work overlap the first one's compute (+36 % lipsync
+    frames/s on an H200: docs/performance.md); on the CPU both batches would share the same cores.
     """
     if depth < 0:
         raise ValueError(f"pipeline_depth must be >= 0 (0 = auto), got {depth}")

@@ -530,8 +530,8 @@ class Mp4Writer:
         `write_planes` encodes: a caller that composes frames fills them in place.
 
         Why one frame, reused: `av.VideoFrame.from_ndarray` allocates a fresh 1.4 MB frame per 720p
-        frame and copies into it (0.44 ms on the 2-core VM, against 0.08 ms for the copy into a
-        frame already mapped), and a compositor writing here saves its own output buffer too. It is
+        frame and copies into it, several times the cost of a copy into a frame already mapped
+        (docs/performance.md), and a compositor writing here saves its own output buffer too. It is
         safe because libx264 copies a frame's pixels into its own buffers inside
         `x264_encoder_encode`, which libavcodec calls before `encode` returns (tested: a clip encoded
         from one reused frame decodes to each of its distinct frames).
