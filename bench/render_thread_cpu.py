@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 
 def worker_threads() -> dict[tuple[str, str], tuple[str, float]]:
     """(pid, tid) -> (role, CPU seconds so far) for every thread of every render worker."""
-    tick = 100.0  # USER_HZ: /proc reports clock ticks of 1/100 s on Linux
+    tick = os.sysconf("SC_CLK_TCK")
     found = {}
     for pid in subprocess.run(["pgrep", "-f", "services.render"], capture_output=True, text=True).stdout.split():
         for task in Path(f"/proc/{pid}/task").glob("*"):

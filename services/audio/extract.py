@@ -28,13 +28,12 @@ from multiprocessing.process import BaseProcess
 
 import numpy as np
 
-from services.audio.mel import MelExtractor
+from services.audio.mel import SAMPLE_RATE, MelExtractor
 from services.common.audio_decode import decode_audio
 from services.common.errors import InvalidMedia
 from services.common.native_threads import one_thread_per_process
 
 _LOGGER = logging.getLogger(__name__)
-SAMPLE_RATE = 16_000
 MAX_PROCESSES = 64
 
 #: (file bytes, fps, max_seconds) -> (windows (N, 80, 16) float32, number of 16 kHz samples).

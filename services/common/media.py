@@ -342,6 +342,19 @@ def paste_face(frame: np.ndarray, face: np.ndarray, box: tuple[int, int, int, in
 # --------------------------------------------------------------------------------------------------
 
 
+def split_i420(frame: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Y (height, width), U and V (height/2, width/2) views of a C-contiguous I420 frame (the
+    (height * 3 / 2, width) layout of `to_yuv420`)."""
+    flat = frame.reshape(-1)
+    y_size = height * width
+    c_size = y_size // 4
+    return (
+        flat[:y_size].reshape(height, width),
+        flat[y_size : y_size + c_size].reshape(height // 2, width // 2),
+        flat[y_size + c_size : y_size + 2 * c_size].reshape(height // 2, width // 2),
+    )
+
+
 def to_yuv420(frame_bgr: np.ndarray) -> np.ndarray:
     """(H, W, 3) uint8 BGR -> (H * 3 / 2, W) uint8 I420 planes (Y, then U, then V), BT.601 limited range.
 
@@ -565,11 +578,8 @@ class Mp4Writer:
         expected = (h * 3 // 2, w)
         if frame_i420.shape != expected or frame_i420.dtype != np.uint8:
             raise ValueError(f"I420 frame has shape {frame_i420.shape} {frame_i420.dtype}, the video needs {expected} uint8")
-        flat = frame_i420.reshape(-1)
-        y, u, v = self.i420_planes()
-        y[:] = flat[: h * w].reshape(h, w)
-        u[:] = flat[h * w : h * w * 5 // 4].reshape(h // 2, w // 2)
-        v[:] = flat[h * w * 5 // 4 :].reshape(h // 2, w // 2)
+        for plane, source in zip(self.i420_planes(), split_i420(frame_i420, h, w)):
+            plane[:] = source
         self.write_planes()
 
     def close(self) -> None:

@@ -33,7 +33,6 @@ from services.common.tracing import outgoing_metadata
 from services.gateway.jobs import segment_bounds
 
 _CHUNK = 1 << 20
-SAMPLE_RATE = 16_000  # the audio stage's: its duration_seconds counts samples at this rate
 _PUT_THREADS = 8  # mel blobs of a long job go up in parallel (S3 PUTs are latency-bound)
 
 
@@ -93,7 +92,9 @@ async def prepare_audio(
     the upload and each segment's windows stored."""
     t0 = time.perf_counter()
     windows, seconds = await extract_windows(audio, data, fps, max_audio_seconds, request_id)
-    if seconds > max_audio_seconds + 1 / SAMPLE_RATE:  # an audio stage older than ExtractOptions.max_seconds
+    # An audio stage older than ExtractOptions.max_seconds applies only its own limit (1 ms of slack:
+    # its length is counted after resampling).
+    if seconds > max_audio_seconds + 1e-3:
         raise TooLarge(f"audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
     extracted = time.perf_counter() - t0
     ranges = task_ranges(segment_bounds(len(windows), round(segment_seconds * fps)))

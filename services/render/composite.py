@@ -51,7 +51,7 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 
-from services.common.media import feather_mask
+from services.common.media import feather_mask, split_i420
 
 Box = tuple[int, int, int, int]
 
@@ -355,18 +355,6 @@ def _weights(height: int, width: int, top: int, left: int, bottom: int, right: i
     return weights
 
 
-def _planes(frame: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Y (height, width), U and V (height/2, width/2) views of a C-contiguous I420 frame."""
-    flat = frame.reshape(-1)
-    y_size = height * width
-    c_size = y_size // 4
-    return (
-        flat[:y_size].reshape(height, width),
-        flat[y_size : y_size + c_size].reshape(height // 2, width // 2),
-        flat[y_size + c_size : y_size + 2 * c_size].reshape(height // 2, width // 2),
-    )
-
-
 def _blend(face: np.ndarray, base: np.ndarray, w: np.ndarray, w_inv: np.ndarray) -> None:
     """base[...] = round(w * face + (1 - w) * base), in place (``base`` is a view into the output frame)."""
     if base.size == 0:  # e.g. a 1-pixel box at odd coordinates covers no chroma block's top-left pixel
@@ -456,7 +444,7 @@ class Compositor:
             self._check_index(frame_index)
             return self._data[frame_index]
         out = np.empty((self._height * 3 // 2, self._width), np.uint8)
-        self.frame_into(frame_index, face, _planes(out, self._height, self._width))
+        self.frame_into(frame_index, face, split_i420(out, self._height, self._width))
         return out
 
     def frame_into(self, frame_index: int, face: np.ndarray | None, planes: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
@@ -466,7 +454,7 @@ class Compositor:
         self._check_index(frame_index)
         region = None if face is None else self._face_region(frame_index, face)
         out_y, out_u, out_v = planes
-        cached_y, cached_u, cached_v = _planes(self._data[frame_index], self._height, self._width)
+        cached_y, cached_u, cached_v = split_i420(self._data[frame_index], self._height, self._width)
         out_y[:] = cached_y
         out_u[:] = cached_u
         out_v[:] = cached_v
@@ -514,6 +502,6 @@ class Compositor:
         else:
             padded = face if face.flags.c_contiguous else np.ascontiguousarray(face)
         eh, ew = h + top + bottom, w + left + right
-        face_y, face_u, face_v = _planes(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
+        face_y, face_u, face_v = split_i420(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
         weights = _weights(h + start, w, top, left, bottom, right, self._feather, self._siting, start)
         return _FaceRegion(face_y, face_u, face_v, weights, (x1, y1, x2, y2), top, left)

@@ -28,6 +28,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from services.common.stages import STAGES as STAGE_REGISTRY
+from services.common.stages import gpu_stages
 from tests.helpers.tools import helm_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,8 +40,9 @@ NEWEST_KUBE_VERSION = "1.37.0"
 KUBE_VERSIONS = tuple(v for v in (KUBE_VERSION, NEWEST_KUBE_VERSION) if v in kubernetes_validate.utils.all_versions())
 # The Prometheus operator's API: ServiceMonitor and PrometheusRule render only where it is served.
 OPERATOR_API = "monitoring.coreos.com/v1"
-GPU_STAGES = ("lipsync", "superres")
-STAGES = ("audio", "lipsync", "superres", "render", "gateway")
+# The stage registry (values.yaml is checked against it in test_chart_registry.py).
+GPU_STAGES = tuple(gpu_stages())
+STAGES = tuple(STAGE_REGISTRY)
 STORE_STAGES = ("render", "gateway")
 # Who may call whom (DESIGN.md section 1): the NetworkPolicies must say exactly this.
 CALLERS = {"audio": {"gateway"}, "lipsync": {"gateway", "render"}, "superres": {"render"}, "render": set()}

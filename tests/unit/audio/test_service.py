@@ -91,14 +91,15 @@ class RunningAudio:
         self.thread.join(10)
         self.loop.close()
 
-    def extract(self, data: bytes, fps: float = 25.0) -> list[audio_pb2.ExtractResponse]:
-        requests = [audio_pb2.ExtractRequest(options=audio_pb2.ExtractOptions(fps=fps), data=data[:1024])]
+    def extract(self, data: bytes, fps: float = 25.0, max_seconds: float = 0.0) -> list[audio_pb2.ExtractResponse]:
+        options = audio_pb2.ExtractOptions(fps=fps, max_seconds=max_seconds)
+        requests = [audio_pb2.ExtractRequest(options=options, data=data[:1024])]
         requests += [audio_pb2.ExtractRequest(data=data[i : i + 64 * 1024]) for i in range(1024, len(data), 64 * 1024)]
         return list(self.stub.Extract(iter(requests), timeout=60))
 
-    def error(self, data: bytes) -> grpc.RpcError:
+    def error(self, data: bytes, max_seconds: float = 0.0) -> grpc.RpcError:
         with pytest.raises(grpc.RpcError) as err:
-            self.extract(data)
+            self.extract(data, max_seconds=max_seconds)
         return err.value
 
 
@@ -133,9 +134,20 @@ def test_decoder_errors_keep_their_status_and_message(audio: RunningAudio) -> No
     assert isinstance(expected, TooLarge) and err.details() == str(expected)
 
 
+def test_the_callers_lower_limit_applies(audio: RunningAudio) -> None:
+    # The gateway sends its max_audio_seconds as ExtractOptions.max_seconds; the stage's own (here
+    # MAX_SECONDS) caps any caller, so a higher one changes nothing.
+    data = clip(2.0)
+    err = audio.error(data, max_seconds=1.5)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and err.details() == str(decoder_error(data, 1.5))
+    assert len(audio.extract(data, max_seconds=2.0)) >= 1
+    err = audio.error(clip(MAX_SECONDS + 1.0), max_seconds=10 * MAX_SECONDS)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+# Only with worker processes: a crash in the server's own process (extract_processes 0) would end it.
+@pytest.mark.parametrize("audio", [2], indirect=True, ids=["2-processes"])
 def test_a_decoder_crash_fails_only_its_request_and_the_server_stays_up(audio: RunningAudio) -> None:
-    if audio.settings.extract_processes == 0:
-        pytest.skip("a crash in the server's own process would end it: isolation needs extract_processes >= 1")
     err = audio.error(CRASH + bytes(100))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "decoder process died" in err.details() and "SIGSEGV" in err.details() and "re-encode" in err.details()
