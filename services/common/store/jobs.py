@@ -61,7 +61,7 @@ class NewJob:
 
     id: str
     avatar_id: str
-    owner: str  # the client (API key name, or "" when keys are off): per-client limits
+    owner: str  # the client ("tenant:<tenant>" with API keys, else its x-api-key or IP): per-client limits
     options: bytes  # a serialized lipline.v1.JobOptions
     audio_seconds: float
     fps: float
