@@ -139,11 +139,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if known is not None:  # the same tenant's same upload: its avatar (another tenant's is never found)
             return _avatar_proto(known)
         aid = new_avatar_id()
+        recording = False
         try:
             record = await create_avatar(svc.blobs, svc.lipsync, aid, data, name, photo_fps, s.max_avatar_frames, s.max_avatar_pixels, REQUEST_ID.get())
+            recording = True
             stored = await asyncio.to_thread(svc.jobs.put_avatar, dataclasses.replace(record, tenant=tenant, content_hash=digest))
-        except BaseException:  # a random id is never written again: leave nothing under it
-            await asyncio.shield(asyncio.to_thread(svc.blobs.delete_prefix, prefix(aid)))
+        except BaseException as exc:  # a random id is never written again: leave nothing under it...
+            # ...unless cancelled while put_avatar may still commit in its thread: deleting the blobs
+            # then could leave a recorded avatar without data, so they stay (at worst unreferenced).
+            if not (recording and isinstance(exc, asyncio.CancelledError)):
+                await asyncio.shield(asyncio.to_thread(svc.blobs.delete_prefix, prefix(aid)))
             raise
         if stored.id != aid:  # a concurrent upload of the same bytes by the same tenant was first
             await asyncio.to_thread(svc.blobs.delete_prefix, prefix(aid))
