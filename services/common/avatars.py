@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import secrets
 
 import numpy as np
 
@@ -21,8 +22,16 @@ from services.common.crops import Box
 from services.common.store.blobs import BlobStore
 
 
-def avatar_id(data: bytes, photo_fps: float) -> str:
-    """Content hash: the same upload (and photo frame rate) is the same avatar on every gateway."""
+def new_avatar_id() -> str:
+    """A random id (96 bits, the 24-hex shape `is_avatar_id` checks): nobody can derive another
+    tenant's avatar id from a photo, as they could when ids were content hashes."""
+    return secrets.token_hex(12)
+
+
+def content_hash(data: bytes, photo_fps: float) -> str:
+    """What makes two uploads the same avatar within one tenant (the store's per-tenant content
+    index): the bytes and the photo frame rate. The formula of the ids before tenants, so an avatar
+    made then (its id is this hash) is found again by the same upload."""
     return hashlib.sha256(data + f"|{photo_fps:.6f}".encode()).hexdigest()[:24]
 
 

@@ -18,10 +18,15 @@ Authentication (`Auth`), checked before anything else, health and reflection exe
 - The internal token (the stages, `--internal-token-file`): every call carries it in
   `x-lipline-internal`, else UNAUTHENTICATED.
 
-The client is identified by its API key's NAME when API keys are on ("key:<name>"); without them, by
-its `x-api-key` metadata when it sends one (unauthenticated: the value is the identity,
-"key:<value>"), else by the peer's IP address ("ip:<addr>"; every connection from one host is one
-client). Handlers read it from `CLIENT_ID`.
+Tenants (services.common.tenants): with API keys on, each key belongs to a tenant (the keys file's
+`tenant/name:key` lines; a `name:key` line is its own tenant, "name"); without keys every call is the
+implicit tenant. Handlers read it from `TENANT` and find only that tenant's objects.
+
+The client is identified by its API key's TENANT when API keys are on ("tenant:<tenant>": a tenant
+with five keys gets one share of the per-client caps, not five); without them, by its `x-api-key`
+metadata when it sends one (unauthenticated: the value is the identity, "key:<value>"), else by the
+peer's IP address ("ip:<addr>"; every connection from one host is one client). Handlers read it from
+`CLIENT_ID`.
 """
 
 from __future__ import annotations
@@ -45,10 +50,13 @@ import grpc
 from services.common import tracing
 from services.common.errors import LiplineError
 from services.common.metrics import Metrics
+from services.common.tenants import IMPLICIT_TENANT, tenant_of_key
 
 _LOGGER = logging.getLogger(__name__)
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 CLIENT_ID: contextvars.ContextVar[str] = contextvars.ContextVar("client_id", default="")
+#: the caller's tenant, set once the call is admitted ("" before: handlers refuse to run without one)
+TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="")
 _ALWAYS_OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 API_KEY_HEADER = "x-api-key"
 MAX_API_KEY_CHARS = 128
@@ -56,7 +64,8 @@ RETRY_AFTER_MS = 1000  # the hint in `retry-after-ms` when a cap refuses a call
 AUTHORIZATION_HEADER = "authorization"
 INTERNAL_TOKEN_HEADER = "x-lipline-internal"
 MIN_API_KEY_CHARS = 16
-_KEY_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+_NAME_PART = r"[A-Za-z0-9_.@-]{1,64}"
+_KEY_NAME = re.compile(rf"^(?:{_NAME_PART}/)?{_NAME_PART}$")  # `tenant/name` or `name`
 _KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
 
 
@@ -66,8 +75,10 @@ def key_hash(secret: str) -> str:
 
 
 def parse_api_keys(text: str, source: str = "the API keys file") -> dict[str, str]:
-    """Key name -> key, from one key per line or `name:key` per line (blank lines and `#` comments are
-    skipped; a bare key is named after its hash, "key-<8 hex digits>", so logs never show it).
+    """Key name -> key, from one `tenant/name:key`, `name:key` or bare `key` per line (blank lines and
+    `#` comments are skipped). The name's tenant is the part before "/"; a name without one is its own
+    tenant (services.common.tenants.tenant_of_key), and a bare key is named after its hash,
+    "key-<8 hex digits>", so logs never show it. Several names of one tenant are its keys (rotation).
 
     Raises:
         ValueError: naming the line (never the key): a key shorter than MIN_API_KEY_CHARS, longer than
@@ -84,7 +95,9 @@ def parse_api_keys(text: str, source: str = "the API keys file") -> dict[str, st
         name, key = name.strip(), key.strip()
         where = f"{source}, line {number}"
         if not _KEY_NAME.match(name):
-            raise ValueError(f"{where}: a key name is 1-64 of A-Z a-z 0-9 _ . @ - (the line is `name:key` or `key`)")
+            raise ValueError(
+                f"{where}: a key name is `tenant/name` or `name`, each 1-64 of A-Z a-z 0-9 _ . @ - (the line is `tenant/name:key`, `name:key` or `key`)"
+            )
         if not (MIN_API_KEY_CHARS <= len(key) <= MAX_API_KEY_CHARS and _KEY_CHARS.match(key)):
             raise ValueError(f"{where} ({name}): a key is {MIN_API_KEY_CHARS}..{MAX_API_KEY_CHARS} printable ASCII characters without spaces")
         if name in keys:
@@ -132,7 +145,8 @@ class Auth:
         return bool(self.api_keys or self.internal_token)
 
     def authenticate(self, metadata: Mapping[str, Any]) -> str:
-        """The API key's name ("" when API keys are off) of a call whose metadata passes every check.
+        """The API key's name ("" when API keys are off) of a call whose metadata passes every check
+        (its tenant: services.common.tenants.tenant_of_key).
 
         Raises:
             PermissionError: why the call is refused, fit for the caller (never the key itself).
@@ -297,12 +311,14 @@ class _Call:
         self.metadata = metadata
         self.client = ""
         self.key_name = ""
+        self.tenant = ""
         self._admitted = False
         self._span_cm = tracing.server_span(f"{owner._metrics.stage}/{method}", metadata)
 
     def __enter__(self) -> _Call:
         self._token = REQUEST_ID.set(self.request_id)
         self._client_token = CLIENT_ID.set("")
+        self._tenant_token = TENANT.set("")
         self._start = time.perf_counter()
         self._span = self._span_cm.__enter__()
         return self
@@ -316,6 +332,7 @@ class _Call:
         m.request_seconds.labels(m.stage, self.method).observe(time.perf_counter() - self._start)
         tracing.set_status(self._span, self.code)
         self._span_cm.__exit__(None, None, None)
+        TENANT.reset(self._tenant_token)
         CLIENT_ID.reset(self._client_token)
         REQUEST_ID.reset(self._token)
 
@@ -336,13 +353,16 @@ class _Call:
             await self.context.abort(self.code, str(exc))
 
     async def admit(self) -> None:
-        """Identify the client and count the call against the caps, or end it RESOURCE_EXHAUSTED."""
+        """Identify the tenant and the client and count the call against the caps, or end it
+        RESOURCE_EXHAUSTED. With API keys the client is the key's tenant (its keys share its caps)."""
+        self.tenant = tenant_of_key(self.key_name) if self.key_name else IMPLICIT_TENANT
         try:
-            self.client = f"key:{self.key_name}" if self.key_name else client_identity(self.metadata, self.context.peer())
+            self.client = f"tenant:{self.tenant}" if self.key_name else client_identity(self.metadata, self.context.peer())
         except ValueError as exc:
             self.code = grpc.StatusCode.UNAUTHENTICATED
             await self.context.abort(self.code, str(exc))
         CLIENT_ID.set(self.client)
+        TENANT.set(self.tenant)
         refusal = self.owner.limits.acquire(self.client)
         if refusal is not None:
             self.code = grpc.StatusCode.RESOURCE_EXHAUSTED

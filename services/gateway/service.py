@@ -8,14 +8,23 @@ Every request field is bounded before it costs anything: ids that cannot exist (
 characters, or characters an id never has) are NOT_FOUND without a store read, names are at most
 MAX_NAME_CHARS, audio and avatar uploads have byte limits, options have ranges, and responses have a
 size bound (ListAvatars at most MAX_LIST_AVATARS, DownloadOutput chunks within DOWNLOAD_CHUNK_*).
-Per client (services.common.interceptor: the x-api-key metadata, else the IP address) the
-interceptor caps concurrent calls and SubmitJob caps queued + running jobs.
+Per client (services.common.interceptor: the API key's tenant, else the x-api-key metadata or the
+IP address) the interceptor caps concurrent calls and SubmitJob caps queued + running jobs.
+
+Tenants: every avatar and job belongs to the caller's tenant (`TENANT`, set by the interceptor), and
+every RPC finds only the caller's own; another tenant's id answers NOT_FOUND exactly like an id that
+never existed (PERMISSION_DENIED would confirm that it exists). Avatar ids are random; the same
+tenant's same upload finds its avatar again through the store's per-tenant content index.
+
+DeleteAvatar hides the avatar at once and purges its data when no QUEUED or RUNNING job uses it
+(services.gateway.janitor), so jobs submitted before the delete finish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -24,16 +33,18 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb2_grpc
-from services.common.avatars import avatar_id, is_avatar_id, prefix
+from services.common.avatars import content_hash, is_avatar_id, new_avatar_id, prefix
 from services.common.discovery import DiscoveredStageClients
 from services.common.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
-from services.common.interceptor import CLIENT_ID, REQUEST_ID
+from services.common.interceptor import CLIENT_ID, REQUEST_ID, TENANT
 from services.common.jobkeys import job_prefix, output_key
 from services.common.server import Service
 from services.common.store import close_stores, open_stores
 from services.common.store.jobs import AvatarRecord, JobState, NewJob
+from services.common.tenants import IMPLICIT_TENANT
 from services.common.tracing import context_carrier
 from services.gateway.avatars import create_avatar
+from services.gateway.janitor import AvatarJanitor, purge_deleted_avatars
 from services.gateway.jobs import job_to_proto
 from services.gateway.settings import GatewaySettings
 from services.gateway.submit import prepare_audio
@@ -77,6 +88,14 @@ def _check_job_id(job_id: str) -> None:
         raise NotFound(f"job {job_id[:MAX_ID_CHARS]!r} does not exist")
 
 
+def _tenant() -> str:
+    """The caller's tenant (the interceptor sets it before any handler runs)."""
+    tenant = TENANT.get()
+    if not tenant:
+        raise RuntimeError("a gateway RPC ran without a tenant: the interceptor did not admit it")
+    return tenant
+
+
 def _check_name(name: str) -> None:
     if len(name) > MAX_NAME_CHARS:
         raise InvalidRequest(f"avatar name is {len(name)} characters; the limit is {MAX_NAME_CHARS}")
@@ -114,25 +133,38 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         data = b"".join(chunks)
         if not data:
             raise InvalidMedia("avatar is empty: send the bytes of a photo or a video")
-        aid = await asyncio.to_thread(avatar_id, data, photo_fps)  # up to 200 MB: off the event loop
+        tenant = _tenant()
+        digest = await asyncio.to_thread(content_hash, data, photo_fps)  # up to 200 MB: off the event loop
+        known = await asyncio.to_thread(svc.jobs.find_avatar, tenant, digest)
+        if known is not None:  # the same tenant's same upload: its avatar (another tenant's is never found)
+            return _avatar_proto(known)
+        aid = new_avatar_id()
+        recording = False
         try:
-            return _avatar_proto(await asyncio.to_thread(svc.jobs.get_avatar, aid))
-        except NotFound:
-            pass
-        record = await create_avatar(svc.blobs, svc.lipsync, aid, data, name, photo_fps, s.max_avatar_frames, s.max_avatar_pixels, REQUEST_ID.get())
-        await asyncio.to_thread(svc.jobs.put_avatar, record)
+            record = await create_avatar(svc.blobs, svc.lipsync, aid, data, name, photo_fps, s.max_avatar_frames, s.max_avatar_pixels, REQUEST_ID.get())
+            recording = True
+            stored = await asyncio.to_thread(svc.jobs.put_avatar, dataclasses.replace(record, tenant=tenant, content_hash=digest))
+        except BaseException as exc:  # a random id is never written again: leave nothing under it...
+            # ...unless cancelled while put_avatar may still commit in its thread: deleting the blobs
+            # then could leave a recorded avatar without data, so they stay (at worst unreferenced).
+            if not (recording and isinstance(exc, asyncio.CancelledError)):
+                await asyncio.shield(asyncio.to_thread(svc.blobs.delete_prefix, prefix(aid)))
+            raise
+        if stored.id != aid:  # a concurrent upload of the same bytes by the same tenant was first
+            await asyncio.to_thread(svc.blobs.delete_prefix, prefix(aid))
+            return _avatar_proto(stored)
         _LOGGER.info("avatar created", extra={"avatar_id": aid, "frames": record.frame_count, "faces": record.faces_found})
-        return _avatar_proto(record)
+        return _avatar_proto(stored)
 
     async def GetAvatar(self, request: gateway_pb2.GetAvatarRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Avatar:
         _check_avatar_id(request.avatar_id)
-        return _avatar_proto(await asyncio.to_thread(self._svc.jobs.get_avatar, request.avatar_id))
+        return _avatar_proto(await asyncio.to_thread(self._svc.jobs.get_avatar, request.avatar_id, _tenant()))
 
     async def ListAvatars(self, request: gateway_pb2.ListAvatarsRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListAvatarsResponse:
         """The oldest MAX_LIST_AVATARS avatars, and never more than half the message limit in bytes
         (names are bounded, so 1000 avatars take at most ~1.3 MB; the byte bound matters only when
         max_message_bytes is set near its 1 MiB minimum)."""
-        avatars = await asyncio.to_thread(self._svc.jobs.list_avatars, MAX_LIST_AVATARS)
+        avatars = await asyncio.to_thread(self._svc.jobs.list_avatars, MAX_LIST_AVATARS, _tenant())
         response, budget = gateway_pb2.ListAvatarsResponse(), self._svc.settings.max_message_bytes // 2
         for record in avatars:
             avatar = _avatar_proto(record)
@@ -143,9 +175,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return response
 
     async def DeleteAvatar(self, request: gateway_pb2.DeleteAvatarRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.DeleteAvatarResponse:
+        """Gone for the tenant at once; its data is purged now if no QUEUED or RUNNING job uses it,
+        else by the janitor once they have finished (they keep rendering from it)."""
+        svc = self._svc
         _check_avatar_id(request.avatar_id)
-        await asyncio.to_thread(self._svc.jobs.delete_avatar, request.avatar_id)
-        await asyncio.to_thread(self._svc.blobs.delete_prefix, prefix(request.avatar_id))
+        await asyncio.to_thread(svc.jobs.delete_avatar, request.avatar_id, _tenant())
+        try:
+            await asyncio.to_thread(purge_deleted_avatars, svc.jobs, svc.blobs, request.avatar_id)
+        except Exception as exc:  # noqa: BLE001 - the avatar is deleted; the janitor purges it later
+            _LOGGER.warning("DeleteAvatar: purging %s now failed (%s); the janitor retries", request.avatar_id, exc)
         return gateway_pb2.DeleteAvatarResponse()
 
     # -- jobs -----------------------------------------------------------------------------------
@@ -161,7 +199,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if options.loop not in gateway_pb2.JobOptions.LoopMode.values():
             raise InvalidRequest(f"loop {options.loop} is not one of PING_PONG (0) or WRAP (1)")
         _check_avatar_id(request.avatar_id)
-        avatar = await asyncio.to_thread(svc.jobs.get_avatar, request.avatar_id)
+        tenant = _tenant()
+        avatar = await asyncio.to_thread(svc.jobs.get_avatar, request.avatar_id, tenant)
         stats = await asyncio.to_thread(svc.jobs.queue_stats)
         if stats.active_jobs >= s.max_active_jobs:  # cheap early refusal; create_job enforces it atomically
             raise TooLarge(f"{stats.active_jobs} jobs are queued or running (limit {s.max_active_jobs}); retry later")
@@ -190,9 +229,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     prepared.segments,
                     prepared.stage_seconds,
                     trace_context=context_carrier(),
+                    tenant=tenant,
                 ),
                 s.max_active_jobs,
                 s.max_active_jobs_per_client,
+                check_avatar=True,  # still this tenant's and not deleted, in the job's own transaction
             )
         except BaseException:
             await asyncio.shield(asyncio.to_thread(svc.blobs.delete_prefix, job_prefix(job_id)))
@@ -210,13 +251,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def GetJob(self, request: gateway_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
         _check_job_id(request.job_id)
-        return job_to_proto(await asyncio.to_thread(self._svc.jobs.get_job, request.job_id))
+        return job_to_proto(await asyncio.to_thread(self._svc.jobs.get_job, request.job_id, _tenant()))
 
     async def CancelJob(self, request: gateway_pb2.CancelJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
         svc = self._svc
         _check_job_id(request.job_id)
-        before = await asyncio.to_thread(svc.jobs.get_job, request.job_id)
-        job = await asyncio.to_thread(svc.jobs.cancel_job, request.job_id)
+        tenant = _tenant()
+        before = await asyncio.to_thread(svc.jobs.get_job, request.job_id, tenant)
+        job = await asyncio.to_thread(svc.jobs.cancel_job, request.job_id, tenant)
         if not before.terminal and job.state == JobState.CANCELLED:
             svc.metrics.jobs.labels("cancelled").inc()
             # Workers drop their work within a heartbeat; one that stored a segment meanwhile deletes it.
@@ -227,13 +269,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def WatchJob(self, request: gateway_pb2.WatchJobRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gateway_pb2.JobEvent]:
         svc = self._svc
         _check_job_id(request.job_id)
-        job = await asyncio.to_thread(svc.jobs.get_job, request.job_id)
+        tenant = _tenant()
+        job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, tenant)
         while True:
             yield gateway_pb2.JobEvent(job=job_to_proto(job))
             if job.terminal:
                 return
             await svc.feed.wait(job.id, job.version, WATCH_HEARTBEAT_S)
-            job = await asyncio.to_thread(svc.jobs.get_job, job.id)
+            job = await asyncio.to_thread(svc.jobs.get_job, job.id, tenant)
 
     async def DownloadOutput(
         self, request: gateway_pb2.DownloadOutputRequest, context: grpc.aio.ServicerContext
@@ -245,7 +288,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         the output (tests/integration/test_fairness.py measures it)."""
         svc = self._svc
         _check_job_id(request.job_id)
-        job = await asyncio.to_thread(svc.jobs.get_job, request.job_id)
+        job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, _tenant())
         if job.state != JobState.SUCCEEDED:
             raise FailedPrecondition(f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED")
         chunk = download_chunk_bytes(request.chunk_bytes, svc.settings.max_message_bytes)
@@ -279,6 +322,14 @@ class GatewayService(Service[GatewaySettings]):
         self.jobs, self.blobs = await open_stores(s)
         self.feed = self.jobs.change_feed()
         await self.feed.start()
+        if not s.api_keys_file:
+            _LOGGER.warning(
+                "API keys are off (no api_keys_file): the public API is open to anyone who can reach its port, "
+                "and every caller is the one tenant %r; set api_keys_file to give each client its own tenant",
+                IMPLICIT_TENANT,
+            )
+        self.janitor = AvatarJanitor(self.jobs, self.blobs, s.avatar_purge_interval_s)
+        self.janitor.start()
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
         self.clients = DiscoveredStageClients({"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes)
         await self.clients.start()
@@ -295,6 +346,8 @@ class GatewayService(Service[GatewaySettings]):
         return self.clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub)
 
     async def close(self) -> None:
+        if hasattr(self, "janitor"):
+            await self.janitor.close()
         if hasattr(self, "feed"):
             await self.feed.close()
         if hasattr(self, "clients"):

@@ -24,12 +24,17 @@ class GatewaySettings(StoreSettings):
     max_active_jobs: int = _field(256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED")
     max_active_jobs_per_client: int = _field(
         32,
-        "queued + running jobs of one client (the job's owner: its x-api-key metadata, else its IP address); more are rejected RESOURCE_EXHAUSTED; 0 = no cap",
+        "queued + running jobs of one client (the job's owner: its API key's tenant when API keys are on, else its x-api-key "
+        "metadata or its IP address); more are rejected RESOURCE_EXHAUSTED; 0 = no cap",
     )
     max_streams_per_client: int = _field(
         64,
-        "max concurrent RPCs of one client (its x-api-key metadata, else its IP address; an idle WatchJob "
+        "max concurrent RPCs of one client (its API key's tenant when API keys are on, else its x-api-key metadata or its IP address; an idle WatchJob "
         "counts until it ends); more are rejected RESOURCE_EXHAUSTED; health checks are never refused; 0 = no cap",
+    )
+    avatar_purge_interval_s: float = _field(
+        30.0,
+        "how often the gateway purges the data of deleted avatars whose jobs have all finished (DeleteAvatar purges at once when no job uses it)",
     )
     segment_seconds: float = _field(2.0, "length of a render segment (the unit of work a render worker claims)")
     stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
@@ -39,6 +44,8 @@ class GatewaySettings(StoreSettings):
         problems = []
         if not 0.2 <= self.segment_seconds <= 60:
             problems.append(f"segment_seconds must be in 0.2..60, got {self.segment_seconds}")
+        if not 0.1 <= self.avatar_purge_interval_s <= 3600:
+            problems.append(f"avatar_purge_interval_s must be in 0.1..3600, got {self.avatar_purge_interval_s}")
         if self.max_active_jobs < 1:
             problems.append(f"max_active_jobs must be >= 1, got {self.max_active_jobs}")
         if self.max_active_jobs_per_client < 0:

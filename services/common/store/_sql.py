@@ -10,6 +10,12 @@ Lock order on PostgreSQL (so two transactions never wait on each other in a circ
 job before its job row, and a job's task rows in ascending index (the join, index -1, first). Every
 transaction that changes several tasks of a job takes the join's row first; a claim holds a single
 task row; a claim that finds a task out of attempts fails its job in a transaction of its own.
+An avatar's row comes before everything else: create_job (with check_avatar) holds it FOR SHARE
+while it inserts the job, DeleteAvatar's UPDATE and the purge's DELETE take it alone, so a job
+inserted beside a delete is committed before the delete is, and the purge (after it) counts it.
+
+Tenants: the gateway-facing reads and changes take a `tenant` and add `AND tenant = ?`; None (the
+render workers) adds nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, TypeVar
 import grpc
 
 from services.common.errors import NotFound, TooLarge
+from services.common.tenants import IMPLICIT_TENANT
 from services.common.store.jobs import (
     JOIN_INDEX,
     AvatarRecord,
@@ -42,7 +49,7 @@ from services.common.store.jobs import (
 T = TypeVar("T")
 Row = Mapping[str, Any]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ABORTED = grpc.StatusCode.ABORTED.value[0]
 CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 NOTIFY_CHANNEL = "lipline_jobs"
@@ -58,6 +65,18 @@ _WAITING, _LEASED, _BLOCKED, _DONE = (f"'{s.value}'" for s in (TaskState.WAITING
 MIGRATIONS: dict[int, list[str]] = {
     # the job's trace context (W3C traceparent, as JSON), so every task's span joins the job's trace
     2: ["ALTER TABLE jobs ADD COLUMN trace_context TEXT NOT NULL DEFAULT ''"],
+    # tenants (every row made before belongs to the implicit one), avatars' per-tenant content index
+    # (an old avatar's id was its content hash) and deferred purge of deleted avatars
+    3: [
+        f"ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT '{IMPLICIT_TENANT}'",
+        f"ALTER TABLE avatars ADD COLUMN tenant TEXT NOT NULL DEFAULT '{IMPLICIT_TENANT}'",
+        "ALTER TABLE avatars ADD COLUMN content_hash TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE avatars ADD COLUMN deleted_time DOUBLE PRECISION NOT NULL DEFAULT 0",
+        "UPDATE avatars SET content_hash = id",
+        "CREATE INDEX IF NOT EXISTS jobs_avatar ON jobs (avatar_id)",
+        "CREATE INDEX IF NOT EXISTS avatars_tenant ON avatars (tenant, create_time)",
+        "CREATE UNIQUE INDEX IF NOT EXISTS avatars_content ON avatars (tenant, content_hash) WHERE content_hash <> '' AND deleted_time = 0",
+    ],
 }
 
 
@@ -151,6 +170,7 @@ def job_from_row(row: Row) -> Job:
         output_bytes=int(row["output_bytes"]),
         version=int(row["version"]),
         trace_context=row["trace_context"],
+        tenant=row["tenant"],
     )
 
 
@@ -229,6 +249,7 @@ class SqlJobStore(JobStore):
 
     blob_type = "BLOB"
     row_lock = ""  # appended to SELECTs of rows the transaction will change (PostgreSQL: FOR UPDATE)
+    share_lock = ""  # appended to SELECTs of rows that must not change before commit (PostgreSQL: FOR SHARE)
     claim_lock = ""  # appended to the claim's SELECT (PostgreSQL: FOR UPDATE OF t SKIP LOCKED)
 
     @abc.abstractmethod
@@ -282,8 +303,10 @@ class SqlJobStore(JobStore):
         return self._transaction(run, write=False) if job_ids else {}
 
     # -- helpers inside a transaction ---------------------------------------------------------------
-    def _job(self, tx: Tx, job_id: str, lock: bool = False) -> Job:
-        row = tx.one("SELECT * FROM jobs WHERE id = ?" + (self.row_lock if lock else ""), (job_id,))
+    def _job(self, tx: Tx, job_id: str, lock: bool = False, tenant: str | None = None) -> Job:
+        mine = "" if tenant is None else " AND tenant = ?"
+        params = (job_id,) if tenant is None else (job_id, tenant)
+        row = tx.one("SELECT * FROM jobs WHERE id = ?" + mine + (self.row_lock if lock else ""), params)
         if row is None:
             raise NotFound(f"job {job_id!r} does not exist")
         return job_from_row(row)
@@ -326,10 +349,12 @@ class SqlJobStore(JobStore):
         )
 
     # -- jobs ---------------------------------------------------------------------------------------
-    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0) -> Job:
+    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False) -> Job:
         segments = [(int(start), int(end)) for start, end in job.segments]
 
         def run(tx: Tx) -> Job:
+            if check_avatar:
+                self._live_avatar(tx, job.avatar_id, job.tenant, self.share_lock)
             if max_active > 0 or max_active_per_owner > 0:
                 tx.lock(CREATE_LOCK)
                 if max_active > 0:
@@ -355,6 +380,7 @@ class SqlJobStore(JobStore):
                 "stage_seconds": encode_json({k: float(v) for k, v in job.stage_seconds.items()}),
                 "create_time": now,
                 "trace_context": job.trace_context,
+                "tenant": job.tenant,
             }
             tx.execute(f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values()))
             join_state = TaskState.BLOCKED if segments else TaskState.WAITING
@@ -369,11 +395,13 @@ class SqlJobStore(JobStore):
 
         return self._transaction(run)
 
-    def get_job(self, job_id: str) -> Job:
-        return self._transaction(lambda tx: self._job(tx, job_id), write=False)
+    def get_job(self, job_id: str, tenant: str | None = None) -> Job:
+        return self._transaction(lambda tx: self._job(tx, job_id, tenant=tenant), write=False)
 
-    def cancel_job(self, job_id: str) -> Job:
+    def cancel_job(self, job_id: str, tenant: str | None = None) -> Job:
         def run(tx: Tx) -> Job:
+            if tenant is not None:
+                self._job(tx, job_id, tenant=tenant)  # NotFound for another tenant's job
             self._end_job(tx, job_id, state=int(JobState.CANCELLED), stage="cancelled", error=CANCELLED_MESSAGE, error_code=CANCELLED)
             return self._job(tx, job_id)
 
@@ -535,28 +563,73 @@ class SqlJobStore(JobStore):
         return self._transaction(run, write=False)
 
     # -- avatars ------------------------------------------------------------------------------------
-    def put_avatar(self, avatar: AvatarRecord) -> None:
-        values = dataclasses.asdict(avatar)
-        self._transaction(
-            lambda tx: tx.execute(
-                f"INSERT INTO avatars ({', '.join(values)}) VALUES ({', '.join('?' * len(values))}) ON CONFLICT (id) DO NOTHING",
-                list(values.values()),
-            )
-        )
+    _LIVE = "deleted_time = 0"
+    _UNUSED = f"NOT EXISTS (SELECT 1 FROM jobs j WHERE j.avatar_id = a.id AND j.{_ACTIVE})"
 
-    def get_avatar(self, avatar_id: str) -> AvatarRecord:
-        row = self._transaction(lambda tx: tx.one("SELECT * FROM avatars WHERE id = ?", (avatar_id,)), write=False)
+    def _live_avatar(self, tx: Tx, avatar_id: str, tenant: str | None, lock: str = "") -> AvatarRecord:
+        mine = "" if tenant is None else " AND tenant = ?"
+        params = (avatar_id,) if tenant is None else (avatar_id, tenant)
+        row = tx.one(f"SELECT * FROM avatars WHERE id = ? AND {self._LIVE}{mine}{lock}", params)
         if row is None:
-            raise NotFound(f"avatar {avatar_id!r} does not exist")
+            raise NotFound(f"avatar {avatar_id!r} does not exist; create it with CreateAvatar")
         return avatar_from_row(row)
 
-    def list_avatars(self, limit: int = 1000) -> list[AvatarRecord]:
-        rows = self._transaction(lambda tx: tx.query("SELECT * FROM avatars ORDER BY create_time, id LIMIT ?", (int(limit),)), write=False)
+    def put_avatar(self, avatar: AvatarRecord) -> AvatarRecord:
+        values = dataclasses.asdict(avatar)
+
+        def run(tx: Tx) -> AvatarRecord:
+            # No conflict target: a repeated id and the tenant's live content index both do nothing.
+            tx.execute(
+                f"INSERT INTO avatars ({', '.join(values)}) VALUES ({', '.join('?' * len(values))}) ON CONFLICT DO NOTHING",
+                list(values.values()),
+            )
+            if avatar.content_hash and (same := self._find_avatar(tx, avatar.tenant, avatar.content_hash)) is not None:
+                return same
+            return avatar_from_row(tx.one("SELECT * FROM avatars WHERE id = ?", (avatar.id,)))  # type: ignore[arg-type]
+
+        return self._transaction(run)
+
+    def _find_avatar(self, tx: Tx, tenant: str, content_hash: str) -> AvatarRecord | None:
+        row = tx.one(f"SELECT * FROM avatars WHERE tenant = ? AND content_hash = ? AND {self._LIVE}", (tenant, content_hash))
+        return avatar_from_row(row) if row is not None else None
+
+    def get_avatar(self, avatar_id: str, tenant: str | None = None) -> AvatarRecord:
+        return self._transaction(lambda tx: self._live_avatar(tx, avatar_id, tenant), write=False)
+
+    def find_avatar(self, tenant: str, content_hash: str) -> AvatarRecord | None:
+        return self._transaction(lambda tx: self._find_avatar(tx, tenant, content_hash), write=False) if content_hash else None
+
+    def list_avatars(self, limit: int = 1000, tenant: str | None = None) -> list[AvatarRecord]:
+        mine = "" if tenant is None else " AND tenant = ?"
+        params = (int(limit),) if tenant is None else (tenant, int(limit))
+        rows = self._transaction(
+            lambda tx: tx.query(f"SELECT * FROM avatars WHERE {self._LIVE}{mine} ORDER BY create_time, id LIMIT ?", params),
+            write=False,
+        )
         return [avatar_from_row(row) for row in rows]
 
-    def delete_avatar(self, avatar_id: str) -> None:
-        if not self._transaction(lambda tx: tx.execute("DELETE FROM avatars WHERE id = ?", (avatar_id,))):
+    def delete_avatar(self, avatar_id: str, tenant: str | None = None) -> None:
+        mine = "" if tenant is None else " AND tenant = ?"
+        params: tuple = (avatar_id,) if tenant is None else (avatar_id, tenant)
+
+        def run(tx: Tx) -> int:
+            return tx.execute(f"UPDATE avatars SET deleted_time = ? WHERE id = ? AND {self._LIVE}{mine}", (tx.now(), *params))
+
+        if not self._transaction(run):
             raise NotFound(f"avatar {avatar_id!r} does not exist")
+
+    def purgeable_avatars(self, limit: int = 100, avatar_id: str | None = None) -> list[str]:
+        one = "" if avatar_id is None else " AND a.id = ?"
+        params = (int(limit),) if avatar_id is None else (avatar_id, int(limit))
+        rows = self._transaction(
+            lambda tx: tx.query(f"SELECT a.id FROM avatars a WHERE a.deleted_time > 0{one} AND {self._UNUSED} ORDER BY a.deleted_time, a.id LIMIT ?", params),
+            write=False,
+        )
+        return [row["id"] for row in rows]
+
+    def forget_avatar(self, avatar_id: str) -> bool:
+        unused = self._UNUSED.replace("a.id", "avatars.id")  # DELETE takes no alias on SQLite
+        return bool(self._transaction(lambda tx: tx.execute(f"DELETE FROM avatars WHERE id = ? AND deleted_time > 0 AND {unused}", (avatar_id,))))
 
 
 # -- change feeds ------------------------------------------------------------------------------------

@@ -10,6 +10,12 @@ answer for any job, and render workers on many pods must share out the work. The
   claimed atomically with a lease (worker, expiry) that its worker renews; a lease that expires
   (the worker died) makes the task claimable again; after `max_attempts` claims the job fails.
 - **avatars**: the summary of each avatar (what Get/ListAvatars answer); its data lives in the blob store.
+  A deleted avatar is only marked (`deleted_time`): it is gone for its tenant at once, but its row and
+  blobs stay until no QUEUED or RUNNING job uses it (the gateway's janitor then purges them).
+
+Every avatar and job belongs to a tenant (services.common.tenants). The gateway's methods take the
+caller's tenant and find only that tenant's rows (NotFound otherwise, as for an id that never
+existed); `tenant=None` means any tenant, for the render workers, which work for every tenant.
 
 Every method is synchronous and safe to call from several threads; asyncio callers use
 `asyncio.to_thread`. Waiting for a job's change is the one async part: `ChangeFeed`.
@@ -23,6 +29,8 @@ import abc
 import dataclasses
 import enum
 from collections.abc import Sequence
+
+from services.common.tenants import IMPLICIT_TENANT
 
 JOIN_INDEX = -1  # the task index of a job's join
 
@@ -53,7 +61,7 @@ class NewJob:
 
     id: str
     avatar_id: str
-    owner: str  # the client (API key name, or "" when keys are off): per-client limits
+    owner: str  # the client ("tenant:<tenant>" with API keys, else its x-api-key or IP): per-client limits
     options: bytes  # a serialized lipline.v1.JobOptions
     audio_seconds: float
     fps: float
@@ -61,6 +69,7 @@ class NewJob:
     segments: Sequence[tuple[int, int]]  # [start, end) frame ranges, consecutive, covering total_frames
     stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     trace_context: str = ""  # the submitting request's trace context (JSON of W3C headers), or ""
+    tenant: str = IMPLICIT_TENANT  # who may see the job (services.common.tenants)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +97,7 @@ class Job:
     output_bytes: int
     version: int  # +1 on every change
     trace_context: str = ""  # see NewJob
+    tenant: str = IMPLICIT_TENANT
 
     @property
     def terminal(self) -> bool:
@@ -123,6 +133,10 @@ class AvatarRecord:
     height: int
     faces_found: int
     create_time: float
+    tenant: str = IMPLICIT_TENANT  # who may see and use it
+    # services.common.avatars.content_hash of the upload: the same tenant's same upload is the same
+    # avatar (dedup within a tenant only; "" = none, never deduplicated)
+    content_hash: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,18 +170,23 @@ class JobStore(abc.ABC):
 
     # -- jobs (gateway) ---------------------------------------------------------------------------
     @abc.abstractmethod
-    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0) -> Job:
+    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False) -> Job:
         """Insert the job (QUEUED), its segment tasks (WAITING) and its join (BLOCKED) in one
         transaction. TooLarge when `max_active` (>0) QUEUED+RUNNING jobs exist, or the owner has
-        `max_active_per_owner` (>0)."""
+        `max_active_per_owner` (>0). With `check_avatar` (the gateway), NotFound unless the job's
+        avatar exists, is not deleted and belongs to the job's tenant, checked in the same
+        transaction (a row lock on PostgreSQL): a DeleteAvatar at the same moment either comes
+        first (NotFound here) or sees this job when it decides whether to purge the avatar's data."""
 
     @abc.abstractmethod
-    def get_job(self, job_id: str) -> Job: ...
+    def get_job(self, job_id: str, tenant: str | None = None) -> Job:
+        """NotFound unless the job exists and belongs to `tenant` (None: any tenant, workers only)."""
 
     @abc.abstractmethod
-    def cancel_job(self, job_id: str) -> Job:
+    def cancel_job(self, job_id: str, tenant: str | None = None) -> Job:
         """CANCELLED (error_code CANCELLED, stage "cancelled") unless already terminal; every task of
-        the job is deleted, so no worker can renew or complete it. Returns the job as it is after."""
+        the job is deleted, so no worker can renew or complete it. Returns the job as it is after.
+        NotFound unless the job belongs to `tenant` (None: any)."""
 
     @abc.abstractmethod
     def fail_job(self, job_id: str, error: str, error_code: int) -> bool:
@@ -211,19 +230,37 @@ class JobStore(abc.ABC):
 
     # -- avatars (gateway) ------------------------------------------------------------------------
     @abc.abstractmethod
-    def put_avatar(self, avatar: AvatarRecord) -> None:
-        """Insert, or leave an existing record with the same id as it is (ids are content hashes)."""
+    def put_avatar(self, avatar: AvatarRecord) -> AvatarRecord:
+        """Insert, and return what is stored: the existing live avatar when the tenant already has one
+        with the same `content_hash` (a concurrent upload of the same bytes won; the caller drops its
+        own copy), or the one with the same id."""
 
     @abc.abstractmethod
-    def get_avatar(self, avatar_id: str) -> AvatarRecord: ...
+    def get_avatar(self, avatar_id: str, tenant: str | None = None) -> AvatarRecord:
+        """NotFound unless the avatar exists, is not deleted, and belongs to `tenant` (None: any)."""
 
     @abc.abstractmethod
-    def list_avatars(self, limit: int = 1000) -> list[AvatarRecord]:
-        """Oldest first, at most `limit`."""
+    def find_avatar(self, tenant: str, content_hash: str) -> AvatarRecord | None:
+        """The tenant's live avatar of that content, if any (CreateAvatar's dedup)."""
 
     @abc.abstractmethod
-    def delete_avatar(self, avatar_id: str) -> None:
-        """NotFound when absent."""
+    def list_avatars(self, limit: int = 1000, tenant: str | None = None) -> list[AvatarRecord]:
+        """The live avatars of `tenant` (None: all), oldest first, at most `limit`."""
+
+    @abc.abstractmethod
+    def delete_avatar(self, avatar_id: str, tenant: str | None = None) -> None:
+        """Mark the avatar deleted: absent for get/list/find and new jobs from now on; its row and data
+        stay until `purgeable_avatars` lists it. NotFound when absent, deleted or another tenant's."""
+
+    @abc.abstractmethod
+    def purgeable_avatars(self, limit: int = 100, avatar_id: str | None = None) -> list[str]:
+        """Ids of deleted avatars that no QUEUED or RUNNING job uses (only `avatar_id`, when given),
+        longest deleted first: their data may go now (no new job can use a deleted avatar)."""
+
+    @abc.abstractmethod
+    def forget_avatar(self, avatar_id: str) -> bool:
+        """Remove a deleted avatar's row once its data is purged (False when it is not purgeable, or
+        already gone: another gateway's janitor did it)."""
 
 
 class ChangeFeed(abc.ABC):

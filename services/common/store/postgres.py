@@ -93,6 +93,7 @@ class _PgTx(Tx):
 class PostgresJobStore(SqlJobStore):
     blob_type = "BYTEA"
     row_lock = " FOR UPDATE"
+    share_lock = " FOR SHARE"
     claim_lock = " FOR UPDATE OF t SKIP LOCKED"
 
     def __init__(self, url: str, min_size: int = 1, max_size: int = 8, pool_timeout_s: float = POOL_TIMEOUT_S) -> None:

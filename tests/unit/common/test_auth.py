@@ -14,11 +14,21 @@ from services.common.channels import open_channel
 from services.common.config import ServiceSettings
 from services.common.interceptor import Auth, key_hash, parse_api_keys
 from services.common.metrics import Metrics
+from services.common.tenants import IMPLICIT_TENANT, tenant_of_key
 from services.common.server import ServiceRunner
 from tests.unit.common.test_server import SERVICE, EchoService, health, run_server
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef-xyz"
 TOKEN = "internal-token-0123456789abcdef"
+
+
+def test_parse_api_keys_tenants() -> None:
+    keys = parse_api_keys(f"acme/ci:{ALICE}\nacme/rotated:{BOB}\nbob:{TOKEN}\n")
+    assert keys == {"acme/ci": ALICE, "acme/rotated": BOB, "bob": TOKEN}
+    assert [tenant_of_key(name) for name in keys] == ["acme", "acme", "bob"]  # `name:key`: its own tenant
+    for bad in (f"/ci:{ALICE}", f"acme/:{ALICE}", f"a/b/c:{ALICE}", f"ac me/ci:{ALICE}"):
+        with pytest.raises(ValueError, match="tenant/name"):
+            parse_api_keys(bad)
 
 
 def test_parse_api_keys_names_and_bare_keys() -> None:
@@ -126,7 +136,30 @@ def test_the_server_checks_keys_and_identifies_the_client_by_key_name(tmp_path: 
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
     service = run_server(test, api_keys_file=str(tmp_path / "keys"))
-    assert service.client_ids == ["key:alice", "key:bob"]  # the names, never the keys
+    assert service.client_ids == ["tenant:alice", "tenant:bob"]  # a name:key line is its own tenant; never the keys
+
+
+def test_keys_of_one_tenant_are_one_client_and_one_tenant(tmp_path: Path) -> None:
+    """Two keys of tenant acme (rotation) share its per-client caps; a key of bob is another client."""
+    (tmp_path / "keys").write_text(f"acme/ci:{ALICE}\nacme/rotated:{BOB}\nbob:{TOKEN}\n")
+
+    async def test(service: EchoService, runner: ServiceRunner, channel: grpc.aio.Channel) -> None:
+        echo = channel.unary_unary(f"/{SERVICE}/Echo")
+        for key in (ALICE, BOB, TOKEN):
+            assert await echo(b"hi", metadata=(("x-api-key", key),)) == b"hi"
+
+    service = run_server(test, api_keys_file=str(tmp_path / "keys"))
+    assert service.client_ids == ["tenant:acme", "tenant:acme", "tenant:bob"]
+    assert service.tenants == ["acme", "acme", "bob"]
+
+
+def test_without_keys_every_call_is_the_implicit_tenant() -> None:
+    async def test(service: EchoService, runner: ServiceRunner, channel: grpc.aio.Channel) -> None:
+        echo = channel.unary_unary(f"/{SERVICE}/Echo")
+        assert await echo(b"hi", metadata=(("x-api-key", "anything-at-all"),)) == b"hi"
+        assert await echo(b"hi") == b"hi"
+
+    assert run_server(test).tenants == [IMPLICIT_TENANT, IMPLICIT_TENANT]
 
 
 def test_a_stage_needs_the_internal_token_and_stage_channels_send_it(tmp_path: Path) -> None:

@@ -6,17 +6,22 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.avatars import AvatarMeta, avatar_id, is_avatar_id, load_crops, load_meta, save_avatar
+from services.common.avatars import AvatarMeta, content_hash, is_avatar_id, load_crops, load_meta, new_avatar_id, save_avatar
 from services.common.store.folder import FolderBlobStore
 
 META = AvatarMeta("0123456789abcdef01234567", "me", 25.0, 25.0, 3, 64, 48, [(1, 2, 30, 40), None, (3, 4, 33, 44)], 1000.0)
 
 
-def test_avatar_id_is_stable_hex_and_depends_on_bytes_and_photo_fps() -> None:
-    a = avatar_id(b"photo", 25.0)
-    assert a == avatar_id(b"photo", 25.0) and is_avatar_id(a)
-    assert a != avatar_id(b"photo", 30.0) and a != avatar_id(b"photo2", 25.0)
+def test_content_hash_is_stable_hex_and_depends_on_bytes_and_photo_fps() -> None:
+    a = content_hash(b"photo", 25.0)
+    assert a == content_hash(b"photo", 25.0) and is_avatar_id(a)  # an old id is its content hash
+    assert a != content_hash(b"photo", 30.0) and a != content_hash(b"photo2", 25.0)
     assert not is_avatar_id("../../etc") and not is_avatar_id("")
+
+
+def test_new_avatar_ids_are_random_and_look_like_avatar_ids() -> None:
+    ids = {new_avatar_id() for _ in range(100)}
+    assert len(ids) == 100 and all(is_avatar_id(i) for i in ids)
 
 
 def test_meta_json_round_trip_and_derived_fields() -> None:

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import ServiceSettings
 from services.common.errors import InvalidMedia, NotFound, TooLarge
-from services.common.interceptor import CLIENT_ID, REQUEST_ID, client_identity
+from services.common.interceptor import CLIENT_ID, REQUEST_ID, TENANT, client_identity
 from services.common.metrics import Metrics
 from services.common.server import Service, ServiceRunner
 
@@ -36,6 +36,7 @@ class EchoService(Service[ServiceSettings]):
         self.closed = False
         self.request_ids: list[str] = []
         self.client_ids: list[str] = []
+        self.tenants: list[str] = []
         self.idle_open = 0  # Idle streams whose handler is running
         self.forever = asyncio.Event()  # never set: Idle streams wait on it
         self.flood_sent = 0  # messages Flood streams have handed to gRPC
@@ -67,6 +68,7 @@ class EchoService(Service[ServiceSettings]):
     async def echo(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self.request_ids.append(REQUEST_ID.get())
         self.client_ids.append(CLIENT_ID.get())
+        self.tenants.append(TENANT.get())
         return request
 
     async def idle(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
