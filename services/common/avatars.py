@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import secrets
+from pathlib import Path
 
 import numpy as np
 
@@ -110,6 +111,14 @@ def save_avatar(blobs: BlobStore, meta: AvatarMeta, source: bytes, crops: np.nda
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(crops, dtype=np.uint8))
     blobs.put(p + "crops.npy", buf.getvalue())
+    blobs.put(p + "meta.json", meta.to_json())
+
+
+def save_avatar_files(blobs: BlobStore, meta: AvatarMeta, source: bytes, crops_npy: Path) -> None:
+    """`save_avatar` with the crops already in a .npy file (written frame by frame, never all in memory)."""
+    p = prefix(meta.id)
+    blobs.put(p + "source", source)
+    blobs.put_file(p + "crops.npy", crops_npy)
     blobs.put(p + "meta.json", meta.to_json())
 
 

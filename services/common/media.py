@@ -12,7 +12,7 @@ import io
 import os
 import uuid
 from fractions import Fraction
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -126,38 +126,49 @@ def _decode_still(data: bytes, header: ImageSize, *, max_pixels: int, min_side: 
 def _decode_video(data: bytes, *, max_frames: int, max_pixels: int, min_side: int) -> tuple[np.ndarray, float]:
     """Decodes every frame of the first video stream into one preallocated even-sized array (see decode_avatar)."""
     with _open_video(data) as container:
-        if not container.streams.video:
-            raise InvalidMedia(f"could not decode the avatar as an image or a video: it has no video stream; {_SUPPORTED_HINT}")
-        if container.format.name.endswith("_pipe") or container.format.name in _IMAGE_DEMUXERS:
-            raise InvalidMedia(f"the avatar is a still image in a format that is not supported ({container.format.name}); {_SUPPORTED_HINT}")
-        stream = container.streams.video[0]
-        context = stream.codec_context
-        if context is None:
-            raise InvalidMedia(f"the avatar video's codec is not one this service can decode; {_SUPPORTED_HINT}")
-        # 1. The size the container (or the codec parser) declares, before anything is decoded.
-        if context.width and context.height:
-            _check_size(context.width, context.height, max_pixels, min_side)
-        fps = float(stream.average_rate) if stream.average_rate else _DEFAULT_VIDEO_FPS
-        # 2. The frame count, declared (MP4, AVI; 0 where the container has none) and then counted in
-        #    compressed packets, before decoding any. Neither is exactly the decoded count: samples
-        #    outside an MP4 edit list are demuxed but never shown, and interlaced video may carry each
-        #    field in its own packet, so a frame is at most 2 packets. Above 2 * max_frames the video
-        #    is refused here; the exact limit holds for the decoded frames (render workers decode
-        #    with max_frames = the frame count CreateAvatar found, so the count must not be early).
-        if stream.frames > 2 * max_frames:
-            raise TooLarge(_too_many_frames(max_frames, fps, stream.frames))
-        # 3. The decoder refuses to allocate a frame above max_pixels, whatever the headers said (a
-        #    later SPS may switch to 16000x16000): FFmpeg checks it in every frame allocation.
-        context.options = {**(context.options or {}), "max_pixels": str(max_pixels)}
-        packets = []
-        count = 0
-        for packet in container.demux(stream):  # the last packet (size 0) is the decoder's flush
-            if packet.size and not packet.is_discard:
-                count += 1
-                if count > 2 * max_frames:
-                    raise TooLarge(_too_many_frames(max_frames, fps))
-            packets.append(packet)
+        stream, packets, count, fps = _demux_checked(container, max_frames=max_frames, max_pixels=max_pixels, min_side=min_side)
         return _decode_packets(stream, packets, min(count, max_frames), max_frames, max_pixels, min_side), fps
+
+
+def _demux_checked(
+    container: av.container.InputContainer, *, max_frames: int, max_pixels: int, min_side: int
+) -> tuple[av.video.stream.VideoStream, list[av.Packet], int, float]:
+    """The first video stream's compressed packets, after the header checks of `decode_avatar`.
+
+    Returns ``(stream, packets, count, fps)``; count is the number of frame-carrying packets.
+    """
+    if not container.streams.video:
+        raise InvalidMedia(f"could not decode the avatar as an image or a video: it has no video stream; {_SUPPORTED_HINT}")
+    if container.format.name.endswith("_pipe") or container.format.name in _IMAGE_DEMUXERS:
+        raise InvalidMedia(f"the avatar is a still image in a format that is not supported ({container.format.name}); {_SUPPORTED_HINT}")
+    stream = container.streams.video[0]
+    context = stream.codec_context
+    if context is None:
+        raise InvalidMedia(f"the avatar video's codec is not one this service can decode; {_SUPPORTED_HINT}")
+    # 1. The size the container (or the codec parser) declares, before anything is decoded.
+    if context.width and context.height:
+        _check_size(context.width, context.height, max_pixels, min_side)
+    fps = float(stream.average_rate) if stream.average_rate else _DEFAULT_VIDEO_FPS
+    # 2. The frame count, declared (MP4, AVI; 0 where the container has none) and then counted in
+    #    compressed packets, before decoding any. Neither is exactly the decoded count: samples
+    #    outside an MP4 edit list are demuxed but never shown, and interlaced video may carry each
+    #    field in its own packet, so a frame is at most 2 packets. Above 2 * max_frames the video
+    #    is refused here; the exact limit holds for the decoded frames (render workers decode
+    #    with max_frames = the frame count CreateAvatar found, so the count must not be early).
+    if stream.frames > 2 * max_frames:
+        raise TooLarge(_too_many_frames(max_frames, fps, stream.frames))
+    # 3. The decoder refuses to allocate a frame above max_pixels, whatever the headers said (a
+    #    later SPS may switch to 16000x16000): FFmpeg checks it in every frame allocation.
+    context.options = {**(context.options or {}), "max_pixels": str(max_pixels)}
+    packets = []
+    count = 0
+    for packet in container.demux(stream):  # the last packet (size 0) is the decoder's flush
+        if packet.size and not packet.is_discard:
+            count += 1
+            if count > 2 * max_frames:
+                raise TooLarge(_too_many_frames(max_frames, fps))
+        packets.append(packet)
+    return stream, packets, count, fps
 
 
 # FFmpeg demuxers of still images (besides the "*_pipe" ones): such files reach the video path only
@@ -179,16 +190,18 @@ def _open_video(data: bytes) -> av.container.InputContainer:
     return av.open(io.BytesIO(data), mode="r", container_options={"codec_whitelist": "none"})
 
 
-def _decode_packets(
+def _iter_packets(
     stream: av.video.stream.VideoStream,
     packets: list[av.Packet],
-    count: int,
     max_frames: int,
     max_pixels: int,
     min_side: int,
-) -> np.ndarray:
-    """Decodes packets into an (n, H, W, 3) array allocated once for ``count`` frames (grown if more come)."""
-    out: np.ndarray | None = None
+) -> Iterator[np.ndarray]:
+    """Decodes packets one at a time into even-sized, upright (H, W, 3) BGR views, checking every frame.
+
+    Each packet is dropped from ``packets`` once decoded. A yielded frame is only valid until the
+    next one is asked for (it may be a view of the decoder's output): copy what must be kept.
+    """
     first: tuple[int, int, int] | None = None  # (width, height, rotation) of frame 0
     n = 0
     try:
@@ -210,28 +223,131 @@ def _decode_packets(
                 # Phone videos are often stored sideways with a display-rotation tag that players
                 # honour; apply it so the face is upright for the face detector (counterclockwise).
                 if frame.rotation:
-                    image = np.rot90(image, k=round(frame.rotation / 90))  # a view; copied below
-                if out is None:
-                    height, width = image.shape[:2]
-                    out = np.empty((max(count, 1), height - height % 2, width - width % 2, 3), np.uint8)
-                elif n == len(out):
-                    # More frames than packets (a codec that packs several frames in one, such as
-                    # MPEG-4 Part 2 "packed B-frames" in AVI): grow by doubling, never past max_frames,
-                    # in place (realloc: glibc moves the pages of a large block with mremap, no copy).
-                    out.resize((min(2 * n, max_frames), *out.shape[1:]), refcheck=False)
-                out[n] = image[: out.shape[1], : out.shape[2]]  # crops an odd row/column: yuv420p needs even
+                    image = np.rot90(image, k=round(frame.rotation / 90))  # a view
+                height, width = image.shape[:2]
                 n += 1
+                yield image[: height - height % 2, : width - width % 2]  # yuv420p needs even sizes
     except _DECODE_ERRORS as exc:
         raise InvalidMedia(
             f"could not decode frame {n} of the avatar video: {_reason(exc)} (frames are limited to {max_pixels} pixels); {_SUPPORTED_HINT}"
         ) from exc
-    if out is None or n == 0:
+    if n == 0:
         raise InvalidMedia(f"the avatar video has no frames; {_SUPPORTED_HINT}")
+
+
+def _decode_packets(
+    stream: av.video.stream.VideoStream,
+    packets: list[av.Packet],
+    count: int,
+    max_frames: int,
+    max_pixels: int,
+    min_side: int,
+) -> np.ndarray:
+    """Decodes packets into an (n, H, W, 3) array allocated once for ``count`` frames (grown if more come)."""
+    out: np.ndarray | None = None
+    n = 0
+    for image in _iter_packets(stream, packets, max_frames, max_pixels, min_side):
+        if out is None:
+            out = np.empty((max(count, 1), *image.shape), np.uint8)
+        elif n == len(out):
+            # More frames than packets (a codec that packs several frames in one, such as
+            # MPEG-4 Part 2 "packed B-frames" in AVI): grow by doubling, never past max_frames,
+            # in place (realloc: glibc moves the pages of a large block with mremap, no copy).
+            out.resize((min(2 * n, max_frames), *out.shape[1:]), refcheck=False)
+        out[n] = image
+        n += 1
+    assert out is not None  # _iter_packets raises on no frames
     if n < len(out):
         # Fewer frames than packets: give the unused tail back (in place, like the growth above;
         # its pages were never written, so they never counted in RSS). No view of `out` exists.
         out.resize((n, *out.shape[1:]), refcheck=False)
     return out
+
+
+class AvatarFrames:
+    """An avatar's frames decoded one at a time: what `decode_avatar` returns, without holding them all.
+
+    Why: a 1080p frame is 6 MB in BGR, so holding a 1,500-frame avatar costs 9.3 GB; CreateAvatar
+    and the render workers' cache need each frame once, in order (docs/performance.md, "Avatar
+    memory"). Opening checks what `decode_avatar` checks before decoding (image header, declared
+    size and frame count, the compressed packets counted), so a bad upload fails at `open_avatar`;
+    iterating decodes frame by frame with the per-frame checks (``max_pixels`` in the decoder, one
+    size throughout, at most ``max_frames``). Memory: the compressed packets (at most the upload),
+    the decoder's few frames and the frame being handed out.
+
+    Iterating yields even-sized (H, W, 3) uint8 BGR frames, each valid until the next is asked for
+    (copy to keep one). It can be iterated once; `open_avatar` again for a second pass.
+    """
+
+    def __init__(self, fps: float, frames: Iterator[np.ndarray], count_hint: int, closer: av.container.InputContainer | None = None) -> None:
+        self.fps = fps
+        #: Frames the headers or the compressed packets announce (the decoded count may differ).
+        self.count_hint = count_hint
+        self._frames = frames
+        self._closer = closer
+        #: Frames handed out so far.
+        self.count = 0
+        self.width = 0
+        self.height = 0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        try:
+            for frame in self._frames:
+                self.height, self.width = frame.shape[:2]
+                self.count += 1
+                yield frame
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer.close()
+            self._closer = None
+
+    def __enter__(self) -> AvatarFrames:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def open_avatar(
+    data: bytes,
+    *,
+    photo_fps: float = 25.0,
+    max_frames: int = 1500,
+    max_pixels: int = 1920 * 1080,
+    min_side: int = MIN_AVATAR_SIDE,
+) -> AvatarFrames:
+    """The avatar's frames, one at a time (`AvatarFrames`), with `decode_avatar`'s limits and errors.
+
+    A photo is one frame (decoded here: it is one frame either way); a video is opened and demuxed
+    here and decoded as it is iterated. Raises what `decode_avatar` raises, at open or while iterating.
+    """
+    if not data:
+        raise InvalidMedia("avatar is empty")
+    try:
+        header = read_image_size(data)
+    except ImageHeaderError as exc:
+        raise InvalidMedia(f"could not decode the avatar image: {exc}; {_SUPPORTED_HINT}") from exc
+    if header is not None:
+        still = _decode_still(data, header, max_pixels=max_pixels, min_side=min_side)
+        return AvatarFrames(float(photo_fps), iter([still[0]]), 1)
+    container = None
+    try:
+        container = _open_video(data)
+        stream, packets, count, fps = _demux_checked(container, max_frames=max_frames, max_pixels=max_pixels, min_side=min_side)
+    except _DECODE_ERRORS as exc:
+        if container is not None:
+            container.close()
+        raise InvalidMedia(f"could not decode the avatar as an image or a video: {_reason(exc)}; {_SUPPORTED_HINT}") from exc
+    except BaseException:
+        if container is not None:
+            container.close()
+        raise
+    # An AVIF photo (ISO-BMFF, major brand "avif") is a one-frame AV1 video to FFmpeg; it is a photo.
+    fps = float(photo_fps) if data[8:12] == b"avif" else fps
+    return AvatarFrames(fps, _iter_packets(stream, packets, max_frames, max_pixels, min_side), min(count, max_frames), container)
 
 
 def _rate(stream: av.video.stream.VideoStream) -> float:

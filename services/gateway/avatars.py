@@ -1,45 +1,93 @@
 """CreateAvatar's work: decode the upload, find the faces (the lipsync stage's DetectFaces), cut the
-96x96 reference crops, and write it all to the blob store, where every render worker finds it."""
+96x96 reference crops, and write it all to the blob store, where every render worker finds it.
+
+The frames are decoded one at a time, twice (once for the stage, once for the crops: the boxes are
+smoothed over the whole clip, so none is known before the last frame is sent), and never held all
+at once: a 1080p frame is 6 MB, a 1,500-frame avatar 9.3 GB (docs/performance.md, "Avatar memory")."""
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import grpc
 import numpy as np
 
 from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc
-from services.common.avatars import AvatarMeta, save_avatar
+from services.common.avatars import AvatarMeta, prefix, save_avatar_files
 from services.common.channels import StageFailed, stage_error_message
 from services.common.codec import image_to_proto
-from services.common.crops import Box, crop_and_resize
+from services.common.crops import IMG_SIZE, Box, crop_and_resize
 from services.common.errors import InvalidMedia, NotReady
 from services.common.store.blobs import BlobStore
 from services.common.store.jobs import AvatarRecord
 from services.common.tracing import outgoing_metadata
-from services.common.media import decode_avatar
+from services.common.media import AvatarFrames, open_avatar
 
 FRAMES_PER_MESSAGE = 8
+MESSAGE_BYTES = 16 * 1024 * 1024  # fewer frames per message above this (1080p: 2 frames, not 8)
 DETECT_ATTEMPTS = 3  # a replica draining or a connection reaching its age ends the stream UNAVAILABLE
 
+OpenFrames = Callable[[], AvatarFrames]
 
-async def detect_faces(lipsync: lipsync_pb2_grpc.LipSyncServiceStub, frames: np.ndarray, request_id: str = "") -> list[Box | None]:
-    """Padded, smoothed face boxes for every frame of an avatar."""
 
-    async def requests() -> AsyncIterator[lipsync_pb2.DetectFacesRequest]:
-        for start in range(0, len(frames), FRAMES_PER_MESSAGE):
-            yield lipsync_pb2.DetectFacesRequest(
-                frames=[lipsync_pb2.IndexedFrame(index=i, image=image_to_proto(frames[i])) for i in range(start, min(start + FRAMES_PER_MESSAGE, len(frames)))]
-            )
+async def _chunks(open_frames: OpenFrames) -> AsyncIterator[list[np.ndarray]]:
+    """The avatar's frames decoded in a worker thread, a message's worth at a time (copies: a
+    decoded frame is only valid until the next)."""
+    frames = await asyncio.to_thread(open_frames)
+    it = iter(frames)
 
+    def take() -> list[np.ndarray]:
+        chunk: list[np.ndarray] = []
+        for frame in it:
+            chunk.append(np.array(frame))
+            if len(chunk) >= max(1, min(FRAMES_PER_MESSAGE, MESSAGE_BYTES // max(frame.nbytes, 1))):
+                break
+        return chunk
+
+    try:
+        while chunk := await asyncio.to_thread(take):
+            yield chunk
+    finally:
+        frames.close()
+
+
+async def detect_faces(lipsync: lipsync_pb2_grpc.LipSyncServiceStub, open_frames: OpenFrames, request_id: str = "") -> list[Box | None]:
+    """Padded, smoothed face boxes for every frame of an avatar, decoding it as it is sent.
+
+    The frames are decoded and sent a message at a time (gRPC's flow control paces the decoder), so
+    only the frames in flight are held; the stage may ask for them a second time (`send_again`), and
+    they are decoded again then.
+    """
     for attempt in range(1, DETECT_ATTEMPTS + 1):
-        boxes: list[Box | None] = [None] * len(frames)
+        boxes: list[Box | None] = []
+        decided: asyncio.Queue[bool] = asyncio.Queue()  # True: send the frames again
+
+        async def requests() -> AsyncIterator[lipsync_pb2.DetectFacesRequest]:
+            yield lipsync_pb2.DetectFacesRequest(options=lipsync_pb2.DetectFacesOptions(resends=True))
+            while True:
+                index = 0
+                async for chunk in _chunks(open_frames):
+                    items = [lipsync_pb2.IndexedFrame(index=index + i, image=image_to_proto(f)) for i, f in enumerate(chunk)]
+                    yield lipsync_pb2.DetectFacesRequest(frames=items)
+                    index += len(chunk)
+                yield lipsync_pb2.DetectFacesRequest(end_of_frames=True)
+                if not await decided.get():
+                    return
+
         try:
-            async for response in lipsync.DetectFaces(requests(), metadata=outgoing_metadata(request_id)):
+            call = lipsync.DetectFaces(requests(), metadata=outgoing_metadata(request_id))
+            async for response in call:
+                if response.send_again:
+                    decided.put_nowait(True)
+                    continue
                 for face in response.faces:
-                    if face.found and 0 <= face.index < len(frames):
+                    if face.index >= len(boxes):
+                        boxes.extend([None] * (face.index + 1 - len(boxes)))
+                    if face.found:
                         boxes[face.index] = (face.box.x1, face.box.y1, face.box.x2, face.box.y2)
             return boxes
         except grpc.aio.AioRpcError as exc:
@@ -48,7 +96,29 @@ async def detect_faces(lipsync: lipsync_pb2_grpc.LipSyncServiceStub, frames: np.
             if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
                 raise StageFailed("lipsync", exc) from exc  # the avatar itself: keep the stage's status
             raise NotReady(stage_error_message("lipsync", exc)) from exc
+        finally:
+            decided.put_nowait(False)  # the generator, if still waiting, ends
     raise AssertionError("unreachable")
+
+
+def _write_crops(open_frames: OpenFrames, boxes: list[Box | None], path: Path) -> tuple[int, int, int]:
+    """Decodes the avatar again and writes the crop of every frame with a face into a .npy at ``path``,
+    frame by frame; returns (frames, height, width) as decoded."""
+    rows = sum(b is not None for b in boxes)
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, IMG_SIZE, IMG_SIZE, 3))
+    row = 0
+    with open_frames() as frames:
+        for i, frame in enumerate(frames):
+            box = boxes[i] if i < len(boxes) else None
+            if box is not None:
+                out[row] = crop_and_resize(frame, box)
+                row += 1
+        count, height, width = frames.count, frames.height, frames.width
+    out.flush()
+    del out
+    if count != len(boxes) or row != rows:
+        raise RuntimeError(f"the avatar decoded to {count} frames the second time, {len(boxes)} the first")
+    return count, height, width
 
 
 async def create_avatar(
@@ -62,17 +132,32 @@ async def create_avatar(
     max_pixels: int,
     request_id: str = "",
 ) -> AvatarRecord:
-    """Decode, detect, crop and store one avatar; returns its summary (the caller records it)."""
-    frames, fps = await asyncio.to_thread(decode_avatar, data, photo_fps=photo_fps, max_frames=max_frames, max_pixels=max_pixels)
-    boxes = await detect_faces(lipsync, frames, request_id)
+    """Decode, detect, crop and store one avatar; returns its summary (the caller records it).
+
+    Memory is bounded by the frames in flight, not the avatar's length: the upload is decoded frame by
+    frame for the stage (`detect_faces`), then once more to cut the crops, which go to a local file
+    and from there to the blob store. On any failure nothing of the avatar is left in the blob store.
+    """
+
+    def open_frames() -> AvatarFrames:
+        return open_avatar(data, photo_fps=photo_fps, max_frames=max_frames, max_pixels=max_pixels)
+
+    fps = (await asyncio.to_thread(open_frames)).fps  # the upload's own errors before any stage call
+    boxes = await detect_faces(lipsync, open_frames, request_id)
     if not any(b is not None for b in boxes):
         raise InvalidMedia("no face found in the avatar; use a photo or video with one frontal, well-lit face covering at least 10% of the picture")
-    count, height, width = frames.shape[:3]
-    meta = AvatarMeta(aid, name, fps, photo_fps, count, width, height, boxes, time.time())
 
-    def cut_and_save() -> None:
-        crops = np.stack([crop_and_resize(frames[i], boxes[i]) for i in meta.crop_frames])  # type: ignore[arg-type]
-        save_avatar(blobs, meta, data, crops)
+    def cut_and_save() -> AvatarMeta:
+        with tempfile.TemporaryDirectory(prefix="lipline-avatar-") as folder:
+            crops = Path(folder) / "crops.npy"
+            count, height, width = _write_crops(open_frames, boxes, crops)
+            meta = AvatarMeta(aid, name, fps, photo_fps, count, width, height, boxes, time.time())
+            save_avatar_files(blobs, meta, data, crops)
+            return meta
 
-    await asyncio.to_thread(cut_and_save)
-    return AvatarRecord(aid, name, fps, count, width, height, meta.faces_found, meta.create_time)
+    try:
+        meta = await asyncio.to_thread(cut_and_save)
+    except BaseException:
+        await asyncio.to_thread(blobs.delete_prefix, prefix(aid))
+        raise
+    return AvatarRecord(aid, name, fps, meta.frame_count, meta.width, meta.height, meta.faces_found, meta.create_time)

@@ -33,7 +33,7 @@ import numpy as np
 from services.common.crops import Box
 from services.lipsync.faces import DEFAULT_PADS, prepare_boxes
 
-__all__ = ["OcclusionConfig", "lower_face_scores", "mouth_covered", "visible_boxes"]
+__all__ = ["OcclusionConfig", "final_boxes", "lower_face_scores", "mouth_covered", "scores_from_features", "second_pass_boxes", "visible_boxes"]
 
 CROP_SIDE = 48
 BLUR_SIGMA = 1.0  # px of the CROP_SIDE crop
@@ -81,15 +81,28 @@ def lower_face_features(frame: np.ndarray, box: Box) -> np.ndarray:
 
 def lower_face_scores(frames: Sequence[np.ndarray], boxes: Sequence[Box | None]) -> np.ndarray:
     """How far each frame's lower face is from the avatar's usual one: (N,) float64, NaN without a box."""
-    scores = np.full(len(frames), np.nan)
-    idx = [i for i, b in enumerate(boxes) if b is not None]
+    return scores_from_features([None if b is None else lower_face_features(frames[i], b) for i, b in enumerate(boxes)])
+
+
+def scores_from_features(features: Sequence[np.ndarray | None]) -> np.ndarray:
+    """`lower_face_scores` from each frame's `lower_face_features` (None without a box).
+
+    Why separate: a stream of frames (DetectFaces) keeps each frame's features (~9 KB), not the frame.
+    """
+    scores = np.full(len(features), np.nan)
+    idx = [i for i, f in enumerate(features) if f is not None]
     if not idx:
         return scores
-    feats = np.stack([lower_face_features(frames[i], boxes[i]) for i in idx])  # type: ignore[arg-type]
+    feats = np.stack([features[i] for i in idx])  # type: ignore[misc]
     typical = np.median(feats, axis=0)
     dist = np.sqrt(((feats - typical) ** 2).sum(axis=-1))
     scores[idx] = np.minimum(dist, PIXEL_CAP).mean(axis=(1, 2))
     return scores
+
+
+def judged(boxes: Sequence[Box | None], config: OcclusionConfig) -> bool:
+    """Whether `mouth_covered` judges these boxes at all (enabled, and enough faces to compare)."""
+    return config.enabled and sum(b is not None for b in boxes) >= config.min_frames
 
 
 def covered_from_scores(scores: np.ndarray, config: OcclusionConfig = OcclusionConfig()) -> np.ndarray:
@@ -117,7 +130,7 @@ def mouth_covered(frames: Sequence[np.ndarray], boxes: Sequence[Box | None], con
         boxes: the padded, smoothed boxes of those frames (None = no face).
         config: thresholds.
     """
-    if not config.enabled or sum(b is not None for b in boxes) < config.min_frames:
+    if not judged(boxes, config):
         return np.zeros(len(frames), dtype=bool)
     return covered_from_scores(lower_face_scores(frames, boxes), config)
 
@@ -135,6 +148,7 @@ def visible_boxes(
     smoothing spreads that over the frames around them, whose crops then look off too. So the check
     runs twice: once on the boxes as detected, then with the neighbours' boxes smoothed without the
     frames flagged the first time; the final boxes are smoothed without the covered frames.
+    (`services.lipsync.detect_stream` runs the same steps over a stream, holding features, not frames.)
 
     Returns:
         boxes: one per frame (None = no face, or a covered mouth: the frame passes through).
@@ -145,9 +159,24 @@ def visible_boxes(
     covered = mouth_covered(frames, boxes, config)
     if not covered.any():
         return boxes, covered
+    second = second_pass_boxes(raw, boxes, covered, height, width, pads, smooth)
+    covered = mouth_covered(frames, second, config)
+    return final_boxes(raw, boxes, covered, height, width, pads, smooth)
+
+
+def second_pass_boxes(
+    raw: Sequence[Box | None], boxes: Sequence[Box | None], covered: np.ndarray, height: int, width: int, pads: Sequence[int], smooth: bool
+) -> list[Box | None]:
+    """The boxes the second check judges: the flagged frames' own, the others' smoothed without the flagged."""
     clean = prepare_boxes([None if c else b for b, c in zip(raw, covered)], height, width, pads, smooth)
-    covered = mouth_covered(frames, [b if c else k for b, k, c in zip(boxes, clean, covered)], config)
+    return [b if c else k for b, k, c in zip(boxes, clean, covered)]
+
+
+def final_boxes(
+    raw: Sequence[Box | None], boxes: Sequence[Box | None], covered: np.ndarray, height: int, width: int, pads: Sequence[int], smooth: bool
+) -> tuple[list[Box | None], np.ndarray]:
+    """`visible_boxes`' answer once the second check flagged ``covered`` (``boxes``: the first pass's)."""
     if not covered.any():
-        return boxes, covered
+        return list(boxes), covered
     final = prepare_boxes([None if c else b for b, c in zip(raw, covered)], height, width, pads, smooth)
     return final, covered & np.array([b is not None for b in boxes])

@@ -22,8 +22,9 @@ from services.common.packed import PackedImages
 from services.common.stages import STAGES
 from services.lipsync import prep
 from services.lipsync.engine import MEL_SHAPE, GenerateChunk, LipSyncEngine
+from services.lipsync.detect_stream import FaceStream
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector
-from services.lipsync.occlusion import OcclusionConfig, visible_boxes
+from services.lipsync.occlusion import OcclusionConfig
 from services.lipsync.procedural import ProceduralLipSync
 from services.lipsync.wav2lip import load_wav2lip
 
@@ -57,43 +58,100 @@ class LipSyncSettings(ModelStageSettings):
             )
 
 
+def check_pad_count(options: lipsync_pb2.DetectFacesOptions) -> tuple[int, int, int, int]:
+    """DetectFacesOptions.pads as 4 numbers (the default when empty); INVALID_ARGUMENT otherwise."""
+    pads = tuple(options.pads) if options.pads else DEFAULT_PADS
+    if len(pads) != 4:
+        raise InvalidRequest(f"pads must be 4 numbers (top, bottom, left, right), got {list(pads)}")
+    return pads  # type: ignore[return-value]
+
+
+def check_pads(pads: tuple[int, int, int, int], height: int, width: int) -> None:
+    """Each pad within 0..the frame's height (top, bottom) or width (left, right).
+
+    Why: a negative pad shrinks the box, and enough of it turns it inside out (pads of -10000 gave a
+    degenerate box, not an error); a pad beyond the frame says nothing a clamp to the frame would not.
+    """
+    for name, value, side, what in zip(("top", "bottom", "left", "right"), pads, (height, height, width, width), ("height", "height", "width", "width")):
+        if not 0 <= value <= side:
+            raise InvalidRequest(f"pads.{name} is {value}; it must be in 0..{side} (the frame's {what}) pixels")
+
+
 class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncServiceServicer):
     async def DetectFaces(
         self, request_iterator: AsyncIterator[lipsync_pb2.DetectFacesRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[lipsync_pb2.DetectFacesResponse]:
         svc = self._service
+        limit = svc.settings.max_detect_frames
         options: lipsync_pb2.DetectFacesOptions | None = None
-        indices: list[int] = []
-        frames: list[np.ndarray] = []
+        stream: FaceStream | None = None
+        held: list[np.ndarray] = []  # a client without options.resends: its frames, for a second check
+        again = False  # receiving the second sending
+        ended = False
+        position = 0  # the next frame's expected index within the current sending
+        first_shape: tuple[int, ...] | None = None
         async for request in request_iterator:
             if options is None:
                 options = request.options
+                pads = check_pad_count(options)
+                smooth = not options.no_smooth
+            frames = []
             for item in request.frames:
-                if len(frames) >= svc.settings.max_detect_frames:
-                    raise TooLarge(f"more than {svc.settings.max_detect_frames} frames in one DetectFaces stream")
-                frames.append(image_from_proto(item.image, f"frame {item.index}"))
-                indices.append(item.index)
-        if not frames:
+                if item.index != position:
+                    raise InvalidRequest(f"frame index {item.index} where {position} was expected: frames are numbered 0, 1, 2... in the order sent")
+                if not again and position >= limit:
+                    raise TooLarge(f"more than {limit} frames in one DetectFaces stream")
+                frame = image_from_proto(item.image, f"frame {item.index}")
+                first_shape = first_shape or frame.shape
+                if frame.shape != first_shape:
+                    raise InvalidRequest(f"all frames of one stream must have the same size, got {sorted({frame.shape, first_shape})}")
+                frames.append(frame)
+                position += 1
+            if frames and stream is None:
+                check_pads(pads, first_shape[0], first_shape[1])
+                if svc.detector is None:
+                    raise FailedPrecondition("this lipsync replica runs without a face detector (--detector none)")
+                stream = FaceStream(svc.detector.detect, pads, smooth, svc.occlusion)
+            if frames and stream is not None:
+                if again:
+                    await asyncio.to_thread(stream.add_again, frames)
+                else:
+                    await asyncio.to_thread(stream.add, frames)
+                    svc.metrics.items.labels(svc.stage).inc(len(frames))
+                    if not options.resends:
+                        held.extend(frames)
+            if options.resends and request.end_of_frames:
+                if stream is None:
+                    raise InvalidRequest("DetectFaces received no frames")
+                if again:
+                    await asyncio.to_thread(stream.end_again)
+                    ended = True
+                    break
+                if not await asyncio.to_thread(stream.end):
+                    ended = True
+                    break
+                again, position = True, 0
+                yield lipsync_pb2.DetectFacesResponse(send_again=True)
+        if stream is None:
             raise InvalidRequest("DetectFaces received no frames")
-        shapes = {f.shape for f in frames}
-        if len(shapes) > 1:
-            raise InvalidRequest(f"all frames of one stream must have the same size, got {sorted(shapes)[:3]}")
-        pads = tuple(options.pads) if options is not None and options.pads else DEFAULT_PADS
-        if len(pads) != 4:
-            raise InvalidRequest(f"pads must be 4 numbers (top, bottom, left, right), got {list(pads)}")
-        smooth = not (options is not None and options.no_smooth)
-        if svc.detector is None:
-            raise FailedPrecondition("this lipsync replica runs without a face detector (--detector none)")
-        raw = await asyncio.to_thread(svc.detector.detect, frames)
-        boxes, covered = await asyncio.to_thread(visible_boxes, frames, raw, pads, smooth, svc.occlusion)
-        svc.metrics.items.labels(svc.stage).inc(len(frames))
+        if not ended:
+            if again:
+                raise InvalidRequest(f"the stream ended after {position} of the {stream.frame_count} frames sent again, without end_of_frames")
+            if await asyncio.to_thread(stream.end):
+                if options is not None and options.resends:
+                    raise InvalidRequest("the stream ended before the frames were sent again (send_again)")
+                await asyncio.to_thread(stream.add_again, held)
+                await asyncio.to_thread(stream.end_again)
+        held.clear()
+        assert stream.result is not None
+        boxes, covered = stream.result
         found = sum(b is not None for b in boxes)
-        _LOGGER.info("detected faces", extra={"frames": len(frames), "found": found, "mouth_covered": int(covered.sum())})
+        _LOGGER.info("detected faces", extra={"frames": len(boxes), "found": found, "mouth_covered": int(covered.sum())})
         for start in range(0, len(boxes), 256):
             yield lipsync_pb2.DetectFacesResponse(
                 faces=[
                     lipsync_pb2.FaceDetection(
-                        index=indices[i],
+                        index=i,
                         found=boxes[i] is not None,
                         box=common_pb2.Box(**dict(zip(("x1", "y1", "x2", "y2"), boxes[i]))) if boxes[i] else None,
                         mouth_covered=bool(covered[i]),

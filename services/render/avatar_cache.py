@@ -5,6 +5,13 @@ avatar on a worker decodes it once, converts every frame to the encoder's pixel 
 keeps that on local disk (`<cache_dir>/avatars/<id>.i420.npy`), memory-mapped, so per output frame
 only the face box is blended and patched in (DESIGN.md: "composite only what changes"). The most
 recently used avatars stay open; the cache is safe to lose (a pod's emptyDir).
+
+Memory: the file is written one frame at a time (decode, convert, write), so building it holds one
+BGR and one I420 frame, not the avatar (a 1,500-frame 1080p avatar is 9.3 GB in BGR, 4.7 GB in
+I420); rendering maps it and pages in the frames it uses. Disk: the files together stay within a
+budget (`RenderSettings.avatar_cache_bytes`): before a new file is written, the least recently used
+files of avatars not open are deleted (an open one's mapping stays valid if it goes: Linux frees an
+unlinked file's pages only when the last map of it ends).
 """
 
 from __future__ import annotations
@@ -13,15 +20,17 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 from services.common.avatars import AvatarMeta, load_crops, load_meta, prefix
 from services.common.store.blobs import BlobStore
-from services.common.media import decode_avatar
+from services.common.media import open_avatar
 from services.render.composite import Compositor, I420Frames
 
 _LOGGER = logging.getLogger(__name__)
@@ -36,8 +45,10 @@ class LocalAvatar:
 
 
 class AvatarCache:
-    def __init__(self, blobs: BlobStore, root: Path, max_open: int = 8) -> None:
+    def __init__(self, blobs: BlobStore, root: Path, max_open: int = 8, max_bytes: int = 8 * 1024**3) -> None:
         self._blobs = blobs
+        self._max_bytes = max_bytes
+        self._used: dict[str, float] = {}  # avatar id -> last use (monotonic), this process's
         self._root = Path(root) / "avatars"
         self._root.mkdir(parents=True, exist_ok=True)
         self._open: OrderedDict[str, LocalAvatar] = OrderedDict()
@@ -51,6 +62,7 @@ class AvatarCache:
         Raises NotFound when the avatar no longer exists in the blob store.
         """
         with self._lock:
+            self._used[avatar_id] = time.monotonic()
             if avatar_id in self._open:
                 self._open.move_to_end(avatar_id)
                 return self._open[avatar_id]
@@ -71,17 +83,98 @@ class AvatarCache:
         crops = load_crops(self._blobs, avatar_id)
         path = self._root / f"{avatar_id}.i420.npy"
         if not path.exists():
-            source = self._blobs.get(prefix(avatar_id) + "source")
-            # The same decode as CreateAvatar's; the limits are the avatar's own (the source may be one
-            # pixel wider and taller than the frames, which are cropped to even sizes).
-            frames, _ = decode_avatar(source, photo_fps=meta.photo_fps, max_frames=max(meta.frame_count, 1), max_pixels=(meta.width + 1) * (meta.height + 1))
-            if frames.shape[0] != meta.frame_count or frames.shape[1:3] != (meta.height, meta.width):
-                raise RuntimeError(f"avatar {avatar_id}: the source decoded to {frames.shape[:3]}, its meta says {(meta.frame_count, meta.height, meta.width)}")
-            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp.npy")
-            I420Frames.from_bgr(frames).save(tmp)
-            del frames
-            os.replace(tmp, path)
-            _LOGGER.info("avatar cached", extra={"avatar_id": avatar_id, "frames": meta.frame_count})
+            self._make_room(meta.frame_count * meta.height * 3 // 2 * meta.width, keep=avatar_id)
+            self._build(avatar_id, meta, path)
         i420 = I420Frames.load(path, mmap=True)
         crop_row = {frame: row for row, frame in enumerate(meta.crop_frames)}
         return LocalAvatar(meta, crops, crop_row, Compositor(i420, meta.boxes))
+
+    def _build(self, avatar_id: str, meta: AvatarMeta, path: Path) -> None:
+        """Decodes the source and writes its frames in I420 to ``path``, one frame at a time."""
+        source = self._blobs.get(prefix(avatar_id) + "source")
+        # The same decode as CreateAvatar's; the limits are the avatar's own (the source may be one
+        # pixel wider and taller than the frames, which are cropped to even sizes).
+        frames = open_avatar(source, photo_fps=meta.photo_fps, max_frames=max(meta.frame_count, 1), max_pixels=(meta.width + 1) * (meta.height + 1))
+        del source
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp.npy")
+        try:
+            with I420Writer(tmp, meta.frame_count, meta.height, meta.width) as writer, frames:
+                for frame in frames:
+                    if frame.shape[:2] != (meta.height, meta.width) or writer.count >= meta.frame_count:
+                        raise RuntimeError(
+                            f"avatar {avatar_id}: the source decoded to frame {writer.count} of {frame.shape[1]}x{frame.shape[0]}, "
+                            f"its meta says {meta.frame_count} frames of {meta.width}x{meta.height}"
+                        )
+                    writer.write(frame)
+                if writer.count != meta.frame_count:
+                    raise RuntimeError(f"avatar {avatar_id}: the source decoded to {writer.count} frames, its meta says {meta.frame_count}")
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _LOGGER.info("avatar cached", extra={"avatar_id": avatar_id, "frames": meta.frame_count, "bytes": path.stat().st_size})
+
+    def _make_room(self, needed: int, keep: str) -> None:
+        """Deletes least recently used cache files of avatars not open until ``needed`` more bytes fit the budget."""
+        files = []
+        for path in self._root.glob("*.i420.npy"):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            files.append((path, stat.st_size, stat.st_mtime))
+        total = sum(size for _, size, _ in files)
+        if total + needed <= self._max_bytes:
+            return
+        with self._lock:
+            open_ids = set(self._open)
+            used = dict(self._used)
+        now_wall, now_mono = time.time(), time.monotonic()
+
+        def last_use(item: tuple[Path, int, float]) -> float:
+            aid = item[0].name.removesuffix(".i420.npy")
+            # This process's last use where it has one, else the file's age (a file from before a restart).
+            return now_wall - (now_mono - used[aid]) if aid in used else item[2]
+
+        for path, size, _ in sorted(files, key=last_use):
+            if total + needed <= self._max_bytes:
+                break
+            aid = path.name.removesuffix(".i420.npy")
+            if aid in open_ids or aid == keep:
+                continue
+            path.unlink(missing_ok=True)
+            total -= size
+            _LOGGER.info("avatar cache file evicted", extra={"avatar_id": aid, "bytes": size})
+        if total + needed > self._max_bytes:
+            _LOGGER.warning(
+                "avatar cache over its disk budget: the avatars open now need it",
+                extra={"bytes": total + needed, "avatar_cache_bytes": self._max_bytes},
+            )
+
+
+class I420Writer:
+    """Writes a ``(count, height * 3 / 2, width)`` uint8 .npy (the layout `I420Frames.load` maps) frame by frame.
+
+    Plain sequential writes, not a writable memory map: pages written through a map count in the
+    process's RSS until written back, pages written with write(2) only in the page cache.
+    """
+
+    def __init__(self, path: Path, count: int, height: int, width: int) -> None:
+        self.count = 0
+        self._expected = count
+        self._height, self._width = height, width
+        self._file = open(path, "wb")
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False, "shape": (count, height * 3 // 2, width)}
+        np.lib.format.write_array_header_1_0(self._file, header)
+        self._i420 = np.empty((height * 3 // 2, width), np.uint8)
+
+    def write(self, frame_bgr: np.ndarray) -> None:
+        converted = cv2.cvtColor(np.ascontiguousarray(frame_bgr), cv2.COLOR_BGR2YUV_I420, dst=self._i420)
+        self._file.write(memoryview(np.ascontiguousarray(converted)).cast("B"))
+        self.count += 1
+
+    def __enter__(self) -> I420Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()

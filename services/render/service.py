@@ -59,7 +59,8 @@ class RenderService(Service[RenderSettings]):
             s.encode_nice,
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, AvatarCache(self.blobs, s.cache_dir), self.renderer, name)
+        cache = AvatarCache(self.blobs, s.cache_dir, max_bytes=s.avatar_cache_bytes)
+        self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, cache, self.renderer, name)
         self._loops = [asyncio.create_task(self.worker.run(), name="render-loop"), asyncio.create_task(self._export_queue_stats(), name="queue-stats")]
         _LOGGER.info("render worker ready", extra={"worker": name, "x264_threads": threads, "preset": s.x264_preset})
 

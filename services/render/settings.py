@@ -18,6 +18,11 @@ class RenderSettings(StoreSettings):
     lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync")
     superres_address: str = address_field(STAGES["superres"].local_address, "superres")
     cache_dir: str = _field("var/render-cache", "local cache of avatars converted for compositing (per worker; safe to lose)")
+    avatar_cache_bytes: int = _field(
+        8 * 1024**3,
+        "disk budget of the avatar cache in cache_dir (frames in I420: 3.1 MB per 1080p frame); "
+        "the least recently used avatars not in use are deleted to stay within it",
+    )
     lease_s: float = _field(10.0, "a claimed task's lease; a worker that stops renewing loses it after this long")
     heartbeat_s: float = _field(0.5, "how often a worker renews its lease (and notices a cancel)")
     max_attempts: int = _field(3, "claims of one task before its job fails")
@@ -40,6 +45,8 @@ class RenderSettings(StoreSettings):
             problems.append(f"lease_s ({self.lease_s}) must be more than twice heartbeat_s ({self.heartbeat_s})")
         if not 0 <= self.encode_nice <= 19:
             problems.append(f"encode_nice must be in 0..19, got {self.encode_nice}")
+        if self.avatar_cache_bytes < 1:
+            problems.append(f"avatar_cache_bytes must be >= 1, got {self.avatar_cache_bytes}")
         if self.max_attempts < 1:
             problems.append(f"max_attempts must be >= 1, got {self.max_attempts}")
         if problems:

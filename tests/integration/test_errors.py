@@ -360,6 +360,28 @@ def test_lipsync_detect_faces_bad_streams(lipsync_stub: lipsync_pb2_grpc.LipSync
     assert [f.found for f in ok.faces] == [False]
 
 
+@pytest.mark.parametrize(
+    ("pads", "field", "bound"),
+    [
+        ([-10000, 10, 0, 0], "pads.top", "0..64"),
+        ([0, 65, 0, 0], "pads.bottom", "0..64"),
+        ([0, 10, -1, 0], "pads.left", "0..80"),
+        ([0, 0, 0, 81], "pads.right", "0..80"),
+    ],
+)
+def test_lipsync_detect_faces_pads_out_of_range(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub, pads: list[int], field: str, bound: str) -> None:
+    # On main pads of -10000 answered OK with a degenerate box (issue 17, item 9).
+    request = lipsync_pb2.DetectFacesRequest(frames=[lipsync_pb2.IndexedFrame(index=0, image=image_to_proto(np.zeros((64, 80, 3), np.uint8)))])
+    request.options.pads.extend(pads)
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: list(lipsync_stub.DetectFaces(iter([request]), timeout=60)), field, bound)
+
+
+def test_lipsync_detect_faces_frame_indices_in_order(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
+    image = image_to_proto(np.zeros((64, 64, 3), np.uint8))
+    request = lipsync_pb2.DetectFacesRequest(frames=[lipsync_pb2.IndexedFrame(index=0, image=image), lipsync_pb2.IndexedFrame(index=4000000000, image=image)])
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: list(lipsync_stub.DetectFaces(iter([request]), timeout=60)), "frame index 4000000000", "1")
+
+
 def upscale(stub: superres_pb2_grpc.SuperResServiceStub, *items: superres_pb2.UpscaleItem) -> list:
     return list(stub.Upscale(iter([superres_pb2.UpscaleRequest(items=list(items))]), timeout=60))
 
