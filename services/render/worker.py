@@ -83,7 +83,7 @@ class RenderWorker:
         s = self.settings
         while not self._stopping.is_set():
             try:
-                task = await asyncio.to_thread(self.jobs.claim, self.name, s.lease_s, s.max_attempts)
+                task = await asyncio.to_thread(self.jobs.claim, self.name, s.lease_s, s.max_attempts, s.max_tenant_share)
             except StoreUnavailable as exc:
                 _LOGGER.warning("job store unavailable; retrying", extra={"error": str(exc)})
                 await self._pause(1.0)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import grpc
 
 from services.common.errors import NotFound, TooLarge
+from services.common.store import fair_claim
 from services.common.store.jobs import (
     JOIN_INDEX,
     AvatarRecord,
@@ -383,23 +384,16 @@ class SqlJobStore(JobStore):
         return self._transaction(lambda tx: self._end_job(tx, job_id, state=int(JobState.FAILED), stage="failed", error=error, error_code=int(error_code)))
 
     # -- tasks --------------------------------------------------------------------------------------
-    def claim(self, worker: str, lease_s: float, max_attempts: int) -> Task | None:
+    def claim(self, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | None:
         while True:
-            found = self._transaction(lambda tx: self._claim_one(tx, worker, lease_s, max_attempts))
+            found = self._transaction(lambda tx: self._claim_one(tx, worker, lease_s, max_attempts, max_owner_share))
             if not isinstance(found, _Exhausted):
                 return found
             self.fail_job(found.job_id, exhausted_message(found.job_id, found.index, found.attempts), ABORTED)
 
-    def _claim_one(self, tx: Tx, worker: str, lease_s: float, max_attempts: int) -> Task | _Exhausted | None:
+    def _claim_one(self, tx: Tx, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | _Exhausted | None:
         now = tx.now()
-        row = tx.one(
-            "SELECT t.job_id, t.idx, t.state, t.start_frame, t.end_frame, t.attempts, t.ready_time, "
-            "t.lease_expires FROM tasks t JOIN jobs j ON j.id = t.job_id "
-            f"WHERE t.state = {_WAITING} OR (t.state = {_LEASED} AND t.lease_expires <= ?) "
-            f"ORDER BY CASE WHEN t.idx = {JOIN_INDEX} THEN 0 ELSE 1 END, j.create_time, t.job_id, t.idx "
-            f"LIMIT 1{self.claim_lock}",
-            (now,),
-        )
+        row = tx.one(fair_claim.claim_select(self.claim_lock), fair_claim.claim_params(now, max_owner_share))
         if row is None:
             return None
         job_id, index, attempts = row["job_id"], int(row["idx"]), int(row["attempts"])

@@ -175,10 +175,12 @@ class JobStore(abc.ABC):
 
     # -- tasks (render workers) -------------------------------------------------------------------
     @abc.abstractmethod
-    def claim(self, worker: str, lease_s: float, max_attempts: int) -> Task | None:
-        """Atomically lease the next claimable task (the join of any job first, then segments of the
-        oldest job, lowest index first), or None. A task is claimable when WAITING, or LEASED with
-        an expired lease. A task that would be claimed for attempt `max_attempts + 1` instead fails
+    def claim(self, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | None:
+        """Atomically lease the next claimable task, or None: fairly (services.common.store.fair_claim):
+        the task of the owner holding the fewest live leases, then of the job holding the fewest,
+        then the oldest job's lowest index; a join first, unless its owner would hold more than
+        `max_owner_share` of the live leases (owners within their share go first; 1.0 = off).
+        A task is claimable when WAITING, or LEASED with an expired lease. A task that would be claimed for attempt `max_attempts + 1` instead fails
         its job ("segment 3 of job X was started 3 times and never finished: ...") and the claim
         goes on to the next. The first claim of a job makes it RUNNING (start_time set)."""
 
