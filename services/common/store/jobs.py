@@ -88,6 +88,7 @@ class Job:
     output_bytes: int
     version: int  # +1 on every change
     trace_context: str = ""  # see NewJob
+    output_sha256: str = ""  # hex sha256 of the output once SUCCEEDED ('' for jobs older than the record)
 
     @property
     def terminal(self) -> bool:
@@ -196,8 +197,9 @@ class JobStore(abc.ABC):
         segment, the join becomes WAITING and the job's stage "join"."""
 
     @abc.abstractmethod
-    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float]) -> bool:
-        """SUCCEEDED with the output (only with the current lease, else False); tasks deleted."""
+    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = "") -> bool:
+        """SUCCEEDED with the output, its size and its sha256 (hex), which DownloadOutput checks
+        (only with the current lease, else False); tasks deleted."""
 
     @abc.abstractmethod
     def release(self, task: Task, count_attempt: bool = True) -> None:

@@ -129,7 +129,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_jobs(open_store: Callabl
     store.migrate()
     assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     old = store.get_job("old")
-    assert (old.total_frames, old.trace_context) == (50, "")
+    assert (old.total_frames, old.trace_context, old.output_sha256) == (50, "", "")  # no checksum: DownloadOutput checks the size only
     store.create_job(new_job("new", segments=1, trace_context='{"traceparent": "00-ab-cd-01"}'))
     assert store.get_job("new").trace_context == '{"traceparent": "00-ab-cd-01"}'
 
@@ -376,10 +376,10 @@ def test_complete_segments_then_join(job_store: JobStore, store_url: str) -> Non
     with pytest.raises(ValueError):
         job_store.complete_segment(join, 0, {}, [])
 
-    assert job_store.complete_join(join, "outputs/j1.mp4", 12345, {"join": 0.75})
+    assert job_store.complete_join(join, "outputs/j1.mp4", 12345, {"join": 0.75}, "ab" * 32)
     job = job_store.get_job("j1")
     assert (job.state, job.stage) == (JobState.SUCCEEDED, "done")
-    assert (job.output_key, job.output_bytes) == ("outputs/j1.mp4", 12345)
+    assert (job.output_key, job.output_bytes, job.output_sha256) == ("outputs/j1.mp4", 12345, "ab" * 32)
     assert job.stage_seconds["join"] == 0.75 and job.finish_time >= job.start_time > 0
     assert (job.error, job.error_code, job.version) == ("", 0, 5)
     assert sql(store_url, "SELECT count(*) FROM tasks") == [(0,)]
