@@ -31,6 +31,12 @@ class GatewaySettings(StoreSettings):
         "max concurrent RPCs of one client (its x-api-key metadata, else its IP address; an idle WatchJob "
         "counts until it ends); more are rejected RESOURCE_EXHAUSTED; health checks are never refused; 0 = no cap",
     )
+    max_connection_age_grace_s: float = _field(
+        86400.0,
+        "after max_connection_age_s, how long the public API's open streams (WatchJob, DownloadOutput) may go on "
+        "before they are cut UNAVAILABLE: a day, so clients without resume logic (grpcurl, Node) see a stream end "
+        "only when the job ends; new calls move to a new connection at once, which is what rebalances",
+    )
     segment_seconds: float = _field(2.0, "length of a render segment (the unit of work a render worker claims)")
     stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
 
