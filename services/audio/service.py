@@ -44,6 +44,18 @@ class AudioSettings(ServiceSettings):
             raise ValueError(f"extract_processes {self.extract_processes} is not in 0..{MAX_PROCESSES}")
 
 
+def checked_options(options: audio_pb2.ExtractOptions, max_audio_seconds: float) -> tuple[float, float]:
+    """(fps, the clip's length limit) of a stream's options; INVALID_ARGUMENT naming the field and its
+    range for a value no caller means (NaN, negative, absurd), rather than a silent default."""
+    fps = options.fps or 25.0
+    if not 1.0 <= fps <= 120.0:
+        raise InvalidRequest(f"fps {fps} is outside 1..120 (0 = 25)")
+    if not options.max_seconds >= 0:  # negative or NaN: a caller's bug, not "no limit"
+        raise InvalidRequest(f"max_seconds {options.max_seconds} is not >= 0 (0 = the stage's max_audio_seconds, {max_audio_seconds:g} s)")
+    limit = min(max_audio_seconds, options.max_seconds) if options.max_seconds > 0 else max_audio_seconds  # the caller's own limit, if lower
+    return fps, limit
+
+
 class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
     def __init__(self, settings: AudioSettings, clips: ClipExtractor, service: AudioService) -> None:
         self._settings = settings
@@ -56,24 +68,20 @@ class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
         options: audio_pb2.ExtractOptions | None = None
         chunks: list[bytes] = []
         size = 0
+        fps, limit = 25.0, self._settings.max_audio_seconds
         async for request in request_iterator:
             if options is None:
                 options = request.options
+                fps, limit = checked_options(options, self._settings.max_audio_seconds)  # before the upload costs anything
             size += len(request.data)
             if size > self._settings.max_audio_bytes:
                 raise TooLarge(f"audio is over {self._settings.max_audio_bytes} bytes; send a shorter clip")
             chunks.append(request.data)
-        fps = options.fps if options is not None and options.fps else 25.0
-        if not 1.0 <= fps <= 120.0:
-            raise InvalidRequest(f"fps {fps} is outside 1..120")
         asked = (options.windows_per_message if options is not None else 0) or 64
         # Whatever the client asks for, a response stays under half the message limit (bytes, not count).
         per_message = max(1, min(asked, message_budget(self._settings.max_message_bytes) // _WINDOW_WIRE_BYTES))
         data = b"".join(chunks)
         # Decoding and the STFT are CPU work: off the event loop (so other streams flow), in arrival order.
-        limit = self._settings.max_audio_seconds
-        if options is not None and options.max_seconds > 0:
-            limit = min(limit, options.max_seconds)  # the caller's own limit (the gateway's), if lower
         windows, samples = await self._clips.extract(data, fps, limit)
         m = self._service.metrics
         m.items.labels(m.stage).inc(len(windows))

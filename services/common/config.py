@@ -55,6 +55,12 @@ class ServiceSettings:
     metrics_port: int = _field(9090, "Prometheus /metrics HTTP port (0 picks a free one, -1 disables)")
     max_message_bytes: int = _field(64 * 1024 * 1024, "max gRPC message size, both directions")
     max_connection_age_s: float = _field(300.0, "close client connections after this long so they rebalance")
+    max_connection_age_grace_s: float = _field(
+        0.0,
+        "after max_connection_age_s, how long the calls still open on that connection may go on before they "
+        "are cut UNAVAILABLE (new calls go to a new connection at once); 0 = grace_s (at least 1 s). "
+        "Separate from grace_s, the drain on SIGTERM",
+    )
     grace_s: float = _field(20.0, "on SIGTERM, seconds to let in-flight streams finish")
     max_concurrent_streams: int = _field(
         256,
@@ -93,6 +99,8 @@ class ServiceSettings:
             problems.append("max_message_bytes must be at least 1 MiB")
         if self.grace_s < 0:
             problems.append("grace_s must be >= 0")
+        if self.max_connection_age_grace_s < 0:
+            problems.append(f"max_connection_age_grace_s must be >= 0 (0 = grace_s), got {self.max_connection_age_grace_s}")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             problems.append(f"log_level {self.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):

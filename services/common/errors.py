@@ -52,6 +52,13 @@ class FailedPrecondition(LiplineError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class DataLoss(LiplineError):
+    """Stored data that does not match its record (a truncated or corrupted output): retrying will not
+    help; the job must be rendered again."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
 class CheckpointError(LiplineError):
     """A weights file that does not match the architecture; the message lists missing/unexpected keys."""
 

@@ -53,6 +53,14 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+def connection_age_grace_s(settings: ServiceSettings) -> float:
+    """How long calls open on a connection past its max age may go on: `max_connection_age_grace_s`,
+    or (0) the SIGTERM drain time, at least 1 s. The gateway's default is a day, so that its
+    long streams (WatchJob, DownloadOutput) end when they are done, not when the connection ages:
+    only new calls move to a new connection (which is what rebalances)."""
+    return settings.max_connection_age_grace_s or max(settings.grace_s, 1.0)
+
+
 class Service(abc.ABC, Generic[SettingsT]):
     """What a lipline service provides to the bootstrap."""
 
@@ -91,7 +99,7 @@ class ServiceRunner:
         s = self.settings
         options = channel_options(s.max_message_bytes) + [
             ("grpc.max_connection_age_ms", int(s.max_connection_age_s * 1000)),
-            ("grpc.max_connection_age_grace_ms", int(max(s.grace_s, 1.0) * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(connection_age_grace_s(s) * 1000)),
             ("grpc.so_reuseport", 0),
         ]
         # No `maximum_concurrent_rpcs`: gRPC's own cap counts every RPC, health checks included, so

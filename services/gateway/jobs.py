@@ -43,6 +43,7 @@ def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
         eta_seconds=eta,
         realtime_factor=job.audio_seconds / elapsed if job.state == JobState.SUCCEEDED and elapsed > 0 else 0.0,
         output_bytes=job.output_bytes,
+        output_sha256=job.output_sha256,
         models=[common_pb2.ModelInfo(**m) for m in job.models],
         options=gateway_pb2.JobOptions.FromString(job.options),
         create_time=_timestamp(job.create_time),

@@ -37,6 +37,7 @@ from services.common.avatars import content_hash, is_avatar_id, new_avatar_id, p
 from services.common.discovery import DiscoveredStageClients
 from services.common.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
 from services.common.interceptor import CLIENT_ID, REQUEST_ID, TENANT
+from services.common.integrity import OutputCheck, damaged
 from services.common.jobkeys import job_prefix, output_key
 from services.common.server import Service
 from services.common.store import close_stores, open_stores
@@ -285,23 +286,34 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         64 KiB..1 MiB). A chunk is read from the blob store only once gRPC has taken the previous
         one, and gRPC takes no more while the client's HTTP/2 flow-control window is full, so a
         client that stops reading holds a few chunks of the gateway's memory (~4 MiB), however large
-        the output (tests/integration/test_fairness.py measures it)."""
+        the output (tests/integration/test_fairness.py measures it).
+
+        Integrity (services.common.integrity): a stored size other than the job's output_bytes ends
+        the call DATA_LOSS before the first chunk; bytes whose sha256 differs from the one the join
+        recorded end it DATA_LOSS after the last (a client must discard what it got)."""
         svc = self._svc
         _check_job_id(request.job_id)
         job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, _tenant())
         if job.state != JobState.SUCCEEDED:
             raise FailedPrecondition(f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED")
         chunk = download_chunk_bytes(request.chunk_bytes, svc.settings.max_message_bytes)
-        chunks = await asyncio.to_thread(svc.blobs.read_chunks, output_key(job.id), chunk)
+        check = OutputCheck(job.id, job.output_bytes, job.output_sha256)
+        try:
+            check.check_size(await asyncio.to_thread(svc.blobs.size, output_key(job.id)))
+            chunks = await asyncio.to_thread(svc.blobs.read_chunks, output_key(job.id), chunk)
+        except NotFound:
+            raise damaged(job.id, "the output is missing from the blob store") from None
         first = True
         try:
             while (data := await asyncio.to_thread(next, chunks, None)) is not None:
+                check.add(data)
                 response = gateway_pb2.DownloadOutputResponse(data=data)
                 del data  # the message holds its own copy: one copy less per stream while it waits
                 if first:
                     response.total_bytes = job.output_bytes
                     first = False
                 yield response
+            check.finish()  # DATA_LOSS after the last chunk when the bytes were not the recorded output
         finally:  # a cancelled download closes its file (or S3 stream) now, not at garbage collection
             with contextlib.suppress(Exception):  # ValueError if a cancelled read is still running
                 getattr(chunks, "close", lambda: None)()

@@ -36,6 +36,12 @@ class GatewaySettings(StoreSettings):
         30.0,
         "how often the gateway purges the data of deleted avatars whose jobs have all finished (DeleteAvatar purges at once when no job uses it)",
     )
+    max_connection_age_grace_s: float = _field(
+        86400.0,
+        "after max_connection_age_s, how long the public API's open streams (WatchJob, DownloadOutput) may go on "
+        "before they are cut UNAVAILABLE: a day, so clients without resume logic (grpcurl, Node) see a stream end "
+        "only when the job ends; new calls move to a new connection at once, which is what rebalances",
+    )
     segment_seconds: float = _field(2.0, "length of a render segment (the unit of work a render worker claims)")
     stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
 

@@ -19,6 +19,7 @@ from services.common.config import ModelStageSettings, _field
 from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
 from services.common.model_stage import Keys, ModelStage, StageServicer, model_stream
 from services.common.packed import PackedImages
+from services.common.request_bounds import check_items_per_message, check_output_bytes
 from services.common.stages import STAGES
 from services.lipsync import prep
 from services.lipsync.engine import MEL_SHAPE, GenerateChunk, LipSyncEngine
@@ -175,11 +176,13 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
                     raise InvalidRequest(f"reference crop {crop.crop_index}: paste size {size[0]}x{size[1]} is above {MAX_IMAGE_SIDE} px per side")
                 bank.add(crop.crop_index, image_from_proto(crop.image, f"reference crop {crop.crop_index}"))
                 paste[crop.crop_index] = size
+            check_items_per_message(len(request.items.frame_indices), svc.settings.max_pending_per_stream)
             frames, crops, mels = unpack_generate_items(request.items)
             if not len(frames):
                 return None
             rows = bank.rows(crops, frames)
             sizes = None if request.raw_size else [paste[c] for c in crops.tolist()]
+            check_output_bytes(sizes if sizes is not None else [(IMG, IMG)] * len(frames))
             return GenerateChunk(bank, rows, mels, sizes, unpack_speech(request.items))
 
         async def run(request: lipsync_pb2.GenerateRequest) -> tuple[Keys, PackedImages] | None:

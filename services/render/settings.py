@@ -27,6 +27,12 @@ class RenderSettings(StoreSettings):
     heartbeat_s: float = _field(0.5, "how often a worker renews its lease (and notices a cancel)")
     max_attempts: int = _field(3, "claims of one task before its job fails")
     poll_s: float = _field(0.2, "how often an idle worker looks for work")
+    max_tenant_share: float = _field(
+        1.0,
+        "the fraction of the busy render workers one client may hold while another client's task waits "
+        "(0 < share <= 1; 1.0 = off): its tasks, joins included, then go after the others'. Without it, "
+        "claims already take turns across clients, then jobs (a short job waits only for running tasks)",
+    )
     x264_preset: str = _field("veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf")
     x264_threads: int = _field(0, "x264 threads per segment encoder; 0 = auto (the cores this process may use, at most 4)")
     encode_nice: int = _field(
@@ -47,6 +53,8 @@ class RenderSettings(StoreSettings):
             problems.append(f"encode_nice must be in 0..19, got {self.encode_nice}")
         if self.avatar_cache_bytes < 1:
             problems.append(f"avatar_cache_bytes must be >= 1, got {self.avatar_cache_bytes}")
+        if not 0 < self.max_tenant_share <= 1:
+            problems.append(f"max_tenant_share must be in (0, 1], got {self.max_tenant_share}")
         if self.max_attempts < 1:
             problems.append(f"max_attempts must be >= 1, got {self.max_attempts}")
         if problems:

@@ -36,6 +36,7 @@ from services.common.tracing import job_span, outgoing_metadata, record_job_span
 from services.common.audio_decode import decode_audio
 from services.common.segment_audio import unpack_segment_audio
 from services.common.jobkeys import AUDIO_TASK, audio_key, job_prefix, mels_key, output_key, segment_key, segment_tasks, upload_key
+from services.common.integrity import file_sha256
 from services.common.media import MUX_AUDIO_RATE, encode_aac, join_segments
 from services.render.avatar_cache import AvatarCache
 from services.render.segment import SegmentRenderer
@@ -83,7 +84,7 @@ class RenderWorker:
         s = self.settings
         while not self._stopping.is_set():
             try:
-                task = await asyncio.to_thread(self.jobs.claim, self.name, s.lease_s, s.max_attempts)
+                task = await asyncio.to_thread(self.jobs.claim, self.name, s.lease_s, s.max_attempts, s.max_tenant_share)
             except StoreUnavailable as exc:
                 _LOGGER.warning("job store unavailable; retrying", extra={"error": str(exc)})
                 await self._pause(1.0)
@@ -281,10 +282,11 @@ class RenderWorker:
                 raise RuntimeError(f"joined {frames} frames, the job has {job.total_frames}")
             key = output_key(job.id)
             size = output.stat().st_size
+            digest = await asyncio.to_thread(file_sha256, output)  # DownloadOutput checks what it serves against it
             await asyncio.to_thread(self.blobs.put_file, key, output)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        if not await asyncio.to_thread(self.jobs.complete_join, task, key, size, {"join": time.perf_counter() - t0}):
+        if not await asyncio.to_thread(self.jobs.complete_join, task, key, size, {"join": time.perf_counter() - t0}, digest):
             await asyncio.to_thread(self.blobs.delete, key)
             raise LeaseLost()
         m = self.metrics

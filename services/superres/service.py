@@ -24,6 +24,7 @@ from services.common.config import ModelStageSettings, _field
 from services.common.errors import InvalidRequest
 from services.common.model_stage import Keys, ModelStage, StageServicer, model_stream
 from services.common.packed import PackedImages
+from services.common.request_bounds import check_items_per_message, check_output_bytes
 from services.common.stages import STAGES
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.process import ModelUpscaler, create_upscaler
@@ -52,6 +53,7 @@ class SuperResServicer(StageServicer["SuperResService"], superres_pb2_grpc.Super
             indices: list[int] = []
             crops: list[np.ndarray] = []
             sizes: list[tuple[int, int]] = []
+            check_items_per_message(len(request.items), svc.settings.max_pending_per_stream)
             for item in request.items:
                 crop = image_from_proto(item.image, f"item {item.index}")
                 h, w = crop.shape[:2]
@@ -62,6 +64,7 @@ class SuperResServicer(StageServicer["SuperResService"], superres_pb2_grpc.Super
                 indices.append(item.index)
                 crops.append(crop)
                 sizes.append((out_w, out_h))
+            check_output_bytes(sizes)
             return indices, UpscaleChunk.from_items(crops, sizes) if crops else None
 
         async def run(request: superres_pb2.UpscaleRequest) -> tuple[Keys, PackedImages]:

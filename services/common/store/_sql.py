@@ -33,6 +33,7 @@ import grpc
 
 from services.common.errors import NotFound, TooLarge
 from services.common.tenants import IMPLICIT_TENANT
+from services.common.store import fair_claim
 from services.common.store.jobs import (
     JOIN_INDEX,
     AvatarRecord,
@@ -49,7 +50,7 @@ from services.common.store.jobs import (
 T = TypeVar("T")
 Row = Mapping[str, Any]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 5
 ABORTED = grpc.StatusCode.ABORTED.value[0]
 CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 NOTIFY_CHANNEL = "lipline_jobs"
@@ -77,6 +78,10 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX IF NOT EXISTS avatars_tenant ON avatars (tenant, create_time)",
         "CREATE UNIQUE INDEX IF NOT EXISTS avatars_content ON avatars (tenant, content_hash) WHERE content_hash <> '' AND deleted_time = 0",
     ],
+    4: [],  # the retry delays' columns (issue 17's retries branch)
+    # the output's sha256 (hex), so DownloadOutput can tell a damaged output from a whole one; ''
+    # for jobs that finished before it existed (their size is still checked)
+    5: ["ALTER TABLE jobs ADD COLUMN output_sha256 TEXT NOT NULL DEFAULT ''"],
 }
 
 
@@ -171,6 +176,7 @@ def job_from_row(row: Row) -> Job:
         version=int(row["version"]),
         trace_context=row["trace_context"],
         tenant=row["tenant"],
+        output_sha256=row["output_sha256"],
     )
 
 
@@ -411,23 +417,16 @@ class SqlJobStore(JobStore):
         return self._transaction(lambda tx: self._end_job(tx, job_id, state=int(JobState.FAILED), stage="failed", error=error, error_code=int(error_code)))
 
     # -- tasks --------------------------------------------------------------------------------------
-    def claim(self, worker: str, lease_s: float, max_attempts: int) -> Task | None:
+    def claim(self, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | None:
         while True:
-            found = self._transaction(lambda tx: self._claim_one(tx, worker, lease_s, max_attempts))
+            found = self._transaction(lambda tx: self._claim_one(tx, worker, lease_s, max_attempts, max_owner_share))
             if not isinstance(found, _Exhausted):
                 return found
             self.fail_job(found.job_id, exhausted_message(found.job_id, found.index, found.attempts), ABORTED)
 
-    def _claim_one(self, tx: Tx, worker: str, lease_s: float, max_attempts: int) -> Task | _Exhausted | None:
+    def _claim_one(self, tx: Tx, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | _Exhausted | None:
         now = tx.now()
-        row = tx.one(
-            "SELECT t.job_id, t.idx, t.state, t.start_frame, t.end_frame, t.attempts, t.ready_time, "
-            "t.lease_expires FROM tasks t JOIN jobs j ON j.id = t.job_id "
-            f"WHERE t.state = {_WAITING} OR (t.state = {_LEASED} AND t.lease_expires <= ?) "
-            f"ORDER BY CASE WHEN t.idx = {JOIN_INDEX} THEN 0 ELSE 1 END, j.create_time, t.job_id, t.idx "
-            f"LIMIT 1{self.claim_lock}",
-            (now,),
-        )
+        row = tx.one(fair_claim.claim_select(self.claim_lock), fair_claim.claim_params(now, max_owner_share))
         if row is None:
             return None
         job_id, index, attempts = row["job_id"], int(row["idx"]), int(row["attempts"])
@@ -501,7 +500,7 @@ class SqlJobStore(JobStore):
 
         return self._transaction(run)
 
-    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float]) -> bool:
+    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = "") -> bool:
         if not task.is_join:
             raise ValueError(f"complete_join was given segment {task.index}; use complete_segment")
 
@@ -516,6 +515,7 @@ class SqlJobStore(JobStore):
                 stage="done",
                 output_key=output_key,
                 output_bytes=int(output_bytes),
+                output_sha256=output_sha256,
                 stage_seconds=encode_json(add_seconds(job.stage_seconds, stage_seconds)),
             )
 

@@ -98,6 +98,7 @@ class Job:
     version: int  # +1 on every change
     trace_context: str = ""  # see NewJob
     tenant: str = IMPLICIT_TENANT
+    output_sha256: str = ""  # hex sha256 of the output once SUCCEEDED ('' for jobs older than the record)
 
     @property
     def terminal(self) -> bool:
@@ -194,10 +195,12 @@ class JobStore(abc.ABC):
 
     # -- tasks (render workers) -------------------------------------------------------------------
     @abc.abstractmethod
-    def claim(self, worker: str, lease_s: float, max_attempts: int) -> Task | None:
-        """Atomically lease the next claimable task (the join of any job first, then segments of the
-        oldest job, lowest index first), or None. A task is claimable when WAITING, or LEASED with
-        an expired lease. A task that would be claimed for attempt `max_attempts + 1` instead fails
+    def claim(self, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | None:
+        """Atomically lease the next claimable task, or None: fairly (services.common.store.fair_claim):
+        the task of the owner holding the fewest live leases, then of the job holding the fewest,
+        then the oldest job's lowest index; a join first, unless its owner would hold more than
+        `max_owner_share` of the live leases (owners within their share go first; 1.0 = off).
+        A task is claimable when WAITING, or LEASED with an expired lease. A task that would be claimed for attempt `max_attempts + 1` instead fails
         its job ("segment 3 of job X was started 3 times and never finished: ...") and the claim
         goes on to the next. The first claim of a job makes it RUNNING (start_time set)."""
 
@@ -213,8 +216,9 @@ class JobStore(abc.ABC):
         segment, the join becomes WAITING and the job's stage "join"."""
 
     @abc.abstractmethod
-    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float]) -> bool:
-        """SUCCEEDED with the output (only with the current lease, else False); tasks deleted."""
+    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = "") -> bool:
+        """SUCCEEDED with the output, its size and its sha256 (hex), which DownloadOutput checks
+        (only with the current lease, else False); tasks deleted."""
 
     @abc.abstractmethod
     def release(self, task: Task, count_attempt: bool = True) -> None:

@@ -129,7 +129,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_jobs(open_store: Callabl
     store.migrate()
     assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     old = store.get_job("old")
-    assert (old.total_frames, old.trace_context) == (50, "")
+    assert (old.total_frames, old.trace_context, old.output_sha256) == (50, "", "")  # no checksum: DownloadOutput checks the size only
     store.create_job(new_job("new", segments=1, trace_context='{"traceparent": "00-ab-cd-01"}'))
     assert store.get_job("new").trace_context == '{"traceparent": "00-ab-cd-01"}'
 
@@ -198,20 +198,82 @@ def test_limit_holds_under_concurrent_creates(open_store: Callable[[], JobStore]
 
 
 # -- claims --------------------------------------------------------------------------------------------
-def test_claim_order_joins_first_then_oldest_jobs_lowest_segment(job_store: JobStore) -> None:
+def test_claim_order_joins_first_then_jobs_in_turn_lowest_segment(job_store: JobStore) -> None:
     job_store.create_job(new_job("a", segments=2))
     job_store.create_job(new_job("b", segments=2))
     first = job_store.claim("w", LONG_LEASE, 3)
     second = job_store.claim("w", LONG_LEASE, 3)
-    assert [(first.job_id, first.index), (second.job_id, second.index)] == [("a", 0), ("a", 1)]
+    # Issue 17: jobs take turns (the job holding fewer live leases first), oldest job first on a tie.
+    assert [(first.job_id, first.index), (second.job_id, second.index)] == [("a", 0), ("b", 0)]
     assert (first.start_frame, first.end_frame, first.attempts) == (0, 10, 1)
     assert job_store.complete_segment(first, 10, {}, [])
-    assert job_store.complete_segment(second, 10, {}, [])
-    # a's join is claimable now and goes before b's waiting segments.
+    third = job_store.claim("w", LONG_LEASE, 3)
+    assert (third.job_id, third.index) == ("a", 1)
+    assert job_store.complete_segment(third, 10, {}, [])
+    # a's join is claimable now and goes before b's waiting segment.
     join = job_store.claim("w", LONG_LEASE, 3)
     assert (join.job_id, join.index, join.is_join) == ("a", JOIN_INDEX, True)
     assert (join.start_frame, join.end_frame) == (0, 20)
-    assert [(t.job_id, t.index) for t in claim_all(job_store)] == [("b", 0), ("b", 1)]
+    assert [(t.job_id, t.index) for t in claim_all(job_store)] == [("b", 1)]
+
+
+def claimed(store: JobStore, max_owner_share: float = 1.0) -> tuple[str, int]:
+    task = store.claim("w", LONG_LEASE, 3, max_owner_share)
+    assert task is not None
+    return task.job_id, task.index
+
+
+def test_a_short_job_submitted_after_a_long_one_gets_the_next_claim(job_store: JobStore) -> None:
+    job_store.create_job(new_job("long", segments=50, owner="alice"))
+    assert claimed(job_store) == ("long", 0)
+    assert claimed(job_store) == ("long", 1)  # nobody else waits: the long job takes every worker
+    job_store.create_job(new_job("short", segments=2, owner="bob"))
+    # bob holds no worker, alice two: bob's job goes next, though alice's is older and has 48 waiting.
+    assert claimed(job_store) == ("short", 0)
+    # alice 2, bob 1: bob again (fewest leases per owner first), then alice when they are level.
+    assert claimed(job_store) == ("short", 1)
+    assert claimed(job_store) == ("long", 2)
+
+
+def test_owners_take_turns_before_their_jobs_do(job_store: JobStore) -> None:
+    job_store.create_job(new_job("a1", segments=3, owner="alice"))
+    job_store.create_job(new_job("a2", segments=3, owner="alice"))
+    job_store.create_job(new_job("b1", segments=3, owner="bob"))
+    # alice's two jobs do not count as two turns: owners alternate, and within alice, her jobs.
+    order = [claimed(job_store) for _ in range(6)]
+    assert order == [("a1", 0), ("b1", 0), ("a2", 0), ("b1", 1), ("a1", 1), ("b1", 2)]
+
+
+def test_expired_leases_do_not_count_as_held(job_store: JobStore) -> None:
+    job_store.create_job(new_job("a", segments=3, owner="alice"))
+    job_store.create_job(new_job("b", segments=3, owner="bob"))
+    short = job_store.claim("w1", 0.3, 3)
+    assert (short.job_id, short.index) == ("a", 0)
+    assert claimed(job_store) == ("b", 0)
+    time.sleep(0.5)  # alice's lease expires: she holds nothing, bob one; her expired task goes first
+    assert claimed(job_store) == ("a", 0)
+
+
+def test_an_owner_over_its_share_goes_after_others_even_with_a_join(job_store: JobStore) -> None:
+    job_store.create_job(new_job("a", segments=1, owner="alice"))
+    job_store.create_job(new_job("a2", segments=2, owner="alice"))
+    job_store.create_job(new_job("b", segments=2, owner="bob"))
+    a0 = job_store.claim("w", LONG_LEASE, 3)
+    b0 = job_store.claim("w", LONG_LEASE, 3)
+    assert [(a0.job_id, a0.index), (b0.job_id, b0.index)] == [("a", 0), ("b", 0)]
+    assert claimed(job_store) == ("a2", 0)
+    assert job_store.complete_segment(a0, 10, {}, [])  # a's join is WAITING now
+    assert job_store.complete_segment(b0, 10, {}, [])  # bob holds no lease, b's segment 1 waits
+    # Share off: joins first. alice holds 1 of 1 live leases.
+    join = job_store.claim("w", LONG_LEASE, 3)
+    assert (join.job_id, join.index) == ("a", JOIN_INDEX)
+    job_store.release(join, count_attempt=False)
+    # Share 0.5: alice would hold 2 of 2 (over), bob 1 of 2 (within): bob's segment goes first.
+    assert claimed(job_store, 0.5) == ("b", 1)
+    # Everyone over their share: the claim still hands out work (it never leaves a worker idle).
+    assert claimed(job_store, 0.5) == ("a", JOIN_INDEX)
+    assert claimed(job_store, 0.5) == ("a2", 1)
+    assert job_store.claim("w", LONG_LEASE, 3, 0.5) is None
 
 
 def test_first_claim_makes_the_job_running(job_store: JobStore) -> None:
@@ -314,10 +376,10 @@ def test_complete_segments_then_join(job_store: JobStore, store_url: str) -> Non
     with pytest.raises(ValueError):
         job_store.complete_segment(join, 0, {}, [])
 
-    assert job_store.complete_join(join, "outputs/j1.mp4", 12345, {"join": 0.75})
+    assert job_store.complete_join(join, "outputs/j1.mp4", 12345, {"join": 0.75}, "ab" * 32)
     job = job_store.get_job("j1")
     assert (job.state, job.stage) == (JobState.SUCCEEDED, "done")
-    assert (job.output_key, job.output_bytes) == ("outputs/j1.mp4", 12345)
+    assert (job.output_key, job.output_bytes, job.output_sha256) == ("outputs/j1.mp4", 12345, "ab" * 32)
     assert job.stage_seconds["join"] == 0.75 and job.finish_time >= job.start_time > 0
     assert (job.error, job.error_code, job.version) == ("", 0, 5)
     assert sql(store_url, "SELECT count(*) FROM tasks") == [(0,)]
