@@ -1,0 +1,64 @@
+"""A small tmpfs to make a blob store full or read-only for real (chmod does not stop root).
+
+Mounting needs CAP_SYS_ADMIN (root on a normal machine; many CI containers lack it): `tmpfs` skips
+the test, saying so, when the mount fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SKIP_REASON = "needs CAP_SYS_ADMIN to mount a tmpfs (a full or read-only blob store is made with one)"
+
+
+def _mount(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["mount", *args], capture_output=True, text=True, timeout=30)
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str = "300k") -> Iterator[Path]:
+    """Mount a tmpfs of `size` on `folder` (created) for the block; skip the test if that is not allowed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        done = _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder))
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"{SKIP_REASON}: {exc}")
+    if done.returncode != 0:
+        pytest.skip(f"{SKIP_REASON}: {done.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+
+
+def set_read_only(folder: Path, read_only: bool) -> None:
+    """Remount the tmpfs on `folder` read-only or read-write."""
+    done = _mount("-o", f"remount,{'ro' if read_only else 'rw'}", str(folder))
+    if done.returncode != 0:
+        raise RuntimeError(f"remount of {folder} failed: {done.stderr.strip()}")
+
+
+def fill(folder: Path, leave_bytes: int = 0) -> Path:
+    """Write a filler file until the filesystem under `folder` is full (less `leave_bytes`); returns it."""
+    filler = folder / ".filler"
+    chunk = b"\0" * 4096
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                st = os.statvfs(folder)
+                if st.f_bavail * st.f_frsize <= leave_bytes + len(chunk):
+                    break
+                f.write(chunk)
+                f.flush()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+    return filler
