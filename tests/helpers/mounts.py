@@ -22,21 +22,31 @@ def _mount(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["mount", *args], capture_output=True, text=True, timeout=30)
 
 
-@contextlib.contextmanager
-def tmpfs(folder: Path, size: str = "300k") -> Iterator[Path]:
-    """Mount a tmpfs of `size` on `folder` (created) for the block; skip the test if that is not allowed."""
+def try_mount_tmpfs(folder: Path, size: str) -> str:
+    """Mount a tmpfs of `size` on `folder` (created); "" when done, else why not (a skip reason)."""
     folder.mkdir(parents=True, exist_ok=True)
     try:
         done = _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder))
     except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"{SKIP_REASON}: {exc}")
-    if done.returncode != 0:
-        pytest.skip(f"{SKIP_REASON}: {done.stderr.strip()}")
+        return f"{SKIP_REASON}: {exc}"
+    return "" if done.returncode == 0 else f"{SKIP_REASON}: {done.stderr.strip()}"
+
+
+def unmount(folder: Path) -> None:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str = "300k") -> Iterator[Path]:
+    """Mount a tmpfs of `size` on `folder` (created) for the block; skip the test if that is not allowed."""
+    reason = try_mount_tmpfs(folder, size)
+    if reason:
+        pytest.skip(reason)
     try:
         yield folder
     finally:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+        unmount(folder)
 
 
 def set_read_only(folder: Path, read_only: bool) -> None:
