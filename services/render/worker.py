@@ -323,7 +323,10 @@ class RenderWorker:
     async def _audio(self, task: Task, job: Job) -> None:
         """The job's AAC track, from its upload (decoded as SubmitJob did), beside the segments."""
         t0 = time.perf_counter()
-        data = await asyncio.to_thread(self.blobs.get, upload_key(job.id))
+        try:
+            data = await asyncio.to_thread(self.blobs.get, upload_key(job.id))
+        except NotFound as exc:
+            raise CorruptRecord(f"the audio of job {job.id} cannot be encoded: its upload ({upload_key(job.id)}) is missing from the blob store") from exc
         local = self._scratch / f"{job.id}-audio-{uuid.uuid4().hex[:8]}.m4a"
         try:
 

@@ -57,18 +57,19 @@ def set_read_only(folder: Path, read_only: bool) -> None:
 
 
 def fill(folder: Path, leave_bytes: int = 0) -> Path:
-    """Write a filler file until the filesystem under `folder` is full (less `leave_bytes`); returns it."""
+    """Write a filler file until the filesystem under `folder` is full (less `leave_bytes`); returns it.
+    Big pieces first, then small ones: it must be quick, to land in the middle of a running job."""
     filler = folder / ".filler"
-    chunk = b"\0" * 4096
     with open(filler, "wb") as f:
-        try:
-            while True:
-                st = os.statvfs(folder)
-                if st.f_bavail * st.f_frsize <= leave_bytes + len(chunk):
-                    break
-                f.write(chunk)
-                f.flush()
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
+        for piece in (b"\0" * (1 << 20), b"\0" * 4096):
+            try:
+                while True:
+                    st = os.statvfs(folder)
+                    if st.f_bavail * st.f_frsize < leave_bytes + len(piece):
+                        break
+                    f.write(piece)
+                    f.flush()
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
     return filler

@@ -42,7 +42,7 @@ RENDERERS = ("render", "render-1")
 def fcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     workdir = tmp_path_factory.mktemp("faults")
     blobs = workdir / "blobs"
-    no_mount = try_mount_tmpfs(blobs, "512m")
+    no_mount = try_mount_tmpfs(blobs, "64m")
     cluster = LocalCluster(workdir, blob_store=str(blobs), extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER})
     cluster.no_mount = no_mount  # type: ignore[attr-defined]
     try:
@@ -162,7 +162,7 @@ def test_a_blob_store_spell_mid_job_is_ridden_out_and_answered_clearly(
     if fcluster.no_mount:  # type: ignore[attr-defined]
         pytest.skip(fcluster.no_mount)  # type: ignore[attr-defined]
     root = fcluster.blob_dir
-    job = client.submit(avatar.id, speech(8.0))
+    job = client.submit(avatar.id, speech(20.0))
     wait_mid_job(client, job.id)
     filler = None
     if spell == "read-only":
@@ -221,14 +221,16 @@ def task_row(job_id: str, index: int = 0, state: str = "waiting") -> tuple[str, 
 
 
 def test_rows_that_cannot_run_are_quarantined_and_never_stop_the_workers(fcluster: LocalCluster, avatar: gateway_pb2.Avatar, client: LiplineClient) -> None:
-    unknown, no_audio, ghost, idle = (f"{what}{uuid.uuid4().hex[:8]}" for what in ("unknown", "noaudio", "ghost", "idle"))
+    unknown, no_audio, no_upload, ghost, idle = (f"{what}{uuid.uuid4().hex[:8]}" for what in ("unknown", "noaudio", "noupload", "ghost", "idle"))
     plant(
         fcluster,
         job_row(unknown, avatar.id, 99),  # a state this lipline does not know, with a waiting segment
         task_row(unknown),
         job_row(no_audio, avatar.id, 1),  # a queued job whose segment's audio windows are missing
-        task_row(no_audio),
+        task_row(no_audio, 1),  # (index 0 is the job's AAC track, whose upload is missing too)
         task_row(no_audio, -1, "blocked"),
+        job_row(no_upload, avatar.id, 1),  # a queued job whose uploaded audio is missing (its AAC task)
+        task_row(no_upload, 0),
         task_row(ghost),  # a task whose job row no longer exists
         job_row(idle, avatar.id, 99),  # state 99, nothing to claim: GetJob must still answer clearly
     )
@@ -245,6 +247,8 @@ def test_rows_that_cannot_run_are_quarantined_and_never_stop_the_workers(fcluste
     missing = eventually(lambda: (j := _job(client, no_audio)).state == FAILED and j, timeout=60, what="the job without audio failed")
     assert "audio windows" in missing.error and "missing" in missing.error
     assert missing.error_code == grpc.StatusCode.DATA_LOSS.value[0]
+    upload = eventually(lambda: (j := _job(client, no_upload)).state == FAILED and j, timeout=60, what="the job without its upload failed")
+    assert "upload" in upload.error and "missing" in upload.error and upload.error_code == grpc.StatusCode.DATA_LOSS.value[0]
 
     def ghost_gone() -> bool:
         db = Path(fcluster.job_store[len("sqlite:///") :])
@@ -252,7 +256,7 @@ def test_rows_that_cannot_run_are_quarantined_and_never_stop_the_workers(fcluste
             return conn.execute("SELECT count(*) FROM tasks WHERE job_id = ?", (ghost,)).fetchone()[0] == 0
 
     eventually(ghost_gone, timeout=60, what="the orphan task purged")
-    assert sum(metric(fcluster, n, r'lipline_quarantined_total\{reason="corrupt_record"\}') for n in RENDERERS) >= 2
+    assert sum(metric(fcluster, n, r'lipline_quarantined_total\{reason="corrupt_record"\}') for n in RENDERERS) >= 3
     assert sum(metric(fcluster, n, r'lipline_quarantined_total\{reason="orphan_task"\}') for n in RENDERERS) >= 1
     assert_workers_serving(fcluster)
     assert not any("claim loop ended" in fcluster.processes[n].log() for n in RENDERERS)
