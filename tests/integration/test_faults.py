@@ -294,3 +294,50 @@ def test_a_stalled_claim_loop_reports_not_serving_and_recovers(fcluster: LocalCl
         address = fcluster.processes[name].address
         eventually(lambda: health_status(address) == health_pb2.HealthCheckResponse.SERVING, timeout=60, what=f"{name} SERVING again")
     assert metric(fcluster, "render", "lipline_render_loop_healthy") == 1
+
+
+# -- item 4: the job store down ------------------------------------------------------------------------
+def test_postgres_down_mid_job_answers_unavailable_fast_and_the_job_finishes(tmp_path: Path) -> None:
+    """PostgreSQL stopped for 6 s in the middle of a job: GetJob answers UNAVAILABLE within about 2 s
+    (main: 10 s), and once it is back the gateway, the workers and WatchJob carry on by themselves."""
+    from tests.helpers.postgres import PostgresServer, missing_reason
+
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with PostgresServer() as pg:
+        cluster = LocalCluster(tmp_path, job_store=pg.url, extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER})
+        try:
+            cluster.__enter__()
+        except BaseException:
+            print(logs_of(cluster))
+            raise
+        try:
+            with LiplineClient(cluster.gateway_address, timeout=240) as client:
+                photo = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
+                job = client.submit(photo.id, speech(16.0))
+                wait_mid_job(client, job.id)
+                pg.shut_down()
+                try:
+                    for _ in range(2):
+                        started = time.monotonic()
+                        with pytest.raises(grpc.RpcError) as info:
+                            _job(client, job.id)
+                        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+                        assert "PostgreSQL job store" in info.value.details()
+                        assert time.monotonic() - started < 4.0
+                    time.sleep(4.0)
+                finally:
+                    pg.start()
+                done = client.wait(job.id)
+                assert done.state == SUCCEEDED, done.error
+                assert done.frames_done == done.total_frames
+                again = client.wait(client.submit(photo.id, speech(2.0)).id)
+                assert again.state == SUCCEEDED, again.error
+                for name in RENDERERS:
+                    assert health_status(cluster.processes[name].address) == health_pb2.HealthCheckResponse.SERVING
+        except BaseException:
+            print(logs_of(cluster))
+            raise
+        finally:
+            cluster.stop()

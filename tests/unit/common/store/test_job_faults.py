@@ -19,7 +19,7 @@ import pytest
 
 from services.common.errors import CorruptRecord, NotFound, StoreUnavailable
 from services.common.store.jobs import JOIN_INDEX, JobState, JobStore
-from services.common.store.postgres import POOL_TIMEOUT_S, PostgresJobStore
+from services.common.store.postgres import PostgresJobStore
 from tests.helpers.postgres import PostgresServer, missing_reason
 from tests.unit.common.store.test_jobs import LONG_LEASE, new_job, sql
 from services.common.store.sqlite import sqlite_path
@@ -157,7 +157,7 @@ def test_postgres_down_answers_unavailable_within_about_two_seconds_and_work_res
             for t in threads:
                 t.join(30)
         assert len(errors) == 8, errors
-        assert max(times) < POOL_TIMEOUT_S + 1.5, times
+        assert max(times) < 3.5, times  # "within about 2 s"; main waited the pool's 10 s
         assert "retry later" in errors[0] and f"127.0.0.1:{own_postgres.port}/outage" in errors[0]
         time.sleep(3)  # down for a while: the pool's reconnection back-off grows meanwhile
         own_postgres.start()
