@@ -67,3 +67,20 @@ class CheckpointError(LiplineError):
 
 class StoreUnavailable(NotReady):
     """The job store or blob store cannot be reached (database restarting, network); retry later."""
+
+
+class StorageFull(TooLarge):
+    """The blob store has no room (ENOSPC, EDQUOT, an S3 quota): RESOURCE_EXHAUSTED, retry once
+    space is freed. A TooLarge because that is the code's meaning (a resource ran out); unlike a
+    too-large request, the same request may work later, so render workers retry it."""
+
+
+class CorruptRecord(LiplineError):
+    """A stored row or blob this lipline cannot interpret (an unknown job state, a field that is not
+    JSON, a blob of the wrong size): DATA_LOSS, never retried, the message names what is wrong."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+#: errors a render worker retries with back-off (the stores may come back, space may be freed)
+RETRYABLE_STORE_ERRORS = (StoreUnavailable, StorageFull)

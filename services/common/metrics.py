@@ -68,6 +68,16 @@ class Metrics:
         self.render_composite_seconds = Histogram("lipline_render_composite_seconds", "compositing time per frame", buckets=_FRAME_SECONDS, registry=r)
         self.render_encode_seconds = Histogram("lipline_render_encode_seconds", "x264 time per frame", buckets=_FRAME_SECONDS, registry=r)
         self.render_busy = Gauge("lipline_render_busy", "1 while this worker holds a task", registry=r)
+        self.render_loop_healthy = Gauge(
+            "lipline_render_loop_healthy", "1 while this worker's claim loop runs (0: it ended or stalled; health says NOT_SERVING)", registry=r
+        )
+        self.render_loop_age_seconds = Gauge("lipline_render_loop_age_seconds", "seconds since the claim loop's last iteration or lease renewal", registry=r)
+        self.quarantined = Counter(
+            "lipline_quarantined",
+            "rows and blobs a worker could not interpret, set aside (job failed or task deleted), by reason",
+            ["reason"],
+            registry=r,
+        )
         r.register(GpuCollector())
 
     def set_backend(self, model: str, backend: str, precision: str) -> None:

@@ -70,6 +70,9 @@ class Service(abc.ABC, Generic[SettingsT]):
     def __init__(self, settings: SettingsT, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        #: the process's health servicer, set by ServiceRunner: a service whose work can stall after
+        #: start-up (a render worker's claim loop) reports NOT_SERVING through it
+        self.health: health.aio.HealthServicer | None = None
 
     @property
     @abc.abstractmethod
@@ -96,6 +99,7 @@ class ServiceRunner:
         self.settings = service.settings
         self.ready = asyncio.Event()
         self.health = health.aio.HealthServicer()
+        service.health = self.health
         s = self.settings
         options = channel_options(s.max_message_bytes) + [
             ("grpc.max_connection_age_ms", int(s.max_connection_age_s * 1000)),

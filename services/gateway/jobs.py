@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import common_pb2, gateway_pb2
+from services.common.errors import CorruptRecord
 from services.common.store.jobs import Job, JobState
 
 
@@ -17,6 +19,16 @@ def _timestamp(seconds: float) -> Timestamp:
 
 
 def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
+    """The public view; CorruptRecord (DATA_LOSS, naming the field) when a stored field cannot be
+    shown (options that are not a JobOptions, models of an unknown shape), never INTERNAL."""
+    try:
+        options = gateway_pb2.JobOptions.FromString(job.options)
+    except DecodeError as exc:
+        raise CorruptRecord(f"job {job.id!r} has a record this lipline cannot read (its options are not a JobOptions: {exc})") from exc
+    try:
+        models = [common_pb2.ModelInfo(**m) for m in job.models]
+    except (TypeError, ValueError) as exc:
+        raise CorruptRecord(f"job {job.id!r} has a record this lipline cannot read (its models field: {exc})") from exc
     now = time.time() if now is None else now
     elapsed = ((job.finish_time or now) - job.create_time) if job.create_time else 0.0
     progress = job.frames_done / job.total_frames if job.total_frames else 0.0
@@ -44,8 +56,8 @@ def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
         realtime_factor=job.audio_seconds / elapsed if job.state == JobState.SUCCEEDED and elapsed > 0 else 0.0,
         output_bytes=job.output_bytes,
         output_sha256=job.output_sha256,
-        models=[common_pb2.ModelInfo(**m) for m in job.models],
-        options=gateway_pb2.JobOptions.FromString(job.options),
+        models=models,
+        options=options,
         create_time=_timestamp(job.create_time),
         stage_seconds=stage_seconds,
     )

@@ -1,6 +1,7 @@
 """The render worker service: one process, one task at a time; scale with processes and pods.
 
-It serves no API, only gRPC health (SERVING once the stages answer and the stores are open) and
+It serves no API, only gRPC health (SERVING once the stages answer and the stores are open, and
+NOT_SERVING again while its claim loop has ended or stalled: a liveness probe then restarts it) and
 /metrics, through the same bootstrap as every lipline service. SIGTERM: stop claiming, finish the
 current task within `grace_s` or give it back, exit.
 """
@@ -12,10 +13,12 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from lipline.v1 import lipsync_pb2_grpc, superres_pb2_grpc
 from services.common.discovery import DiscoveredStageClients
@@ -29,6 +32,7 @@ from services.render.worker import RenderWorker
 
 _LOGGER = logging.getLogger(__name__)
 QUEUE_STATS_EVERY_S = 2.0
+WATCHDOG_EVERY_S = 1.0
 
 
 class RenderService(Service[RenderSettings]):
@@ -61,7 +65,11 @@ class RenderService(Service[RenderSettings]):
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         cache = AvatarCache(self.blobs, s.cache_dir, max_bytes=s.avatar_cache_bytes)
         self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, cache, self.renderer, name)
-        self._loops = [asyncio.create_task(self.worker.run(), name="render-loop"), asyncio.create_task(self._export_queue_stats(), name="queue-stats")]
+        self._loops = [
+            asyncio.create_task(self.worker.run(), name="render-loop"),
+            asyncio.create_task(self._export_queue_stats(), name="queue-stats"),
+            asyncio.create_task(self._watch_loop(), name="render-watchdog"),
+        ]
         _LOGGER.info("render worker ready", extra={"worker": name, "x264_threads": threads, "preset": s.x264_preset})
 
     async def _export_queue_stats(self) -> None:
@@ -73,6 +81,29 @@ class RenderService(Service[RenderSettings]):
                 m.queue_leased.set(q.leased)
                 m.queue_oldest_seconds.set(q.oldest_wait_s)
             await asyncio.sleep(QUEUE_STATS_EVERY_S)
+
+    async def _watch_loop(self) -> None:
+        """Health follows the claim loop: NOT_SERVING (and the gauge 0, and an ERROR line saying why)
+        while it has ended or stalled, SERVING again if it moves again. Why: a process whose loop died
+        used to stay up and SERVING, so nothing restarted it."""
+        m, worker = self.metrics, self.worker
+        m.render_loop_healthy.set(1)
+        healthy = True
+        while not worker.stopping:
+            await asyncio.sleep(WATCHDOG_EVERY_S)
+            m.render_loop_age_seconds.set(max(0.0, time.monotonic() - worker.last_beat))
+            problem = worker.loop_health()
+            if worker.stopping or bool(problem) != healthy:
+                continue
+            healthy = not problem
+            m.render_loop_healthy.set(1 if healthy else 0)
+            if problem:
+                _LOGGER.error("render worker unhealthy: %s; health reports NOT_SERVING", problem, extra={"worker": worker.name})
+            else:
+                _LOGGER.info("render worker's claim loop moves again; health reports SERVING", extra={"worker": worker.name})
+            if self.health is not None:
+                status = health_pb2.HealthCheckResponse.SERVING if healthy else health_pb2.HealthCheckResponse.NOT_SERVING
+                await self.health.set("", status)
 
     async def close(self) -> None:
         if hasattr(self, "worker"):

@@ -25,7 +25,19 @@ class RenderSettings(StoreSettings):
     )
     lease_s: float = _field(10.0, "a claimed task's lease; a worker that stops renewing loses it after this long")
     heartbeat_s: float = _field(0.5, "how often a worker renews its lease (and notices a cancel)")
-    max_attempts: int = _field(3, "claims of one task before its job fails")
+    max_attempts: int = _field(
+        3,
+        "claims of one task that ended in a crash (the worker died or lost the lease, or an unexpected error) before its job fails; "
+        "retryable failures (a stage or store unavailable, a full blob store) are bounded by retry_window_s instead",
+    )
+    retry_window_s: float = _field(60.0, "how long a task may keep failing with retryable errors (retried with back-off) before its job fails")
+    retry_backoff_s: float = _field(0.5, "first delay before a failed task is claimable again; doubles per failure, with jitter")
+    retry_backoff_max_s: float = _field(8.0, "the longest delay between two attempts of a failing task")
+    loop_stall_s: float = _field(
+        60.0,
+        "a claim loop with no iteration (and no lease renewal) for this long is stalled: the worker logs it, "
+        "reports NOT_SERVING to health checks (the liveness probe restarts it) and sets lipline_render_loop_healthy to 0",
+    )
     poll_s: float = _field(0.2, "how often an idle worker looks for work")
     max_tenant_share: float = _field(
         1.0,
@@ -55,6 +67,13 @@ class RenderSettings(StoreSettings):
             problems.append(f"avatar_cache_bytes must be >= 1, got {self.avatar_cache_bytes}")
         if not 0 < self.max_tenant_share <= 1:
             problems.append(f"max_tenant_share must be in (0, 1], got {self.max_tenant_share}")
+        if self.retry_window_s < 0 or self.retry_backoff_s <= 0 or self.retry_backoff_max_s < self.retry_backoff_s:
+            problems.append(
+                f"retry_window_s ({self.retry_window_s}) must be >= 0, and 0 < retry_backoff_s ({self.retry_backoff_s}) "
+                f"<= retry_backoff_max_s ({self.retry_backoff_max_s})"
+            )
+        if self.loop_stall_s <= 0:
+            problems.append(f"loop_stall_s must be positive, got {self.loop_stall_s}")
         if self.max_attempts < 1:
             problems.append(f"max_attempts must be >= 1, got {self.max_attempts}")
         if problems:

@@ -6,10 +6,18 @@ atomically with a lease; this loop renews the lease every `heartbeat_s` while it
 that fails means the lease is gone (the job was cancelled or failed, or this worker stalled past
 the lease and another took the task): the work is dropped at once and nothing it made is kept.
 
-Failures: a stage error that may pass (UNAVAILABLE from a replica that went away, ...) gives the task
-back for another attempt, up to `max_attempts`; one that cannot (INVALID_ARGUMENT, ...) fails the
-job with the stage's status and message. A worker killed outright loses its lease; the task is
-claimed again when the lease expires.
+Failures: one that may pass (a stage UNAVAILABLE because a replica went away, the job store or blob
+store unavailable, a full blob store) gives the task back with exponential back-off and jitter (a
+not-before time on the task: other tasks are claimed meanwhile), and fails the job only once the task
+has kept failing for `retry_window_s`; such failures do not count against `max_attempts`. An
+unexpected error (a bug) gives it back with back-off too, counted against `max_attempts`, as a worker
+killed outright is (its lease expires and the task is claimed again). One that cannot pass
+(INVALID_ARGUMENT, ...) fails the job with the stage's status and message. A row or blob this lipline
+cannot interpret (services.common.errors.CorruptRecord) fails its job at once with DATA_LOSS: it is
+quarantined, never retried, never allowed to stop the loop.
+
+Health: the loop records when it last iterated (or renewed a lease); `loop_health` says whether it
+ended or stalled, which the service turns into NOT_SERVING (the chart's liveness probe restarts it).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import shutil
 import tempfile
 import time
@@ -28,7 +37,7 @@ import grpc
 from lipline.v1 import gateway_pb2
 from services.common.avatars import LOOP_PING_PONG, LOOP_WRAP
 from services.common.channels import StageFailed
-from services.common.errors import LiplineError, NotFound, StoreUnavailable
+from services.common.errors import RETRYABLE_STORE_ERRORS, CorruptRecord, LiplineError, NotFound, NotReady, StoreUnavailable
 from services.common.metrics import Metrics
 from services.common.store.blobs import BlobStore
 from services.common.store.jobs import Job, JobStore, Task
@@ -54,6 +63,24 @@ class LeaseLost(Exception):
     """The task's lease is no longer ours; drop the work."""
 
 
+PURGE_EVERY_S = 30.0  # how often a worker deletes tasks whose job row is gone (cheap; any worker may)
+LOOP_ERROR_PAUSE_S = (1.0, 10.0)  # back-off of the claim loop after an unexpected error (first, longest)
+
+
+def backoff_delay(failures: int, first_s: float, max_s: float, rng: random.Random | None = None) -> float:
+    """Exponential back-off with "equal jitter": half of min(max, first * 2**failures) plus a random
+    part up to the other half, so tasks that failed together (a stage restart) do not retry in step."""
+    capped = min(max_s, first_s * (2 ** min(failures, 30)))
+    return capped / 2 + (rng or random).uniform(0, capped / 2)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """A failure that may pass by itself: a stage's retryable status, a store unavailable or full."""
+    if isinstance(exc, StageFailed):
+        return exc.retryable
+    return isinstance(exc, (*RETRYABLE_STORE_ERRORS, NotReady))
+
+
 class RenderWorker:
     def __init__(
         self,
@@ -75,26 +102,71 @@ class RenderWorker:
         self._stopping = asyncio.Event()
         self._current: asyncio.Task | None = None
         self._current_task: Task | None = None
+        self._claimed_at = 0.0  # monotonic time of the current task's claim
+        self.last_beat = time.monotonic()  # the loop's last iteration or lease renewal (health)
+        self.loop_ended: str = ""  # why the loop ended, when it has ended other than by drain
+        self._next_purge = 0.0
         self._scratch = Path(settings.cache_dir) / "scratch"
         self._scratch.mkdir(parents=True, exist_ok=True)
 
     # -- loop ---------------------------------------------------------------------------------------
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def loop_health(self) -> str:
+        """ "" while the loop works; else why it does not (ended, or no iteration for loop_stall_s)."""
+        if self.loop_ended:
+            return self.loop_ended
+        idle = time.monotonic() - self.last_beat
+        if idle > self.settings.loop_stall_s:
+            where = f"inside {self._current_task.job_id} segment {self._current_task.index}" if self._current_task else "claiming a task"
+            return f"the claim loop has not moved for {idle:.0f} s (limit {self.settings.loop_stall_s:g} s), {where}"
+        return ""
+
     async def run(self) -> None:
+        """The claim loop. Never ends by itself but on drain: an unexpected error (a bug, a row it
+        cannot read) is logged and the loop goes on after a pause; `loop_ended` says why if it does."""
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            if not self._stopping.is_set():
+                self.loop_ended = "the claim loop was cancelled"
+            raise
+        except BaseException as exc:
+            self.loop_ended = f"the claim loop ended: {type(exc).__name__}: {exc}"
+            _LOGGER.exception("claim loop ended", extra={"worker": self.name})
+            raise
+        if not self._stopping.is_set():
+            self.loop_ended = "the claim loop returned"
+
+    async def _loop(self) -> None:
         s = self.settings
+        errors = 0
         while not self._stopping.is_set():
+            self.last_beat = time.monotonic()
             try:
+                await self._purge_orphans()
                 task = await asyncio.to_thread(self.jobs.claim, self.name, s.lease_s, s.max_attempts, s.max_tenant_share)
             except StoreUnavailable as exc:
                 _LOGGER.warning("job store unavailable; retrying", extra={"error": str(exc)})
                 await self._pause(1.0)
                 continue
+            except Exception as exc:  # never let one bad row end the loop
+                errors += 1
+                pause = backoff_delay(errors - 1, *LOOP_ERROR_PAUSE_S)
+                _LOGGER.error("claiming a task failed; retrying in %.1f s", pause, exc_info=True, extra={"error": f"{type(exc).__name__}: {exc}"})
+                await self._pause(pause)
+                continue
+            errors = 0
             if task is None:
                 await self._pause(s.poll_s)
                 continue
             self.metrics.queue_wait_seconds.observe(max(0.0, time.time() - task.ready_time))
             _LOGGER.info("task claimed", extra={"job_id": task.job_id, "segment": task.index, "attempt": task.attempts})
             self._current_task = task
+            self._claimed_at = time.monotonic()
             self._current = asyncio.create_task(self._run_task(task))
             try:
                 await asyncio.shield(self._current)
@@ -104,6 +176,16 @@ class RenderWorker:
             finally:
                 self._current = None
                 self._current_task = None
+
+    async def _purge_orphans(self) -> None:
+        """Every PURGE_EVERY_S: delete tasks whose job row is gone (they would wait forever)."""
+        if time.monotonic() < self._next_purge:
+            return
+        self._next_purge = time.monotonic() + PURGE_EVERY_S
+        purged = await asyncio.to_thread(self.jobs.purge_orphan_tasks)
+        if purged:
+            self.metrics.quarantined.labels("orphan_task").inc(purged)
+            _LOGGER.warning("deleted tasks whose job no longer exists", extra={"tasks": purged})
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -161,6 +243,7 @@ class RenderWorker:
         last_ok = time.monotonic()
         while True:
             await asyncio.sleep(s.heartbeat_s)
+            self.last_beat = time.monotonic()  # the worker is alive inside a task
             try:
                 if not await asyncio.to_thread(self.jobs.renew, task, s.lease_s):
                     return
@@ -172,25 +255,45 @@ class RenderWorker:
     async def _failed(self, task: Task, exc: Exception) -> None:
         s, m = self.settings, self.metrics
         where = f"segment {task.index}" if not task.is_join else "the join"
-        if isinstance(exc, StageFailed) and exc.retryable and task.attempts < s.max_attempts:
-            m.segments.labels("retried").inc()
-            _LOGGER.warning(
-                "stage failed; task given back for another attempt",
-                extra={"job_id": task.job_id, "segment": task.index, "attempt": task.attempts, "error": str(exc)},
+        error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, LiplineError) else str(exc)
+        if is_retryable(exc):
+            # Bounded by time, not attempts: a rolling update or a replaced pod outlasts a burst.
+            failing_for = task.failing_for_s + (time.monotonic() - self._claimed_at) if task.failures else 0.0
+            if failing_for < s.retry_window_s:
+                delay = backoff_delay(task.failures, s.retry_backoff_s, s.retry_backoff_max_s)
+                m.segments.labels("retried").inc()
+                _LOGGER.warning(
+                    "task failed; given back for another attempt in %.1f s",
+                    delay,
+                    extra={"job_id": task.job_id, "segment": task.index, "failures": task.failures + 1, "error": error},
+                )
+                await self._quietly(self.jobs.release, task, False, delay, error)
+                return
+            code = exc.code
+            message = (
+                f"{where} kept failing for {failing_for:.0f} s ({task.failures + 1} attempts; the retry window is {s.retry_window_s:g} s); last error: {error}"
             )
-            await self._quietly(self.jobs.release, task, True)
+        elif isinstance(exc, CorruptRecord):
+            m.quarantined.labels("corrupt_record").inc()
+            _LOGGER.error("job quarantined: a record it needs cannot be read", extra={"job_id": task.job_id, "segment": task.index, "error": error})
+            code, message = exc.code, str(exc)
+        elif isinstance(exc, NotFound) and not await self._quietly(self.jobs.job_versions, [task.job_id]):
+            m.quarantined.labels("orphan_task").inc()
+            _LOGGER.warning("the task's job no longer exists; task deleted", extra={"job_id": task.job_id, "segment": task.index})
+            await self._quietly(self.jobs.purge_orphan_tasks)
             return
-        if isinstance(exc, LiplineError):
+        elif isinstance(exc, LiplineError):
             code, message = exc.code, str(exc)
         else:
             _LOGGER.exception("task crashed", extra={"job_id": task.job_id, "segment": task.index})
             if task.attempts < s.max_attempts:
                 m.segments.labels("retried").inc()
-                await self._quietly(self.jobs.release, task, True)
+                delay = backoff_delay(task.attempts - 1, s.retry_backoff_s, s.retry_backoff_max_s)
+                await self._quietly(self.jobs.release, task, True, delay, error)
                 return
             code, message = grpc.StatusCode.INTERNAL, f"internal error in a render worker ({type(exc).__name__}); its log has details"
         m.segments.labels("failed").inc()
-        if isinstance(exc, StageFailed):
+        if isinstance(exc, StageFailed) and not is_retryable(exc):
             message = f"{where} failed after {task.attempts} attempt(s): {message}"
         if await self._quietly(self.jobs.fail_job, task.job_id, message, code.value[0]):
             m.jobs.labels("failed").inc()
@@ -221,7 +324,10 @@ class RenderWorker:
     async def _audio(self, task: Task, job: Job) -> None:
         """The job's AAC track, from its upload (decoded as SubmitJob did), beside the segments."""
         t0 = time.perf_counter()
-        data = await asyncio.to_thread(self.blobs.get, upload_key(job.id))
+        try:
+            data = await asyncio.to_thread(self.blobs.get, upload_key(job.id))
+        except NotFound as exc:
+            raise CorruptRecord(f"the audio of job {job.id} cannot be encoded: its upload ({upload_key(job.id)}) is missing from the blob store") from exc
         local = self._scratch / f"{job.id}-audio-{uuid.uuid4().hex[:8]}.m4a"
         try:
 
@@ -243,7 +349,7 @@ class RenderWorker:
         except NotFound as exc:
             raise NotFound(f"avatar {job.avatar_id} was deleted before the job finished") from exc
         frames = task.end_frame - task.start_frame
-        audio = unpack_segment_audio(await asyncio.to_thread(self.blobs.get, mels_key(job.id, task.index)), frames)
+        audio = await self._segment_audio(job, task, frames)
         local = self._scratch / f"{job.id}-{task.index}-{uuid.uuid4().hex[:8]}.mp4"
         try:
             result = await self.renderer.render(
@@ -264,6 +370,17 @@ class RenderWorker:
         if not await asyncio.to_thread(self.jobs.complete_segment, task, result.frames, result.stage_seconds, result.models):
             await asyncio.to_thread(self.blobs.delete, key)  # cancelled meanwhile: leave nothing behind
             raise LeaseLost()
+
+    async def _segment_audio(self, job: Job, task: Task, frames: int):  # type: ignore[no-untyped-def]
+        """The segment's mel windows from the blob store; CorruptRecord when missing or malformed
+        (SubmitJob wrote them before the job existed: without them the segment can never render)."""
+        key = mels_key(job.id, task.index)
+        try:
+            return unpack_segment_audio(await asyncio.to_thread(self.blobs.get, key), frames)
+        except NotFound as exc:
+            raise CorruptRecord(f"segment {task.index} of job {job.id} cannot render: its audio windows ({key}) are missing from the blob store") from exc
+        except ValueError as exc:
+            raise CorruptRecord(f"segment {task.index} of job {job.id} cannot render: its audio windows ({key}) are damaged ({exc})") from exc
 
     async def _join(self, task: Task, job: Job) -> None:
         t0 = time.perf_counter()

@@ -197,6 +197,10 @@ class PostgresServer:
                 proc.kill()
                 proc.wait()
 
+    def shut_down(self) -> None:
+        """Stop the server (fast shutdown) and keep its data: `start()` brings it back on the same port."""
+        self._terminate()
+
     def restart(self) -> None:
         """Stop (fast) and start again on the same port with the same data."""
         self._terminate()

@@ -72,11 +72,12 @@ app.kubernetes.io/part-of: lipline
 {{- end -}}
 {{- end -}}
 
-{{/* A settings map as LIPLINE_<NAME> variables (lists joined by commas, as the services parse them). */}}
+{{/* A settings map as LIPLINE_<NAME> variables (lists joined by commas, as the services parse them;
+whole numbers as integers: Helm reads YAML numbers as float64, which toString would print as 8.589934592e+09). */}}
 {{- define "lipline.configEnv" -}}
 {{- range $key, $value := . }}
 - name: {{ printf "LIPLINE_%s" (upper $key) }}
-  value: {{ if kindIs "slice" $value }}{{ join "," $value | quote }}{{ else }}{{ toString $value | quote }}{{ end }}
+  value: {{ if kindIs "slice" $value }}{{ join "," $value | quote }}{{ else if and (kindIs "float64" $value) (eq $value (floor $value)) }}{{ int64 $value | toString | quote }}{{ else }}{{ toString $value | quote }}{{ end }}
 {{- end }}
 {{- end -}}
 

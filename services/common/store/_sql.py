@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from services.common.errors import NotFound, TooLarge
-from services.common.tenants import IMPLICIT_TENANT
+from services.common.errors import CorruptRecord, NotFound, TooLarge
 from services.common.store import fair_claim
+from services.common.tenants import IMPLICIT_TENANT
 from services.common.store.jobs import (
     JOIN_INDEX,
     AvatarRecord,
@@ -42,6 +42,7 @@ from services.common.store.jobs import (
     JobState,
     JobStore,
     NewJob,
+    TERMINAL_STATES,
     QueueStats,
     Task,
     TaskState,
@@ -59,6 +60,7 @@ MIGRATE_LOCK = 0x6C69706C696E01
 CREATE_LOCK = 0x6C69706C696E02
 
 _ACTIVE = f"state IN ({int(JobState.QUEUED)}, {int(JobState.RUNNING)})"
+_NOT_TERMINAL = f"state NOT IN ({', '.join(str(int(s)) for s in sorted(TERMINAL_STATES))})"
 _WAITING, _LEASED, _BLOCKED, _DONE = (f"'{s.value}'" for s in (TaskState.WAITING, TaskState.LEASED, TaskState.BLOCKED, TaskState.DONE))
 
 
@@ -78,7 +80,15 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX IF NOT EXISTS avatars_tenant ON avatars (tenant, create_time)",
         "CREATE UNIQUE INDEX IF NOT EXISTS avatars_content ON avatars (tenant, content_hash) WHERE content_hash <> '' AND deleted_time = 0",
     ],
-    4: [],  # the retry delays' columns (issue 17's retries branch)
+    # retries over time (issue 17 item 11): a released task is claimable again only from not_before;
+    # failing_since (when it first failed, the store's clock), failures and last_error let a worker
+    # fail the job once the task has kept failing for longer than its retry window
+    4: [
+        "ALTER TABLE tasks ADD COLUMN not_before DOUBLE PRECISION NOT NULL DEFAULT 0",
+        "ALTER TABLE tasks ADD COLUMN failing_since DOUBLE PRECISION NOT NULL DEFAULT 0",
+        "ALTER TABLE tasks ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE tasks ADD COLUMN last_error TEXT NOT NULL DEFAULT ''",
+    ],
     # the output's sha256 (hex), so DownloadOutput can tell a damaged output from a whole one; ''
     # for jobs that finished before it existed (their size is still checked)
     5: ["ALTER TABLE jobs ADD COLUMN output_sha256 TEXT NOT NULL DEFAULT ''"],
@@ -151,6 +161,29 @@ def encode_json(value: object) -> str:
 
 
 def job_from_row(row: Row) -> Job:
+    """The row as a Job; CorruptRecord (DATA_LOSS) naming the field when it cannot be read (a state
+    this lipline does not know, a field that is not JSON): a damaged row is reported, never a crash."""
+    try:
+        return _job_from_row(row)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptRecord(f"job {row['id']!r} has a record this lipline cannot read ({_row_problem(row, exc)}); it cannot run") from exc
+
+
+def _row_problem(row: Row, exc: Exception) -> str:
+    """Which field of a job row is damaged, in words."""
+    try:
+        JobState(row["state"])
+    except (ValueError, TypeError):
+        return f"state {row['state']!r} is not one of {', '.join(f'{int(s)} ({s.name})' for s in JobState)}"
+    for name in ("models", "stage_seconds"):
+        try:
+            json.loads(row[name])
+        except (ValueError, TypeError):
+            return f"its {name} field is not JSON: {str(row[name])[:80]!r}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _job_from_row(row: Row) -> Job:
     return Job(
         id=row["id"],
         avatar_id=row["avatar_id"],
@@ -338,10 +371,12 @@ class SqlJobStore(JobStore):
         active, set `fields` (a terminal state). NotFound for an unknown job."""
         self._lock_tasks(tx, job_id)
         tx.execute("DELETE FROM tasks WHERE job_id = ?", (job_id,))
-        if self._update_job(tx, job_id, only_if=_ACTIVE, finish_time=tx.now(), **fields):
+        # Not only QUEUED/RUNNING: a row in a state this lipline does not know is ended too (quarantined).
+        if self._update_job(tx, job_id, only_if=_NOT_TERMINAL, finish_time=tx.now(), **fields):
             return True
-        self._job(tx, job_id)  # NotFound, or it was already terminal
-        return False
+        if tx.one("SELECT 1 AS x FROM jobs WHERE id = ?", (job_id,)) is None:
+            raise NotFound(f"job {job_id!r} does not exist")
+        return False  # it was already terminal
 
     @staticmethod
     def _finish_task(tx: Tx, task: Task) -> bool:
@@ -433,7 +468,7 @@ class SqlJobStore(JobStore):
         if 0 < max_attempts <= attempts:
             return _Exhausted(job_id, index, attempts)
         # An expired lease became claimable when it expired.
-        ready = float(row["lease_expires"] if row["state"] == TaskState.LEASED.value else row["ready_time"])
+        ready = float(row["lease_expires"] if row["state"] == TaskState.LEASED.value else max(row["ready_time"], row["not_before"]))
         token = uuid.uuid4().hex
         expires = now + lease_s
         tx.execute(
@@ -458,6 +493,9 @@ class SqlJobStore(JobStore):
             token=token,
             lease_expires=expires,
             ready_time=ready,
+            failures=int(row["failures"]),
+            failing_for_s=max(0.0, now - float(row["failing_since"])) if row["failures"] else 0.0,
+            last_error=row["last_error"],
         )
 
     def renew(self, task: Task, lease_s: float) -> bool:
@@ -521,14 +559,28 @@ class SqlJobStore(JobStore):
 
         return self._transaction(run)
 
-    def release(self, task: Task, count_attempt: bool = True) -> None:
-        self._transaction(
-            lambda tx: tx.execute(
-                f"UPDATE tasks SET state = {_WAITING}, token = '', worker = '', lease_expires = 0, ready_time = ?, "
-                f"attempts = attempts - ? WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
-                (tx.now(), 0 if count_attempt else 1, task.job_id, task.index, task.token),
+    def release(self, task: Task, count_attempt: bool = True, retry_delay_s: float = 0.0, error: str = "") -> None:
+        def run(tx: Tx) -> None:
+            now = tx.now()
+            failed = ", failing_since = CASE WHEN failing_since = 0 THEN ? ELSE failing_since END, failures = failures + 1, last_error = ?" if error else ""
+            tx.execute(
+                f"UPDATE tasks SET state = {_WAITING}, token = '', worker = '', lease_expires = 0, ready_time = ?, not_before = ?, "
+                f"attempts = attempts - ?{failed} WHERE job_id = ? AND idx = ? AND token = ? AND state = {_LEASED}",
+                (
+                    now,
+                    now + max(0.0, float(retry_delay_s)),
+                    0 if count_attempt else 1,
+                    *((now, error[:2000]) if error else ()),
+                    task.job_id,
+                    task.index,
+                    task.token,
+                ),
             )
-        )
+
+        self._transaction(run)
+
+    def purge_orphan_tasks(self) -> int:
+        return self._transaction(lambda tx: tx.execute("DELETE FROM tasks WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = tasks.job_id)"))
 
     def job_tasks_active(self, job_id: str) -> bool:
         return self._transaction(

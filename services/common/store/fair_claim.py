@@ -28,13 +28,14 @@ GROUP_KEY = "owner"
 
 _WAITING, _LEASED = (f"'{s.value}'" for s in (TaskState.WAITING, TaskState.LEASED))
 
-#: the claimable tasks: WAITING, or LEASED with an expired lease (its worker is gone)
+#: the claimable tasks: WAITING, or LEASED with an expired lease (its worker is gone); a task given
+#: back after a retryable failure also waits for its `not_before` (the claim adds that condition)
 CLAIMABLE = f"(t.state = {_WAITING} OR (t.state = {_LEASED} AND t.lease_expires <= ?))"
 
 
 def claim_select(claim_lock: str = "") -> str:
     """The SELECT of the next task to claim (one row or none), with `?` placeholders for
-    (now, now, max_owner_share): the live leases are counted first, in subqueries, because
+    (now, now, now, max_owner_share): the live leases are counted first, in subqueries, because
     PostgreSQL's FOR UPDATE (`claim_lock`) cannot be combined with aggregates in the locking query."""
     return (
         "WITH live AS ("
@@ -43,12 +44,13 @@ def claim_select(claim_lock: str = "") -> str:
         f"WHERE lt.state = {_LEASED} AND lt.lease_expires > ? GROUP BY lj.{GROUP_KEY}, lt.job_id), "
         "by_group AS (SELECT grp, sum(n) AS n FROM live GROUP BY grp), "
         "total AS (SELECT coalesce(sum(n), 0) AS n FROM live) "
-        "SELECT t.job_id, t.idx, t.state, t.start_frame, t.end_frame, t.attempts, t.ready_time, t.lease_expires "
+        "SELECT t.job_id, t.idx, t.state, t.start_frame, t.end_frame, t.attempts, t.ready_time, t.lease_expires, "
+        "t.not_before, t.failing_since, t.failures, t.last_error "
         "FROM tasks t JOIN jobs j ON j.id = t.job_id "
         f"LEFT JOIN by_group g ON g.grp = j.{GROUP_KEY} "
         "LEFT JOIN live l ON l.job_id = t.job_id "
         "CROSS JOIN total "
-        f"WHERE {CLAIMABLE} "
+        f"WHERE {CLAIMABLE} AND t.not_before <= ? "
         "ORDER BY CASE WHEN coalesce(g.n, 0) + 1 > ? * (total.n + 1) THEN 1 ELSE 0 END, "
         f"CASE WHEN t.idx = {JOIN_INDEX} THEN 0 ELSE 1 END, "
         "coalesce(g.n, 0), coalesce(l.n, 0), j.create_time, t.job_id, t.idx "
@@ -56,6 +58,6 @@ def claim_select(claim_lock: str = "") -> str:
     )
 
 
-def claim_params(now: float, max_owner_share: float) -> tuple[float, float, float]:
+def claim_params(now: float, max_owner_share: float) -> tuple[float, float, float, float]:
     """The parameters of `claim_select`, in order. A share of 1.0 or more never puts anyone over."""
-    return (now, now, float(max_owner_share))
+    return (now, now, now, float(max_owner_share))

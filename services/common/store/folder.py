@@ -13,6 +13,8 @@ its `mkdir` and its write) is retried.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import shutil
@@ -24,12 +26,45 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from services.common.errors import NotFound
+from services.common.errors import NotFound, StorageFull, StoreUnavailable
 from services.common.store.blobs import BlobStore
 
 _TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")  # `.<name>.<uuid4 hex>.tmp`
 _COPY_BUFFER = 1024 * 1024
 _WRITE_ATTEMPTS = 5  # a concurrent delete_prefix may remove a just-made empty folder; try again
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+_READ_ONLY = frozenset({errno.EROFS})
+_REFUSED = frozenset({errno.EACCES, errno.EPERM})
+_UNREACHABLE = frozenset({errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.ETIMEDOUT, errno.EHOSTDOWN, errno.ENXIO, errno.ENODEV})
+
+
+def storage_error(url: str, exc: OSError, write: bool) -> StorageFull | StoreUnavailable | None:
+    """What a filesystem error of the blob store means to a caller, or None when it is not the
+    storage's fault (e.g. a bad key). Why: a full or read-only volume is an operator's problem that
+    passes, so the client gets RESOURCE_EXHAUSTED or UNAVAILABLE naming the store and what to do,
+    and render workers retry, instead of an INTERNAL that fails the job."""
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in _FULL:
+        return StorageFull(f"the blob store {url} is full ({reason}); free space or grow the volume, then retry")
+    if exc.errno in _READ_ONLY:
+        return StoreUnavailable(f"the blob store {url} is read-only ({reason}); mount it read-write, then retry")
+    if write and exc.errno in _REFUSED:
+        return StoreUnavailable(f"the blob store {url} refuses writes ({reason}); check the volume's permissions and mount, then retry")
+    if exc.errno in _UNREACHABLE:
+        return StoreUnavailable(f"the blob store {url} cannot be reached ({reason}); check the volume, then retry")
+    return None
+
+
+@contextlib.contextmanager
+def mapped_errors(url: str, write: bool) -> Iterator[None]:
+    """Raise storage_error's StorageFull/StoreUnavailable for an OSError that has one."""
+    try:
+        yield
+    except OSError as exc:
+        mapped = storage_error(url, exc, write)
+        if mapped is None:
+            raise
+        raise mapped from exc
 
 
 def check_key(key: str) -> str:
@@ -117,8 +152,14 @@ class FolderBlobStore(BlobStore):
         final = self._path(key)
         for attempt in range(_WRITE_ATTEMPTS):
             try:
-                final.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(final, fill)
+                with mapped_errors(self.url, write=True):
+                    try:
+                        final.parent.mkdir(parents=True, exist_ok=True)
+                        atomic_write(final, fill)  # removes its temporary file on any failure
+                    except OSError as exc:
+                        if storage_error(self.url, exc, write=True) is not None:
+                            self._remove_empty_folders({final.parent})  # leave no empty folder behind
+                        raise
                 return
             except FileNotFoundError:
                 # The folder vanished under us (a concurrent delete/delete_prefix removed it as empty).
@@ -130,7 +171,8 @@ class FolderBlobStore(BlobStore):
     def delete(self, key: str) -> None:
         path = self._path(key)
         try:
-            path.unlink()
+            with mapped_errors(self.url, write=True):
+                path.unlink()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return
         self._remove_empty_folders({path.parent})
@@ -141,7 +183,8 @@ class FolderBlobStore(BlobStore):
         for key in self.list(prefix):
             path = self.root / key
             try:
-                path.unlink()
+                with mapped_errors(self.url, write=True):
+                    path.unlink()
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 continue  # removed meanwhile by someone else
             removed += 1
@@ -165,7 +208,7 @@ class FolderBlobStore(BlobStore):
     # -- reads ------------------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes:
-        with self._open(key) as f:
+        with self._open(key) as f, mapped_errors(self.url, write=False):
             return f.read()
 
     def get_file(self, key: str, path: Path) -> None:
@@ -218,7 +261,8 @@ class FolderBlobStore(BlobStore):
 
     def _open(self, key: str) -> BinaryIO:
         try:
-            return open(self._path(key), "rb")
+            with mapped_errors(self.url, write=False):
+                return open(self._path(key), "rb")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise NotFound(f"blob not found: {key}") from None
 

@@ -118,6 +118,9 @@ class Task:
     lease_expires: float
     ready_time: float  # when the task last became claimable (created, unblocked, released
     # or its lease expired): claim time minus this = queue wait
+    failures: int = 0  # retryable failures reported by `release(..., error=...)` so far
+    failing_for_s: float = 0.0  # at the claim: how long since its first such failure (0 when none)
+    last_error: str = ""  # the last failure's message
 
     @property
     def is_join(self) -> bool:
@@ -202,7 +205,10 @@ class JobStore(abc.ABC):
         `max_owner_share` of the live leases (owners within their share go first; 1.0 = off).
         A task is claimable when WAITING, or LEASED with an expired lease. A task that would be claimed for attempt `max_attempts + 1` instead fails
         its job ("segment 3 of job X was started 3 times and never finished: ...") and the claim
-        goes on to the next. The first claim of a job makes it RUNNING (start_time set)."""
+        goes on to the next. A task released with a retry delay is not claimable before its
+        not-before time (other tasks are claimed meanwhile). The first claim of a job makes it
+        RUNNING (start_time set). Tasks whose job row no longer exists are never claimed (see
+        `purge_orphan_tasks`)."""
 
     @abc.abstractmethod
     def renew(self, task: Task, lease_s: float) -> bool:
@@ -221,9 +227,17 @@ class JobStore(abc.ABC):
         (only with the current lease, else False); tasks deleted."""
 
     @abc.abstractmethod
-    def release(self, task: Task, count_attempt: bool = True) -> None:
-        """Give a task back (WAITING) so another worker claims it: after a retryable failure
-        (count_attempt=True), or on a graceful shutdown (False: the attempt is not held against it)."""
+    def release(self, task: Task, count_attempt: bool = True, retry_delay_s: float = 0.0, error: str = "") -> None:
+        """Give a task back (WAITING) so another worker claims it, not before `retry_delay_s` from now.
+        `count_attempt` False: the claim is not held against `max_attempts` (a graceful shutdown,
+        or a retryable failure, which is bounded by time instead). `error` (a failure's message)
+        records the failure: the first one's time, their count and the last message come back in
+        the next claim's Task (failures, failing_for_s, last_error)."""
+
+    @abc.abstractmethod
+    def purge_orphan_tasks(self) -> int:
+        """Delete tasks whose job row no longer exists (a hand-deleted row, a partial restore); they
+        could never run and would count as waiting forever. Returns how many."""
 
     @abc.abstractmethod
     def job_tasks_active(self, job_id: str) -> bool:

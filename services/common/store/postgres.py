@@ -5,7 +5,10 @@ use, so the dead ones left by a database restart are replaced instead of failing
 lock the chosen task with SELECT ... FOR UPDATE SKIP LOCKED (workers never queue behind each other);
 leases and times use the database's clock, so workers with skewed clocks agree. Every job change
 sends NOTIFY lipline_jobs (payload: the job id) in its transaction; `PostgresChangeFeed` LISTENs.
-A database that cannot be reached raises StoreUnavailable within about POOL_TIMEOUT_S, never hangs.
+A database that cannot be reached raises StoreUnavailable within about POOL_TIMEOUT_S (2 s: shorter
+than the 5-10 s deadlines clients use, so they get a status instead of a timeout), never hangs; the
+pool keeps reconnecting with a back-off that restarts every RECONNECT_TIMEOUT_S, so work resumes
+within seconds of the database coming back, however long it was away.
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ from services.common.store.jobs import ChangeFeed
 T = TypeVar("T")
 _LOGGER = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 5
-POOL_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 2
+POOL_TIMEOUT_S = 2.0
+# psycopg_pool doubles its reconnection delay (1, 2, 4 ... s) until this, then gives up that attempt;
+# the next request starts a fresh one. Short, so the delay never grows past a few seconds.
+RECONNECT_TIMEOUT_S = 10.0
 # Detect a peer that vanished without closing (network partition, killed node) within ~30 s.
 CONNECT_KWARGS: dict[str, Any] = {
     "connect_timeout": CONNECT_TIMEOUT_S,
@@ -107,6 +113,7 @@ class PostgresJobStore(SqlJobStore):
             kwargs={**CONNECT_KWARGS, "autocommit": True, "row_factory": dict_row},
             check=self._check_connection,  # replaces connections a server restart killed
             timeout=pool_timeout_s,
+            reconnect_timeout=RECONNECT_TIMEOUT_S,
             name="lipline-jobs",
             open=True,  # connects in the background; the first call waits for it (at most timeout)
         )

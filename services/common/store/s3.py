@@ -16,8 +16,10 @@ or none. Files go up as streamed multipart uploads and come down as streams, nev
 
 Errors: a missing key raises NotFound; a server that cannot be reached (connection refused, timeouts,
 5xx after obstore's retries) or a missing bucket raises StoreUnavailable; anything else (e.g. denied
-credentials) is raised as obstore's own exception. obstore retries connection errors and 5xx itself,
-with exponential backoff, for at most `retry_timeout` (30 s here; obstore's default is 3 min).
+credentials) is raised as obstore's own exception; a server out of room or quota (507, QuotaExceeded)
+raises StorageFull. obstore retries connection errors and 5xx itself, with exponential backoff, for
+at most `retry_timeout` (5 s here; obstore's default is 3 min): callers hear of an outage fast, and
+render workers ride longer ones out with their own back-off.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import obstore
 import obstore.exceptions
 from obstore.store import S3Store
 
-from services.common.errors import NotFound, StoreUnavailable
+from services.common.errors import NotFound, StorageFull, StoreUnavailable
 from services.common.store.blobs import BlobStore
 from services.common.store.folder import atomic_write, check_key, check_prefix
 
@@ -48,7 +50,9 @@ DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
     "read_timeout": timedelta(seconds=120),
     "timeout": timedelta(hours=1),
 }
-DEFAULT_RETRY_CONFIG: dict[str, Any] = {"max_retries": 10, "retry_timeout": timedelta(seconds=30)}
+# Short: a caller that waits a minute for an unreachable store has timed out already. Outages longer
+# than this are the render workers' to ride out (they retry a task with back-off for retry_window_s).
+DEFAULT_RETRY_CONFIG: dict[str, Any] = {"max_retries": 4, "retry_timeout": timedelta(seconds=5)}
 
 _COPY_CHUNK = 1024 * 1024
 _LIST_BATCH = 1000
@@ -57,6 +61,9 @@ _UNREACHABLE = re.compile(
     r"HTTP error|error sending request|status code: 5\d\d|status: 5\d\d"
     r"|kind: (?:Connect|Request|Timeout|Interrupted|Body|Decode)\b|TimedOut|timed out|Connection (?:refused|reset)"
 )
+# S3 and S3-compatible servers saying "no room": 507 Insufficient Storage (MinIO's XMinioStorageFull),
+# quota errors of Ceph RGW (QuotaExceeded) and others.
+_FULL = re.compile(r"status(?: code)?: 507|Insufficient Storage|XMinioStorageFull|QuotaExceeded|StorageFull", re.I)
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -242,9 +249,11 @@ class S3BlobStore(BlobStore):
             if "NoSuchBucket" in message or write:
                 return StoreUnavailable(f"S3 blob store {self.url}: bucket {self.bucket!r} not found")
             return NotFound(f"blob not found: {key}")
+        if isinstance(e, obstore.exceptions.BaseError) and _FULL.search(message):
+            return StorageFull(f"the S3 blob store {self.url} is full (a quota or no space left); free space or raise the quota, then retry")
         if isinstance(e, obstore.exceptions.BaseError) and _UNREACHABLE.search(message):
             first_line = message.split("\n", 1)[0][:300]
-            return StoreUnavailable(f"S3 blob store {self.url} cannot be reached: {first_line}")
+            return StoreUnavailable(f"the S3 blob store {self.url} cannot be reached ({first_line}); check the endpoint and the network, then retry")
         return e
 
 

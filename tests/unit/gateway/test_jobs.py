@@ -98,3 +98,15 @@ def test_segment_bounds(total: int, size: int, bounds: list[tuple[int, int]]) ->
     if bounds:
         assert bounds[0][0] == 0 and bounds[-1][1] == total
         assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [({"options": b"\xff\xff\xff"}, "its options are not a JobOptions"), ({"models": [{"name": "x", "colour": "red"}]}, "its models field")],
+)
+def test_a_stored_field_that_cannot_be_shown_is_data_loss_not_internal(fields: dict, words: str) -> None:
+    from services.common.errors import CorruptRecord
+
+    with pytest.raises(CorruptRecord, match=words) as info:
+        job_to_proto(dataclasses.replace(JOB, **fields))
+    assert info.value.code == grpc.StatusCode.DATA_LOSS and "'j1'" in str(info.value)
