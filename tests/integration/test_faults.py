@@ -31,7 +31,7 @@ from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.helpers.mounts import fill, set_read_only, try_mount_tmpfs, unmount
 from tests.integration.test_stage_drain import speech
-from tests.integration.util import SAMPLES, eventually, health_status, logs_of
+from tests.integration.util import SAMPLES, eventually, health_status, logs_of, start_cluster
 
 WORKER = ["--lease-s=2", "--heartbeat-s=0.25", "--poll-s=0.05", "--loop-stall-s=3", "--retry-window-s=60", "--retry-backoff-max-s=2"]
 SUCCEEDED, FAILED = gateway_pb2.JOB_STATE_SUCCEEDED, gateway_pb2.JOB_STATE_FAILED
@@ -305,13 +305,7 @@ def test_postgres_down_mid_job_answers_unavailable_fast_and_the_job_finishes(tmp
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
-    with PostgresServer() as pg:
-        cluster = LocalCluster(tmp_path, job_store=pg.url, extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER})
-        try:
-            cluster.__enter__()
-        except BaseException:
-            print(logs_of(cluster))
-            raise
+    with PostgresServer() as pg, start_cluster(tmp_path, job_store=pg.url, extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER}) as cluster:
         try:
             with LiplineClient(cluster.gateway_address, timeout=240) as client:
                 photo = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
@@ -339,5 +333,3 @@ def test_postgres_down_mid_job_answers_unavailable_fast_and_the_job_finishes(tmp
         except BaseException:
             print(logs_of(cluster))
             raise
-        finally:
-            cluster.stop()
