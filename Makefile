@@ -35,10 +35,10 @@ IMAGE_REGISTRY ?= ghcr.io/lipline
 IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' helm/lipline/Chart.yaml)
 CPU_BASE ?= python:3.11-slim-bookworm
 CPU_TORCH ?= https://download.pytorch.org/whl/cpu
-# The images: one per stage of the registry (services/common/stages.py, standard library only).
+# The images: one per stage of the registry (services/serving/stages.py, standard library only).
 STAGES_PY := $(firstword $(wildcard $(PY)) python3)
-CPU_IMAGES = $(shell $(STAGES_PY) -m services.common.stages --cpu)
-GPU_IMAGES = $(shell $(STAGES_PY) -m services.common.stages --gpu)
+CPU_IMAGES = $(shell $(STAGES_PY) -m services.serving.stages --cpu)
+GPU_IMAGES = $(shell $(STAGES_PY) -m services.serving.stages --gpu)
 
 images: ## lint services/Dockerfile (hadolint) and build one image per stage (needs a Docker engine): $(IMAGE_REGISTRY)/lipline-<service>:$(IMAGE_TAG)
 	@if [ -x $(PY) ]; then $(PY) scripts/install_hadolint.py .venv/bin/hadolint && .venv/bin/hadolint services/Dockerfile; \

@@ -33,7 +33,7 @@ import av
 import cv2
 import numpy as np
 
-from services.common.audio_decode import decode_audio
+from services.media.audio import decode_audio
 from services.local.cluster import LocalCluster
 
 SAMPLES = REPO / "samples"

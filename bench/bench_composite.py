@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Compositing cost per output frame: the gateway's BGR path against the render worker's I420 path.
 
-(a) old: ``to_yuv420(paste_face(bgr_frame, face, box))`` (services.common.media): blend the face
+(a) old: ``to_yuv420(paste_face(bgr_frame, face, box))`` (services.media.decode): blend the face
     into a copy of the full BGR frame, then convert the whole frame to I420.
 (b) new: ``Compositor.frame(i, face)`` (services.render.composite): copy the avatar frame cached in
     I420 and blend only the planes of the box's lower half (the rows the lip-sync model regenerates).
@@ -41,7 +41,9 @@ if __package__ in (None, ""):
 import cv2
 import numpy as np
 
-from services.common.media import paste_face, to_yuv420
+from services.render.reference import paste_face
+
+from services.render.mp4 import to_yuv420
 from services.render.composite import Compositor, I420Frames, chroma_siting
 
 

@@ -7,9 +7,9 @@ the same processes and flags as `python -m services.local`), then through the pu
 1. CreateAvatar with a template video (timed on its own: decode + face detection of every frame).
    The template is samples/avatar.jpg placed in a --width x --height frame on a plain gradient and
    swaying a few pixels per frame (so every frame is different), --template-seconds long at --fps,
-   encoded with services.common.media.Mp4Writer. The job's frames loop over it.
+   encoded with services.render.mp4.Mp4Writer. The job's frames loop over it.
 2. SubmitJob with --audio-seconds of speech: samples/speech.wav decoded (resampled to --audio-rate
-   with services.common.audio_decode.decode_audio), repeated to length and written as a 16-bit WAV.
+   with services.media.audio.decode_audio), repeated to length and written as a 16-bit WAV.
 3. WatchJob until it is finished; "SubmitJob -> MP4 ready" is the client's wall time from sending
    SubmitJob to the SUCCEEDED event (queueing included). Then DownloadOutput, and probe_media checks
    the MP4 (H.264 + AAC, frame count, size).
@@ -29,7 +29,7 @@ is visible. GPU utilisation is sampled with nvidia-smi during each measured run.
 With --replicas 2 --gpus 0,1 this is the "jobs per minute on two GPUs" number.
 
 Weights (speed does not depend on the values):
-* lipsync: a seeded synthetic Wav2Lip checkpoint (services.common.checkpoints.seeded_state_dict)
+* lipsync: a seeded synthetic Wav2Lip checkpoint (services.inference.checkpoints.seeded_state_dict)
   unless --checkpoint is given; --procedural runs the weight-free stand-in model instead.
 * superres: a seeded realesr-general-x4v3 (SRVGGNetCompact, 32 convs, x4) in Real-ESRGAN's file
   format ({"params": ...}) unless --sr-checkpoint is given; --no-sr-weights uses the Lanczos fallback.
@@ -100,7 +100,7 @@ def build_template(path: Path, width: int, height: int, fps: float, seconds: flo
     """samples/avatar.jpg on a gradient, swaying slightly, as an H.264 MP4; returns the frame count."""
     import cv2
 
-    from services.common.media import Mp4Writer
+    from services.render.mp4 import Mp4Writer
 
     face = cv2.imread(str(SAMPLES / "avatar.jpg"))
     if face is None:
@@ -128,7 +128,7 @@ def build_template(path: Path, width: int, height: int, fps: float, seconds: flo
 
 def build_speech(seconds: float, rate: int) -> bytes:
     """samples/speech.wav resampled to `rate`, repeated to `seconds`, as a mono 16-bit WAV file."""
-    from services.common.audio_decode import decode_audio
+    from services.media.audio import decode_audio
 
     clip = decode_audio((SAMPLES / "speech.wav").read_bytes(), rate)
     total = round(seconds * rate)
@@ -148,7 +148,7 @@ def build_speech(seconds: float, rate: int) -> bytes:
 
 
 def environment(device: str) -> dict:
-    from services.common.encoder_threads import usable_cpus
+    from services.render.encoder_threads import usable_cpus
 
     info: dict = {"python": platform.python_version(), "machine": platform.machine(), "cpus": usable_cpus()}
     try:
@@ -203,7 +203,7 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
 def run(args: argparse.Namespace, workdir: Path) -> dict:
     from lipline.v1 import gateway_pb2
     from services.gateway.client import LiplineClient, progress_printer
-    from services.common.media import probe_media
+    from services.media.probe import probe_media
     from services.local.cluster import LocalCluster
 
     result: dict = {
@@ -617,7 +617,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--jobs must be at least 1 and --concurrency at least 0")
     args.concurrency = min(args.concurrency or args.jobs, args.jobs)
     if not args.workers:
-        from services.common.encoder_threads import usable_cpus
+        from services.render.encoder_threads import usable_cpus
 
         args.workers = max(2, usable_cpus())
     return args

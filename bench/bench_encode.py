@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""H.264 encoding throughput of the gateway's writer (services.common.media.Mp4Writer), without the stages.
+"""H.264 encoding throughput of the render workers' writer (services.render.mp4.Mp4Writer), without the stages.
 
 Why: on the H200 host the 60 s 720p job spent 3.5 ms per frame in the encoder thread with x264's
 `veryfast` and `superfast` presets alike, which says the limit is not x264's own work. This runs
@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 
 import numpy as np
 
-from services.common.media import Mp4Writer, to_yuv420
+from services.render.mp4 import Mp4Writer, to_yuv420
 
 
 def synthetic_frames(count: int, width: int, height: int) -> list[np.ndarray]:

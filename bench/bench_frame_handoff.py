@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 
 import numpy as np
 
-from services.common.media import Mp4Writer
+from services.render.mp4 import Mp4Writer
 from services.render.composite import Compositor, I420Frames
 
 

@@ -52,7 +52,7 @@ import grpc
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_items
+from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 from services.local.process import ServiceProcess, start
 
 # What `python -m services.lipsync` (and services.superres) imports beyond this script's own needs
@@ -74,7 +74,7 @@ def check_service_imports() -> list[str]:
 def write_seeded_checkpoint(path: Path) -> None:
     import torch
 
-    from services.common.checkpoints import seeded_state_dict
+    from services.inference.checkpoints import seeded_state_dict
     from services.lipsync.wav2lip import Wav2Lip
 
     model = Wav2Lip()

@@ -28,9 +28,9 @@ if __package__ in (None, ""):
 import numpy as np
 import torch
 
-from services.common.backends import make_backend
-from services.common.checkpoints import seeded_state_dict
-from services.common.codec import image_to_proto, mel_from_bytes, mel_to_bytes
+from services.inference.backends import make_backend
+from services.inference.checkpoints import seeded_state_dict
+from services.media.wire import image_to_proto, mel_from_bytes, mel_to_bytes
 from services.lipsync import prep
 from services.lipsync.wav2lip import Wav2Lip
 

@@ -2,7 +2,7 @@
 """Model-only throughput of the lipsync generator (Wav2Lip) and the SR net (SRVGGNetCompact x4).
 
 One command; prints a markdown table and (with --out) writes the same rows as JSON. Each row is a
-backend configuration (services.common.backends.make_backend) measured at each batch size:
+backend configuration (services.inference.backends.make_backend) measured at each batch size:
 
 * `model items/s`: the backend's device-side call (inputs already on the device, output left
   there) timed with torch.cuda.synchronize + perf_counter over chunks of iterations for a fixed
@@ -12,7 +12,7 @@ backend configuration (services.common.backends.make_backend) measured at each b
 * `rel err`: ||out - ref|| / ||ref|| against a strict-fp32 reference (TF32 off) of the same model
   on the same inputs; `max Δu8`: the largest difference in uint8 levels (what a pasted face shows).
 
-Weights are synthetic (services.common.checkpoints.seeded_state_dict) unless --wav2lip-checkpoint
+Weights are synthetic (services.inference.checkpoints.seeded_state_dict) unless --wav2lip-checkpoint
 is given: speed does not depend on the values, but with seeded weights the outputs sit close to
 0.5, so the error columns are a smoke test, not a quality statement.
 
@@ -46,8 +46,8 @@ if __package__ in (None, ""):  # `python bench/bench_models.py` from the reposit
 import torch
 from torch import nn
 
-from services.common.backends import Backend, CompiledBackend, make_backend, reference_output, relative_error
-from services.common.checkpoints import seeded_state_dict
+from services.inference.backends import Backend, CompiledBackend, make_backend, reference_output, relative_error
+from services.inference.checkpoints import seeded_state_dict
 
 InputsFn = Callable[[int], tuple[torch.Tensor, ...]]
 

@@ -57,7 +57,7 @@ from bench.bench_lipsync_grpc import (
     serving_flags,
 )
 from lipline.v1 import superres_pb2, superres_pb2_grpc
-from services.common.codec import image_to_proto
+from services.media.wire import image_to_proto
 
 CROP_SIDE = 96  # the lipsync stage's output
 
@@ -66,7 +66,7 @@ def write_seeded_checkpoint(path: Path, model_name: str) -> None:
     """`model_name`'s architecture with seeded weights, in Real-ESRGAN's file layout ({"params": ...})."""
     import torch
 
-    from services.common.checkpoints import seeded_state_dict
+    from services.inference.checkpoints import seeded_state_dict
     from services.superres.models import create_sr_model
 
     torch.save({"params": seeded_state_dict(create_sr_model(model_name))}, path)

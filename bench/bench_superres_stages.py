@@ -31,11 +31,11 @@ import torch
 from bench.bench_lipsync_stages import add_stage_args, device_and_batch, report, timed
 from bench.bench_superres_grpc import parse_size
 from lipline.v1 import superres_pb2
-from services.common.backends import make_backend
-from services.common.codec import image_from_proto, image_to_proto
+from services.inference.backends import make_backend
+from services.media.wire import image_from_proto, image_to_proto
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.models import create_sr_model
-from services.superres.process import ModelUpscaler
+from services.superres.upscaler import ModelUpscaler
 from services.superres.service import upscale_response
 
 ITEMS_PER_MESSAGE = 32  # what the gateway sends

@@ -45,8 +45,8 @@ services)  # the default backend (auto: fp16 + folded BN + CUDA graphs), batches
   KEEP=("$@")
   name=tests; if wanted "${KEEP[@]}"; then
     # (the device lacks psycopg, kubernetes and opentelemetry-sdk: those modules have no GPU tests)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit --ignore=tests/unit/common/store \
-      --ignore=tests/unit/common/test_discovery.py --ignore=tests/unit/render/test_tracing.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit --ignore=tests/unit/jobs/store \
+      --ignore=tests/unit/serving/test_discovery.py --ignore=tests/unit/render/test_tracing.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
   fi
   name=lipsync-d2-r1; lipsync $name --streams 64 --procs 8 --pipeline-depth 2
   name=lipsync-d2-r2-gpu00; lipsync $name --streams 96 --procs 12 --replicas 2 --gpus 0,0 --pipeline-depth 2
@@ -93,7 +93,7 @@ aac)  # the AAC encoder alone (a job's audio task): 60 s of mono 48 kHz
 import os, tempfile, time
 from pathlib import Path
 import numpy as np
-from services.common.media import MUX_AUDIO_RATE, encode_aac
+from services.media.decode import MUX_AUDIO_RATE, encode_aac
 pcm = (np.random.default_rng(0).standard_normal(60 * MUX_AUDIO_RATE) * 0.1).astype(np.float32)
 for _ in range(3):
     t = time.perf_counter(); encode_aac(pcm, MUX_AUDIO_RATE, Path(tempfile.mkdtemp()) / "a.m4a")

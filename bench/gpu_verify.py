@@ -49,7 +49,7 @@ def generate_once(address: str) -> int:
     import numpy as np
 
     from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc
-    from services.common.codec import image_to_proto, pack_generate_items
+    from services.media.wire import image_to_proto, pack_generate_items
 
     face = np.random.default_rng(0).integers(0, 255, (96, 96, 3), np.uint8)
     mel = np.zeros((80, 16), "<f2").tobytes()

@@ -1,7 +1,7 @@
 """Write helm/lipline/values.schema.json: the chart's values, with each stage's `config` keys taken
 from the service's own settings dataclass, so that a typo in a value fails `helm install`.
 
-The stages and their settings classes come from the registry (services/common/stages.py). A stage
+The stages and their settings classes come from the registry (services/serving/stages.py). A stage
 the registry does not know (one's own image, say) still validates with the same per-stage keys; its
 `config` is then any LIPLINE_* setting, since its settings class is not known here.
 
@@ -48,7 +48,7 @@ def settings_classes() -> dict[str, type]:
     """Each stage's settings dataclass (what `stages.<stage>.config` may set)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from services.common.stages import STAGES
+    from services.serving.stages import STAGES
 
     classes = {}
     for stage in STAGES.values():
@@ -490,7 +490,7 @@ def _grpc_route_schema() -> dict[str, Any]:
 
 def build() -> dict[str, Any]:
     settings = settings_classes()
-    from services.common.config import ServiceSettings
+    from services.serving.settings import ServiceSettings
 
     enabled = {"type": "object", "additionalProperties": False, "properties": {"enabled": {"type": "boolean"}}}
     return {

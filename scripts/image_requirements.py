@@ -11,7 +11,7 @@ theirs also leave out torch and what only torch needs, the ONNX export tools and
 pipeline (librosa and its scientific stack; mel windows come from the audio service). The audio
 image leaves out torch too: its mel pipeline is librosa and numpy.
 
-Only the GPU images (the stages with `gpu` in services/common/stages.py, the registry: lipsync and
+Only the GPU images (the stages with `gpu` in services/serving/stages.py, the registry: lipsync and
 superres; `gpu` > 0 in the chart, RUNTIME=gpu in the Dockerfile) get
 NVML's bindings, and `--check` there also wants what torch.compile needs at run time: a C compiler
 (`cc`) and the Python headers (Triton builds its launcher with them). A GPU-only package that is not
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python3 scripts/image_requirements.py`: the registry beside it
     sys.path.insert(0, str(REPO))
 
-from services.common.stages import STAGES, gpu_stages
+from services.serving.stages import STAGES, gpu_stages
 
 # Only the tests, the chart checks and the build need these.
 DEV = frozenset(
@@ -85,9 +85,9 @@ MEL = frozenset(
     }
 )
 
-# NVML's Python bindings (`import pynvml`, services/common/metrics.py): the GPU metrics, GPU images only.
+# NVML's Python bindings (`import pynvml`, services/serving/metrics.py): the GPU metrics, GPU images only.
 GPU_ONLY = frozenset({"nvidia-ml-py"})
-# The images that run on a GPU (the registry's; the chart's stages with `gpu` > 0, tests/unit/common/test_stages.py checks).
+# The images that run on a GPU (the registry's; the chart's stages with `gpu` > 0, tests/unit/serving/test_stages.py checks).
 GPU_SERVICES = frozenset(gpu_stages())
 
 EXCLUDED: dict[str, frozenset[str]] = {

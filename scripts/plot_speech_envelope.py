@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.audio.mel import MelExtractor
-from services.common.speech import speech_envelope
+from services.media.speech import speech_envelope
 from services.lipsync.procedural import ProceduralLipSync
 from tests.helpers.speech_signals import FPS, clean_speech, speech_frames, variants
 

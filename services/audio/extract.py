@@ -29,9 +29,9 @@ from multiprocessing.process import BaseProcess
 import numpy as np
 
 from services.audio.mel import SAMPLE_RATE, MelExtractor
-from services.common.audio_decode import decode_audio
-from services.common.errors import InvalidMedia
-from services.common.native_threads import one_thread_per_process
+from services.media.audio import decode_audio
+from services.serving.errors import InvalidMedia
+from services.serving.native_threads import one_thread_per_process
 
 _LOGGER = logging.getLogger(__name__)
 MAX_PROCESSES = 64

@@ -16,7 +16,7 @@ import librosa
 import numpy as np
 from scipy import signal as sps
 
-from services.common.errors import InvalidMedia
+from services.serving.errors import InvalidMedia
 
 SAMPLE_RATE = 16000
 N_FFT = 800

@@ -11,13 +11,13 @@ import grpc
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc, common_pb2
 from services.audio.extract import MAX_PROCESSES, SAMPLE_RATE, ClipExtractor, ExtractFn, decode_and_extract
-from services.common.codec import MEL_BANDS, MEL_STEP, mel_to_bytes
-from services.common.config import ServiceSettings, _field
-from services.common.errors import InvalidMedia, InvalidRequest, TooLarge
-from services.common.metrics import Metrics
-from services.common.server import Service
-from services.common.stages import STAGES
-from services.common.streams import message_budget
+from services.media.wire import MEL_BANDS, MEL_STEP, mel_to_bytes
+from services.serving.settings import ServiceSettings, _field
+from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
+from services.serving.metrics import Metrics
+from services.serving.server import Service
+from services.serving.stages import STAGES
+from services.serving.streams import message_budget
 
 _LOGGER = logging.getLogger(__name__)
 # One MelWindow on the wire: its 2,560 bytes of float16 plus the frame index and the field tags.

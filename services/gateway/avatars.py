@@ -17,15 +17,15 @@ import grpc
 import numpy as np
 
 from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc
-from services.common.avatars import AvatarMeta, prefix, save_avatar_files
-from services.common.channels import StageFailed, stage_error_message
-from services.common.codec import image_to_proto
-from services.common.crops import IMG_SIZE, Box, crop_and_resize
-from services.common.errors import InvalidMedia, NotReady
-from services.common.store.blobs import BlobStore
-from services.common.store.jobs import AvatarRecord
-from services.common.tracing import outgoing_metadata
-from services.common.media import AvatarFrames, open_avatar
+from services.jobs.avatars import AvatarMeta, prefix, save_avatar_files
+from services.serving.channels import StageFailed, stage_error_message
+from services.media.wire import image_to_proto
+from services.media.crops import IMG_SIZE, Box, crop_and_resize
+from services.serving.errors import InvalidMedia, NotReady
+from services.jobs.store.blobs import BlobStore
+from services.jobs.store.jobs import AvatarRecord
+from services.serving.tracing import outgoing_metadata
+from services.media.decode import AvatarFrames, open_avatar
 
 FRAMES_PER_MESSAGE = 8
 MESSAGE_BYTES = 16 * 1024 * 1024  # fewer frames per message above this (1080p: 2 frames, not 8)

@@ -15,9 +15,9 @@ import asyncio
 import contextlib
 import logging
 
-from services.common.avatars import prefix
-from services.common.store.blobs import BlobStore
-from services.common.store.jobs import JobStore
+from services.jobs.avatars import prefix
+from services.jobs.store.blobs import BlobStore
+from services.jobs.store.jobs import JobStore
 
 _LOGGER = logging.getLogger(__name__)
 PURGE_BATCH = 100  # avatars per round: a backlog is worked off over a few rounds

@@ -8,8 +8,8 @@ from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import common_pb2, gateway_pb2
-from services.common.errors import CorruptRecord
-from services.common.store.jobs import Job, JobState
+from services.serving.errors import CorruptRecord
+from services.jobs.store.jobs import Job, JobState
 
 
 def _timestamp(seconds: float) -> Timestamp:

@@ -8,7 +8,7 @@ Every request field is bounded before it costs anything: ids that cannot exist (
 characters, or characters an id never has) are NOT_FOUND without a store read, names are at most
 MAX_NAME_CHARS, audio and avatar uploads have byte limits, options have ranges, and responses have a
 size bound (ListAvatars at most MAX_LIST_AVATARS, DownloadOutput chunks within DOWNLOAD_CHUNK_*).
-Per client (services.common.interceptor: the API key's tenant, else the x-api-key metadata or the
+Per client (services.serving.interceptor: the API key's tenant, else the x-api-key metadata or the
 IP address) the interceptor caps concurrent calls and SubmitJob caps queued + running jobs.
 
 Tenants: every avatar and job belongs to the caller's tenant (`TENANT`, set by the interceptor), and
@@ -33,17 +33,17 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb2_grpc
-from services.common.avatars import content_hash, is_avatar_id, new_avatar_id, prefix
-from services.common.discovery import DiscoveredStageClients
-from services.common.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
-from services.common.interceptor import CLIENT_ID, REQUEST_ID, TENANT
-from services.common.integrity import OutputCheck, damaged
-from services.common.jobkeys import job_prefix, output_key
-from services.common.server import Service
-from services.common.store import close_stores, open_stores
-from services.common.store.jobs import AvatarRecord, JobState, NewJob
-from services.common.tenants import IMPLICIT_TENANT
-from services.common.tracing import context_carrier
+from services.jobs.avatars import content_hash, is_avatar_id, new_avatar_id, prefix
+from services.serving.discovery import DiscoveredStageClients
+from services.serving.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
+from services.serving.interceptor import CLIENT_ID, REQUEST_ID, TENANT
+from services.jobs.integrity import OutputCheck, damaged
+from services.jobs.layout import job_prefix, output_key
+from services.serving.server import Service
+from services.jobs.store import close_stores, open_stores
+from services.jobs.store.jobs import AvatarRecord, JobState, NewJob
+from services.serving.tenants import IMPLICIT_TENANT
+from services.serving.tracing import context_carrier
 from services.gateway.avatars import create_avatar
 from services.gateway.janitor import AvatarJanitor, purge_deleted_avatars
 from services.gateway.jobs import job_to_proto
@@ -288,7 +288,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         client that stops reading holds a few chunks of the gateway's memory (~4 MiB), however large
         the output (tests/integration/test_fairness.py measures it).
 
-        Integrity (services.common.integrity): a stored size other than the job's output_bytes ends
+        Integrity (services.jobs.integrity): a stored size other than the job's output_bytes ends
         the call DATA_LOSS before the first chunk; bytes whose sha256 differs from the one the join
         recorded end it DATA_LOSS after the last (a client must discard what it got)."""
         svc = self._svc

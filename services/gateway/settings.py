@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import StoreSettings, _field, address_field
-from services.common.stages import STAGES
+from services.serving.settings import StoreSettings, _field, address_field
+from services.serving.stages import STAGES
 
 
 @dataclasses.dataclass(frozen=True)

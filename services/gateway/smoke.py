@@ -17,7 +17,7 @@ import grpc
 
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient, render_file
-from services.common.media import probe_media
+from services.media.probe import probe_media
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 

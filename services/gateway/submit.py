@@ -1,7 +1,7 @@
 """SubmitJob's work, done once per job before it is queued: the audio stage decodes the upload (its
 checks and limits, in a child process) and makes the mel windows; they are stored with the upload
 where the render workers read them (the AAC track is the job's audio task, on a worker:
-services.common.jobkeys).
+services.jobs.layout).
 
 The gateway does not decode the upload itself: FFmpeg runs in the audio stage's child processes,
 where a decoder crash costs one child, not the gateway and every stream it holds; and in a process
@@ -22,14 +22,14 @@ import grpc
 import numpy as np
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc
-from services.common.channels import StageFailed
-from services.common.codec import MEL_BANDS, MEL_BYTES, MEL_STEP
-from services.common.errors import InvalidMedia, TooLarge
-from services.common.jobkeys import AUDIO_TASK, mels_key, task_ranges, upload_key
-from services.common.segment_audio import pack_segment_audio
-from services.common.speech import speech_envelope
-from services.common.store.blobs import BlobStore
-from services.common.tracing import outgoing_metadata
+from services.serving.channels import StageFailed
+from services.media.wire import MEL_BANDS, MEL_BYTES, MEL_STEP
+from services.serving.errors import InvalidMedia, TooLarge
+from services.jobs.layout import AUDIO_TASK, mels_key, task_ranges, upload_key
+from services.jobs.segment_audio import pack_segment_audio
+from services.media.speech import speech_envelope
+from services.jobs.store.blobs import BlobStore
+from services.serving.tracing import outgoing_metadata
 from services.gateway.jobs import segment_bounds
 
 _CHUNK = 1 << 20

@@ -1,6 +1,6 @@
 """`python -m services.lipsync`: run the lipsync stage."""
 
-from services.common.server import run
+from services.serving.server import run
 from services.lipsync.service import LipSyncService, LipSyncSettings
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from services.common.crops import Box
+from services.media.crops import Box
 from services.lipsync.faces import prepare_boxes
 from services.lipsync.occlusion import (
     OcclusionConfig,

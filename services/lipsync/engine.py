@@ -22,11 +22,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from services.common.backends import Backend
-from services.common.codec import MEL_BANDS, MEL_STEP
-from services.common.batch_engine import DeviceBatchEngine, Part
-from services.common.device import group_rows_by_size
-from services.common.errors import InvalidRequest, TooLarge
+from services.inference.backends import Backend
+from services.media.wire import MEL_BANDS, MEL_STEP
+from services.inference.engine import DeviceBatchEngine, Part
+from services.inference.device import group_rows_by_size
+from services.serving.errors import InvalidRequest, TooLarge
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 
 MEL_SHAPE = (MEL_BANDS, MEL_STEP)

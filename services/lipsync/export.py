@@ -5,7 +5,7 @@
 
 Graph: inputs `mel` (B, 1, 80, 16) and `face` (B, 6, 96, 96), output `pred` (B, 3, 96, 96), B dynamic.
 BatchNorm is folded into the convolutions by default (the inference graph every backend runs); the
-check always compares against the unfolded eval-mode model. Exit codes: see services.common.onnx_check.
+check always compares against the unfolded eval-mode model. Exit codes: see services.inference.onnx_export.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from services.common.folding import fold_conv_bn
-from services.common.onnx_check import ExportReport, add_common_arguments, export_verified, run_cli, seeded
+from services.inference.folding import fold_conv_bn
+from services.inference.onnx_export import ExportReport, add_common_arguments, export_verified, run_cli, seeded
 from services.lipsync.wav2lip import WAV2LIP_INFO, Wav2Lip, load_wav2lip
 
 INPUT_NAMES = ("mel", "face")

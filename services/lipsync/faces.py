@@ -15,7 +15,7 @@ from typing import Protocol
 import cv2
 import numpy as np
 
-from services.common.crops import Box  # (x1, y1, x2, y2), x2/y2 exclusive; re-exported
+from services.media.crops import Box  # (x1, y1, x2, y2), x2/y2 exclusive; re-exported
 
 __all__ = [
     "Box",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from services.common.crops import Box
+from services.media.crops import Box
 from services.lipsync.faces import DEFAULT_PADS, prepare_boxes
 
 __all__ = ["OcclusionConfig", "final_boxes", "lower_face_scores", "mouth_covered", "scores_from_features", "second_pass_boxes", "visible_boxes"]

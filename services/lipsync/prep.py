@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import torch
 
-from services.common.crops import IMG_SIZE, crop_and_resize
+from services.media.crops import IMG_SIZE, crop_and_resize
 
 __all__ = [
     "IMG_SIZE",

@@ -3,7 +3,7 @@
 Used when no Wav2Lip checkpoint is configured, so the service and demo still produce a visibly
 talking face. Same tensor contract as `Wav2Lip`: mel windows (B, 1, 80, 16) in [-4, 4] and faces
 (B, 6, 96, 96) in [0, 1] -> (B, 3, 96, 96) in [0, 1], BGR; plus an optional third input, the clip's
-speech envelope (B,) in [0, 1] (services/common/speech.py: normalised per clip, gated on its noise
+speech envelope (B,) in [0, 1] (services/media/speech.py: normalised per clip, gated on its noise
 floor, attack/release smoothed), NaN where a client sent none. The opening is that envelope; only
 without it does the model fall back to the window's own absolute loudness (which cannot tell noise
 from quiet speech, docs/quality.md). Pure torch, batched, deterministic, runs on any device.
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.common.speech import FRAME_COLUMNS, SPEECH_BANDS
+from services.media.speech import FRAME_COLUMNS, SPEECH_BANDS
 
 __all__ = ["ProceduralLipSync"]
 
@@ -52,7 +52,7 @@ LIP_VALLEY = 3
 LIP_PRIOR_Y = 64.0
 LIP_PRIOR = 1.0 / 255.0
 
-# Without an envelope, the window's own speech-band level (services.common.speech's bands and
+# Without an envelope, the window's own speech-band level (services.media.speech's bands and
 # columns: the frame's first 50 ms, in sync with the picture) in Wav2Lip's [-4, 4] scale (-4 = -100
 # dB). Measured on synthetic signals: a -60..-50 dBFS noise floor averages -3.1..-2.3, voiced speech
 # at -30/-20 dBFS about -1.6/-0.85. Below CLOSED_LEVEL the mouth is shut; at OPEN_LEVEL and above open.

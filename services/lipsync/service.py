@@ -13,14 +13,14 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.common.backends import Backend
-from services.common.codec import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items, unpack_speech
-from services.common.config import ModelStageSettings, _field
-from services.common.errors import FailedPrecondition, InvalidRequest, TooLarge
-from services.common.model_stage import Keys, ModelStage, StageServicer, model_stream
-from services.common.packed import PackedImages
-from services.common.request_bounds import check_items_per_message, check_output_bytes
-from services.common.stages import STAGES
+from services.inference.backends import Backend
+from services.media.wire import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items, unpack_speech
+from services.serving.settings import ModelStageSettings, _field
+from services.serving.errors import FailedPrecondition, InvalidRequest, TooLarge
+from services.inference.stage import Keys, ModelStage, StageServicer, model_stream
+from services.media.packed import PackedImages
+from services.inference.request_bounds import check_items_per_message, check_output_bytes
+from services.serving.stages import STAGES
 from services.lipsync import prep
 from services.lipsync.engine import MEL_SHAPE, GenerateChunk, LipSyncEngine
 from services.lipsync.detect_stream import FaceStream

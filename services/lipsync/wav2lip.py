@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from services.common.checkpoints import clean_state_dict, load_strict, read_checkpoint
+from services.inference.checkpoints import clean_state_dict, load_strict, read_checkpoint
 
 __all__ = [
     "WAV2LIP_INFO",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient, render_file
-from services.common.media import probe_media
+from services.media.probe import probe_media
 from services.local.cluster import REPO_ROOT, LocalCluster
 
 

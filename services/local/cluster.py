@@ -2,7 +2,7 @@
 
 Used by the demo (`python -m services.local`) and the integration tests: the same processes, the
 same flags and the same health checks as in a pod, just on one machine: every stage of the registry
-(services.common.stages), one or more gateways and two or more render workers, sharing the embedded
+(services.serving.stages), one or more gateways and two or more render workers, sharing the embedded
 stores (an SQLite file and a local folder) or the ones given (a PostgreSQL DSN, S3). Ports are picked
 by the OS (port 0) and read back from each service's --port-file once it reports SERVING
 (services.local.process, which the benchmarks use too).
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.stages import STAGES as REGISTRY
-from services.common.stages import called_stages, start_order
+from services.serving.stages import STAGES as REGISTRY
+from services.serving.stages import called_stages, start_order
 from services.local.process import REPO_ROOT, ServiceProcess, start
 
 __all__ = ["CALLS", "REPO_ROOT", "STAGES", "LocalCluster", "ServiceProcess"]
@@ -65,7 +65,7 @@ class LocalCluster:
         return [self.processes[n].address for n in self.replica_names("gateway")]
 
     def __enter__(self) -> LocalCluster:
-        """Start the stages wave by wave (services.common.stages.start_order): callers after what they call."""
+        """Start the stages wave by wave (services.serving.stages.start_order): callers after what they call."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             for wave in start_order():

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.stages import stage as registered
+from services.serving.stages import stage as registered
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,7 +100,7 @@ def start(
 
     Args:
         name: the process's name (a replica: "<stage>-<i>"); names its port and log files.
-        module: the stage it runs (a name in services.common.stages).
+        module: the stage it runs (a name in services.serving.stages).
         args: its own flags (kept in ServiceProcess.args); the port file is added.
         base_args: the caller's flags of every service it starts (host, ports, logs), before `args`.
         env: variables set over this process's environment (PYTHONPATH gets the repository first).

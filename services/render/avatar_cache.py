@@ -28,9 +28,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from services.common.avatars import AvatarMeta, load_crops, load_meta, prefix
-from services.common.store.blobs import BlobStore
-from services.common.media import open_avatar
+from services.jobs.avatars import AvatarMeta, load_crops, load_meta, prefix
+from services.jobs.store.blobs import BlobStore
+from services.media.decode import open_avatar
 from services.render.composite import Compositor, I420Frames
 
 _LOGGER = logging.getLogger(__name__)

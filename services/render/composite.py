@@ -1,6 +1,6 @@
 """Compositing in I420: the avatar's frames converted once, only the face box blended per output frame.
 
-The gateway's path (`services.common.media.paste_face` then `to_yuv420`) blends the face into a
+The gateway's path (`services.render.reference.paste_face` then `to_yuv420`) blends the face into a
 full BGR frame and converts the whole frame to I420 for x264. A render worker instead keeps the
 avatar in I420 (`I420Frames`, converted once, memory-mapped from a local .npy) and per output frame
 (`Compositor.frame`) copies the cached frame and re-computes only the planes' region that the
@@ -51,7 +51,7 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 
-from services.common.media import feather_mask, split_i420
+from services.render.mp4 import split_i420
 
 Box = tuple[int, int, int, int]
 
@@ -70,7 +70,7 @@ REGENERATED_FROM = 0.5
 class I420Frames:
     """An avatar's frames in I420, converted once: one ``(count, height * 3 // 2, width)`` uint8 array.
 
-    Each frame is what `services.common.media.to_yuv420` returns for the BGR frame (Y plane, then
+    Each frame is what `services.render.mp4.to_yuv420` returns for the BGR frame (Y plane, then
     U, then V, BT.601 limited range), the layout `Mp4Writer.write_yuv420` takes. The array is
     read-only: in memory it is shared by every compositor thread, and `load` memory-maps it.
     """
@@ -379,7 +379,7 @@ class Compositor:
         Args:
             frames: The avatar's frames in I420.
             boxes: Per avatar frame, the face box ``(x1, y1, x2, y2)`` (x2/y2 exclusive) or None.
-            feather: The feather mask's ramp (`services.common.media.feather_mask`), as `paste_face` uses.
+            feather: The feather mask's ramp (`feather_mask` below), as `paste_face` uses.
             regenerated_from: Where the pasted region starts, as a fraction of the box height: 0.5
                 (row 48 of the model's 96, the rows Wav2Lip regenerates; above it the template's own
                 pixels stay, bit for bit), or 0 to paste the whole box (what `paste_face` does).
@@ -505,3 +505,37 @@ class Compositor:
         face_y, face_u, face_v = split_i420(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
         weights = _weights(h + start, w, top, left, bottom, right, self._feather, self._siting, start)
         return _FaceRegion(face_y, face_u, face_v, weights, (x1, y1, x2, y2), top, left)
+
+
+@functools.lru_cache(maxsize=64)
+def feather_mask(height: int, width: int, feather: float = 0.15) -> np.ndarray:
+    """A blending mask that is 1 in the centre and ramps smoothly to 0 at the borders.
+
+    The ramp covers ``feather`` of the height (top and bottom) and of the width (left and right) and
+    follows a smoothstep, so a pasted face has no visible seam: its edge pixels take the frame's
+    value and the blend has no kink where the ramp starts.
+
+    Args:
+        height: Mask height in pixels.
+        width: Mask width in pixels.
+        feather: Ramp length as a fraction of each dimension, in [0, 0.5]; 0 gives a hard paste.
+
+    Returns:
+        A read-only (height, width, 1) float32 array in [0, 1] (cached per arguments, so shared).
+    """
+    if not 0.0 <= feather <= 0.5:
+        raise ValueError(f"feather must be in [0, 0.5], got {feather}")
+    mask = np.outer(_ramp(height, feather), _ramp(width, feather)).astype(np.float32)[:, :, None]
+    mask.setflags(write=False)  # cached and shared between callers: nobody may modify it
+    return mask
+
+
+def _ramp(size: int, feather: float) -> np.ndarray:
+    """1-D profile: 0 at both ends, smoothstep up to 1 over ``feather * size`` pixels."""
+    ramp_len = feather * size
+    if ramp_len < 1.0:
+        return np.ones(size, dtype=np.float64)
+    index = np.arange(size, dtype=np.float64)
+    distance = np.minimum(index, size - 1 - index)  # pixels from the nearest edge
+    t = np.clip(distance / ramp_len, 0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)

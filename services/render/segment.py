@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
-from services.common.avatars import LOOP_PING_PONG
-from services.common.channels import stage_errors
-from services.common.codec import image_from_proto, image_to_proto, pack_generate_items
-from services.common.metrics import Metrics
-from services.common.media import Mp4Writer
-from services.common.packed import PackedImages
-from services.common.segment_audio import SegmentAudio
+from services.render.timeline import LOOP_PING_PONG, loop_frame
+from services.serving.channels import stage_errors
+from services.media.wire import image_from_proto, image_to_proto, pack_generate_items
+from services.serving.metrics import Metrics
+from services.render.mp4 import Mp4Writer
+from services.media.packed import PackedImages
+from services.jobs.segment_audio import SegmentAudio
 from services.render.avatar_cache import LocalAvatar
 
 # Small messages keep a segment's stages overlapped (lipsync of message k+1 while superres does k and
@@ -95,14 +95,14 @@ class SegmentRenderer:
         """Frames [start, end) into `output` (an H.264 MP4 without audio, frame 0 = `start`).
 
         `audio`: one mel window and speech envelope value per frame. `template_loop`: how output
-        frames map to template frames (`AvatarMeta.frame_for`; the job's JobOptions.loop, the same
+        frames map to template frames (`services.render.timeline.loop_frame`; the job's JobOptions.loop, the same
         for every segment). Raises StageFailed on a stage error; on any error or cancellation the
         partial file is removed.
         """
         meta = avatar.meta
         times: dict[str, float] = {"lipsync": 0.0, "composite": 0.0, "encode": 0.0}
         models: list[dict] = []
-        face_frames = [i for i in range(start, end) if meta.boxes[meta.frame_for(i, template_loop)] is not None]
+        face_frames = [i for i in range(start, end) if meta.boxes[loop_frame(i, meta.frame_count, template_loop)] is not None]
         loop = asyncio.get_running_loop()
         writer = await loop.run_in_executor(
             self._encoder,
@@ -114,7 +114,7 @@ class SegmentRenderer:
         def write(frame_index: int, face: np.ndarray | None) -> None:  # on the encoder thread, in order
             t0 = time.perf_counter()
             # Composed straight into the encoder's own frame: one copy of the cached frame, no other.
-            avatar.compositor.frame_into(meta.frame_for(frame_index, template_loop), face, writer.i420_planes())
+            avatar.compositor.frame_into(loop_frame(frame_index, meta.frame_count, template_loop), face, writer.i420_planes())
             t1 = time.perf_counter()
             writer.write_planes()
             t2 = time.perf_counter()
@@ -177,7 +177,7 @@ class SegmentRenderer:
         if not face_frames:
             return
         meta = avatar.meta
-        used = sorted({meta.frame_for(i, template_loop) for i in face_frames})
+        used = sorted({loop_frame(i, meta.frame_count, template_loop) for i in face_frames})
 
         async def requests() -> AsyncIterator[lipsync_pb2.GenerateRequest]:
             for k in range(0, len(used), ITEMS_PER_MESSAGE):
@@ -199,7 +199,7 @@ class SegmentRenderer:
                 yield lipsync_pb2.GenerateRequest(
                     items=pack_generate_items(
                         frames,
-                        [meta.frame_for(i, template_loop) for i in frames],
+                        [loop_frame(i, meta.frame_count, template_loop) for i in frames],
                         [audio.mels[r].tobytes() for r in rows],
                         None if audio.speech is None else audio.speech[rows].tolist(),
                     ),
@@ -229,7 +229,7 @@ class SegmentRenderer:
         async def requests() -> AsyncIterator[superres_pb2.UpscaleRequest]:
             items: list[superres_pb2.UpscaleItem] = []
             async for index, face in faces:
-                x1, y1, x2, y2 = meta.boxes[meta.frame_for(index, template_loop)]  # type: ignore[misc]
+                x1, y1, x2, y2 = meta.boxes[loop_frame(index, meta.frame_count, template_loop)]  # type: ignore[misc]
                 items.append(superres_pb2.UpscaleItem(index=index, image=image_to_proto(face), out_width=x2 - x1, out_height=y2 - y1))
                 if len(items) == ITEMS_PER_MESSAGE:
                     yield superres_pb2.UpscaleRequest(items=items)

@@ -21,10 +21,10 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from lipline.v1 import lipsync_pb2_grpc, superres_pb2_grpc
-from services.common.discovery import DiscoveredStageClients
-from services.common.encoder_threads import x264_threads
-from services.common.server import Service
-from services.common.store import close_stores, open_stores
+from services.serving.discovery import DiscoveredStageClients
+from services.render.encoder_threads import x264_threads
+from services.serving.server import Service
+from services.jobs.store import close_stores, open_stores
 from services.render.avatar_cache import AvatarCache
 from services.render.segment import SegmentRenderer
 from services.render.settings import RenderSettings

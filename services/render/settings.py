@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import StoreSettings, _field, address_field
-from services.common.media import X264_PRESETS
-from services.common.stages import STAGES
+from services.serving.settings import StoreSettings, _field, address_field
+from services.render.mp4 import X264_PRESETS
+from services.serving.stages import STAGES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ has kept failing for `retry_window_s`; such failures do not count against `max_a
 unexpected error (a bug) gives it back with back-off too, counted against `max_attempts`, as a worker
 killed outright is (its lease expires and the task is claimed again). One that cannot pass
 (INVALID_ARGUMENT, ...) fails the job with the stage's status and message. A row or blob this lipline
-cannot interpret (services.common.errors.CorruptRecord) fails its job at once with DATA_LOSS: it is
+cannot interpret (services.serving.errors.CorruptRecord) fails its job at once with DATA_LOSS: it is
 quarantined, never retried, never allowed to stop the loop.
 
 Health: the loop records when it last iterated (or renewed a lease); `loop_health` says whether it
@@ -35,28 +35,23 @@ from pathlib import Path
 import grpc
 
 from lipline.v1 import gateway_pb2
-from services.common.avatars import LOOP_PING_PONG, LOOP_WRAP
-from services.common.channels import StageFailed
-from services.common.errors import RETRYABLE_STORE_ERRORS, CorruptRecord, LiplineError, NotFound, NotReady, StoreUnavailable
-from services.common.metrics import Metrics
-from services.common.store.blobs import BlobStore
-from services.common.store.jobs import Job, JobStore, Task
-from services.common.tracing import job_span, outgoing_metadata, record_job_span
-from services.common.audio_decode import decode_audio
-from services.common.segment_audio import unpack_segment_audio
-from services.common.jobkeys import AUDIO_TASK, audio_key, job_prefix, mels_key, output_key, segment_key, segment_tasks, upload_key
-from services.common.integrity import file_sha256
-from services.common.media import MUX_AUDIO_RATE, encode_aac, join_segments
+from services.render.timeline import loop_mode
+from services.serving.channels import StageFailed
+from services.serving.errors import RETRYABLE_STORE_ERRORS, CorruptRecord, LiplineError, NotFound, NotReady, StoreUnavailable
+from services.serving.metrics import Metrics
+from services.jobs.store.blobs import BlobStore
+from services.jobs.store.jobs import Job, JobStore, Task
+from services.serving.tracing import job_span, outgoing_metadata, record_job_span
+from services.media.audio import decode_audio
+from services.jobs.segment_audio import unpack_segment_audio
+from services.jobs.layout import AUDIO_TASK, audio_key, job_prefix, mels_key, output_key, segment_key, segment_tasks, upload_key
+from services.jobs.integrity import file_sha256
+from services.render.mp4 import MUX_AUDIO_RATE, encode_aac, join_segments
 from services.render.avatar_cache import AvatarCache
 from services.render.segment import SegmentRenderer
 from services.render.settings import RenderSettings
 
 _LOGGER = logging.getLogger(__name__)
-
-
-def loop_mode(options: gateway_pb2.JobOptions) -> str:
-    """The job's template loop (`AvatarMeta.frame_for`), from its stored options: every segment maps frames alike."""
-    return LOOP_WRAP if options.loop == gateway_pb2.JobOptions.WRAP else LOOP_PING_PONG
 
 
 class LeaseLost(Exception):

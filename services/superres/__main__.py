@@ -1,6 +1,6 @@
 """`python -m services.superres`: run the super-resolution stage."""
 
-from services.common.server import run
+from services.serving.server import run
 from services.superres.service import SuperResService, SuperResSettings
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ and `SuperResEngine.run` does the whole batch on the device: upload the uint8 cr
 input size), BGR->RGB and /255, reflect pad for the model's scale, the network (in the upscaler's
 dtype, channels_last on CUDA), crop the padding off, clamp/*255/round exactly as
 `process.from_model_output`, resize to each item's paste size with OpenCV's LANCZOS4 done as two
-matrix products (`services.common.resize`, fixed-point weights: the same uint8 result as
+matrix products (`services.superres.lanczos`, fixed-point weights: the same uint8 result as
 `cv2.resize`), RGB->BGR, uint8; `DeviceBatchEngine` copies the whole batch back once.
 The weight-free `LanczosUpscaler` runs the resize alone, on the same device. On the CPU the resize
 defaults to cv2 per item (faster there than the dense matrix products; see `resize`).
@@ -33,11 +33,11 @@ import cv2
 import numpy as np
 import torch
 
-from services.common.backends import Backend
-from services.common.batch_engine import DeviceBatchEngine, Part
-from services.common.device import Size, group_rows_by_size
-from services.common.resize import lanczos4_resize, round_like_opencv
-from services.superres.process import LanczosUpscaler, ModelUpscaler, pad_multiple, reflect_pad
+from services.inference.backends import Backend
+from services.inference.engine import DeviceBatchEngine, Part
+from services.inference.device import Size, group_rows_by_size
+from services.superres.lanczos import lanczos4_resize, round_like_opencv
+from services.superres.upscaler import LanczosUpscaler, ModelUpscaler, pad_multiple, reflect_pad
 
 
 __all__ = ["SuperResEngine", "UpscaleChunk"]
@@ -102,7 +102,7 @@ class SuperResEngine(DeviceBatchEngine[UpscaleChunk]):
             on the host, exactly the CPU path); None = "torch" on a GPU, "cv2" on the CPU, where the
             dense matrix products take about twice as long as cv2's 8-tap loops (measured: 64 crops
             96 px -> 150x170 and 384x384, Lanczos fallback, 2 cores).
-        backend: runs the network on its own copy of the weights (services.common.backends: fp16,
+        backend: runs the network on its own copy of the weights (services.inference.backends: fp16,
             CUDA graphs per batch bucket); the upscaler's module is then not run here, and may stay
             on the CPU in fp32 (the service keeps it there as the numerics guard's reference).
             None = call the upscaler's module directly. Its output is consumed before the next call.

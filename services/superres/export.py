@@ -4,7 +4,7 @@
     python -m services.superres.export --model RealESRGAN_x2plus --seeded --out /tmp/sr.onnx   # synthetic weights
 
 Graph: input `image` (B, 3, H, W) RGB in [0, 1], output `upscaled` (B, 3, H*s, W*s); batch, height
-and width are dynamic (RealESRGAN_x2plus needs even H and W). Exit codes: see services.common.onnx_check.
+and width are dynamic (RealESRGAN_x2plus needs even H and W). Exit codes: see services.inference.onnx_export.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from services.common.onnx_check import ExportReport, add_common_arguments, export_verified, run_cli, seeded
+from services.inference.onnx_export import ExportReport, add_common_arguments, export_verified, run_cli, seeded
 from services.superres.models import SR_MODELS, create_sr_model
 
 INPUT_NAME = "image"

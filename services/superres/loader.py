@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torch import nn
 
-from services.common.checkpoints import clean_state_dict, load_strict, read_checkpoint
+from services.inference.checkpoints import clean_state_dict, load_strict, read_checkpoint
 
 # RealESRGANer prefers the EMA weights when the file has them (x4plus / x2plus) and otherwise uses
 # `params` (the v3 compact models carry no EMA entry).

@@ -18,16 +18,16 @@ import numpy as np
 import torch
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
-from services.common.backends import Backend
-from services.common.codec import MAX_IMAGE_SIDE, image_from_proto
-from services.common.config import ModelStageSettings, _field
-from services.common.errors import InvalidRequest
-from services.common.model_stage import Keys, ModelStage, StageServicer, model_stream
-from services.common.packed import PackedImages
-from services.common.request_bounds import check_items_per_message, check_output_bytes
-from services.common.stages import STAGES
+from services.inference.backends import Backend
+from services.media.wire import MAX_IMAGE_SIDE, image_from_proto
+from services.serving.settings import ModelStageSettings, _field
+from services.serving.errors import InvalidRequest
+from services.inference.stage import Keys, ModelStage, StageServicer, model_stream
+from services.media.packed import PackedImages
+from services.inference.request_bounds import check_items_per_message, check_output_bytes
+from services.serving.stages import STAGES
 from services.superres.engine import SuperResEngine, UpscaleChunk
-from services.superres.process import ModelUpscaler, create_upscaler
+from services.superres.upscaler import ModelUpscaler, create_upscaler
 
 _LOGGER = logging.getLogger(__name__)
 

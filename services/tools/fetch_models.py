@@ -147,8 +147,8 @@ def _http_chunks(url: str, timeout: float) -> Iterator[bytes]:
 
 def _s3_chunks(url: str, timeout: float) -> Iterator[bytes]:
     # Imported here: http(s)-only runs never load obstore. The blob store's client reads the AWS_* variables.
-    from services.common.errors import NotFound, StoreUnavailable
-    from services.common.store.s3 import S3BlobStore
+    from services.serving.errors import NotFound, StoreUnavailable
+    from services.jobs.store.s3 import S3BlobStore
 
     parts = urllib.parse.urlsplit(url)
     key = parts.path.lstrip("/")

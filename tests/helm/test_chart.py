@@ -28,8 +28,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from services.common.stages import STAGES as STAGE_REGISTRY
-from services.common.stages import gpu_stages
+from services.serving.stages import STAGES as STAGE_REGISTRY
+from services.serving.stages import gpu_stages
 from tests.helpers.tools import helm_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -418,7 +418,7 @@ def _settings_classes() -> dict[str, type]:
 
 
 def test_the_chart_settings_parse_as_the_services_would(default_docs: list[dict[str, Any]]) -> None:
-    from services.common.config import parse_settings
+    from services.serving.settings import parse_settings
 
     for stage, cls in _settings_classes().items():
         env = env_of(by_kind(default_docs, "Deployment")[f"lip-lipline-{stage}"])
@@ -610,7 +610,7 @@ def _dashboard(docs: list[dict[str, Any]]) -> str:
 
 
 def test_alerts_and_dashboards_use_metrics_the_services_export(default_docs: list[dict[str, Any]]) -> None:
-    from services.common.metrics import Metrics
+    from services.serving.metrics import Metrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     exported = {family.name + suffix for family in Metrics("any").registry.collect() for suffix in suffixes.get(family.type, ("",))}

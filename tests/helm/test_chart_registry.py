@@ -1,7 +1,7 @@
 """A stage added to the chart's list needs no template edit: a dummy stage renders its Deployment,
 Service, HPA and NetworkPolicy, valid against the Kubernetes schemas, and the values schema accepts it.
 
-The dummy's traits come from a registry entry (services.common.stages.Stage), its pod keys from the
+The dummy's traits come from a registry entry (services.serving.stages.Stage), its pod keys from the
 superres stage's block, so this is what adding a stage to the registry and to values.yaml gives.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.common.stages import STAGES, Stage
+from services.serving.stages import STAGES, Stage
 from tests.helm.test_chart import (
     CHART,
     KUBE_VERSIONS,
@@ -27,7 +27,7 @@ from tests.helm.test_chart import (
     validate_builtin,
 )
 
-DUMMY = Stage("facerestore", port=50065, metrics_port=9096, settings="services.common.config:ModelStageSettings", gpu=True, calls=("lipsync",))
+DUMMY = Stage("facerestore", port=50065, metrics_port=9096, settings="services.serving.settings:ModelStageSettings", gpu=True, calls=("lipsync",))
 NAME = f"lip-lipline-{DUMMY.name}"
 
 

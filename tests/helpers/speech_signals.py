@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.audio_decode import decode_audio
+from services.media.audio import decode_audio
 
 RATE = 16000
 FPS = 25.0

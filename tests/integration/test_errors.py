@@ -26,7 +26,7 @@ from lipline.v1 import (
     superres_pb2,
     superres_pb2_grpc,
 )
-from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_items
+from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.helpers.audio_files import encode_tone, multichannel_wav

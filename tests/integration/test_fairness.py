@@ -22,9 +22,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from lipline.v1 import gateway_pb2, gateway_pb2_grpc
-from services.common.jobkeys import output_key, task_ranges
-from services.common.store import open_blob_store, open_job_store
-from services.common.store.jobs import AvatarRecord, JobStore, NewJob
+from services.jobs.layout import output_key, task_ranges
+from services.jobs.store import open_blob_store, open_job_store
+from services.jobs.store.jobs import AvatarRecord, JobStore, NewJob
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.integration.util import SAMPLES, cut_wav, eventually, health_status, rss_mb, start_cluster

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from lipline.v1 import audio_pb2, gateway_pb2, lipsync_pb2, superres_pb2, superres_pb2_grpc
-from services.common.codec import image_from_proto, image_to_proto
+from services.media.wire import image_from_proto, image_to_proto
 from services.gateway.client import LiplineClient
 from services.local.cluster import STAGES, LocalCluster
 from tests.helpers.audio_files import encode_tone

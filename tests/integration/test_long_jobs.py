@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from lipline.v1 import gateway_pb2, gateway_pb2_grpc
-from services.common.jobkeys import output_key
+from services.jobs.layout import output_key
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.helpers.postgres import PostgresServer, missing_reason

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from lipline.v1 import gateway_pb2
-from services.common.audio_decode import decode_audio
-from services.common.media import Mp4Writer, decode_avatar
+from services.media.audio import decode_audio
+from services.media.decode import decode_avatar
+from services.render.mp4 import Mp4Writer
 from services.gateway.client import LiplineClient
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from tests.helpers.audio_files import pcm_wav

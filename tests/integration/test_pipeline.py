@@ -18,13 +18,15 @@ import pytest
 
 from lipline.v1 import gateway_pb2
 from services.audio.mel import MelExtractor
-from services.common.audio_decode import decode_audio
-from services.common.avatars import loop_frame
-from services.common.codec import mel_from_bytes, mel_to_bytes
+from services.media.audio import decode_audio
+from services.render.timeline import loop_frame
+from services.media.wire import mel_from_bytes, mel_to_bytes
 from services.gateway.client import LiplineClient
-from services.common.media import Mp4Writer, decode_avatar, probe_media
+from services.media.decode import decode_avatar
+from services.media.probe import probe_media
+from services.render.mp4 import Mp4Writer
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
-from services.common.speech import speech_envelope
+from services.media.speech import speech_envelope
 from services.local.cluster import LocalCluster
 
 FPS = 25

@@ -22,7 +22,7 @@ import pytest
 
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
-from services.common.media import Mp4Writer
+from services.render.mp4 import Mp4Writer
 from services.local.cluster import LocalCluster
 from tests.helpers.postgres import PostgresServer, missing_reason
 from tests.integration.util import SAMPLES, eventually, rss_mb
@@ -259,7 +259,7 @@ def test_sixteen_concurrent_jobs_and_a_light_gateway(rcluster: LocalCluster, tem
 
 def long_speech(seconds: float) -> bytes:
     """`seconds` of 16 kHz mono speech: the sample repeated (a small upload for a long clip)."""
-    from services.common.audio_decode import decode_audio
+    from services.media.audio import decode_audio
     from tests.helpers.audio_files import pcm_wav
 
     pcm = decode_audio((SAMPLES / "speech.wav").read_bytes(), 16_000)

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc, gateway_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
-from services.common.codec import image_to_proto, pack_generate_items
-from services.common.config import ServiceSettings
-from services.common.packed import PackedImages
-from services.common.server import channel_options
-from services.common.streams import byte_ranges, message_budget
+from services.media.wire import image_to_proto, pack_generate_items
+from services.serving.settings import ServiceSettings
+from services.media.packed import PackedImages
+from services.serving.server import channel_options
+from services.serving.streams import byte_ranges, message_budget
 from services.gateway.client import LiplineClient
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, prepare_boxes
 from services.local.cluster import LocalCluster
@@ -86,7 +86,7 @@ def test_byte_ranges_cut_in_order_and_a_large_item_goes_alone() -> None:
 
 def test_response_builders_cut_by_bytes_and_keep_the_packed_form() -> None:
     """The servicers' builders without a server: mixed paste sizes, a face larger than the budget."""
-    from services.common.model_stage import cut_responses
+    from services.inference.stage import cut_responses
     from services.lipsync.service import FACE_OVERHEAD, generated_response
     from services.superres.service import ITEM_OVERHEAD, upscale_response
 

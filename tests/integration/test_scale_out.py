@@ -14,7 +14,7 @@ import pytest
 
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
-from services.common.media import probe_media
+from services.media.probe import probe_media
 from services.local.cluster import LocalCluster
 from tests.integration.test_lifecycle import sample_sum, scrape
 from tests.integration.util import cut_wav, start_cluster

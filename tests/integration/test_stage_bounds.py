@@ -3,7 +3,7 @@ INVALID_ARGUMENT naming the field and its range, for the offending stream only; 
 serving everyone else.
 
 Field families: how many items one Generate or Upscale message carries, what the images they ask
-for add up to (services/common/request_bounds.py), and the audio stage's ExtractOptions.max_seconds
+for add up to (services/inference/request_bounds.py), and the audio stage's ExtractOptions.max_seconds
 (negative or NaN used to mean "no limit" silently). Every other numeric field of the internal protos
 already had a check and a test (tests/integration/test_errors.py: image sizes and formats, paste
 and output sizes, mel windows, speech values, fps); DetectFaces' pads are checked elsewhere.
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
-from services.common.codec import image_to_proto, mel_to_bytes, pack_generate_items
-from services.common.request_bounds import MAX_OUTPUT_BYTES_PER_MESSAGE
+from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
+from services.inference.request_bounds import MAX_OUTPUT_BYTES_PER_MESSAGE
 from services.local.cluster import LocalCluster
 from tests.helpers.audio_files import encode_tone
 from tests.integration.util import assert_all_serving

@@ -20,12 +20,13 @@ import torch
 
 from lipline.v1 import gateway_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.audio.mel import MelExtractor
-from services.common.audio_decode import decode_audio
-from services.common.checkpoints import seeded_state_dict
-from services.common.codec import image_to_proto, mel_from_bytes, mel_to_bytes, pack_generate_items
-from services.common.packed import PackedImages
+from services.media.audio import decode_audio
+from services.inference.checkpoints import seeded_state_dict
+from services.media.wire import image_to_proto, mel_from_bytes, mel_to_bytes, pack_generate_items
+from services.media.packed import PackedImages
 from services.gateway.client import LiplineClient
-from services.common.media import decode_avatar, probe_media
+from services.media.decode import decode_avatar
+from services.media.probe import probe_media
 from services.lipsync import prep
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from services.lipsync.wav2lip import Wav2Lip, load_wav2lip

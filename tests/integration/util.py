@@ -88,7 +88,7 @@ def rss_mb(pid: int) -> float:
 
 def write_template(path: Path, frames: list, fps: float, crf: int = 8) -> None:
     """A template video from BGR frames (near-lossless by default: what a user would upload)."""
-    from services.common.media import Mp4Writer
+    from services.render.mp4 import Mp4Writer
 
     height, width = frames[0].shape[:2]
     with Mp4Writer(path, width, height, fps, None, 16_000, crf=crf) as writer:
@@ -101,7 +101,7 @@ def codec_floor(source: Path, path: Path, crf: int) -> Path:
     crf the render workers use (what an output could at best be)."""
     import av
 
-    from services.common.media import Mp4Writer
+    from services.render.mp4 import Mp4Writer
 
     with av.open(str(source)) as container:
         stream = container.streams.video[0]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import ServiceSettings, _field, parse_settings
+from services.serving.settings import ServiceSettings, _field, parse_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--port", "--max-message-bytes", "--grace-s", "--max-connection-age-s", "--log-format"]

@@ -348,8 +348,8 @@ def test_nvml_goes_into_the_gpu_images_only() -> None:
         assert "nvidia-ml-py" in ir.left_out(service), service
     for service in GPU_STAGES:
         assert "nvidia-ml-py" not in ir.left_out(service), service
-    # services/common/metrics.py reads the GPU metrics through pynvml, which nvidia-ml-py provides.
-    assert "import pynvml" in (REPO / "services" / "common" / "metrics.py").read_text()
+    # services/serving/metrics.py reads the GPU metrics through pynvml, which nvidia-ml-py provides.
+    assert "import pynvml" in (REPO / "services" / "serving" / "metrics.py").read_text()
 
 
 def test_the_lock_gives_the_gpu_images_nvml() -> None:

@@ -13,7 +13,7 @@ from services.audio.mel import (
     mel_windows,
     melspectrogram,
 )
-from services.common.errors import InvalidMedia
+from services.serving.errors import InvalidMedia
 
 
 def test_melspectrogram_matches_wav2lip(mel_vector):

@@ -24,12 +24,12 @@ from lipline.v1 import audio_pb2, audio_pb2_grpc
 from services.audio.extract import ClipExtractor, ExtractFn, decode_and_extract
 from services.audio.mel import MelExtractor
 from services.audio.service import AudioService, AudioSettings
-from services.common import errors
-from services.common.audio_decode import decode_audio
-from services.common.codec import mel_to_bytes
-from services.common.errors import InvalidMedia, TooLarge
-from services.common.metrics import Metrics
-from services.common.server import ServiceRunner
+from services.serving import errors
+from services.media.audio import decode_audio
+from services.media.wire import mel_to_bytes
+from services.serving.errors import InvalidMedia, TooLarge
+from services.serving.metrics import Metrics
+from services.serving.server import ServiceRunner
 from tests.helpers.audio_files import encode_tone
 from tests.helpers.crashing_extract import CRASH, crash_or_extract
 

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from lipline.v1 import gateway_pb2
-from services.common.store.jobs import Job, JobState
+from services.jobs.store.jobs import Job, JobState
 from services.gateway.jobs import job_to_proto, segment_bounds
 
 OPTIONS = gateway_pb2.JobOptions(super_resolution=True, crf=23)
@@ -105,7 +105,7 @@ def test_segment_bounds(total: int, size: int, bounds: list[tuple[int, int]]) ->
     [({"options": b"\xff\xff\xff"}, "its options are not a JobOptions"), ({"models": [{"name": "x", "colour": "red"}]}, "its models field")],
 )
 def test_a_stored_field_that_cannot_be_shown_is_data_loss_not_internal(fields: dict, words: str) -> None:
-    from services.common.errors import CorruptRecord
+    from services.serving.errors import CorruptRecord
 
     with pytest.raises(CorruptRecord, match=words) as info:
         job_to_proto(dataclasses.replace(JOB, **fields))

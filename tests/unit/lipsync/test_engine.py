@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.backends import make_backend
-from services.common.checkpoints import seeded_state_dict
-from services.common.errors import InvalidRequest, TooLarge
+from services.inference.backends import make_backend
+from services.inference.checkpoints import seeded_state_dict
+from services.serving.errors import InvalidRequest, TooLarge
 from services.lipsync import prep
 from services.lipsync.engine import GenerateChunk, LipSyncEngine
 from services.lipsync.wav2lip import Wav2Lip

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from services.common.backends import relative_error
-from services.common.onnx_check import seeded
+from services.inference.backends import relative_error
+from services.inference.onnx_export import seeded
 from services.lipsync.export import example_inputs, main
 from services.lipsync.wav2lip import Wav2Lip
 

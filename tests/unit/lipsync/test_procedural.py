@@ -78,7 +78,7 @@ def test_speech_envelope_drives_the_opening() -> None:
 def _sample_crop() -> np.ndarray:
     import cv2
 
-    from services.common.crops import crop_and_resize
+    from services.media.crops import crop_and_resize
     from services.lipsync.faces import HaarFaceDetector, prepare_boxes
     from services.local.cluster import REPO_ROOT
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from services.common.config import Device, parse_settings
-from services.common.metrics import Metrics
-from services.common import device as device_module
+from services.serving.settings import Device, parse_settings
+from services.serving.metrics import Metrics
+from services.inference import device as device_module
 from services.lipsync.service import LipSyncService, LipSyncSettings
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.checkpoints import seeded_state_dict
-from services.common.errors import CheckpointError
+from services.inference.checkpoints import seeded_state_dict
+from services.serving.errors import CheckpointError
 from services.lipsync.wav2lip import WAV2LIP_INFO, Wav2Lip, checkpoint_filter_fn, create_wav2lip, load_wav2lip
 
 REFERENCE = Path(__file__).resolve().parents[2] / "data" / "reference" / "wav2lip_keys.json"

@@ -1,6 +1,6 @@
 """services.render.composite: I420 compositing against a BGR reference path.
 
-The reference is `paste_face`'s blend in BGR (services.common.media), with the compositor's mask
+The reference is `paste_face`'s blend in BGR (services.render.reference), with the compositor's mask
 (`blend_mask`: only the regenerated lower part of the box by default; the whole box, exactly
 ``to_yuv420(paste_face(bgr, face, box))``, with ``regenerated_from=0``), then ``to_yuv420``. Required:
 bytes outside the pasted region expanded to even coordinates identical to ``to_yuv420(bgr)``;
@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 import services.render.composite as composite
-from services.common.media import Mp4Writer, paste_face, probe_media, to_yuv420
+from services.media.probe import probe_media
+from services.render.reference import paste_face
+from services.render.mp4 import Mp4Writer, to_yuv420
 from services.render.composite import (
     Compositor,
     I420Frames,
@@ -305,7 +307,7 @@ def test_frames_feed_the_writer(tmp_path: Path, random_frame: np.ndarray) -> Non
 
 def test_feather_mask_is_the_product_of_its_profiles() -> None:
     """The compositor builds its weights from feather_mask's 1-D profiles: this must stay true of feather_mask."""
-    from services.common.media import feather_mask
+    from services.render.composite import feather_mask
 
     for height, width in [(400, 360), (601, 519), (7, 5), (1, 1), (13, 200)]:
         ry, rx = composite._profiles(height, width, 0.15)

@@ -19,21 +19,14 @@ import numpy as np
 import pytest
 
 from lipline.v1 import gateway_pb2
-from services.common.avatars import LOOP_PING_PONG, LOOP_WRAP, AvatarMeta, loop_frame
-from services.common.media import (
-    COLOR_TAG_NAMES,
-    COLOR_TAGS,
-    Mp4Writer,
-    join_segments,
-    to_yuv420,
-)
+from services.render.timeline import LOOP_PING_PONG, LOOP_WRAP, loop_frame, loop_mode
+from services.render.mp4 import COLOR_TAG_NAMES, COLOR_TAGS, Mp4Writer, join_segments, to_yuv420
 from services.render.composite import (
     Compositor,
     I420Frames,
     blend_mask,
     regenerated_start,
 )
-from services.render.worker import loop_mode
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -139,11 +132,10 @@ def test_ping_pong_mapping() -> None:
         loop_frame(-1, 4)
 
 
-def test_frame_for_defaults_to_ping_pong() -> None:
-    meta = AvatarMeta("0123456789abcdef01234567", "me", 25.0, 25.0, 3, 64, 48, [None] * 3, 1000.0)
-    assert [meta.frame_for(i) for i in range(7)] == [0, 1, 2, 1, 0, 1, 2]
-    assert [meta.frame_for(i, LOOP_PING_PONG) for i in range(7)] == [0, 1, 2, 1, 0, 1, 2]
-    assert [meta.frame_for(i, LOOP_WRAP) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+def test_the_loop_defaults_to_ping_pong() -> None:
+    assert [loop_frame(i, 3) for i in range(7)] == [0, 1, 2, 1, 0, 1, 2]
+    assert [loop_frame(i, 3, LOOP_PING_PONG) for i in range(7)] == [0, 1, 2, 1, 0, 1, 2]
+    assert [loop_frame(i, 3, LOOP_WRAP) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
 
 
 def test_job_options_choose_the_loop() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.common import tracing
+from services.serving import tracing
 
 
 def test_job_span_carries_the_job_and_is_the_parent_of_outgoing_calls() -> None:

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.checkpoints import seeded_state_dict
-from services.common.packed import PackedImages
+from services.inference.checkpoints import seeded_state_dict
+from services.media.packed import PackedImages
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.models import RRDBNet, SRVGGNetCompact
-from services.superres.process import LanczosUpscaler, ModelUpscaler
+from services.superres.upscaler import LanczosUpscaler, ModelUpscaler
 
 
 def _srvgg(scale: float = 0.05) -> SRVGGNetCompact:
@@ -169,7 +169,7 @@ def test_model_device_must_match() -> None:
 
 def test_backend_path_matches_direct_model() -> None:
     """The service runs the network through a Backend (buckets pad the batch): same images as direct."""
-    from services.common.backends import make_backend
+    from services.inference.backends import make_backend
 
     crops_a, sizes_a, crops_b, sizes_b = _two_chunks()
     chunks = [UpscaleChunk.from_items(crops_a, sizes_a), UpscaleChunk.from_items(crops_b, sizes_b)]
@@ -186,7 +186,7 @@ def test_backend_path_matches_direct_model() -> None:
 @pytest.mark.gpu
 def test_engine_on_cuda_matches_cpu() -> None:
     """The service's CUDA path (fp16, channels_last) and a strict-fp32 CUDA run against the CPU engine."""
-    from services.common.backends import strict_fp32
+    from services.inference.backends import strict_fp32
 
     crops = [_crop(96, 96, s) for s in range(40)] + [_crop(80, 72, s) for s in range(5)]
     sizes = [(150, 170)] * 20 + [(384, 384)] * 10 + [(90, 100)] * 10 + [(200, 220)] * 5
@@ -211,7 +211,7 @@ def _concurrent_runs_match_serial(device: str, resize: str | None = None) -> Non
     """Batches run from several threads at once (the service's pipeline_depth) give the serial results."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from services.common.backends import make_backend
+    from services.inference.backends import make_backend
 
     upscaler = ModelUpscaler(_srvgg(), scale=4, device=device)
     backend = make_backend("auto", upscaler.model, device, max_batch=16)

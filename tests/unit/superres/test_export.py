@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.backends import relative_error
-from services.common.onnx_check import seeded
+from services.inference.backends import relative_error
+from services.inference.onnx_export import seeded
 from services.superres import export as sr_export
 from services.superres.models import SR_MODELS, create_sr_model
 
@@ -78,7 +78,7 @@ def test_bad_checkpoint_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> Non
 
 
 def test_mismatch_exits_1_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import services.common.onnx_check as onnx_check
+    import services.inference.onnx_export as onnx_check
 
     monkeypatch.setattr(onnx_check, "relative_error", lambda a, b: 1.0)
     out = tmp_path / "sr.onnx"

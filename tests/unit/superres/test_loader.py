@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.checkpoints import seeded_state_dict
-from services.common.errors import CheckpointError
+from services.inference.checkpoints import seeded_state_dict
+from services.serving.errors import CheckpointError
 from services.superres.loader import load_realesrgan
 from services.superres.models import SRVGGNetCompact, create_sr_model
 

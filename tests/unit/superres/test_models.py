@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.common.checkpoints import seeded_state_dict
+from services.inference.checkpoints import seeded_state_dict
 from services.superres.models import SR_MODELS, RRDBNet, SRVGGNetCompact, create_sr_model
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "data" / "reference"

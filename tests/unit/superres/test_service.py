@@ -18,17 +18,17 @@ import pytest
 import torch
 
 from lipline.v1 import common_pb2, superres_pb2
-from services.common.backends import make_backend, numerics_check
-from services.common.checkpoints import seeded_state_dict
-from services.common.codec import image_to_proto
-from services.common import device as device_module
-from services.common import model_stage as model_stage_module
-from services.common.config import Device, parse_settings
-from services.common.metrics import Metrics
+from services.inference.backends import make_backend, numerics_check
+from services.inference.checkpoints import seeded_state_dict
+from services.media.wire import image_to_proto
+from services.inference import device as device_module
+from services.inference import stage as model_stage_module
+from services.serving.settings import Device, parse_settings
+from services.serving.metrics import Metrics
 from services.superres import service as superres_service
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.models import SRVGGNetCompact
-from services.superres.process import ModelUpscaler
+from services.superres.upscaler import ModelUpscaler
 from services.superres.service import SuperResService, SuperResServicer, SuperResSettings
 
 

@@ -227,7 +227,7 @@ def test_display_url_hides_credentials_and_queries() -> None:
 
 
 def test_s3_download_from_moto(dest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.common.store.s3 import S3BlobStore
+    from services.jobs.store.s3 import S3BlobStore
 
     with S3Server() as server:
         prefix = uuid.uuid4().hex
@@ -252,7 +252,7 @@ def test_the_tool_imports_nothing_the_gateway_image_leaves_out() -> None:
         """
         from services.tools import fetch_models
         fetch_models._s3_chunks  # the s3 branch's imports:
-        import services.common.errors, services.common.store.s3
+        import services.serving.errors, services.jobs.store.s3
         assert "torch" not in sys.modules
         sys.exit(fetch_models.main(["--help"]))
     """,

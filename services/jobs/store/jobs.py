@@ -1,0 +1,313 @@
+"""The job store: one small interface, two implementations (SQLite, PostgreSQL) that pass the same tests.
+
+Why a store and not memory: a gateway restart or rollout must lose nothing, any gateway replica must
+answer for any job, and render workers on many pods must share out the work. The store holds:
+
+- **jobs**: state, stage, progress, error, options, models, stage_seconds, the output's blob key;
+  `version` grows by one on every change (WatchJob follows it).
+- **tasks**: the units of work of a job: its segments (index 0..n-1, a frame range each) and one
+  join (index `JOIN_INDEX`), which becomes claimable when the last segment is done. A task is
+  claimed atomically with a lease (worker, expiry) that its worker renews; a lease that expires
+  (the worker died) makes the task claimable again; after `max_attempts` claims the job fails.
+- **avatars**: the summary of each avatar (what Get/ListAvatars answer); its data lives in the blob store.
+  A deleted avatar is only marked (`deleted_time`): it is gone for its tenant at once, but its row and
+  blobs stay until no QUEUED or RUNNING job uses it (the gateway's janitor then purges them).
+
+Every avatar and job belongs to a tenant (services.serving.tenants). The gateway's methods take the
+caller's tenant and find only that tenant's rows (NotFound otherwise, as for an id that never
+existed); `tenant=None` means any tenant, for the render workers, which work for every tenant.
+
+Every method is synchronous and safe to call from several threads; asyncio callers use
+`asyncio.to_thread`. Waiting for a job's change is the one async part: `ChangeFeed`.
+Times are Unix seconds (float); the store's clock decides lease expiry (the database's own clock on
+PostgreSQL, so workers on hosts with skewed clocks agree).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+from services.serving.tenants import IMPLICIT_TENANT
+
+JOIN_INDEX = -1  # the task index of a job's join
+
+
+class JobState(enum.IntEnum):
+    """The same numbers as lipline.v1.JobState (the store does not import the protos)."""
+
+    QUEUED = 1
+    RUNNING = 2
+    SUCCEEDED = 3
+    FAILED = 4
+    CANCELLED = 5
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class TaskState(str, enum.Enum):
+    BLOCKED = "blocked"  # the join, until every segment is done
+    WAITING = "waiting"  # claimable
+    LEASED = "leased"  # a worker holds it until lease_expires (then claimable again)
+    DONE = "done"
+
+
+@dataclasses.dataclass(frozen=True)
+class NewJob:
+    """What SubmitJob knows when it creates a job."""
+
+    id: str
+    avatar_id: str
+    owner: str  # the client ("tenant:<tenant>" with API keys, else its x-api-key or IP): per-client limits
+    options: bytes  # a serialized lipline.v1.JobOptions
+    audio_seconds: float
+    fps: float
+    total_frames: int
+    segments: Sequence[tuple[int, int]]  # [start, end) frame ranges, consecutive, covering total_frames
+    stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    trace_context: str = ""  # the submitting request's trace context (JSON of W3C headers), or ""
+    tenant: str = IMPLICIT_TENANT  # who may see the job (services.serving.tenants)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    id: str
+    avatar_id: str
+    owner: str
+    state: JobState
+    stage: str  # "queued", "render", "join", "done", "failed", "cancelled"
+    options: bytes
+    audio_seconds: float
+    fps: float
+    total_frames: int
+    frames_done: int  # frames of the segments done so far
+    segments_total: int
+    segments_done: int
+    error: str
+    error_code: int  # grpc.StatusCode value[0]; 0 = OK
+    models: list[dict]  # [{"name", "backend", "precision"}], as the stages reported them
+    stage_seconds: dict[str, float]  # summed over the job's tasks
+    create_time: float
+    start_time: float  # first claim; 0 = not started
+    finish_time: float  # 0 = not finished
+    output_key: str  # blob key of the MP4 once SUCCEEDED
+    output_bytes: int
+    version: int  # +1 on every change
+    trace_context: str = ""  # see NewJob
+    tenant: str = IMPLICIT_TENANT
+    output_sha256: str = ""  # hex sha256 of the output once SUCCEEDED ('' for jobs older than the record)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A claimed task, as its worker holds it (the lease is identified by `token`)."""
+
+    job_id: str
+    index: int  # segment index, or JOIN_INDEX
+    start_frame: int  # [start, end) frames; the join spans the whole clip
+    end_frame: int
+    attempts: int  # claims so far, this one included
+    token: str  # unique per claim: renew/complete/release must present it
+    lease_expires: float
+    ready_time: float  # when the task last became claimable (created, unblocked, released
+    # or its lease expired): claim time minus this = queue wait
+    failures: int = 0  # retryable failures reported by `release(..., error=...)` so far
+    failing_for_s: float = 0.0  # at the claim: how long since its first such failure (0 when none)
+    last_error: str = ""  # the last failure's message
+
+    @property
+    def is_join(self) -> bool:
+        return self.index == JOIN_INDEX
+
+
+@dataclasses.dataclass(frozen=True)
+class AvatarRecord:
+    id: str
+    name: str
+    fps: float
+    frame_count: int
+    width: int
+    height: int
+    faces_found: int
+    create_time: float
+    tenant: str = IMPLICIT_TENANT  # who may see and use it
+    # services.jobs.avatars.content_hash of the upload: the same tenant's same upload is the same
+    # avatar (dedup within a tenant only; "" = none, never deduplicated)
+    content_hash: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStats:
+    """For metrics and autoscaling (DESIGN.md section 5)."""
+
+    waiting: int  # segment and join tasks claimable now (expired leases included)
+    leased: int  # tasks held by a live lease
+    oldest_wait_s: float  # how long the oldest claimable task has waited (0 when none)
+    active_jobs: int  # QUEUED + RUNNING jobs
+
+
+class JobStore(abc.ABC):
+    """See the module docstring. Raises services.serving.errors.NotFound for unknown ids,
+    TooLarge (RESOURCE_EXHAUSTED) when a limit is hit, and StoreUnavailable when the database cannot
+    be reached (callers retry with back-off; the gRPC layer maps it to UNAVAILABLE)."""
+
+    url: str
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def migrate(self) -> None:
+        """Create or upgrade the schema (idempotent; safe when several processes start at once)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def change_feed(self) -> ChangeFeed:
+        """A new feed of job changes for this process (start it on the event loop that waits on it)."""
+
+    # -- jobs (gateway) ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False) -> Job:
+        """Insert the job (QUEUED), its segment tasks (WAITING) and its join (BLOCKED) in one
+        transaction. TooLarge when `max_active` (>0) QUEUED+RUNNING jobs exist, or the owner has
+        `max_active_per_owner` (>0). With `check_avatar` (the gateway), NotFound unless the job's
+        avatar exists, is not deleted and belongs to the job's tenant, checked in the same
+        transaction (a row lock on PostgreSQL): a DeleteAvatar at the same moment either comes
+        first (NotFound here) or sees this job when it decides whether to purge the avatar's data."""
+
+    @abc.abstractmethod
+    def get_job(self, job_id: str, tenant: str | None = None) -> Job:
+        """NotFound unless the job exists and belongs to `tenant` (None: any tenant, workers only)."""
+
+    @abc.abstractmethod
+    def cancel_job(self, job_id: str, tenant: str | None = None) -> Job:
+        """CANCELLED (error_code CANCELLED, stage "cancelled") unless already terminal; every task of
+        the job is deleted, so no worker can renew or complete it. Returns the job as it is after.
+        NotFound unless the job belongs to `tenant` (None: any)."""
+
+    @abc.abstractmethod
+    def fail_job(self, job_id: str, error: str, error_code: int) -> bool:
+        """FAILED with the message and code unless already terminal (then False); tasks deleted."""
+
+    # -- tasks (render workers) -------------------------------------------------------------------
+    @abc.abstractmethod
+    def claim(self, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | None:
+        """Atomically lease the next claimable task, or None: fairly (services.jobs.store.fair_claim):
+        the task of the owner holding the fewest live leases, then of the job holding the fewest,
+        then the oldest job's lowest index; a join first, unless its owner would hold more than
+        `max_owner_share` of the live leases (owners within their share go first; 1.0 = off).
+        A task is claimable when WAITING, or LEASED with an expired lease. A task that would be claimed for attempt `max_attempts + 1` instead fails
+        its job ("segment 3 of job X was started 3 times and never finished: ...") and the claim
+        goes on to the next. A task released with a retry delay is not claimable before its
+        not-before time (other tasks are claimed meanwhile). The first claim of a job makes it
+        RUNNING (start_time set). Tasks whose job row no longer exists are never claimed (see
+        `purge_orphan_tasks`)."""
+
+    @abc.abstractmethod
+    def renew(self, task: Task, lease_s: float) -> bool:
+        """Extend the lease; False when it is no longer this claim's (expired and re-claimed, or the
+        job was cancelled or failed): the worker must stop and drop its work."""
+
+    @abc.abstractmethod
+    def complete_segment(self, task: Task, frames: int, stage_seconds: dict[str, float], models: list[dict]) -> bool:
+        """Mark a segment DONE (only with the current lease, else False), add its frames and
+        stage_seconds to the job, record `models` if the job has none; when it was the last
+        segment, the join becomes WAITING and the job's stage "join"."""
+
+    @abc.abstractmethod
+    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = "") -> bool:
+        """SUCCEEDED with the output, its size and its sha256 (hex), which DownloadOutput checks
+        (only with the current lease, else False); tasks deleted."""
+
+    @abc.abstractmethod
+    def release(self, task: Task, count_attempt: bool = True, retry_delay_s: float = 0.0, error: str = "") -> None:
+        """Give a task back (WAITING) so another worker claims it, not before `retry_delay_s` from now.
+        `count_attempt` False: the claim is not held against `max_attempts` (a graceful shutdown,
+        or a retryable failure, which is bounded by time instead). `error` (a failure's message)
+        records the failure: the first one's time, their count and the last message come back in
+        the next claim's Task (failures, failing_for_s, last_error)."""
+
+    @abc.abstractmethod
+    def purge_orphan_tasks(self) -> int:
+        """Delete tasks whose job row no longer exists (a hand-deleted row, a partial restore); they
+        could never run and would count as waiting forever. Returns how many."""
+
+    @abc.abstractmethod
+    def job_tasks_active(self, job_id: str) -> bool:
+        """Whether any task of the job is LEASED with a live lease (tests; cancel)."""
+
+    @abc.abstractmethod
+    def queue_stats(self) -> QueueStats: ...
+
+    # -- avatars (gateway) ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_avatar(self, avatar: AvatarRecord) -> AvatarRecord:
+        """Insert, and return what is stored: the existing live avatar when the tenant already has one
+        with the same `content_hash` (a concurrent upload of the same bytes won; the caller drops its
+        own copy), or the one with the same id."""
+
+    @abc.abstractmethod
+    def get_avatar(self, avatar_id: str, tenant: str | None = None) -> AvatarRecord:
+        """NotFound unless the avatar exists, is not deleted, and belongs to `tenant` (None: any)."""
+
+    @abc.abstractmethod
+    def find_avatar(self, tenant: str, content_hash: str) -> AvatarRecord | None:
+        """The tenant's live avatar of that content, if any (CreateAvatar's dedup)."""
+
+    @abc.abstractmethod
+    def list_avatars(self, limit: int = 1000, tenant: str | None = None) -> list[AvatarRecord]:
+        """The live avatars of `tenant` (None: all), oldest first, at most `limit`."""
+
+    @abc.abstractmethod
+    def delete_avatar(self, avatar_id: str, tenant: str | None = None) -> None:
+        """Mark the avatar deleted: absent for get/list/find and new jobs from now on; its row and data
+        stay until `purgeable_avatars` lists it. NotFound when absent, deleted or another tenant's."""
+
+    @abc.abstractmethod
+    def purgeable_avatars(self, limit: int = 100, avatar_id: str | None = None) -> list[str]:
+        """Ids of deleted avatars that no QUEUED or RUNNING job uses (only `avatar_id`, when given),
+        longest deleted first: their data may go now (no new job can use a deleted avatar)."""
+
+    @abc.abstractmethod
+    def forget_avatar(self, avatar_id: str) -> bool:
+        """Remove a deleted avatar's row once its data is purged (False when it is not purgeable, or
+        already gone: another gateway's janitor did it)."""
+
+
+class ChangeFeed(abc.ABC):
+    """Wakes async waiters when a job changes: PostgreSQL LISTEN/NOTIFY, or polling on SQLite.
+
+    One feed per process; `wait` may be called by many coroutines at once (WatchJob streams) and
+    costs nothing while they wait. After a lost database connection the feed reconnects and wakes
+    every waiter (they re-read the job), so a change is never missed, only reported late.
+    """
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def wait(self, job_id: str, after_version: int, timeout: float) -> None:
+        """Return when job `job_id` has a version above `after_version`, or after `timeout` seconds."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+def open_job_store(url: str) -> JobStore:
+    """`sqlite:///relative/path.db`, `sqlite:////abs/path.db` or `postgresql://user:pw@host:port/db`."""
+    if url.startswith("sqlite:"):
+        from services.jobs.store.sqlite import SqliteJobStore
+
+        return SqliteJobStore(url)
+    if url.startswith(("postgresql:", "postgres:")):
+        from services.jobs.store.postgres import PostgresJobStore
+
+        return PostgresJobStore(url)
+    raise ValueError(f"job store URL {url!r}: use sqlite:///path.db or postgresql://user:password@host:port/db")

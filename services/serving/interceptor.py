@@ -1,0 +1,388 @@
+"""The one error funnel of every lipline server, plus per-RPC metrics, request ids and trace spans.
+
+Handlers raise plain exceptions (services.serving.errors); this interceptor turns them into a gRPC
+status with an actionable message, counts the RPC, and keeps tracebacks in the log, never on the
+wire. It also answers UNAVAILABLE while the service is still loading its models.
+
+It also caps concurrent RPCs (`RpcLimits`): in all (`max_concurrent_streams`) and per client
+(`max_streams_per_client`). An RPC counts from its start to its end: a streaming response until the
+handler's last message or its cancellation. Health checks and reflection are never counted nor
+refused, so that no client's idle streams can make a probe, or another client's call, fail. Over
+a cap the call ends RESOURCE_EXHAUSTED at once, with trailing metadata `retry-after-ms` (a hint).
+
+Authentication (`Auth`), checked before anything else, health and reflection exempt:
+- API keys (the public API, `--api-keys-file`): every call carries one of the configured keys in
+  `x-api-key` (or `authorization: Bearer <key>`), else it ends UNAUTHENTICATED. Keys are compared in
+  constant time (`hmac.compare_digest`) and never logged: logs name the key, or a short hash of an
+  unknown one.
+- The internal token (the stages, `--internal-token-file`): every call carries it in
+  `x-lipline-internal`, else UNAUTHENTICATED.
+
+Tenants (services.serving.tenants): with API keys on, each key belongs to a tenant (the keys file's
+`tenant/name:key` lines; a `name:key` line is its own tenant, "name"); without keys every call is the
+implicit tenant. Handlers read it from `TENANT` and find only that tenant's objects.
+
+The client is identified by its API key's TENANT when API keys are on ("tenant:<tenant>": a tenant
+with five keys gets one share of the per-client caps, not five); without them, by its `x-api-key`
+metadata when it sends one (unauthenticated: the value is the identity, "key:<value>"), else by the
+peer's IP address ("ip:<addr>"; every connection from one host is one client). Handlers read it from
+`CLIENT_ID`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import hmac
+import logging
+import re
+import time
+import urllib.parse
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from services.serving import tracing
+from services.serving.errors import LiplineError
+from services.serving.metrics import Metrics
+from services.serving.tenants import IMPLICIT_TENANT, tenant_of_key
+
+_LOGGER = logging.getLogger(__name__)
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+CLIENT_ID: contextvars.ContextVar[str] = contextvars.ContextVar("client_id", default="")
+#: the caller's tenant, set once the call is admitted ("" before: handlers refuse to run without one)
+TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="")
+_ALWAYS_OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+API_KEY_HEADER = "x-api-key"
+MAX_API_KEY_CHARS = 128
+RETRY_AFTER_MS = 1000  # the hint in `retry-after-ms` when a cap refuses a call
+AUTHORIZATION_HEADER = "authorization"
+INTERNAL_TOKEN_HEADER = "x-lipline-internal"
+MIN_API_KEY_CHARS = 16
+_NAME_PART = r"[A-Za-z0-9_.@-]{1,64}"
+_KEY_NAME = re.compile(rf"^(?:{_NAME_PART}/)?{_NAME_PART}$")  # `tenant/name` or `name`
+_KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
+
+
+def key_hash(secret: str) -> str:
+    """What logs show of a secret: "sha256:<first 8 hex digits>"."""
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:8]
+
+
+def parse_api_keys(text: str, source: str = "the API keys file") -> dict[str, str]:
+    """Key name -> key, from one `tenant/name:key`, `name:key` or bare `key` per line (blank lines and
+    `#` comments are skipped). The name's tenant is the part before "/"; a name without one is its own
+    tenant (services.serving.tenants.tenant_of_key), and a bare key is named after its hash,
+    "key-<8 hex digits>", so logs never show it. Several names of one tenant are its keys (rotation).
+
+    Raises:
+        ValueError: naming the line (never the key): a key shorter than MIN_API_KEY_CHARS, longer than
+            MAX_API_KEY_CHARS or not printable ASCII, a bad or repeated name, a repeated key, or no key at all.
+    """
+    keys: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, key = line.partition(":")
+        if not sep:
+            name, key = "key-" + hashlib.sha256(line.encode()).hexdigest()[:8], line
+        name, key = name.strip(), key.strip()
+        where = f"{source}, line {number}"
+        if not _KEY_NAME.match(name):
+            raise ValueError(
+                f"{where}: a key name is `tenant/name` or `name`, each 1-64 of A-Z a-z 0-9 _ . @ - (the line is `tenant/name:key`, `name:key` or `key`)"
+            )
+        if not (MIN_API_KEY_CHARS <= len(key) <= MAX_API_KEY_CHARS and _KEY_CHARS.match(key)):
+            raise ValueError(f"{where} ({name}): a key is {MIN_API_KEY_CHARS}..{MAX_API_KEY_CHARS} printable ASCII characters without spaces")
+        if name in keys:
+            raise ValueError(f"{where}: the key name {name!r} appears twice")
+        if any(hmac.compare_digest(key, other) for other in keys.values()):
+            raise ValueError(f"{where} ({name}): the same key appears twice")
+        keys[name] = key
+    if not keys:
+        raise ValueError(f"{source} holds no key: every call would be refused (leave api_keys_file empty to turn keys off)")
+    return keys
+
+
+def read_secret_file(path: str, what: str) -> str:
+    """A secret file's text, or ValueError naming the file (never its content)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the {what} {path}: {exc.__class__.__name__}: {getattr(exc, 'strerror', '') or exc}") from None
+
+
+def _text(value: Any) -> str:
+    return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Auth:
+    """Who may call: API keys (name -> key) and/or the internal token; both empty = anyone."""
+
+    api_keys: Mapping[str, str] = field(default_factory=dict)
+    internal_token: str = ""
+
+    @classmethod
+    def from_files(cls, api_keys_file: str = "", internal_token_file: str = "") -> Auth:
+        """Read the settings' files (empty path = that check off). Raises ValueError on a bad file."""
+        keys = parse_api_keys(read_secret_file(api_keys_file, "API keys file"), api_keys_file) if api_keys_file else {}
+        token = ""
+        if internal_token_file:
+            token = read_secret_file(internal_token_file, "internal token file").strip()
+            if not (MIN_API_KEY_CHARS <= len(token) <= 4096 and _KEY_CHARS.match(token)):
+                raise ValueError(f"the internal token in {internal_token_file} must be {MIN_API_KEY_CHARS}..4096 printable ASCII characters without spaces")
+        return cls(dict(keys), token)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys or self.internal_token)
+
+    def authenticate(self, metadata: Mapping[str, Any]) -> str:
+        """The API key's name ("" when API keys are off) of a call whose metadata passes every check
+        (its tenant: services.serving.tenants.tenant_of_key).
+
+        Raises:
+            PermissionError: why the call is refused, fit for the caller (never the key itself).
+        """
+        if self.internal_token:
+            sent = metadata.get(INTERNAL_TOKEN_HEADER)
+            if sent is None:
+                raise PermissionError(
+                    f"this service accepts only calls from lipline's own services: send the internal "
+                    f"token in the {INTERNAL_TOKEN_HEADER} metadata (internal_token_file)"
+                )
+            if not hmac.compare_digest(_text(sent).encode(), self.internal_token.encode()):
+                raise PermissionError(f"the {INTERNAL_TOKEN_HEADER} metadata does not hold this deployment's internal token")
+        if not self.api_keys:
+            return ""
+        key = metadata.get(API_KEY_HEADER)
+        if key is None:
+            bearer = _text(metadata.get(AUTHORIZATION_HEADER, ""))
+            scheme, _, rest = bearer.partition(" ")
+            key = rest.strip() if scheme.lower() == "bearer" and rest.strip() else None
+        if key is None:
+            raise PermissionError(f"this API needs an API key: send an API key in the {API_KEY_HEADER} metadata (or {AUTHORIZATION_HEADER}: Bearer <key>)")
+        sent = _text(key).encode()
+        found = ""
+        for name, secret in self.api_keys.items():  # every key compared: the time does not tell which matched
+            if hmac.compare_digest(sent, secret.encode()):
+                found = name
+        if not found:
+            raise PermissionError(
+                f"the API key in the {API_KEY_HEADER} metadata is not valid here ({key_hash(_text(key))}); "
+                "send an API key in the x-api-key metadata that this deployment knows"
+            )
+        return found
+
+
+def client_identity(metadata: dict[str, Any], peer: str) -> str:
+    """ "key:<x-api-key>" when the call carries one, else "ip:<address>" of `peer` (gRPC's
+    "ipv4:1.2.3.4:5678", "ipv6:[::1]:5678", possibly percent-encoded); other peers as they are.
+
+    Raises:
+        ValueError: an `x-api-key` that is empty, longer than MAX_API_KEY_CHARS or not printable ASCII.
+    """
+    key = metadata.get(API_KEY_HEADER)
+    if key is not None:
+        key = key.decode("ascii", "replace") if isinstance(key, bytes) else str(key)
+        if not (0 < len(key) <= MAX_API_KEY_CHARS and key.isascii() and key.isprintable()):
+            raise ValueError(f"the {API_KEY_HEADER} metadata must be 1..{MAX_API_KEY_CHARS} printable ASCII characters")
+        return f"key:{key}"
+    peer = urllib.parse.unquote(peer or "")
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and address:
+        host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
+        return f"ip:{host.strip('[]')}"
+    return peer or "unknown"
+
+
+class RpcLimits:
+    """Counts concurrent RPCs in all and per client; `acquire` refuses over a cap (<= 0: no cap).
+
+    Used from the server's event loop only (no locks): a check and its increment never interleave."""
+
+    def __init__(self, max_total: int, max_per_client: int) -> None:
+        self.max_total, self.max_per_client = max_total, max_per_client
+        self.total = 0
+        self.per_client: dict[str, int] = {}
+
+    def acquire(self, client: str) -> str | None:
+        """Count one RPC of `client` and return None, or return why it is refused (nothing counted)."""
+        mine = self.per_client.get(client, 0)
+        if 0 < self.max_per_client <= mine:
+            return (
+                f"this client ({client}) already has {mine} calls in progress, the limit per client "
+                f"(max_streams_per_client {self.max_per_client}); close some streams or retry later"
+            )
+        if 0 < self.max_total <= self.total:
+            return f"the server has {self.total} calls in progress, its limit (max_concurrent_streams {self.max_total}); retry later or on another replica"
+        self.total += 1
+        self.per_client[client] = mine + 1
+        return None
+
+    def release(self, client: str) -> None:
+        self.total -= 1
+        left = self.per_client.get(client, 0) - 1
+        if left > 0:
+            self.per_client[client] = left
+        else:
+            self.per_client.pop(client, None)
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, metrics: Metrics, ready: asyncio.Event, limits: RpcLimits | None = None, auth: Auth | None = None) -> None:
+        self._metrics = metrics
+        self._ready = ready
+        self.limits = limits or RpcLimits(0, 0)
+        self.auth = auth or Auth()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(_ALWAYS_OPEN):
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+        metadata = dict(details.invocation_metadata or ())
+        if handler.response_streaming:
+            behavior = handler.unary_stream or handler.stream_stream
+            wrapped = self._wrap_streaming(method, metadata, behavior)
+        else:
+            behavior = handler.unary_unary or handler.stream_unary
+            wrapped = self._wrap_unary(method, metadata, behavior)
+        factory = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(handler.request_streaming, handler.response_streaming)]
+        return factory(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _wrap_unary(self, method: str, metadata: dict[str, Any], behavior: Callable) -> Callable:
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = _Call(self, method, metadata, context)
+            with call:
+                await call.authenticate()
+                await call.check_ready()
+                await call.admit()
+                try:
+                    return await behavior(request, context)
+                except BaseException as exc:  # noqa: BLE001 - funnel: every failure gets a status
+                    await call.fail(exc)
+
+        return wrapper
+
+    def _wrap_streaming(self, method: str, metadata: dict[str, Any], behavior: Callable) -> Callable:
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = _Call(self, method, metadata, context)
+            with call:
+                await call.authenticate()
+                await call.check_ready()
+                await call.admit()
+                try:
+                    async for response in behavior(request, context):
+                        yield response
+                except BaseException as exc:  # noqa: BLE001
+                    await call.fail(exc)
+
+        return wrapper
+
+
+class _Call:
+    """Book-keeping of one RPC: request id, span, timing and the final status code."""
+
+    def __init__(self, owner: ServerInterceptor, method: str, metadata: dict[str, Any], context: grpc.aio.ServicerContext) -> None:
+        self.owner, self.method, self.context = owner, method, context
+        self.code = grpc.StatusCode.OK
+        self.request_id = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
+        self.metadata = metadata
+        self.client = ""
+        self.key_name = ""
+        self.tenant = ""
+        self._admitted = False
+        self._span_cm = tracing.server_span(f"{owner._metrics.stage}/{method}", metadata)
+
+    def __enter__(self) -> _Call:
+        self._token = REQUEST_ID.set(self.request_id)
+        self._client_token = CLIENT_ID.set("")
+        self._tenant_token = TENANT.set("")
+        self._start = time.perf_counter()
+        self._span = self._span_cm.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._admitted:
+            self._admitted = False
+            self.owner.limits.release(self.client)
+        m = self.owner._metrics
+        m.requests.labels(m.stage, self.method, self.code.name).inc()
+        m.request_seconds.labels(m.stage, self.method).observe(time.perf_counter() - self._start)
+        tracing.set_status(self._span, self.code)
+        self._span_cm.__exit__(None, None, None)
+        TENANT.reset(self._tenant_token)
+        CLIENT_ID.reset(self._client_token)
+        REQUEST_ID.reset(self._token)
+
+    async def check_ready(self) -> None:
+        if not self.owner._ready.is_set():
+            self.code = grpc.StatusCode.UNAVAILABLE
+            await self.context.abort(self.code, f"{self.owner._metrics.stage} is still loading its models; retry shortly")
+
+    async def authenticate(self) -> None:
+        """End the call UNAUTHENTICATED unless its metadata passes the service's Auth."""
+        if not self.owner.auth.enabled:
+            return
+        try:
+            self.key_name = self.owner.auth.authenticate(self.metadata)
+        except PermissionError as exc:
+            self.code = grpc.StatusCode.UNAUTHENTICATED
+            _LOGGER.info("%s refused: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name, "peer": self.context.peer()})
+            await self.context.abort(self.code, str(exc))
+
+    async def admit(self) -> None:
+        """Identify the tenant and the client and count the call against the caps, or end it
+        RESOURCE_EXHAUSTED. With API keys the client is the key's tenant (its keys share its caps)."""
+        self.tenant = tenant_of_key(self.key_name) if self.key_name else IMPLICIT_TENANT
+        try:
+            self.client = f"tenant:{self.tenant}" if self.key_name else client_identity(self.metadata, self.context.peer())
+        except ValueError as exc:
+            self.code = grpc.StatusCode.UNAUTHENTICATED
+            await self.context.abort(self.code, str(exc))
+        CLIENT_ID.set(self.client)
+        TENANT.set(self.tenant)
+        refusal = self.owner.limits.acquire(self.client)
+        if refusal is not None:
+            self.code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            _LOGGER.info("%s refused: %s", self.method, refusal, extra={"request_id": self.request_id, "code": self.code.name})
+            await self.context.abort(self.code, refusal, trailing_metadata=(("retry-after-ms", str(RETRY_AFTER_MS)),))
+        self._admitted = True
+
+    async def fail(self, exc: BaseException) -> None:
+        if isinstance(exc, asyncio.CancelledError):
+            self.code = grpc.StatusCode.CANCELLED
+            raise exc
+        if isinstance(exc, LiplineError):
+            self.code = exc.code
+            _LOGGER.info("%s failed: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name})
+            await self.context.abort(self.code, str(exc))
+        if isinstance(exc, grpc.aio.AbortError):
+            # The handler aborted by itself (context.abort raises AbortError); keep its status.
+            code = self.context.code()
+            self.code = code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+            raise exc
+        self.code = grpc.StatusCode.INTERNAL
+        _LOGGER.exception("%s crashed", self.method, extra={"request_id": self.request_id})
+        await self.context.abort(self.code, f"internal error in {self.method} (request id {self.request_id}); the server log has details")

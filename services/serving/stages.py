@@ -1,0 +1,152 @@
+"""The one list of lipline's stages: name, ports, GPU or not, image, who calls whom.
+
+Everything that needs the list reads it from here: the services' default ports, the local cluster
+(services/local), the benchmarks' process handling, the image build (scripts/image_requirements.py,
+the Makefile's `images`), the chart's schema (scripts/gen_chart_schema.py); the chart's own list is
+`stages:` in helm/lipline/values.yaml, and tests/unit/serving/test_stages.py checks the two agree.
+
+Standard library only: the image build reads it before anything is installed, and the torch-free
+images (audio, gateway, render) import it.
+
+`python -m services.serving.stages [--gpu | --cpu]` prints the stage names, one line, space-separated
+(the Makefile's image lists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage: a `python -m services.<name>` service, its image and its place in the pipeline.
+
+    Attributes:
+        name: the stage's name: its package under services/, its chart key `stages.<name>`, its
+            `stage` metrics label.
+        port: default gRPC port (LIPLINE_PORT; the chart's `stages.<name>.port`).
+        metrics_port: default Prometheus /metrics port (the chart's `metricsPort`).
+        settings: its settings dataclass as "module:Class" (what `stages.<name>.config` may set).
+        gpu: serves a model on a GPU (the chart's `gpu` > 0, RUNTIME=gpu in services/Dockerfile).
+        public: the public API: checks API keys, never the internal token (the chart's `public`).
+        calls: the stages it dials, each as `--<stage>-address` (the chart's `dials`).
+        stores: uses the job and blob stores (the chart's `stores`).
+        cache: keeps a local scratch cache, `--cache-dir` (the chart's `cache`).
+    """
+
+    name: str
+    port: int
+    metrics_port: int
+    settings: str
+    gpu: bool = False
+    public: bool = False
+    calls: tuple[str, ...] = ()
+    stores: bool = False
+    cache: bool = False
+
+    @property
+    def module(self) -> str:
+        """What `python -m` runs."""
+        return f"services.{self.name}"
+
+    @property
+    def image(self) -> str:
+        """The image's name (without registry and tag): `make images` builds it, the chart pulls it."""
+        return f"lipline-{self.name}"
+
+    @property
+    def local_address(self) -> str:
+        """The default address of this stage on one machine (callers' default `--<name>-address`)."""
+        return f"127.0.0.1:{self.port}"
+
+
+def _registry(*stages: Stage) -> Mapping[str, Stage]:
+    by_name = {s.name: s for s in stages}
+    problems = [f"{s.name} calls unknown stage {c!r}" for s in stages for c in s.calls if c not in by_name]
+    ports = [p for s in stages for p in (s.port, s.metrics_port)]
+    if len(set(ports)) != len(ports):
+        problems.append(f"a port is used twice: {ports}")
+    if len(by_name) != len(stages):
+        problems.append("a stage name is used twice")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return MappingProxyType(by_name)
+
+
+#: every stage by name, in pipeline order (the stages that are called before their callers)
+STAGES: Mapping[str, Stage] = _registry(
+    Stage("audio", port=50061, metrics_port=9091, settings="services.audio.service:AudioSettings"),
+    Stage("lipsync", port=50062, metrics_port=9092, settings="services.lipsync.service:LipSyncSettings", gpu=True),
+    Stage("superres", port=50063, metrics_port=9093, settings="services.superres.service:SuperResSettings", gpu=True),
+    # Render workers claim segments from the job store; their gRPC port serves health and reflection only.
+    Stage("render", port=50064, metrics_port=9095, settings="services.render.settings:RenderSettings", calls=("lipsync", "superres"), stores=True, cache=True),
+    Stage("gateway", port=50051, metrics_port=9094, settings="services.gateway.settings:GatewaySettings", public=True, calls=("audio", "lipsync"), stores=True),
+)
+
+
+def stage(name: str) -> Stage:
+    """The stage called `name`; ValueError naming the known ones otherwise."""
+    try:
+        return STAGES[name]
+    except KeyError:
+        raise ValueError(f"unknown stage {name!r}: one of {', '.join(STAGES)}") from None
+
+
+def gpu_stages() -> tuple[str, ...]:
+    return tuple(s.name for s in STAGES.values() if s.gpu)
+
+
+def cpu_stages() -> tuple[str, ...]:
+    return tuple(s.name for s in STAGES.values() if not s.gpu)
+
+
+def public_stages() -> frozenset[str]:
+    return frozenset(s.name for s in STAGES.values() if s.public)
+
+
+def called_stages() -> tuple[str, ...]:
+    """The stages some other stage dials (audio, lipsync, superres: the model stages), in registry order."""
+    called = {c for s in STAGES.values() for c in s.calls}
+    return tuple(name for name in STAGES if name in called)
+
+
+def start_order(names: Sequence[str] | None = None) -> list[list[str]]:
+    """`names` (default all) in waves: each stage after the stages it calls, a wave's stages independent.
+
+    The local cluster starts a wave, waits for it to be SERVING, then starts the next; it stops them
+    in the reverse order.
+    """
+    names = list(STAGES if names is None else names)
+    depth: dict[str, int] = {}
+
+    def level(name: str, seen: tuple[str, ...] = ()) -> int:
+        if name in seen:
+            raise ValueError(f"stages call each other in a cycle: {' -> '.join((*seen, name))}")
+        if name not in depth:
+            depth[name] = 1 + max((level(c, (*seen, name)) for c in stage(name).calls), default=-1)
+        return depth[name]
+
+    waves: list[list[str]] = []
+    for name in names:
+        d = level(name)
+        waves += [[] for _ in range(d + 1 - len(waves))]
+        waves[d].append(name)
+    return [w for w in waves if w]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m services.serving.stages", description="print the stage names")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--gpu", action="store_true", help="only the GPU stages")
+    which.add_argument("--cpu", action="store_true", help="only the CPU stages")
+    args = p.parse_args(argv)
+    print(" ".join(gpu_stages() if args.gpu else cpu_stages() if args.cpu else STAGES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Small synthetic pictures and videos for the media tests (decoding, the MP4 writer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from services.render.mp4 import Mp4Writer
+
+
+def smooth_image(height: int, width: int) -> np.ndarray:
+    """A smooth synthetic BGR image (smooth so JPEG round-trips closely)."""
+    y, x = np.mgrid[0:height, 0:width]
+    blue, green = x * 255 // (width - 1), y * 255 // (height - 1)
+    return np.stack([blue, green, np.full_like(x, 128)], axis=-1).astype(np.uint8)
+
+
+def write_flat_video(path: Path, frames: int, fps: float, size: tuple[int, int] = (64, 48)) -> Path:
+    """An MP4 of `frames` flat grey frames (frame i at level 20 * i mod 256), no audio track."""
+    width, height = size
+    with Mp4Writer(path, width, height, fps, None, 16000) as writer:
+        for i in range(frames):
+            writer.write(np.full((height, width, 3), (i * 20) % 256, np.uint8))
+    return path

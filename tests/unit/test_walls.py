@@ -1,0 +1,77 @@
+"""The walls between services/' shared packages (docs/architecture.md section 9), checked on the source.
+
+Each package's `__init__` docstring says what it may import; these tests read every import statement
+(module level and inside functions alike: a function-level import crosses a wall too) and fail on
+one that crosses: torch in a package every torch-free image loads, model code in the job contract,
+jobs in the model stages, or the old `services.common`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SERVICES = Path(__file__).resolve().parents[2] / "services"
+
+# package -> the top-level names (or services.<package> prefixes) none of its modules may import
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "serving": ("torch", "torchvision", "services.media", "services.jobs", "services.inference"),
+    "media": ("torch", "torchvision", "services.jobs", "services.inference"),
+    "jobs": ("torch", "torchvision", "services.inference"),
+    "inference": ("services.jobs",),
+}
+
+
+def imported_names(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, dotted module name) of every import in a source file, relative ones resolved."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = ".".join(path.relative_to(SERVICES.parent).with_suffix("").parts[:-1])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            yield node.lineno, base
+            for alias in node.names:  # `from services import jobs` names a package too
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def crosses(name: str, forbidden: str) -> bool:
+    return name == forbidden or name.startswith(forbidden + ".")
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_package_imports_nothing_beyond_its_wall(package: str) -> None:
+    offenders = [
+        f"{path.relative_to(SERVICES.parent)}:{line}: {name}"
+        for path in sorted((SERVICES / package).rglob("*.py"))
+        for line, name in imported_names(path)
+        if any(crosses(name, f) for f in FORBIDDEN[package])
+    ]
+    assert not offenders, f"services/{package} may not import {', '.join(FORBIDDEN[package])}:\n" + "\n".join(offenders)
+
+
+def test_nothing_imports_services_common() -> None:
+    roots = [SERVICES, SERVICES.parent / "tests", SERVICES.parent / "bench", SERVICES.parent / "scripts"]
+    offenders = [
+        f"{path.relative_to(SERVICES.parent)}:{line}: {name}"
+        for root in roots
+        for path in sorted(root.rglob("*.py"))
+        for line, name in imported_names(path)
+        if crosses(name, "services.common")
+    ]
+    assert not (SERVICES / "common").exists(), "services/common/ is back: put the file in serving, media, jobs or inference"
+    assert not offenders, "\n".join(offenders)
+
+
+def test_every_shared_package_says_what_it_may_import() -> None:
+    for package in FORBIDDEN:
+        doc = ast.get_docstring(ast.parse((SERVICES / package / "__init__.py").read_text(encoding="utf-8"))) or ""
+        assert "May import" in doc, f"services/{package}/__init__.py: the docstring says what the package may import"
