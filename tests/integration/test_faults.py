@@ -193,7 +193,7 @@ def test_a_blob_store_spell_mid_job_is_ridden_out_and_answered_clearly(
     assert done.state == SUCCEEDED, done.error
     assert done.frames_done == done.total_frames
     assert no_temporary_files(root) == []
-    print(f"partial avatars left by CreateAvatar during the {spell} spell: {avatar_leftovers(root)}")
+    assert avatar_leftovers(root) == [], f"CreateAvatar during the {spell} spell left blobs behind"
     assert_workers_serving(fcluster)
 
 
