@@ -73,6 +73,7 @@ class AvatarCache:
                     return self._open[avatar_id]
             avatar = self._load(avatar_id)
             with self._lock:
+                self._building.pop(avatar_id, None)  # later callers find it open; waiters hold the lock itself
                 self._open[avatar_id] = avatar
                 while len(self._open) > self._max_open:
                     self._open.popitem(last=False)
@@ -143,11 +144,13 @@ class AvatarCache:
             if aid in open_ids or aid == keep:
                 continue
             path.unlink(missing_ok=True)
+            with self._lock:
+                self._used.pop(aid, None)  # the record of uses stays as small as the cache
             total -= size
             _LOGGER.info("avatar cache file evicted", extra={"avatar_id": aid, "bytes": size})
         if total + needed > self._max_bytes:
             _LOGGER.warning(
-                "avatar cache over its disk budget: the avatars open now need it",
+                "avatar cache over its disk budget: the avatars open now, and the one being built, need it",
                 extra={"bytes": total + needed, "avatar_cache_bytes": self._max_bytes},
             )
 

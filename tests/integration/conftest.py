@@ -16,6 +16,7 @@ import pytest
 
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
+from tests.helpers.postgres import PostgresServer, missing_reason
 from tests.integration.util import SAMPLES, cut_wav, logs_of, start_cluster
 
 SPEECH_SECONDS = 2.4  # speech, a silent gap (0.56-0.96 s), more speech
@@ -55,3 +56,17 @@ def avatar_bytes() -> bytes:
 def speech_bytes() -> bytes:
     """The first SPEECH_SECONDS of samples/speech.wav (22.05 kHz mono PCM WAV)."""
     return cut_wav((SAMPLES / "speech.wav").read_bytes(), SPEECH_SECONDS)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def job_store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A job store URL, once an SQLite file and once a real PostgreSQL server: a module whose cluster
+    fixture takes it runs every test that uses that cluster on both (the SQL of the two differs)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'jobs.db'}"
+        return
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with PostgresServer() as server:
+        yield server.url

@@ -193,7 +193,43 @@ def test_a_blob_store_spell_mid_job_is_ridden_out_and_answered_clearly(
     assert done.state == SUCCEEDED, done.error
     assert done.frames_done == done.total_frames
     assert no_temporary_files(root) == []
-    print(f"partial avatars left by CreateAvatar during the {spell} spell: {avatar_leftovers(root)}")
+    assert avatar_leftovers(root) == [], f"CreateAvatar during the {spell} spell left blobs behind"
+    assert_workers_serving(fcluster)
+
+
+def avatar_files(root: Path) -> set[str]:
+    """Every file under the store's avatars/ folder, temporary ones included."""
+    folder = root / "avatars"
+    return {str(p.relative_to(root)) for p in folder.rglob("*") if not p.is_dir()} if folder.exists() else set()
+
+
+def test_a_store_that_fills_during_create_avatar_keeps_nothing_of_it(fcluster: LocalCluster, client: LiplineClient) -> None:
+    """The upload (a 100-frame video, ~50 KB) fits in what is left of the store, its 2.8 MB of crops do
+    not: CreateAvatar answers RESOURCE_EXHAUSTED naming the store, and the source it had already
+    written is gone again, with no temporary file; once there is room, the same upload succeeds."""
+    from bench.avatar_memory import static_video
+
+    if fcluster.no_mount:  # type: ignore[attr-defined]
+        pytest.skip(fcluster.no_mount)  # type: ignore[attr-defined]
+    root = fcluster.blob_dir
+    frames = 100
+    video = static_video(frames, 256, 256)
+    room = len(video) + 256 * 1024  # the source and the meta fit, the crops (27,648 bytes a frame) do not
+    assert len(video) * 2 < room < frames * 96 * 96 * 3 // 4
+    before = avatar_files(root)
+    filler = fill(root, leave_bytes=room)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            client.create_avatar(video, name="fills the store")
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+        assert f"the blob store {root} is full" in info.value.details()
+        assert avatar_files(root) == before  # no source, crops, meta or temporary file of it
+        assert no_temporary_files(root) == []
+    finally:
+        filler.unlink()
+    made = client.create_avatar(video, name="room again")
+    assert made.frame_count == frames
+    assert avatar_files(root) - before == {f"avatars/{made.id}/{name}" for name in ("source", "crops.npy", "meta.json")}
     assert_workers_serving(fcluster)
 
 

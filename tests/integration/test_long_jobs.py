@@ -26,7 +26,6 @@ from lipline.v1 import gateway_pb2, gateway_pb2_grpc
 from services.jobs.layout import output_key
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
-from tests.helpers.postgres import PostgresServer, missing_reason
 from tests.integration.util import SAMPLES, eventually, start_cluster
 
 CONNECTION_AGE_S, GRACE_S = 2.0, 1.0
@@ -43,18 +42,6 @@ def speech(seconds: float) -> bytes:
         dst.setparams(params)
         dst.writeframes((frames * (want // len(frames) + 1))[:want])
     return out.getvalue()
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def job_store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'jobs.db'}"
-        return
-    reason = missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with PostgresServer() as server:
-        yield server.url
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ public RPC (every one NOT_FOUND, worded as for an id that never existed), and up
 gets bob an avatar of his own; acme sees the same objects through both keys. Then acme deletes an
 avatar while a many-segment job renders from it: the avatar is gone at once, the job succeeds, and
 the janitor purges its blobs after the job. Without keys, the gateway warns that its port is open.
+Every test runs on the SQLite and on the PostgreSQL job store.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ class Tenants:
 
 
 @pytest.fixture(scope="module")
-def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
+def tenants(job_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
+    """The cluster with API keys, once on SQLite and once on PostgreSQL (conftest's `job_store_url`):
+    the tenant filters are SQL, and each store has its own."""
     workdir = tmp_path_factory.mktemp("tenants")
     keys = {name: secrets.token_urlsafe(24) for name in ("acme/ci", "acme/rotated", "bob")}
     (workdir / "api-keys").write_text("# tenant/name:key\n" + "".join(f"{n}:{k}\n" for n, k in keys.items()))
     gateway = [f"--api-keys-file={workdir / 'api-keys'}", "--segment-seconds=0.4", "--avatar-purge-interval-s=1"]
-    with start_cluster(workdir / "cluster", extra_args={"gateway": gateway}) as cluster:
+    with start_cluster(workdir / "cluster", job_store=job_store_url, extra_args={"gateway": gateway}) as cluster:
         clients = [LiplineClient(cluster.gateway_address, timeout=180, api_key=keys[n]) for n in keys]
         try:
             yield Tenants(cluster, *clients)
