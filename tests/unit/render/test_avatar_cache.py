@@ -16,8 +16,8 @@ import cv2
 import numpy as np
 import pytest
 
-from services.common.avatars import AvatarMeta, new_avatar_id, save_avatar
-from services.common.store.folder import FolderBlobStore
+from services.jobs.avatars import AvatarMeta, new_avatar_id, save_avatar
+from services.jobs.store.folder import FolderBlobStore
 from services.render.avatar_cache import AvatarCache
 
 WIDTH, HEIGHT = 128, 96
