@@ -3,7 +3,7 @@
 The blob store holds each avatar as the user uploaded it (compressed); the first segment of an
 avatar on a worker decodes it once, converts every frame to the encoder's pixel format (I420) and
 keeps that on local disk (`<cache_dir>/avatars/<id>.i420.npy`), memory-mapped, so per output frame
-only the face box is blended and patched in (DESIGN.md: "composite only what changes"). The most
+only the face box is blended and patched in (docs/architecture.md section 1: only the face box changes). The most
 recently used avatars stay open; the cache is safe to lose (a pod's emptyDir).
 
 Memory: the file is written one frame at a time (decode, convert, write), so building it holds one

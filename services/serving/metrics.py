@@ -1,4 +1,4 @@
-"""Every Prometheus metric lipline exports, declared in one place (names of DESIGN.md section 5).
+"""Every Prometheus metric lipline exports, declared in one place (names of docs/architecture.md section 5).
 
 One family per concept with a `stage` label, so one Grafana dashboard and one prometheus-adapter rule
 serve every stage. Labels are bounded (stage, method, code, status); never an id.
@@ -56,7 +56,7 @@ class Metrics:
         self.render_first_frame_seconds = Histogram(
             "lipline_render_first_frame_seconds", "start of a job to its first encoded frame", buckets=_SECONDS, registry=r
         )
-        # Render workers and the job store (DESIGN.md section 5). The queue gauges describe the one
+        # Render workers and the job store (docs/architecture.md section 5). The queue gauges describe the one
         # shared queue, so every worker exports the same value: aggregate with max(), not sum().
         self.segments = Counter("lipline_segments", "tasks (segments and joins) ended by this worker, by status", ["status"], registry=r)
         self.queue_tasks = Gauge("lipline_queue_depth", "tasks waiting to be claimed, by kind (segment, join)", ["kind"], registry=r)

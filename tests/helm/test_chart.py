@@ -44,7 +44,7 @@ OPERATOR_API = "monitoring.coreos.com/v1"
 GPU_STAGES = tuple(gpu_stages())
 STAGES = tuple(STAGE_REGISTRY)
 STORE_STAGES = ("render", "gateway")
-# Who may call whom (DESIGN.md section 1): the NetworkPolicies must say exactly this.
+# Who may call whom (docs/architecture.md section 1): the NetworkPolicies must say exactly this.
 CALLERS = {"audio": {"gateway"}, "lipsync": {"gateway", "render"}, "superres": {"render"}, "render": set()}
 SQLITE = "sqlite:////var/lib/lipline/lipline.db"
 

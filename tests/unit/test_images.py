@@ -35,7 +35,7 @@ VALUES = yaml.safe_load((REPO / "helm" / "lipline" / "values.yaml").read_text())
 LOCK = REPO / "requirements.lock"
 STAGES = tuple(VALUES["stages"])
 NO_TORCH = ("audio", "gateway", "render")
-# What the gateway and render images must never carry (DESIGN.md section 6, the brief of issue "render workers").
+# What the gateway and render images must never carry (docs/architecture.md section 6, the brief of issue "render workers").
 FORBIDDEN_WITHOUT_MODELS = {
     "torch",
     "sympy",

@@ -1,4 +1,4 @@
-"""How a stage runs its torch model (DESIGN.md section 4): one decision, then a backend that reads it.
+"""How a stage runs its torch model (docs/architecture.md section 4): one decision, then a backend that reads it.
 
     spec = resolve_backend_spec(settings.backend, device, model=model, max_batch=..., ...)  # logs one line
     backend = build_backend(spec, model)   # TorchBackend / CompiledBackend / TensorRTBackend

@@ -1,4 +1,4 @@
-"""The `Backend` protocol: what a model stage calls, whatever runs the model (DESIGN.md section 4)."""
+"""The `Backend` protocol: what a model stage calls, whatever runs the model (docs/architecture.md section 4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The two stores every stateful part of lipline goes through (DESIGN.md sections 1 and 7).
+"""The two stores every stateful part of lipline goes through (docs/architecture.md sections 1 and 7).
 
 - `jobs.JobStore`: the system of record for jobs, their tasks (segments and the join), leases and
   avatars' summaries. SQLite (embedded default) or PostgreSQL (a cluster); `open_job_store(url)`.

@@ -145,7 +145,7 @@ class AvatarRecord:
 
 @dataclasses.dataclass(frozen=True)
 class QueueStats:
-    """For metrics and autoscaling (DESIGN.md section 5)."""
+    """For metrics and autoscaling (docs/architecture.md section 5)."""
 
     waiting: int  # segment and join tasks claimable now (expired leases included)
     leased: int  # tasks held by a live lease
