@@ -8,7 +8,7 @@ them again into their I420 cache. Encoding and the MP4 side live with the render
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 
 import av
@@ -48,7 +48,7 @@ def decode_avatar(
       that claims 30000x30000 is refused without allocating anything;
     - a video's declared frame size and frame count are checked after opening it (FFmpeg's stream
       probing is not allowed to decode: see `_open_video`), the compressed frames are counted before
-      decoding (more than twice ``max_frames`` is refused there; see `_decode_video` for why not
+      decoding (more than twice ``max_frames`` is refused there; see `_demux_checked` for why not
       exactly ``max_frames``), the decoder refuses frames above ``max_pixels`` by itself
       (FFmpeg's ``max_pixels`` codec option), and every decoded frame must have the first frame's
       size (a container whose size changes mid-stream is invalid, not an internal error).
@@ -79,20 +79,8 @@ def decode_avatar(
             mid-stream.
         TooLarge: The avatar has more than ``max_frames`` frames or more than ``max_pixels`` pixels.
     """
-    if not data:
-        raise InvalidMedia("avatar is empty")
-    try:
-        header = read_image_size(data)
-    except ImageHeaderError as exc:
-        raise InvalidMedia(f"could not decode the avatar image: {exc}; {_SUPPORTED_HINT}") from exc
-    if header is not None:
-        return _decode_still(data, header, max_pixels=max_pixels, min_side=min_side), float(photo_fps)
-    try:
-        frames, fps = _decode_video(data, max_frames=max_frames, max_pixels=max_pixels, min_side=min_side)
-        # An AVIF photo (ISO-BMFF, major brand "avif") is a one-frame AV1 video to FFmpeg; it is a photo.
-        return frames, float(photo_fps) if data[8:12] == b"avif" else fps
-    except _DECODE_ERRORS as exc:
-        raise InvalidMedia(f"could not decode the avatar as an image or a video: {_reason(exc)}; {_SUPPORTED_HINT}") from exc
+    with open_avatar(data, photo_fps=photo_fps, max_frames=max_frames, max_pixels=max_pixels, min_side=min_side) as frames:
+        return _collect(frames, frames.count_hint, max_frames), frames.fps
 
 
 # What PyAV and FFmpeg raise for bad input (av.FFmpegError subclasses ValueError or OSError; metadata
@@ -115,13 +103,6 @@ def _decode_still(data: bytes, header: ImageSize, *, max_pixels: int, min_side: 
         raise InvalidMedia(f"could not decode the avatar as a {header.format} image (corrupt or truncated data); {_SUPPORTED_HINT}")
     _check_size(image.shape[1], image.shape[0], max_pixels, min_side)
     return _even(image[None])
-
-
-def _decode_video(data: bytes, *, max_frames: int, max_pixels: int, min_side: int) -> tuple[np.ndarray, float]:
-    """Decodes every frame of the first video stream into one preallocated even-sized array (see decode_avatar)."""
-    with _open_video(data) as container:
-        stream, packets, count, fps = _demux_checked(container, max_frames=max_frames, max_pixels=max_pixels, min_side=min_side)
-        return _decode_packets(stream, packets, min(count, max_frames), max_frames, max_pixels, min_side), fps
 
 
 def _demux_checked(
@@ -229,18 +210,11 @@ def _iter_packets(
         raise InvalidMedia(f"the avatar video has no frames; {_SUPPORTED_HINT}")
 
 
-def _decode_packets(
-    stream: av.video.stream.VideoStream,
-    packets: list[av.Packet],
-    count: int,
-    max_frames: int,
-    max_pixels: int,
-    min_side: int,
-) -> np.ndarray:
-    """Decodes packets into an (n, H, W, 3) array allocated once for ``count`` frames (grown if more come)."""
+def _collect(images: Iterable[np.ndarray], count: int, max_frames: int) -> np.ndarray:
+    """Copies frames into an (n, H, W, 3) array allocated once for ``count`` frames (grown if more come)."""
     out: np.ndarray | None = None
     n = 0
-    for image in _iter_packets(stream, packets, max_frames, max_pixels, min_side):
+    for image in images:
         if out is None:
             out = np.empty((max(count, 1), *image.shape), np.uint8)
         elif n == len(out):
@@ -250,7 +224,7 @@ def _decode_packets(
             out.resize((min(2 * n, max_frames), *out.shape[1:]), refcheck=False)
         out[n] = image
         n += 1
-    assert out is not None  # _iter_packets raises on no frames
+    assert out is not None  # open_avatar yields at least one frame or raises
     if n < len(out):
         # Fewer frames than packets: give the unused tail back (in place, like the growth above;
         # its pages were never written, so they never counted in RSS). No view of `out` exists.

@@ -326,13 +326,13 @@ def test_frames_decode_into_one_array_whatever_the_packet_count_said(tmp_path: P
     with media._open_video(data) as container:
         stream = container.streams.video[0]
         packets = list(container.demux(stream))
-        frames = media._decode_packets(stream, packets, count, max_frames=100, max_pixels=96 * 96, min_side=64)
+        frames = media._collect(media._iter_packets(stream, packets, 100, 96 * 96, 64), count, max_frames=100)
     assert frames.shape == (12, 96, 96, 3) and frames.flags.owndata and frames.flags.c_contiguous
     np.testing.assert_array_equal(frames, decode_avatar(data)[0])
     with media._open_video(data) as container:
         stream = container.streams.video[0]
         with pytest.raises(TooLarge, match="more than 5 frames"):
-            media._decode_packets(stream, list(container.demux(stream)), 1, max_frames=5, max_pixels=96 * 96, min_side=64)
+            media._collect(media._iter_packets(stream, list(container.demux(stream)), 5, 96 * 96, 64), 1, max_frames=5)
 
 
 def test_odd_sized_video_is_cropped_even_without_a_copy(tmp_path: Path) -> None:
