@@ -14,10 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from lipline.v1 import audio_pb2_grpc, lipsync_pb2_grpc, superres_pb2_grpc
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.helpers.postgres import PostgresServer, missing_reason
-from tests.integration.util import SAMPLES, cut_wav, logs_of, start_cluster
+from tests.integration.util import SAMPLES, cut_wav, logs_of, stage_channel, start_cluster
 
 SPEECH_SECONDS = 2.4  # speech, a silent gap (0.56-0.96 s), more speech
 
@@ -45,6 +46,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def client(cluster: LocalCluster) -> Iterator[LiplineClient]:
     with LiplineClient(cluster.gateway_address, timeout=120.0) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def audio_stub(cluster: LocalCluster) -> Iterator[audio_pb2_grpc.AudioServiceStub]:
+    with stage_channel(cluster, "audio") as channel:
+        yield audio_pb2_grpc.AudioServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def lipsync_stub(cluster: LocalCluster) -> Iterator[lipsync_pb2_grpc.LipSyncServiceStub]:
+    with stage_channel(cluster, "lipsync") as channel:
+        yield lipsync_pb2_grpc.LipSyncServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def superres_stub(cluster: LocalCluster) -> Iterator[superres_pb2_grpc.SuperResServiceStub]:
+    with stage_channel(cluster, "superres") as channel:
+        yield superres_pb2_grpc.SuperResServiceStub(channel)
 
 
 @pytest.fixture(scope="session")

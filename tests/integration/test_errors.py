@@ -70,29 +70,6 @@ def still_serving(cluster: LocalCluster, mclient: LiplineClient, avatar: gateway
     assert mclient.stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=avatar.id), timeout=10).id == avatar.id
 
 
-def stage_channel(cluster: LocalCluster, stage: str) -> grpc.Channel:
-    options = [("grpc.max_send_message_length", 128 * MiB), ("grpc.max_receive_message_length", 128 * MiB)]
-    return grpc.insecure_channel(cluster.processes[stage].address, options=options)
-
-
-@pytest.fixture(scope="module")
-def audio_stub(cluster: LocalCluster) -> Iterator[audio_pb2_grpc.AudioServiceStub]:
-    with stage_channel(cluster, "audio") as channel:
-        yield audio_pb2_grpc.AudioServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def lipsync_stub(cluster: LocalCluster) -> Iterator[lipsync_pb2_grpc.LipSyncServiceStub]:
-    with stage_channel(cluster, "lipsync") as channel:
-        yield lipsync_pb2_grpc.LipSyncServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def superres_stub(cluster: LocalCluster) -> Iterator[superres_pb2_grpc.SuperResServiceStub]:
-    with stage_channel(cluster, "superres") as channel:
-        yield superres_pb2_grpc.SuperResServiceStub(channel)
-
-
 def png(image: np.ndarray) -> bytes:
     ok, data = cv2.imencode(".png", image)
     assert ok

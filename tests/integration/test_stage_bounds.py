@@ -44,29 +44,6 @@ def expect_invalid(call: Callable[[], Any], *words: str) -> str:
     return details
 
 
-def channel(cluster: LocalCluster, stage: str) -> grpc.Channel:
-    options = [("grpc.max_send_message_length", 128 * MiB), ("grpc.max_receive_message_length", 128 * MiB)]
-    return grpc.insecure_channel(cluster.processes[stage].address, options=options)
-
-
-@pytest.fixture(scope="module")
-def lipsync(cluster: LocalCluster) -> Iterator[lipsync_pb2_grpc.LipSyncServiceStub]:
-    with channel(cluster, "lipsync") as ch:
-        yield lipsync_pb2_grpc.LipSyncServiceStub(ch)
-
-
-@pytest.fixture(scope="module")
-def superres(cluster: LocalCluster) -> Iterator[superres_pb2_grpc.SuperResServiceStub]:
-    with channel(cluster, "superres") as ch:
-        yield superres_pb2_grpc.SuperResServiceStub(ch)
-
-
-@pytest.fixture(scope="module")
-def audio(cluster: LocalCluster) -> Iterator[audio_pb2_grpc.AudioServiceStub]:
-    with channel(cluster, "audio") as ch:
-        yield audio_pb2_grpc.AudioServiceStub(ch)
-
-
 @pytest.fixture(autouse=True)
 def still_serving(cluster: LocalCluster) -> Iterator[None]:
     yield
@@ -95,30 +72,30 @@ def extract(stub: audio_pb2_grpc.AudioServiceStub, max_seconds: float) -> Callab
     return lambda: stub.Extract(iter([request]), timeout=60)
 
 
-def test_generate_items_per_message(lipsync: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
-    details = expect_invalid(generate(lipsync, MAX_PENDING + 1), "items", f"{MAX_PENDING + 1} in one message", f"at most {MAX_PENDING}")
+def test_generate_items_per_message(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
+    details = expect_invalid(generate(lipsync_stub, MAX_PENDING + 1), "items", f"{MAX_PENDING + 1} in one message", f"at most {MAX_PENDING}")
     assert "max_pending_per_stream" in details
-    (ok,) = list(generate(lipsync, 10)())  # what the render workers send: served as before
+    (ok,) = list(generate(lipsync_stub, 10)())  # what the render workers send: served as before
     assert len(ok.faces.frame_indices) == 10
 
 
-def test_generate_output_bytes_per_message(lipsync: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
-    expect_invalid(generate(lipsync, OVER_BUDGET, paste=SIDE), "bytes", "256 MiB", "fewer items")
+def test_generate_output_bytes_per_message(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
+    expect_invalid(generate(lipsync_stub, OVER_BUDGET, paste=SIDE), "bytes", "256 MiB", "fewer items")
 
 
-def test_upscale_items_per_message(superres: superres_pb2_grpc.SuperResServiceStub) -> None:
+def test_upscale_items_per_message(superres_stub: superres_pb2_grpc.SuperResServiceStub) -> None:
     dot = np.zeros((1, 1, 3), np.uint8)  # a 64 MiB message holds millions of these, each asking for a face
-    expect_invalid(upscale(superres, MAX_PENDING + 1, side=96, image=dot), "items", f"at most {MAX_PENDING}")
-    (ok,) = list(upscale(superres, 10, side=96)())
+    expect_invalid(upscale(superres_stub, MAX_PENDING + 1, side=96, image=dot), "items", f"at most {MAX_PENDING}")
+    (ok,) = list(upscale(superres_stub, 10, side=96)())
     assert len(ok.items) == 10
 
 
-def test_upscale_output_bytes_per_message(superres: superres_pb2_grpc.SuperResServiceStub) -> None:
-    expect_invalid(upscale(superres, OVER_BUDGET, side=SIDE), "bytes", "256 MiB")
+def test_upscale_output_bytes_per_message(superres_stub: superres_pb2_grpc.SuperResServiceStub) -> None:
+    expect_invalid(upscale(superres_stub, OVER_BUDGET, side=SIDE), "bytes", "256 MiB")
 
 
 @pytest.mark.parametrize("max_seconds", [-1.0, float("nan"), -1e300])
-def test_extract_max_seconds(audio: audio_pb2_grpc.AudioServiceStub, max_seconds: float) -> None:
-    expect_invalid(extract(audio, max_seconds), "max_seconds", ">= 0")
-    responses = list(extract(audio, 0.0)())  # unset: the stage's own limit
+def test_extract_max_seconds(audio_stub: audio_pb2_grpc.AudioServiceStub, max_seconds: float) -> None:
+    expect_invalid(extract(audio_stub, max_seconds), "max_seconds", ">= 0")
+    responses = list(extract(audio_stub, 0.0)())  # unset: the stage's own limit
     assert responses[0].total_frames == 25

@@ -51,6 +51,12 @@ def cut_wav(data: bytes, seconds: float) -> bytes:
     return out.getvalue()
 
 
+def stage_channel(cluster: LocalCluster, stage: str) -> grpc.Channel:
+    """A plain channel straight to one stage of the cluster (no gateway), with 128 MiB message limits."""
+    options = [("grpc.max_send_message_length", 128 * 2**20), ("grpc.max_receive_message_length", 128 * 2**20)]
+    return grpc.insecure_channel(cluster.processes[stage].address, options=options)
+
+
 def health_status(address: str, service: str = "", timeout: float = 5.0) -> int:
     """grpc.health.v1 Check over a fresh channel."""
     with grpc.insecure_channel(address) as channel:
