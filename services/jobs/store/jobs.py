@@ -298,16 +298,3 @@ class ChangeFeed(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
-
-
-def open_job_store(url: str) -> JobStore:
-    """`sqlite:///relative/path.db`, `sqlite:////abs/path.db` or `postgresql://user:pw@host:port/db`."""
-    if url.startswith("sqlite:"):
-        from services.jobs.store.sqlite import SqliteJobStore
-
-        return SqliteJobStore(url)
-    if url.startswith(("postgresql:", "postgres:")):
-        from services.jobs.store.postgres import PostgresJobStore
-
-        return PostgresJobStore(url)
-    raise ValueError(f"job store URL {url!r}: use sqlite:///path.db or postgresql://user:password@host:port/db")
