@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 
 from lipline.v1 import gateway_pb2, gateway_pb2_grpc
-from services.serving.server import channel_options
+from services.serving.channels import channel_options
 
 _LOGGER = logging.getLogger(__name__)
 UPLOAD_CHUNK = 1 << 20
