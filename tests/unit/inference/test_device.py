@@ -7,7 +7,9 @@ import torch
 
 from services.inference.backends import make_backend
 from services.serving.settings import ModelStageSettings
-from services.inference.device import BatchStreams, finish_backend_start, resolve_pipeline_depth
+from services.inference.device import resolve_pipeline_depth
+from services.inference.engine import BatchStreams
+from services.inference.stage import finish_backend_start
 from services.serving.metrics import Metrics
 
 
@@ -90,7 +92,7 @@ class _Fake:
 def _start(kind: str, picks: dict[bool, str], failing: set[str]):  # type: ignore[no-untyped-def]
     import asyncio
 
-    from services.inference.device import start_backend
+    from services.inference.stage import start_backend
 
     built: list[tuple[bool, str]] = []
 
