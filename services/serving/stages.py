@@ -79,9 +79,9 @@ def _registry(*stages: Stage) -> Mapping[str, Stage]:
 
 #: every stage by name, in pipeline order (the stages that are called before their callers)
 STAGES: Mapping[str, Stage] = _registry(
-    Stage("audio", port=50061, metrics_port=9091, settings="services.audio.service:AudioSettings"),
-    Stage("lipsync", port=50062, metrics_port=9092, settings="services.lipsync.service:LipSyncSettings", gpu=True),
-    Stage("superres", port=50063, metrics_port=9093, settings="services.superres.service:SuperResSettings", gpu=True),
+    Stage("audio", port=50061, metrics_port=9091, settings="services.audio.settings:AudioSettings"),
+    Stage("lipsync", port=50062, metrics_port=9092, settings="services.lipsync.settings:LipSyncSettings", gpu=True),
+    Stage("superres", port=50063, metrics_port=9093, settings="services.superres.settings:SuperResSettings", gpu=True),
     # Render workers claim segments from the job store; their gRPC port serves health and reflection only.
     Stage("render", port=50064, metrics_port=9095, settings="services.render.settings:RenderSettings", calls=("lipsync", "superres"), stores=True, cache=True),
     Stage("gateway", port=50051, metrics_port=9094, settings="services.gateway.settings:GatewaySettings", public=True, calls=("audio", "lipsync"), stores=True),

@@ -11,7 +11,8 @@ import pytest
 from services.serving.settings import Device, parse_settings
 from services.serving.metrics import Metrics
 from services.inference import stage as model_stage_module
-from services.lipsync.service import LipSyncService, LipSyncSettings
+from services.lipsync.service import LipSyncService
+from services.lipsync.settings import LipSyncSettings
 
 
 def test_settings_defaults_and_flags() -> None:

@@ -28,7 +28,8 @@ from services.superres import service as superres_service
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.models import SRVGGNetCompact
 from services.superres.upscaler import ModelUpscaler
-from services.superres.service import SuperResService, SuperResServicer, SuperResSettings
+from services.superres.service import SuperResService, SuperResServicer
+from services.superres.settings import SuperResSettings
 
 
 def _srvgg() -> SRVGGNetCompact:
