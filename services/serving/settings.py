@@ -1,7 +1,7 @@
 """Service configuration: one typed dataclass per service, filled from flags and environment variables.
 
 Every field `foo_bar` can be set as `--foo-bar` or `LIPLINE_FOO_BAR` (the flag wins), with the same
-names in all four services, so one Helm values block and one runbook cover them all. Settings are
+names in every service, so one Helm values block and one runbook cover them all. Settings are
 parsed once at start-up, checked, and passed into constructors: no module-level globals.
 """
 

@@ -1,5 +1,9 @@
 """The one list of lipline's stages: name, ports, GPU or not, image, who calls whom.
 
+"Stage" here means any deployable: a `python -m services.<name>` service with its own image, chart
+entry and ports: the stages the pipeline calls (audio, lipsync, superres), and also the
+gateway and the render workers; a new deployable is one more entry here.
+
 Everything that needs the list reads it from here: the services' default ports, the local cluster
 (services/local), the benchmarks' process handling, the image build (scripts/image_requirements.py,
 the Makefile's `images`), the chart's schema (scripts/gen_chart_schema.py); the chart's own list is
