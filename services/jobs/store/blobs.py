@@ -8,6 +8,11 @@ once written, except that `put` replaces.
 Raises services.serving.errors.NotFound for a missing key and StoreUnavailable when the backend
 cannot be reached. Every method is synchronous and thread-safe; asyncio callers use
 `asyncio.to_thread`.
+
+This module is the interface and imports no implementation (the factory, `open_blob_store`, is in
+the package's `__init__`). What both implementations share lives here too: the key rules
+(`check_key`, `check_prefix`) and the temporary name of a local write (`atomic_write`, `TEMP_NAME`),
+so that a key that works on a folder works on S3.
 """
 
 from __future__ import annotations

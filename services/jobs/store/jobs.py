@@ -21,6 +21,9 @@ Every method is synchronous and safe to call from several threads; asyncio calle
 `asyncio.to_thread`. Waiting for a job's change is the one async part: `ChangeFeed`.
 Times are Unix seconds (float); the store's clock decides lease expiry (the database's own clock on
 PostgreSQL, so workers on hosts with skewed clocks agree).
+
+This module is the interface and imports no implementation; `open_job_store(url)` is in the
+package's `__init__`.
 """
 
 from __future__ import annotations
