@@ -20,7 +20,7 @@ test: ## run the whole test suite (unit + integration with real servers)
 test-unit: install ## unit tests only
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install ## integration tests only (the four services as processes on 127.0.0.1)
+test-integration: install ## integration tests only (every service as a process on 127.0.0.1)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 protos: install ## regenerate the gRPC stubs from protos/

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """End to end: one speech clip on a template video, from SubmitJob to the finished MP4, split by stage.
 
-Builds the inputs in a temp dir, starts the four services as processes (services.local.LocalCluster,
+Builds the inputs in a temp dir, starts every service as a process (services.local.LocalCluster,
 the same processes and flags as `python -m services.local`), then through the public gRPC API:
 
 1. CreateAvatar with a template video (timed on its own: decode + face detection of every frame).

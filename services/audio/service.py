@@ -3,45 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc, common_pb2
-from services.audio.extract import MAX_PROCESSES, SAMPLE_RATE, ClipExtractor, ExtractFn, decode_and_extract
+from services.audio.settings import AudioSettings
+from services.audio.extract import SAMPLE_RATE, ClipExtractor, ExtractFn, decode_and_extract
 from services.media.wire import MEL_BANDS, MEL_STEP, mel_to_bytes
-from services.serving.settings import ServiceSettings, _field
 from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
 from services.serving.metrics import Metrics
 from services.serving.server import Service
-from services.serving.stages import STAGES
 from services.serving.streams import message_budget
 
 _LOGGER = logging.getLogger(__name__)
 # One MelWindow on the wire: its 2,560 bytes of float16 plus the frame index and the field tags.
 _WINDOW_WIRE_BYTES = MEL_BANDS * MEL_STEP * 2 + 16
-
-
-@dataclasses.dataclass(frozen=True)
-class AudioSettings(ServiceSettings):
-    """Settings of the audio service."""
-
-    port: int = _field(STAGES["audio"].port, "gRPC port")
-    metrics_port: int = _field(STAGES["audio"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
-    max_audio_bytes: int = _field(100 * 1024 * 1024, "largest accepted audio file")
-    max_audio_seconds: float = _field(900.0, "longest accepted audio")
-    extract_processes: int = _field(
-        1,
-        "child processes that decode uploads and compute their mel windows, one clip each at a time in arrival order "
-        "(a decoder crash fails only its request); 0 = one thread in the server process",
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        if not 0 <= self.extract_processes <= MAX_PROCESSES:
-            raise ValueError(f"extract_processes {self.extract_processes} is not in 0..{MAX_PROCESSES}")
 
 
 def checked_options(options: audio_pb2.ExtractOptions, max_audio_seconds: float) -> tuple[float, float]:

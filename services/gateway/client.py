@@ -23,7 +23,8 @@ from pathlib import Path
 import grpc
 
 from lipline.v1 import gateway_pb2, gateway_pb2_grpc
-from services.serving.server import channel_options
+from services.serving.auth import API_KEY_HEADER
+from services.serving.channels import channel_options
 
 _LOGGER = logging.getLogger(__name__)
 UPLOAD_CHUNK = 1 << 20
@@ -64,7 +65,7 @@ class LiplineClient:
         else:
             self.channel = grpc.insecure_channel(address, options=options)
         if api_key:
-            self.channel = grpc.intercept_channel(self.channel, _Metadata((("x-api-key", api_key),)))
+            self.channel = grpc.intercept_channel(self.channel, _Metadata(((API_KEY_HEADER, api_key),)))
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
         self.timeout = timeout
 

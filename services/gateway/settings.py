@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.serving.settings import StoreSettings, _field, address_field
+from services.serving.settings import StoreSettings, setting, address_field
 from services.serving.stages import STAGES
 
 
@@ -12,38 +12,38 @@ from services.serving.stages import STAGES
 class GatewaySettings(StoreSettings):
     """Settings of the gateway: the public API. It keeps no state of its own (jobs and blobs live in the stores)."""
 
-    port: int = _field(STAGES["gateway"].port, "gRPC port of the public API")
-    metrics_port: int = _field(STAGES["gateway"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    port: int = setting(STAGES["gateway"].port, "gRPC port of the public API")
+    metrics_port: int = setting(STAGES["gateway"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
     audio_address: str = address_field(STAGES["audio"].local_address, "audio")
     lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync (DetectFaces for CreateAvatar)")
-    max_audio_bytes: int = _field(50 * 1024 * 1024, "largest audio file of a job")
-    max_audio_seconds: float = _field(600.0, "longest audio of a job")
-    max_avatar_bytes: int = _field(200 * 1024 * 1024, "largest avatar upload")
-    max_avatar_frames: int = _field(1500, "most frames of an avatar video (60 s at 25 fps)")
-    max_avatar_pixels: int = _field(1920 * 1080, "largest avatar frame size in pixels")
-    max_active_jobs: int = _field(256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED")
-    max_active_jobs_per_client: int = _field(
+    max_audio_bytes: int = setting(50 * 1024 * 1024, "largest audio file of a job")
+    max_audio_seconds: float = setting(600.0, "longest audio of a job")
+    max_avatar_bytes: int = setting(200 * 1024 * 1024, "largest avatar upload")
+    max_avatar_frames: int = setting(1500, "most frames of an avatar video (60 s at 25 fps)")
+    max_avatar_pixels: int = setting(1920 * 1080, "largest avatar frame size in pixels")
+    max_active_jobs: int = setting(256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED")
+    max_active_jobs_per_client: int = setting(
         32,
         "queued + running jobs of one client (the job's owner: its API key's tenant when API keys are on, else its x-api-key "
         "metadata or its IP address); more are rejected RESOURCE_EXHAUSTED; 0 = no cap",
     )
-    max_streams_per_client: int = _field(
+    max_streams_per_client: int = setting(
         64,
         "max concurrent RPCs of one client (its API key's tenant when API keys are on, else its x-api-key metadata or its IP address; an idle WatchJob "
         "counts until it ends); more are rejected RESOURCE_EXHAUSTED; health checks are never refused; 0 = no cap",
     )
-    avatar_purge_interval_s: float = _field(
+    avatar_purge_interval_s: float = setting(
         30.0,
         "how often the gateway purges the data of deleted avatars whose jobs have all finished (DeleteAvatar purges at once when no job uses it)",
     )
-    max_connection_age_grace_s: float = _field(
+    max_connection_age_grace_s: float = setting(
         86400.0,
         "after max_connection_age_s, how long the public API's open streams (WatchJob, DownloadOutput) may go on "
         "before they are cut UNAVAILABLE: a day, so clients without resume logic (grpcurl, Node) see a stream end "
         "only when the job ends; new calls move to a new connection at once, which is what rebalances",
     )
-    segment_seconds: float = _field(2.0, "length of a render segment (the unit of work a render worker claims)")
-    stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
+    segment_seconds: float = setting(2.0, "length of a render segment (the unit of work a render worker claims)")
+    stage_wait_s: float = setting(60.0, "at start-up, how long to wait for the stages to be SERVING")
 
     def validate(self) -> None:
         super().validate()

@@ -11,22 +11,91 @@ On the CPU there is no transfer: the parts' own buffers are read directly.
 Why one home: the copy back, the per-position byte spans and the per-chunk packing were written
 twice (lipsync's `_split_resized`, superres' `_to_bytes`) and had drifted (one concatenated on the
 CPU, the other did not). A third model stage subclasses this and writes only `process`.
+
+Also here, the helpers both engines use: `BatchStreams` (the CUDA streams that overlap consecutive
+batches) and `group_rows_by_size` (one gather per batch before the per-size resizes).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
 
-from services.inference.device import BatchStreams
 from services.media.packed import PackedImages
 
 # The images of one output size: their positions in the merged batch and a (k, h, w, 3) uint8 tensor.
 Part = tuple[Sequence[int], torch.Tensor]
+
+
+class BatchStreams:
+    """The CUDA streams with which a model stage overlaps consecutive batches (pipeline_depth > 1).
+
+    Each batch thread does its uploads, pre/post-processing and copy back on its own I/O stream
+    (`io()`), and the model runs on one compute stream under a lock (`compute()`), because CUDA
+    graphs reuse their static buffers: batch k+1's transfers and host work overlap batch k's
+    compute. Disabled (overlap off, or the CPU), everything runs on the current stream and
+    `compute()` is only the lock.
+    """
+
+    def __init__(self, device: torch.device, overlap: bool) -> None:
+        self.device = device
+        self.enabled = bool(overlap) and device.type == "cuda"
+        self._compute = torch.cuda.Stream(device) if self.enabled else None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def io(self) -> contextlib.AbstractContextManager:
+        """Run on this thread's I/O stream (made on first use); no change when disabled."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = torch.cuda.Stream(self.device)
+        return torch.cuda.stream(stream)
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """The model's turn: under the lock, on the compute stream after it has waited for the
+        caller's stream; on leaving, the caller's stream waits for the compute stream. A tensor made
+        inside and read by the caller afterwards should be `record_stream`-ed on the caller's stream."""
+        with self._lock:
+            if self._compute is None:
+                yield
+                return
+            caller = torch.cuda.current_stream(self.device)
+            self._compute.wait_stream(caller)
+            with torch.cuda.stream(self._compute):
+                yield
+            caller.wait_stream(self._compute)
+
+
+Size = tuple[int, int]  # (width, height), cv2 order
+
+
+def group_rows_by_size(rows: torch.Tensor, sizes: Sequence[Size], pin: bool) -> tuple[torch.Tensor, list[tuple[Size, list[int]]]]:
+    """Reorder `rows` (batch first) so that the rows of each output size are one contiguous slice.
+
+    Returns the reordered rows and the groups in their order: [(size, positions in `rows`)]. Both
+    engines resize per output size; one gather beats a gather per size. The index goes up through
+    pinned memory without blocking: `torch.tensor(..., device=cuda)` would make the host wait for
+    all queued work (the network) before it could queue the resizes.
+    """
+    groups: dict[Size, list[int]] = defaultdict(list)
+    for k, size in enumerate(sizes):
+        groups[size].append(k)
+    if len(groups) > 1:
+        order = torch.tensor([k for ks in groups.values() for k in ks], dtype=torch.int64)
+        if pin:
+            order = order.pin_memory()
+        rows = rows.index_select(0, order.to(rows.device, non_blocking=True))
+    return rows, list(groups.items())
 
 
 class _Sized(Protocol):

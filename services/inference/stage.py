@@ -2,7 +2,8 @@
 framing of its streaming RPC.
 
 `ModelStage` owns what both stages do around their model: the backend's build, warm-up and numerics
-guard (`start_model`), the dynamic batcher and the `ModelInfo` (`start_batcher`), `close`. A stage
+guard (`start_model`, through `stage_backend_builder`, `start_backend` and `finish_backend_start`
+here), the dynamic batcher and the `ModelInfo` (`start_batcher`), `close`. A stage
 supplies its model, its warm-up passes and its guard inputs.
 
 A servicer supplies `run` (decode one request message, submit it to the batcher, return its item
@@ -15,6 +16,7 @@ only when it is sent) and the model's `ModelInfo` on the first response.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -22,14 +24,16 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2
-from services.inference.backends import Backend
+from services.inference.backends import Backend, CompiledBackend, build_backend, numerics_check, resolve_backend_spec
 from services.inference.batcher import DynamicBatcher
 from services.serving.settings import ModelStageSettings
-from services.inference.device import finish_backend_start, prepare_device, resolve_pipeline_depth, stage_backend_builder, start_backend
+from services.inference.device import prepare_device, resolve_pipeline_depth
 from services.media.packed import PackedImages
+from services.serving.metrics import Metrics
 from services.serving.server import Service
 from services.serving.streams import item_count, byte_ranges, message_budget, ordered_stream
 
+_LOGGER = logging.getLogger(__name__)
 Req = TypeVar("Req")
 Svc = TypeVar("Svc")
 S = TypeVar("S", bound=ModelStageSettings)
@@ -96,6 +100,87 @@ async def model_stream(
                 response.model.CopyFrom(model_info)
                 first = False
             yield response
+
+
+def finish_backend_start(backend: Backend, reference: nn.Module | None, inputs: Sequence[torch.Tensor], settings: ModelStageSettings, metrics: Metrics) -> None:
+    """After a model stage's warm-up passes: keep a fresh compile's artifacts, then the numerics guard.
+
+    The guard skips an fp32 backend on the CPU (that *is* the reference computation); otherwise
+    `numerics_check` raises, and so stops the start-up, when the backend's relative error against
+    `reference` on `inputs` exceeds `max_rel_error`; 0 turns it off. `reference` is the model with
+    its true fp32 weights, as loaded (on the CPU): not a module already cast to the backend's
+    precision, whose rounding the guard would then miss.
+    """
+    if isinstance(backend, CompiledBackend) and not backend.cache_loaded:
+        backend.save_cache()
+    as_reference = backend.device.type == "cpu" and backend.precision == "fp32"
+    if reference is None or as_reference or settings.max_rel_error <= 0:
+        return
+    err = numerics_check(backend, reference, inputs, bound=settings.max_rel_error)
+    metrics.numerics_error.labels(metrics.stage).set(err)
+    _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": settings.max_rel_error})
+
+
+def stage_backend_builder(
+    settings: ModelStageSettings,
+    device: torch.device,
+    model: nn.Module,
+    *,
+    precision: str | None = None,
+    cuda_graphs: bool | None = None,
+) -> Callable[[bool], Backend]:
+    """`build(allow_compile)` for `start_backend`: a model stage's settings -> `resolve_backend_spec`
+    (which decides and logs) -> `build_backend`. Both GPU stages build their backend through this.
+
+    Args:
+        settings: the stage's backend, max_batch, batch_buckets and compile_cache_dir.
+        device: from `prepare_device`.
+        model: the fp32 model as loaded (the backend works on a copy).
+        precision: None = the spec's default (fp16 on CUDA, fp32 on the CPU).
+        cuda_graphs: None = the spec's default; False for a model that cannot be captured.
+    """
+
+    def build(allow_compile: bool) -> Backend:
+        spec = resolve_backend_spec(
+            settings.backend,
+            device,
+            model=model,
+            precision=precision,
+            max_batch=settings.max_batch,
+            batch_buckets=settings.batch_buckets or None,
+            cache_dir=settings.compile_cache_dir or None,
+            cuda_graphs=cuda_graphs,
+            allow_compile=allow_compile,
+        )
+        return build_backend(spec, model)
+
+    return build
+
+
+async def start_backend(kind: str, build: Callable[[bool], Backend], warm: Callable[[Backend], Awaitable[None]]) -> Backend:
+    """Build and warm up a stage's backend; `auto`'s compile pick falls back to `torch` if it fails.
+
+    `build(allow_compile)` makes the backend (`stage_backend_builder`) and `warm` runs its warm-up
+    (over `backend.spec.warmup_batches`), where a compile actually happens. `auto` picks `compile`
+    only on a warm cache, but a cache can still fail here (an image without the C compiler Triton
+    needs, artifacts from another driver): serving fp16 + CUDA graphs beats a pod that crash-loops.
+    An explicit `--backend compile` still fails, as asked.
+    """
+    backend = build(True)
+    try:
+        await warm(backend)
+    except Exception as exc:
+        if kind != "auto" or backend.name != "compile":
+            raise
+        _LOGGER.warning(
+            "backend auto: the compiled backend failed to start (%s: %s); falling back to torch",
+            type(exc).__name__,
+            exc,
+            extra={"backend": "torch", "fallback_from": "compile"},
+        )
+        backend = build(False)
+        await warm(backend)
+    return backend
 
 
 class ModelStage(Service[S], Generic[S, Chunk]):

@@ -24,8 +24,7 @@ import torch.nn.functional as F
 
 from services.inference.backends import Backend
 from services.media.wire import MEL_BANDS, MEL_STEP
-from services.inference.engine import DeviceBatchEngine, Part
-from services.inference.device import group_rows_by_size
+from services.inference.engine import DeviceBatchEngine, Part, group_rows_by_size
 from services.serving.errors import InvalidRequest, TooLarge
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 

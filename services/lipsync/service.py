@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
@@ -13,14 +12,13 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
+from services.lipsync.settings import LipSyncSettings
 from services.inference.backends import Backend
 from services.media.wire import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items, unpack_speech
-from services.serving.settings import ModelStageSettings, _field
 from services.serving.errors import FailedPrecondition, InvalidRequest, TooLarge
 from services.inference.stage import Keys, ModelStage, StageServicer, model_stream
 from services.media.packed import PackedImages
 from services.inference.request_bounds import check_items_per_message, check_output_bytes
-from services.serving.stages import STAGES
 from services.lipsync import prep
 from services.lipsync.engine import MEL_SHAPE, GenerateChunk, LipSyncEngine
 from services.lipsync.detect_stream import FaceStream
@@ -31,32 +29,6 @@ from services.lipsync.wav2lip import load_wav2lip
 
 _LOGGER = logging.getLogger(__name__)
 IMG = prep.IMG_SIZE
-
-
-@dataclasses.dataclass(frozen=True)
-class LipSyncSettings(ModelStageSettings):
-    """Settings of the lipsync service."""
-
-    port: int = _field(STAGES["lipsync"].port, "gRPC port")
-    metrics_port: int = _field(STAGES["lipsync"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
-    checkpoint: str = _field("", "wav2lip.pth / wav2lip_gan.pth; empty = the weight-free 'procedural' model")
-    max_batch: int = _field(128, "largest model batch (Wav2Lip's inference default)")
-    max_crops_per_stream: int = _field(4096, "reference crops one Generate stream may register")
-    max_detect_frames: int = _field(3000, "frames one DetectFaces stream may send")
-    detector: str = _field("haar", "face detector for DetectFaces: haar (OpenCV's bundled cascade) or none")
-    occlusion_check: bool = _field(True, "DetectFaces: frames whose lower face is hidden (hand, microphone, card) pass through unchanged")
-    occlusion_mad_k: float = _field(4.0, "a frame's lower face is covered above median + k * MAD of the avatar's scores")
-    occlusion_min_score: float = _field(0.8, "absolute floor of the covered-mouth threshold (a nearly still avatar)")
-    occlusion_dilate: int = _field(2, "frames added on each side of a covered run (no flicker at its edges)")
-    precision: str = _field("", "fp32, fp16 or bf16; empty = the backend's default (fp16 on CUDA, fp32 on CPU)")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.occlusion_mad_k <= 0 or self.occlusion_min_score < 0 or self.occlusion_dilate < 0:
-            raise ValueError(
-                f"occlusion_mad_k must be > 0, occlusion_min_score and occlusion_dilate >= 0; got "
-                f"{self.occlusion_mad_k}, {self.occlusion_min_score}, {self.occlusion_dilate}"
-            )
 
 
 def check_pad_count(options: lipsync_pb2.DetectFacesOptions) -> tuple[int, int, int, int]:

@@ -1,1 +1,1 @@
-"""Local mode: the four services as separate processes on 127.0.0.1, with no Kubernetes (DESIGN.md section 7)."""
+"""Local mode: every service as a separate process on 127.0.0.1, with no Kubernetes (docs/architecture.md section 7)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.serving.settings import StoreSettings, _field, address_field
+from services.serving.settings import StoreSettings, setting, address_field
 from services.render.mp4 import X264_PRESETS
 from services.serving.stages import STAGES
 
@@ -13,46 +13,48 @@ from services.serving.stages import STAGES
 class RenderSettings(StoreSettings):
     """Settings of a render worker: claims segments from the job store, renders them through the stages."""
 
-    port: int = _field(STAGES["render"].port, "gRPC port (health and reflection only: a worker serves no API)")
-    metrics_port: int = _field(STAGES["render"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    port: int = setting(STAGES["render"].port, "gRPC port (health and reflection only: a worker serves no API)")
+    metrics_port: int = setting(STAGES["render"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
     lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync")
     superres_address: str = address_field(STAGES["superres"].local_address, "superres")
-    cache_dir: str = _field("var/render-cache", "local cache of avatars converted for compositing (per worker; safe to lose)")
-    avatar_cache_bytes: int = _field(
+    cache_dir: str = setting("var/render-cache", "local cache of avatars converted for compositing (per worker; safe to lose)")
+    avatar_cache_bytes: int = setting(
         8 * 1024**3,
         "disk budget of the avatar cache in cache_dir (frames in I420: 3.1 MB per 1080p frame); "
         "the least recently used avatars not in use are deleted to stay within it",
     )
-    lease_s: float = _field(10.0, "a claimed task's lease; a worker that stops renewing loses it after this long")
-    heartbeat_s: float = _field(0.5, "how often a worker renews its lease (and notices a cancel)")
-    max_attempts: int = _field(
+    lease_s: float = setting(10.0, "a claimed task's lease; a worker that stops renewing loses it after this long")
+    heartbeat_s: float = setting(0.5, "how often a worker renews its lease (and notices a cancel)")
+    max_attempts: int = setting(
         3,
         "claims of one task that ended in a crash (the worker died or lost the lease, or an unexpected error) before its job fails; "
         "retryable failures (a stage or store unavailable, a full blob store) are bounded by retry_window_s instead",
     )
-    retry_window_s: float = _field(60.0, "how long a task may keep failing with retryable errors (retried with back-off) before its job fails")
-    retry_backoff_s: float = _field(0.5, "first delay before a failed task is claimable again; doubles per failure, with jitter")
-    retry_backoff_max_s: float = _field(8.0, "the longest delay between two attempts of a failing task")
-    loop_stall_s: float = _field(
+    retry_window_s: float = setting(60.0, "how long a task may keep failing with retryable errors (retried with back-off) before its job fails")
+    retry_backoff_s: float = setting(0.5, "first delay before a failed task is claimable again; doubles per failure, with jitter")
+    retry_backoff_max_s: float = setting(8.0, "the longest delay between two attempts of a failing task")
+    loop_stall_s: float = setting(
         60.0,
         "a claim loop with no iteration (and no lease renewal) for this long is stalled: the worker logs it, "
         "reports NOT_SERVING to health checks (the liveness probe restarts it) and sets lipline_render_loop_healthy to 0",
     )
-    poll_s: float = _field(0.2, "how often an idle worker looks for work")
-    max_tenant_share: float = _field(
+    poll_s: float = setting(0.2, "how often an idle worker looks for work")
+    max_tenant_share: float = setting(
         1.0,
         "the fraction of the busy render workers one client may hold while another client's task waits "
         "(0 < share <= 1; 1.0 = off): its tasks, joins included, then go after the others'. Without it, "
         "claims already take turns across clients, then jobs (a short job waits only for running tasks)",
     )
-    x264_preset: str = _field("veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf")
-    x264_threads: int = _field(0, "x264 threads per segment encoder; 0 = auto (the cores this process may use, at most 4)")
-    encode_nice: int = _field(
+    x264_preset: str = setting(
+        "veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf"
+    )
+    x264_threads: int = setting(0, "x264 threads per segment encoder; 0 = auto (the cores this process may use, at most 4)")
+    encode_nice: int = setting(
         5,
         "nice value (0-19) of the x264 threads: encoding is bulk work with slack, so a job's audio task, "
         "its join and the stages' host threads on the same machine get the CPU first",
     )
-    stage_wait_s: float = _field(60.0, "at start-up, how long to wait for the stages to be SERVING")
+    stage_wait_s: float = setting(60.0, "at start-up, how long to wait for the stages to be SERVING")
 
     def validate(self) -> None:
         super().validate()

@@ -6,7 +6,7 @@ the address resolves to (in Kubernetes `dns:///<headless-service>:<port>` lists 
 
 With an internal token (`internal_token_file`; ServiceRunner puts it in INTERNAL_TOKEN before the
 service's `load()` opens its channels) every call on a stage channel carries it as
-`x-lipline-internal` metadata, added by a client interceptor: the one place, whatever the caller.
+`x-lipline-internal` metadata (services.serving.auth.INTERNAL_TOKEN_HEADER), added by a client interceptor: the one place, whatever the caller.
 Stage channels stay plaintext: inside the cluster the token and the NetworkPolicy guard the stages.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.serving.auth import INTERNAL_TOKEN_HEADER
 from services.serving.errors import LiplineError
-from services.serving.server import channel_options
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -49,6 +49,14 @@ _SERVICE_CONFIG = json.dumps(
 )
 
 
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """gRPC options shared by servers (services.serving.server) and clients: explicit message limits on both ends."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
 def grpc_target(address: str) -> str:
     """The gRPC target for a stage address setting: the discovery seam.
 
@@ -66,7 +74,6 @@ def grpc_target(address: str) -> str:
 
 #: the internal token this task's stage channels send ("" = none); set by ServiceRunner from the settings
 INTERNAL_TOKEN: contextvars.ContextVar[str] = contextvars.ContextVar("internal_token", default="")
-INTERNAL_TOKEN_HEADER = "x-lipline-internal"  # services.serving.interceptor checks it
 
 
 def open_channel(address: str, max_message_bytes: int, internal_token: str | None = None) -> grpc.aio.Channel:

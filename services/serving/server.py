@@ -29,12 +29,9 @@ from grpc_reflection.v1alpha import reflection
 
 from services.serving import native_threads, tracing
 from services.serving.settings import ServiceSettings, parse_settings
-from services.serving.interceptor import (
-    Auth,
-    RpcLimits,
-    ServerInterceptor,
-    read_secret_file,
-)
+from services.serving.auth import Auth, read_secret_file
+from services.serving.channels import INTERNAL_TOKEN, channel_options
+from services.serving.interceptor import RpcLimits, ServerInterceptor
 from services.serving.logs import configure_logging
 from services.serving.metrics import Metrics, start_metrics_server
 from services.serving.stages import public_stages
@@ -43,14 +40,6 @@ _LOGGER = logging.getLogger(__name__)
 SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
 #: services whose RPCs are the public API: they check API keys, never the internal token (they send it)
 PUBLIC_STAGES = public_stages()
-
-
-def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """gRPC options shared by servers and clients: explicit message limits on both ends."""
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-    ]
 
 
 def connection_age_grace_s(settings: ServiceSettings) -> float:
@@ -157,9 +146,7 @@ class ServiceRunner:
             },
         )
         # The stage channels that load() opens send the internal token (a context variable: this task only).
-        from services.serving import channels  # here: channels imports this module
-
-        channels.INTERNAL_TOKEN.set(self.internal_token)
+        INTERNAL_TOKEN.set(self.internal_token)
         await svc.load()
         self.ready.set()
         for name in ["", *names]:

@@ -1,7 +1,7 @@
 """Service configuration: one typed dataclass per service, filled from flags and environment variables.
 
 Every field `foo_bar` can be set as `--foo-bar` or `LIPLINE_FOO_BAR` (the flag wins), with the same
-names in all four services, so one Helm values block and one runbook cover them all. Settings are
+names in every service, so one Helm values block and one runbook cover them all. Settings are
 parsed once at start-up, checked, and passed into constructors: no module-level globals.
 """
 
@@ -30,7 +30,10 @@ class LogFormat(str, enum.Enum):
     TEXT = "text"
 
 
-def _field(default: Any, help: str, **kwargs: Any) -> Any:
+def setting(default: Any, help: str, **kwargs: Any) -> Any:
+    """One settings field: its default and the help text that `--help`, the chart's values schema and
+    docs/configuration.md show (extra metadata, e.g. `choices`, goes along). Every service's settings
+    class declares its fields with this, so none is undocumented."""
     return dataclasses.field(default=default, metadata={"help": help, **kwargs})
 
 
@@ -42,53 +45,53 @@ ADDRESS_FORMS = (
 
 def address_field(default: str, stage: str) -> Any:
     """A stage address setting of a caller (gateway, render worker): every form services.serving.discovery reads."""
-    return _field(default, f"{stage} stage: {ADDRESS_FORMS}")
+    return setting(default, f"{stage} stage: {ADDRESS_FORMS}")
 
 
 @dataclasses.dataclass(frozen=True)
 class ServiceSettings:
     """Settings every lipline service has."""
 
-    host: str = _field("0.0.0.0", "address the gRPC server binds")
-    port: int = _field(50051, "gRPC port (0 picks a free port, written to the log and --port-file)")
-    port_file: str = _field("", "if set, write the bound gRPC port here once SERVING (for tests)")
-    metrics_port: int = _field(9090, "Prometheus /metrics HTTP port (0 picks a free one, -1 disables)")
-    max_message_bytes: int = _field(64 * 1024 * 1024, "max gRPC message size, both directions")
-    max_connection_age_s: float = _field(300.0, "close client connections after this long so they rebalance")
-    max_connection_age_grace_s: float = _field(
+    host: str = setting("0.0.0.0", "address the gRPC server binds")
+    port: int = setting(50051, "gRPC port (0 picks a free port, written to the log and --port-file)")
+    port_file: str = setting("", "if set, write the bound gRPC port here once SERVING (for tests)")
+    metrics_port: int = setting(9090, "Prometheus /metrics HTTP port (0 picks a free one, -1 disables)")
+    max_message_bytes: int = setting(64 * 1024 * 1024, "max gRPC message size, both directions")
+    max_connection_age_s: float = setting(300.0, "close client connections after this long so they rebalance")
+    max_connection_age_grace_s: float = setting(
         0.0,
         "after max_connection_age_s, how long the calls still open on that connection may go on before they "
         "are cut UNAVAILABLE (new calls go to a new connection at once); 0 = grace_s (at least 1 s). "
         "Separate from grace_s, the drain on SIGTERM",
     )
-    grace_s: float = _field(20.0, "on SIGTERM, seconds to let in-flight streams finish")
-    max_concurrent_streams: int = _field(
+    grace_s: float = setting(20.0, "on SIGTERM, seconds to let in-flight streams finish")
+    max_concurrent_streams: int = setting(
         256,
         "max concurrent RPCs in all (a stream counts until it ends; health checks and reflection are never "
         "counted nor refused); more are rejected RESOURCE_EXHAUSTED with a retry-after-ms hint; 0 = no cap",
     )
-    max_streams_per_client: int = _field(
+    max_streams_per_client: int = setting(
         0,
         "max concurrent RPCs of one client (its x-api-key metadata, else its IP address); more are rejected "
         "RESOURCE_EXHAUSTED; 0 = no cap (the stages' default: their clients are gateways and render workers)",
     )
-    log_level: str = _field("INFO", "DEBUG, INFO, WARNING or ERROR")
-    log_format: LogFormat = _field(LogFormat.JSON, "json (one object per line) or text")
-    device: Device = _field(Device.AUTO, "auto (cuda if available), cpu or cuda")
-    require_cudnn: bool = _field(True, "on a GPU, refuse to start when the cuDNN self-check fails")
-    api_keys_file: str = _field(
+    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    log_format: LogFormat = setting(LogFormat.JSON, "json (one object per line) or text")
+    device: Device = setting(Device.AUTO, "auto (cuda if available), cpu or cuda")
+    require_cudnn: bool = setting(True, "on a GPU, refuse to start when the cuDNN self-check fails")
+    api_keys_file: str = setting(
         "",
         "API keys of the public API (the gateway): a file with one key per line, or `name:key` per line (# comments); "
         "every RPC but health and reflection then needs one in x-api-key (or authorization: Bearer) metadata, and the "
         "client's identity for per-client limits is the key's name; empty = no API keys (local mode)",
     )
-    internal_token_file: str = _field(
+    internal_token_file: str = setting(
         "",
         "a file holding the token between services: the stages refuse calls without it in x-lipline-internal "
         "metadata (health and reflection exempt); the gateway and render workers send it on every stage call; empty = off",
     )
-    tls_cert_file: str = _field("", "PEM certificate (chain) of the gRPC port; with tls_key_file: TLS; empty = plaintext")
-    tls_key_file: str = _field("", "PEM private key of tls_cert_file")
+    tls_cert_file: str = setting("", "PEM certificate (chain) of the gRPC port; with tls_key_file: TLS; empty = plaintext")
+    tls_key_file: str = setting("", "PEM private key of tls_cert_file")
 
     def validate(self) -> None:
         """Raise ValueError with one message per bad value."""
@@ -113,29 +116,29 @@ class ServiceSettings:
 class ModelStageSettings(ServiceSettings):
     """Settings of a stage that serves a model on the GPU (lipsync, superres): batching and backend."""
 
-    max_batch: int = _field(128, "largest model batch")
-    max_delay_ms: float = _field(5.0, "how long a batch waits to fill up")
-    max_pending_per_stream: int = _field(512, "items one stream may have in flight (back-pressure)")
-    pipeline_depth: int = _field(
+    max_batch: int = setting(128, "largest model batch")
+    max_delay_ms: float = setting(5.0, "how long a batch waits to fill up")
+    max_pending_per_stream: int = setting(512, "items one stream may have in flight (back-pressure)")
+    pipeline_depth: int = setting(
         0,
         "model batches in flight at once; 0 = auto: 2 on CUDA (the next batch's transfers and host work "
         "overlap the previous one's compute; docs/performance.md has the gain), 1 on the CPU",
     )
-    backend: str = _field(
+    backend: str = setting(
         "auto",
         "model backend: auto (CUDA: compile if compile_cache_dir holds this model's artifacts, else torch "
         "fp16 + folded BN + CUDA graphs; CPU: cpu), cpu, torch, compile, tensorrt",
     )
-    batch_buckets: tuple[int, ...] = _field(
+    batch_buckets: tuple[int, ...] = setting(
         (), "batch sizes a model batch is padded up to (static shapes for CUDA graphs/compile); empty = default up to max_batch"
     )
-    compile_cache_dir: str = _field(
+    compile_cache_dir: str = setting(
         "var/compile-cache",
         "compiled-kernel caches, keyed by model/torch/GPU/options (a shared volume: the first backend=compile "
         "pod fills it, later pods start warm and backend=auto then uses it)",
     )
-    max_rel_error: float = _field(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
-    warm_cache_only: bool = _field(
+    max_rel_error: float = setting(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
+    warm_cache_only: bool = setting(
         False,
         "load and warm the model (backend=compile: fill compile_cache_dir), then exit 0 without serving (the chart's compile-cache Job); exit 1 if that fails",
     )
@@ -164,8 +167,8 @@ class StoreSettings(ServiceSettings):
     of one machine.
     """
 
-    job_store: str = _field("sqlite:///var/lipline.db", "job store: sqlite:///path.db (embedded, one machine) or postgresql://user:password@host:port/db")
-    blob_store: str = _field(
+    job_store: str = setting("sqlite:///var/lipline.db", "job store: sqlite:///path.db (embedded, one machine) or postgresql://user:password@host:port/db")
+    blob_store: str = setting(
         "var/blobs",
         "blob store: a folder (file:///path or a path; a ReadWriteMany volume in a cluster) or s3://bucket/prefix "
         "(credentials and endpoint from the AWS_* variables)",

@@ -1,5 +1,9 @@
 """The one list of lipline's stages: name, ports, GPU or not, image, who calls whom.
 
+"Stage" here means any deployable: a `python -m services.<name>` service with its own image, chart
+entry and ports: the stages the pipeline calls (audio, lipsync, superres), and also the
+gateway and the render workers; a new deployable is one more entry here.
+
 Everything that needs the list reads it from here: the services' default ports, the local cluster
 (services/local), the benchmarks' process handling, the image build (scripts/image_requirements.py,
 the Makefile's `images`), the chart's schema (scripts/gen_chart_schema.py); the chart's own list is
@@ -79,9 +83,9 @@ def _registry(*stages: Stage) -> Mapping[str, Stage]:
 
 #: every stage by name, in pipeline order (the stages that are called before their callers)
 STAGES: Mapping[str, Stage] = _registry(
-    Stage("audio", port=50061, metrics_port=9091, settings="services.audio.service:AudioSettings"),
-    Stage("lipsync", port=50062, metrics_port=9092, settings="services.lipsync.service:LipSyncSettings", gpu=True),
-    Stage("superres", port=50063, metrics_port=9093, settings="services.superres.service:SuperResSettings", gpu=True),
+    Stage("audio", port=50061, metrics_port=9091, settings="services.audio.settings:AudioSettings"),
+    Stage("lipsync", port=50062, metrics_port=9092, settings="services.lipsync.settings:LipSyncSettings", gpu=True),
+    Stage("superres", port=50063, metrics_port=9093, settings="services.superres.settings:SuperResSettings", gpu=True),
     # Render workers claim segments from the job store; their gRPC port serves health and reflection only.
     Stage("render", port=50064, metrics_port=9095, settings="services.render.settings:RenderSettings", calls=("lipsync", "superres"), stores=True, cache=True),
     Stage("gateway", port=50051, metrics_port=9094, settings="services.gateway.settings:GatewaySettings", public=True, calls=("audio", "lipsync"), stores=True),

@@ -1,7 +1,7 @@
 """Tenants: who owns an avatar or a job. Every public RPC finds only the caller's tenant's objects.
 
 A tenant is named in the API-key file (`tenant/name:key`, several keys per tenant for rotation; see
-services.serving.interceptor.parse_api_keys). This module holds the rules both the interceptor and the
+services.serving.auth.parse_api_keys). This module holds the rules both the interceptor and the
 stores need, so the stores do not import the gRPC layer.
 """
 

@@ -34,8 +34,7 @@ import numpy as np
 import torch
 
 from services.inference.backends import Backend
-from services.inference.engine import DeviceBatchEngine, Part
-from services.inference.device import Size, group_rows_by_size
+from services.inference.engine import DeviceBatchEngine, Part, Size, group_rows_by_size
 from services.superres.lanczos import lanczos4_resize, round_like_opencv
 from services.superres.upscaler import LanczosUpscaler, ModelUpscaler, pad_multiple, reflect_pad
 

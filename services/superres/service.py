@@ -9,7 +9,6 @@ images of one message go back in one or more responses, cut by bytes under the m
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 
@@ -18,29 +17,17 @@ import numpy as np
 import torch
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
+from services.superres.settings import SuperResSettings
 from services.inference.backends import Backend
 from services.media.wire import MAX_IMAGE_SIDE, image_from_proto
-from services.serving.settings import ModelStageSettings, _field
 from services.serving.errors import InvalidRequest
 from services.inference.stage import Keys, ModelStage, StageServicer, model_stream
 from services.media.packed import PackedImages
 from services.inference.request_bounds import check_items_per_message, check_output_bytes
-from services.serving.stages import STAGES
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.upscaler import ModelUpscaler, create_upscaler
 
 _LOGGER = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class SuperResSettings(ModelStageSettings):
-    """Settings of the superres service."""
-
-    port: int = _field(STAGES["superres"].port, "gRPC port")
-    metrics_port: int = _field(STAGES["superres"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
-    model: str = _field("realesr-general-x4v3", "SR model name, or 'lanczos' for the weight-free resize")
-    checkpoint: str = _field("", "Real-ESRGAN .pth file; empty = the weight-free 'lanczos' fallback")
-    max_batch: int = _field(64, "largest model batch")
 
 
 class SuperResServicer(StageServicer["SuperResService"], superres_pb2_grpc.SuperResServiceServicer):

@@ -1,7 +1,7 @@
 """Fixtures of the integration tests: real service processes on 127.0.0.1 (services.local.LocalCluster).
 
 One default cluster (procedural lip sync, Lanczos super-resolution) is shared by the whole session:
-starting four Python processes that import torch costs several seconds on a small CI machine, and
+starting every service's process (the GPU stages import torch) costs several seconds on a small CI machine, and
 every test that uses it must leave it serving (that is part of what the tests check). Tests that need
 other flags (a Wav2Lip checkpoint, a process to SIGTERM) start their own with `util.start_cluster`.
 

@@ -1,6 +1,6 @@
 """Bad input gets a clear gRPC status with an actionable message, and the servers keep serving.
 
-After every test an autouse fixture checks that all four processes are alive, report SERVING and
+After every test an autouse fixture checks that every service's process is alive, report SERVING and
 still answer a real call, so a request that crashed or wedged a server fails the test that sent it.
 """
 

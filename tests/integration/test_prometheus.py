@@ -1,4 +1,4 @@
-"""A real Prometheus (Debian's package) scraping the four running services, with the chart's rules.
+"""A real Prometheus (Debian's package) scraping every running service, with the chart's rules.
 
 What the chart promises Prometheus, checked against the real thing: every service's /metrics is
 scraped, a job shows up as per-stage items, the chart's recording rules and alerts

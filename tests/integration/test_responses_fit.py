@@ -22,7 +22,7 @@ from lipline.v1 import audio_pb2, audio_pb2_grpc, gateway_pb2, lipsync_pb2, lips
 from services.media.wire import image_to_proto, pack_generate_items
 from services.serving.settings import ServiceSettings
 from services.media.packed import PackedImages
-from services.serving.server import channel_options
+from services.serving.channels import channel_options
 from services.serving.streams import byte_ranges, message_budget
 from services.gateway.client import LiplineClient
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, prepare_boxes

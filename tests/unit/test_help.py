@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.serving.settings import ServiceSettings, _field, parse_settings
+from services.serving.settings import ServiceSettings, setting, parse_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--port", "--max-message-bytes", "--grace-s", "--max-connection-age-s", "--log-format"]
@@ -43,9 +43,9 @@ def test_percent_signs_and_odd_defaults_in_help(capsys: pytest.CaptureFixture[st
 
     @dataclasses.dataclass(frozen=True)
     class Odd(ServiceSettings):
-        ratio: float = _field(0.5, "share of the batch: 50% (and %(default)s is not a format)")
-        pattern: str = _field("%d-%s%", "a default with % signs")
-        sizes: tuple[int, ...] = _field((), "an empty tuple")
+        ratio: float = setting(0.5, "share of the batch: 50% (and %(default)s is not a format)")
+        pattern: str = setting("%d-%s%", "a default with % signs")
+        sizes: tuple[int, ...] = setting((), "an empty tuple")
         names: tuple[str, ...] = dataclasses.field(default_factory=lambda: ("a", "b"), metadata={"help": "from a factory"})
 
     with pytest.raises(SystemExit) as exit_info:

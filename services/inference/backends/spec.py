@@ -330,7 +330,7 @@ def resolve_backend_spec(
         cache_dir: where compile/TensorRT artifacts are kept; None = not kept.
         compile_mode: torch.compile's mode for "compile".
         allow_compile: False makes `auto` skip a warm compile cache (the fallback after a compile
-            failed at start-up: `services.inference.device.start_backend`).
+            failed at start-up: `services.inference.stage.start_backend`).
         log: log the decision (`BackendSpec.decision`) at INFO.
 
     Raises:

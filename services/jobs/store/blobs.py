@@ -8,13 +8,25 @@ once written, except that `put` replaces.
 Raises services.serving.errors.NotFound for a missing key and StoreUnavailable when the backend
 cannot be reached. Every method is synchronous and thread-safe; asyncio callers use
 `asyncio.to_thread`.
+
+This module is the interface and imports no implementation (the factory, `open_blob_store`, is in
+the package's `__init__`). What both implementations share lives here too: the key rules
+(`check_key`, `check_prefix`) and the temporary name of a local write (`atomic_write`, `TEMP_NAME`),
+so that a key that works on a folder works on S3.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
+
+#: the name of a write in progress, `.<name>.<uuid4 hex>.tmp` (atomic_write): never listed, refused as a key
+TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
 
 
 class BlobStore(abc.ABC):
@@ -60,13 +72,56 @@ class BlobStore(abc.ABC):
         """Release connections."""
 
 
-def open_blob_store(url: str) -> BlobStore:
-    """`file:///abs/folder`, a plain folder path, or `s3://bucket/optional/prefix` (credentials,
-    region and endpoint from the standard AWS_* environment variables, e.g. AWS_ENDPOINT_URL)."""
-    if url.startswith("s3://"):
-        from services.jobs.store.s3 import S3BlobStore
+def check_key(key: str) -> str:
+    """A key is a relative `/`-separated path: not empty, no empty, `.` or `..` segment, no backslash
+    or NUL, and its last segment not a temporary file's name. Raises ValueError otherwise.
 
-        return S3BlobStore(url)
-    from services.jobs.store.folder import FolderBlobStore
+    Both implementations check keys the same way, so a key that works on a folder works on S3."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"invalid blob key {key!r}: empty")
+    if "\\" in key or "\0" in key:
+        raise ValueError(f"invalid blob key {key!r}: backslashes and NUL are not allowed")
+    if key.startswith("/"):
+        raise ValueError(f"invalid blob key {key!r}: must be relative")
+    segments = key.split("/")
+    if any(s in ("", ".", "..") for s in segments):
+        raise ValueError(f"invalid blob key {key!r}: empty, '.' and '..' segments are not allowed")
+    if TEMP_NAME.match(segments[-1]):
+        raise ValueError(f"invalid blob key {key!r}: the name is reserved for temporary files")
+    return key
 
-    return FolderBlobStore(url)
+
+def check_prefix(prefix: str) -> str:
+    """A prefix is "" (every key) or the start of a key: the rules of `check_key`, except that it may
+    end with `/` or in the middle of a segment (`jobs/12` matches `jobs/123/...`)."""
+    if not isinstance(prefix, str):
+        raise ValueError(f"invalid blob prefix {prefix!r}: not a string")
+    if not prefix:
+        return prefix
+    if "\\" in prefix or "\0" in prefix:
+        raise ValueError(f"invalid blob prefix {prefix!r}: backslashes and NUL are not allowed")
+    if prefix.startswith("/"):
+        raise ValueError(f"invalid blob prefix {prefix!r}: must be relative")
+    segments = prefix.split("/")
+    complete, last = segments[:-1], segments[-1]  # the last segment may be partial ("" after a "/")
+    if any(s in ("", ".", "..") for s in complete) or last == "..":
+        raise ValueError(f"invalid blob prefix {prefix!r}: empty, '.' and '..' segments are not allowed")
+    return prefix
+
+
+def atomic_write(final: Path, fill: Callable[[BinaryIO], object]) -> None:
+    """Write through `fill` into a fresh temporary file next to `final`, flush it to disk, then rename
+    it over `final`. On any failure the temporary file is removed and `final` is untouched."""
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise

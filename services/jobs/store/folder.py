@@ -16,20 +16,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import shutil
 import stat
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from services.serving.errors import NotFound, StorageFull, StoreUnavailable
-from services.jobs.store.blobs import BlobStore
+from services.jobs.store.blobs import TEMP_NAME, BlobStore, atomic_write, check_key, check_prefix
 
-_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")  # `.<name>.<uuid4 hex>.tmp`
 _COPY_BUFFER = 1024 * 1024
 _WRITE_ATTEMPTS = 5  # a concurrent delete_prefix may remove a just-made empty folder; try again
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -65,43 +62,6 @@ def mapped_errors(url: str, write: bool) -> Iterator[None]:
         if mapped is None:
             raise
         raise mapped from exc
-
-
-def check_key(key: str) -> str:
-    """A key is a relative `/`-separated path: not empty, no empty, `.` or `..` segment, no backslash
-    or NUL, and its last segment not a temporary file's name. Raises ValueError otherwise.
-
-    Both implementations check keys the same way, so a key that works on a folder works on S3."""
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"invalid blob key {key!r}: empty")
-    if "\\" in key or "\0" in key:
-        raise ValueError(f"invalid blob key {key!r}: backslashes and NUL are not allowed")
-    if key.startswith("/"):
-        raise ValueError(f"invalid blob key {key!r}: must be relative")
-    segments = key.split("/")
-    if any(s in ("", ".", "..") for s in segments):
-        raise ValueError(f"invalid blob key {key!r}: empty, '.' and '..' segments are not allowed")
-    if _TEMP_NAME.match(segments[-1]):
-        raise ValueError(f"invalid blob key {key!r}: the name is reserved for temporary files")
-    return key
-
-
-def check_prefix(prefix: str) -> str:
-    """A prefix is "" (every key) or the start of a key: the rules of `check_key`, except that it may
-    end with `/` or in the middle of a segment (`jobs/12` matches `jobs/123/...`)."""
-    if not isinstance(prefix, str):
-        raise ValueError(f"invalid blob prefix {prefix!r}: not a string")
-    if not prefix:
-        return prefix
-    if "\\" in prefix or "\0" in prefix:
-        raise ValueError(f"invalid blob prefix {prefix!r}: backslashes and NUL are not allowed")
-    if prefix.startswith("/"):
-        raise ValueError(f"invalid blob prefix {prefix!r}: must be relative")
-    segments = prefix.split("/")
-    complete, last = segments[:-1], segments[-1]  # the last segment may be partial ("" after a "/")
-    if any(s in ("", ".", "..") for s in complete) or last == "..":
-        raise ValueError(f"invalid blob prefix {prefix!r}: empty, '.' and '..' segments are not allowed")
-    return prefix
 
 
 def folder_from_url(url: str) -> Path:
@@ -249,7 +209,7 @@ class FolderBlobStore(BlobStore):
                 continue
             for name in files:
                 key = rel + name
-                if key.startswith(prefix) and not _TEMP_NAME.match(name):
+                if key.startswith(prefix) and not TEMP_NAME.match(name):
                     keys.append(key)
         keys.sort()
         return keys
@@ -265,24 +225,6 @@ class FolderBlobStore(BlobStore):
                 return open(self._path(key), "rb")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise NotFound(f"blob not found: {key}") from None
-
-
-def atomic_write(final: Path, fill: Callable[[BinaryIO], object]) -> None:
-    """Write through `fill` into a fresh temporary file next to `final`, flush it to disk, then rename
-    it over `final`. On any failure the temporary file is removed and `final` is untouched."""
-    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            fill(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
 
 
 def _file_chunks(f: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:

@@ -21,6 +21,9 @@ Every method is synchronous and safe to call from several threads; asyncio calle
 `asyncio.to_thread`. Waiting for a job's change is the one async part: `ChangeFeed`.
 Times are Unix seconds (float); the store's clock decides lease expiry (the database's own clock on
 PostgreSQL, so workers on hosts with skewed clocks agree).
+
+This module is the interface and imports no implementation; `open_job_store(url)` is in the
+package's `__init__`.
 """
 
 from __future__ import annotations
@@ -298,16 +301,3 @@ class ChangeFeed(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
-
-
-def open_job_store(url: str) -> JobStore:
-    """`sqlite:///relative/path.db`, `sqlite:////abs/path.db` or `postgresql://user:pw@host:port/db`."""
-    if url.startswith("sqlite:"):
-        from services.jobs.store.sqlite import SqliteJobStore
-
-        return SqliteJobStore(url)
-    if url.startswith(("postgresql:", "postgres:")):
-        from services.jobs.store.postgres import PostgresJobStore
-
-        return PostgresJobStore(url)
-    raise ValueError(f"job store URL {url!r}: use sqlite:///path.db or postgresql://user:password@host:port/db")

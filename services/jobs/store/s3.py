@@ -37,8 +37,7 @@ import obstore.exceptions
 from obstore.store import S3Store
 
 from services.serving.errors import NotFound, StorageFull, StoreUnavailable
-from services.jobs.store.blobs import BlobStore
-from services.jobs.store.folder import atomic_write, check_key, check_prefix
+from services.jobs.store.blobs import BlobStore, atomic_write, check_key, check_prefix
 
 T = TypeVar("T")
 

@@ -1,4 +1,5 @@
-"""DeviceBatchEngine: parts grouped by size, in any order, come back per chunk in item order."""
+"""DeviceBatchEngine: parts grouped by size, in any order, come back per chunk in item order; the
+streams that overlap batches (BatchStreams)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.inference.engine import DeviceBatchEngine, Part
+from services.inference.engine import BatchStreams, DeviceBatchEngine, Part
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -57,3 +58,46 @@ def test_cpu_parts_are_read_without_a_copy_of_the_batch() -> None:
     images = torch.zeros((2, 2, 3, 3), dtype=torch.uint8)
     (host,) = engine._to_host([([0, 1], images)])
     assert np.shares_memory(host, images.numpy())
+
+
+def test_batch_streams_are_off_on_the_cpu_and_compute_is_serialised() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.helpers.occupancy import Occupancy
+
+    streams = BatchStreams(torch.device("cpu"), overlap=True)
+    assert not streams.enabled
+    occupancy = Occupancy()
+
+    def model_turn(_: int) -> None:
+        with streams.io(), streams.compute(), occupancy.inside(0.01):
+            pass
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(model_turn, range(8)))
+    assert occupancy.peak == 1  # one model call at a time, whatever the callers' threads
+
+
+@pytest.mark.gpu
+def test_batch_streams_give_each_thread_its_io_stream_and_one_compute_stream() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import threading
+
+    streams = BatchStreams(torch.device("cuda"), overlap=True)
+    default = torch.cuda.current_stream()
+    both = threading.Barrier(2)  # two threads for sure
+
+    def seen(_: int) -> tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]:
+        both.wait()
+        with streams.io():
+            io = torch.cuda.current_stream()
+            with streams.compute():
+                compute = torch.cuda.current_stream()
+            return io, compute, torch.cuda.current_stream()
+
+    with ThreadPoolExecutor(2) as pool:
+        (io_a, compute_a, back_a), (io_b, compute_b, back_b) = pool.map(seen, range(2))
+    assert io_a != io_b and default not in (io_a, io_b)  # one I/O stream per thread
+    assert compute_a == compute_b not in (io_a, io_b)  # one compute stream
+    assert (back_a, back_b) == (io_a, io_b)  # back on the thread's own stream afterwards

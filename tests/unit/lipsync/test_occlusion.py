@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from services.lipsync.occlusion import OcclusionConfig, covered_from_scores, lower_face_scores, mouth_covered
-from services.lipsync.service import LipSyncSettings
+from services.lipsync.settings import LipSyncSettings
 from tests.helpers.occluders import hand
 from tests.integration.util import SAMPLES
 

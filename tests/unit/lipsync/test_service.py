@@ -10,8 +10,9 @@ import pytest
 
 from services.serving.settings import Device, parse_settings
 from services.serving.metrics import Metrics
-from services.inference import device as device_module
-from services.lipsync.service import LipSyncService, LipSyncSettings
+from services.inference import stage as model_stage_module
+from services.lipsync.service import LipSyncService
+from services.lipsync.settings import LipSyncSettings
 
 
 def test_settings_defaults_and_flags() -> None:
@@ -26,13 +27,13 @@ def test_settings_defaults_and_flags() -> None:
 def test_pipeline_depth_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, depth: int, concurrency: int) -> None:
     """0 (auto) is one batch at a time on the CPU; an explicit depth is kept (the overlap stays off there)."""
     seen: dict[str, Any] = {}
-    real_resolve = device_module.resolve_backend_spec
+    real_resolve = model_stage_module.resolve_backend_spec
 
     def resolve_backend_spec(*args: Any, **kwargs: Any) -> Any:
         seen.update(kwargs)
         return real_resolve(*args, **kwargs)
 
-    monkeypatch.setattr(device_module, "resolve_backend_spec", resolve_backend_spec)
+    monkeypatch.setattr(model_stage_module, "resolve_backend_spec", resolve_backend_spec)
     settings = LipSyncSettings(device=Device.CPU, detector="none", pipeline_depth=depth, compile_cache_dir=str(tmp_path))
     svc = LipSyncService(settings, Metrics("lipsync"))
 

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2
 
 from services.serving.channels import open_channel
 from services.serving.settings import ServiceSettings
-from services.serving.interceptor import Auth, key_hash, parse_api_keys
+from services.serving.auth import Auth, key_hash, parse_api_keys
 from services.serving.metrics import Metrics
 from services.serving.tenants import IMPLICIT_TENANT, tenant_of_key
 from services.serving.server import ServiceRunner

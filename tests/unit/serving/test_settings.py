@@ -7,17 +7,17 @@ import dataclasses
 
 import pytest
 
-from services.serving.settings import Device, LogFormat, ModelStageSettings, ServiceSettings, _field, parse_settings
+from services.serving.settings import Device, LogFormat, ModelStageSettings, ServiceSettings, setting, parse_settings
 
 
 @dataclasses.dataclass(frozen=True)
 class _ExtraSettings(ServiceSettings):
     """Settings with field types the base class does not use."""
 
-    debug: bool = _field(False, "a boolean")
-    sizes: tuple[int, ...] = _field((1, 2), "a comma-separated list")
-    limit: int | None = _field(None, "an optional int")
-    ratio: float = _field(0.5, "a float")
+    debug: bool = setting(False, "a boolean")
+    sizes: tuple[int, ...] = setting((1, 2), "a comma-separated list")
+    limit: int | None = setting(None, "an optional int")
+    ratio: float = setting(0.5, "a float")
 
 
 def test_defaults_without_env_or_flags() -> None:
@@ -160,7 +160,7 @@ def test_settings_are_frozen() -> None:
 
 
 def test_service_subclass_adds_fields_with_the_same_mechanism() -> None:
-    from services.audio.service import AudioSettings
+    from services.audio.settings import AudioSettings
 
     defaults = parse_settings(AudioSettings, [], {})
     assert defaults.port == 50061  # the subclass overrides the base default
@@ -188,8 +188,8 @@ def test_help_names_flags_and_env_variables(capsys: pytest.CaptureFixture[str]) 
 
 def test_model_stage_settings_are_shared_and_checked() -> None:
     """lipsync and superres take the same batching/backend settings, from one class."""
-    from services.lipsync.service import LipSyncSettings
-    from services.superres.service import SuperResSettings
+    from services.lipsync.settings import LipSyncSettings
+    from services.superres.settings import SuperResSettings
 
     for cls in (LipSyncSettings, SuperResSettings):
         assert issubclass(cls, ModelStageSettings)

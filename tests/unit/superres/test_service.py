@@ -21,7 +21,6 @@ from lipline.v1 import common_pb2, superres_pb2
 from services.inference.backends import make_backend, numerics_check
 from services.inference.checkpoints import seeded_state_dict
 from services.media.wire import image_to_proto
-from services.inference import device as device_module
 from services.inference import stage as model_stage_module
 from services.serving.settings import Device, parse_settings
 from services.serving.metrics import Metrics
@@ -29,7 +28,8 @@ from services.superres import service as superres_service
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.models import SRVGGNetCompact
 from services.superres.upscaler import ModelUpscaler
-from services.superres.service import SuperResService, SuperResServicer, SuperResSettings
+from services.superres.service import SuperResService, SuperResServicer
+from services.superres.settings import SuperResSettings
 
 
 def _srvgg() -> SRVGGNetCompact:
@@ -59,7 +59,7 @@ class _Loaded:
         self.backend_kwargs: dict[str, Any] = {}
         self.guard: tuple[Any, ...] = ()
         self.upscaler_args: tuple[Any, ...] = ()
-        real_resolve, real_finish = device_module.resolve_backend_spec, model_stage_module.finish_backend_start
+        real_resolve, real_finish = model_stage_module.resolve_backend_spec, model_stage_module.finish_backend_start
 
         def resolve_backend_spec(*args: Any, **kwargs: Any) -> Any:
             self.backend_kwargs = kwargs
@@ -74,7 +74,7 @@ class _Loaded:
             model_name, checkpoint, device, dtype = args
             return ModelUpscaler(_srvgg(), scale=4, device=device, dtype=dtype)
 
-        monkeypatch.setattr(device_module, "resolve_backend_spec", resolve_backend_spec)
+        monkeypatch.setattr(model_stage_module, "resolve_backend_spec", resolve_backend_spec)
         monkeypatch.setattr(model_stage_module, "finish_backend_start", finish_backend_start)
         monkeypatch.setattr(superres_service, "create_upscaler", create_upscaler)
         self.service = SuperResService(SuperResSettings(device=Device.CPU, max_batch=8, **settings), Metrics("superres"))

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from services.jobs.store.jobs import JobStore, open_job_store
+from services.jobs.store import open_job_store
+from services.jobs.store.jobs import JobStore
 from tests.helpers.postgres import PostgresServer, missing_reason
 
 _databases = itertools.count(1)

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from services.serving.errors import NotFound, StoreUnavailable
-from services.jobs.store.blobs import BlobStore, open_blob_store
+from services.jobs.store import open_blob_store
+from services.jobs.store.blobs import BlobStore
 from services.jobs.store.folder import FolderBlobStore
 from services.jobs.store.s3 import S3BlobStore
 from tests.helpers.s3server import S3Server

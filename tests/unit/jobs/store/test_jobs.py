@@ -489,7 +489,7 @@ def test_four_threads_claim_each_segment_exactly_once(job_store: JobStore) -> No
 
 _CLAIMER = """
 import json, sys
-from services.jobs.store.jobs import open_job_store
+from services.jobs.store import open_job_store
 store = open_job_store(sys.argv[1])
 sys.stdin.readline()  # start together
 got = []
