@@ -44,15 +44,20 @@ PCM_SCALE = 32768.0  # s16le -> [-1, 1)
 SUPPORTED_RATES = (16000, 24000, 48000)
 
 
-def pcm_samples(pcm: bytes) -> np.ndarray:
-    """s16le mono bytes -> float64 samples in [-1, 1) (exact: every int16 / 32768 is a float).
+def pcm_int16(pcm: bytes) -> np.ndarray:
+    """s16le mono bytes -> int16 samples (a read-only view of the bytes).
 
     Raises:
         InvalidMedia: an odd byte count (a torn sample: the stream is misaligned from there on).
     """
     if len(pcm) % 2:
         raise InvalidMedia(f"PCM chunk of {len(pcm)} bytes: s16le samples are 2 bytes each, so a chunk has an even byte count")
-    return np.frombuffer(pcm, dtype="<i2").astype(np.float64) / PCM_SCALE
+    return np.frombuffer(pcm, dtype="<i2")
+
+
+def pcm_samples(pcm: bytes) -> np.ndarray:
+    """s16le mono bytes -> float64 samples in [-1, 1) (exact: every int16 / 32768 is a float). Raises as `pcm_int16`."""
+    return pcm_int16(pcm).astype(np.float64) / PCM_SCALE
 
 
 def lookahead_ms(sample_rate: int) -> float:
