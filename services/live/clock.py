@@ -92,6 +92,10 @@ class FrameClock:
         """The frame whose slot holds ``t_ns``: the last one due at or before it (-1 before t0)."""
         return (t_ns - self.t0) * self.fps.numerator // (NS_PER_S * self.fps.denominator)
 
+    def now_ns(self) -> int:
+        """The clock's time source, read now."""
+        return self._now()
+
     def due_now(self) -> int:
         """The frame whose slot is now."""
         return self.frame_at(self._now())

@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from services.live.audio_retime import SpeechQueue, frame_start_sample
-from services.live.clock import FrameClock, FrameCounts, FrameKind
+from services.live.clock import NS_PER_S, FrameClock, FrameCounts, FrameKind
 from services.live.encoders import EncodedFrame, FrameEncoder
 from services.live.idle import IdleLoop
 from services.live.mel_stream import PCM_SCALE, MelStream, pcm_int16
@@ -79,6 +79,7 @@ class Tick:
     audio: list[TimedAudio]
     events: list[Event]
     skipped: range  # slots before this one that passed unsent
+    latency_s: float | None = None  # speech: the frame's own audio arrived -> the frame made (the latency figure)
 
 
 class LiveSession:
@@ -114,6 +115,9 @@ class LiveSession:
         self.queue = SpeechQueue(sample_rate, clock.fps, max_samples=round(max_queued_seconds * sample_rate))
         self._mel: dict[int, MelStream] = {}  # open utterances' mel streams
         self._windows: dict[int, collections.deque[np.ndarray]] = {}  # ready windows of queued utterances
+        # per queued utterance, (samples received after a chunk, when it arrived in ns): the latency's start
+        self._arrivals: dict[int, collections.deque[tuple[int, int]]] = {}
+        self._received: dict[int, int] = {}
         self._pending_events: list[Event] = []
 
     @property
@@ -137,6 +141,10 @@ class LiveSession:
         if mel is None:
             mel = self._mel[utterance] = MelStream(self.sample_rate, float(self.clock.fps))
             self._windows[utterance] = collections.deque()
+            self._arrivals[utterance] = collections.deque()
+            self._received[utterance] = 0
+        self._received[utterance] += len(samples)
+        self._arrivals[utterance].append((self._received[utterance], self.clock.now_ns()))
         self._windows[utterance].extend(mel.push(samples / PCM_SCALE).windows)
         return utterance
 
@@ -148,7 +156,7 @@ class LiveSession:
         mel = self._mel.pop(utterance, None)
         frames = self.queue.frames_of(utterance)
         if frames is None:  # it held no audio: the queue dropped it
-            self._windows.pop(utterance, None)
+            self._forget(utterance)
             return utterance
         assert mel is not None
         self._windows[utterance].extend(mel.finish(n_frames=frames).windows)
@@ -163,6 +171,8 @@ class LiveSession:
         result = self.queue.clear()
         self._mel.clear()
         self._windows.clear()
+        self._arrivals.clear()
+        self._received.clear()
         if result.utterance is None:
             return None
         event = Event(EventKind.PLAYBACK_FINISHED, result.utterance, self.clock.next_frame, result.played_ms, interrupted=result.interrupted)
@@ -179,7 +189,7 @@ class LiveSession:
         for frame in slot.skipped:  # speech goes on through skipped slots: audio and video stay locked
             if self._speech_ready():
                 self._take_speech(frame, audio, events)
-        face_window = self._take_speech(slot.frame, audio, events) if self._speech_ready() else None
+        face_window, arrived_ns = self._take_speech(slot.frame, audio, events) if self._speech_ready() else (None, None)
         kind = FrameKind.IDLE if face_window is None else FrameKind.SPEECH
         template = self.idle.template_frame(slot.frame)
         if face_window is None:
@@ -192,7 +202,8 @@ class LiveSession:
             return Tick(None, kind, audio, events, slot.skipped)
         encoded = self.encoder.encode(picture, slot.frame)
         self.clock.sent(kind)
-        return Tick(encoded, kind, audio, events, slot.skipped)
+        latency = None if arrived_ns is None else (self.clock.now_ns() - arrived_ns) / NS_PER_S
+        return Tick(encoded, kind, audio, events, slot.skipped, latency)
 
     def force_keyframe(self) -> None:
         """The next frame is a keyframe (a resumed stream starts decoding there)."""
@@ -203,17 +214,24 @@ class LiveSession:
         head = self.queue.peek()
         return head is not None and bool(self._windows.get(head[0]))
 
-    def _take_speech(self, frame: int, audio: list[TimedAudio], events: list[Event]) -> np.ndarray:
-        """Takes the head utterance's next frame (audio and window) for session frame ``frame``."""
+    def _take_speech(self, frame: int, audio: list[TimedAudio], events: list[Event]) -> tuple[np.ndarray, int]:
+        """Takes the head utterance's next frame for session frame ``frame``: (its window, when its audio arrived)."""
         part = self.queue.take()
         assert part is not None
-        windows = self._windows[part.utterance]
-        window = windows.popleft()
+        window = self._windows[part.utterance].popleft()
         audio.append(TimedAudio(frame, part.samples))
+        end = frame_start_sample(part.index, self.sample_rate, self.clock.fps) + len(part.samples)
+        arrivals = self._arrivals[part.utterance]
+        while arrivals[0][0] < end:  # chunks that ended before this frame's last sample
+            arrivals.popleft()
+        arrived_ns = arrivals[0][1]
         if part.first:
             events.append(Event(EventKind.PLAYBACK_STARTED, part.utterance, frame))
         if part.last:
-            del self._windows[part.utterance]
-            length = frame_start_sample(part.index, self.sample_rate, self.clock.fps) + len(part.samples)
-            events.append(Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * length / self.sample_rate))
-        return window
+            self._forget(part.utterance)
+            events.append(Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * end / self.sample_rate))
+        return window, arrived_ns
+
+    def _forget(self, utterance: int) -> None:
+        for table in (self._mel, self._windows, self._arrivals, self._received):
+            table.pop(utterance, None)

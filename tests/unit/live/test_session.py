@@ -140,6 +140,10 @@ def test_speech_silence_speech_in_real_time(template, speech_pcm) -> None:
     assert kinds[starts[0] : starts[0] + speech_frames[0]] == [FrameKind.SPEECH] * speech_frames[0]
     assert kinds[starts[1] : starts[1] + speech_frames[1]] == [FrameKind.SPEECH] * speech_frames[1]
     assert kinds.count(FrameKind.SPEECH) == sum(speech_frames)
+    # Frame j's own audio ends at 40 (j + 1) ms of the utterance and arrives then; the frame is made 200 ms
+    # later (the 212.5 ms look-ahead, less the frame's own 40 ms, rounded up to a 20 ms chunk and a slot).
+    latencies = {round(t.latency_s, 6) for t in run.ticks if t.kind is FrameKind.SPEECH}
+    assert latencies == {0.2} and all(t.latency_s is None for t in run.ticks if t.kind is FrameKind.IDLE)
     assert starts[1] - (starts[0] + speech_frames[0]) >= 2000 // 40 - 1  # the pause is idle
     assert (session.counts.speech, session.counts.idle, session.counts.skipped) == (sum(speech_frames), len(run.ticks) - sum(speech_frames), 0)
     # The re-timed audio is the input audio, sample for sample, on the frames that showed it.
