@@ -60,6 +60,12 @@ def pcm_samples(pcm: bytes) -> np.ndarray:
     return pcm_int16(pcm).astype(np.float64) / PCM_SCALE
 
 
+def check_sample_rate(sample_rate: int) -> None:
+    """Raises InvalidMedia for an input rate live sessions do not take."""
+    if sample_rate not in SUPPORTED_RATES:
+        raise InvalidMedia(f"PCM at {sample_rate} Hz: live sessions take s16le mono at {', '.join(map(str, SUPPORTED_RATES))} Hz")
+
+
 def lookahead_ms(sample_rate: int) -> float:
     """How far behind the input the mel window of a frame can be produced: ms of audio after the frame's start."""
     return LOOKAHEAD_MS + 1000.0 * StreamResampler(sample_rate).delay_samples / sample_rate
@@ -92,8 +98,7 @@ class MelStream:
     """
 
     def __init__(self, sample_rate: int, fps: float) -> None:
-        if sample_rate not in SUPPORTED_RATES:
-            raise InvalidMedia(f"PCM at {sample_rate} Hz: live sessions take s16le mono at {', '.join(map(str, SUPPORTED_RATES))} Hz")
+        check_sample_rate(sample_rate)
         if fps <= 0:
             raise ValueError(f"fps must be positive, got {fps}")
         self.sample_rate = sample_rate

@@ -35,13 +35,13 @@ from services.live.audio_retime import SpeechQueue, frame_start_sample
 from services.live.clock import NS_PER_S, FrameClock, FrameCounts, FrameKind
 from services.live.encoders import EncodedFrame, FrameEncoder
 from services.live.idle import IdleLoop
-from services.live.mel_stream import PCM_SCALE, MelStream, pcm_int16
+from services.live.mel_stream import PCM_SCALE, MelStream, check_sample_rate, pcm_int16
 from services.render.composite import Compositor  # shared code: see the report
 from services.serving.errors import InvalidRequest
 
 #: (template frame, mel window (80, 16) float32) -> the generated face, BGR at the frame's box size, or
 #: None when that template frame has no face (it passes through).
-FaceGenerator = Callable[[int, np.ndarray], "np.ndarray | None"]
+FaceGenerator = Callable[[int, np.ndarray], np.ndarray | None]
 
 MAX_CHUNK_MS = 100  # the API's chunk limit (10-100 ms): larger chunks make the latency jumpy
 
@@ -111,7 +111,7 @@ class LiveSession:
         self.clock = clock
         self.generate_face = generate_face
         self.sample_rate = sample_rate
-        MelStream(sample_rate, float(clock.fps))  # refuses a rate the mel cannot take, before any audio
+        check_sample_rate(sample_rate)  # before any audio, not at the first chunk
         self.queue = SpeechQueue(sample_rate, clock.fps, max_samples=round(max_queued_seconds * sample_rate))
         self._mel: dict[int, MelStream] = {}  # open utterances' mel streams
         self._windows: dict[int, collections.deque[np.ndarray]] = {}  # ready windows of queued utterances
