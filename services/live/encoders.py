@@ -20,8 +20,12 @@ Why these x264 settings (the live path's latency and robustness):
   keyframe is a place to start.
 * One x264 thread by default: a worker encodes many sessions side by side, and independent
   single-threaded encoders scale best across cores (issue 19: 16 processes, 3,460 frames/s
-  ``veryfast`` at 512x512 on 16 cores). ``preset`` defaults to `DEFAULT_PRESET` (see
-  docs/performance.md and the report of the live helper for the measurement on a 2-core VM).
+  ``veryfast`` at 512x512 on 16 cores).
+* ``preset`` defaults to `DEFAULT_PRESET`, ``ultrafast``: measured on a 2-core Xeon VM, one thread,
+  512x512 with a changing mouth (bench/bench_live_encode.py), 0.97 ms and 17 KB a frame against
+  ``veryfast``'s 2.16 ms and 12 KB; a whole session (mel, compositor, encoder;
+  bench/bench_live_session.py) 38 against 63 ms of CPU per second of speech. CPU is what limits a
+  live worker's sessions; the bytes are what ``crf`` or ``bitrate_kbps`` trade.
 """
 
 from __future__ import annotations
