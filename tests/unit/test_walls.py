@@ -22,6 +22,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "media": ("torch", "torchvision", "services.jobs", "services.inference"),
     "jobs": ("torch", "torchvision", "services.inference"),
     "inference": ("services.jobs",),
+    "live": ("torch", "torchvision", "services.inference"),
 }
 
 
