@@ -3,7 +3,7 @@
 
 (a) old: ``to_yuv420(paste_face(bgr_frame, face, box))`` (services.media.decode): blend the face
     into a copy of the full BGR frame, then convert the whole frame to I420.
-(b) new: ``Compositor.frame(i, face)`` (services.render.composite): copy the avatar frame cached in
+(b) new: ``Compositor.frame(i, face)`` (services.media.composite): copy the avatar frame cached in
     I420 and blend only the planes of the box's lower half (the rows the lip-sync model regenerates).
 (b') new, whole box (``regenerated_from=0``, what (b) did before issue 10).
 (c) new, with a different box size on every frame (the weights cache misses each time: what a
@@ -43,8 +43,8 @@ import numpy as np
 
 from services.render.reference import paste_face
 
-from services.render.mp4 import to_yuv420
-from services.render.composite import Compositor, I420Frames, chroma_siting
+from services.media.video_format import to_yuv420
+from services.media.composite import Compositor, I420Frames, chroma_siting
 
 
 def avatar_frames(count: int, width: int, height: int) -> np.ndarray:

@@ -28,7 +28,8 @@ if __package__ in (None, ""):
 
 import numpy as np
 
-from services.render.mp4 import Mp4Writer, to_yuv420
+from services.render.mp4 import Mp4Writer
+from services.media.video_format import to_yuv420
 
 
 def synthetic_frames(count: int, width: int, height: int) -> list[np.ndarray]:

@@ -29,7 +29,7 @@ if __package__ in (None, ""):
 import numpy as np
 
 from services.render.mp4 import Mp4Writer
-from services.render.composite import Compositor, I420Frames
+from services.media.composite import Compositor, I420Frames
 
 
 def avatar(count: int, width: int, height: int) -> np.ndarray:

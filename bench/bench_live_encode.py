@@ -31,7 +31,7 @@ import cv2
 import numpy as np
 
 from services.live.encoders import H264Encoder, JpegEncoder
-from services.render.mp4 import to_yuv420
+from services.media.video_format import to_yuv420
 
 
 def frames(width: int, height: int, count: int) -> list[np.ndarray]:

@@ -37,7 +37,7 @@ from services.live.clock import FrameClock
 from services.live.encoders import H264Encoder, JpegEncoder
 from services.live.idle import IdleLoop
 from services.live.session import LiveSession
-from services.render.composite import Compositor, I420Frames
+from services.media.composite import Compositor, I420Frames
 
 
 def speech(rate: int, seconds: float) -> np.ndarray:

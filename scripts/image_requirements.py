@@ -61,7 +61,7 @@ DEV = frozenset(
 TORCH = frozenset({"torch", "sympy", "mpmath", "networkx", "filelock", "fsspec", "jinja2", "markupsafe"})
 # `python -m services.<stage>.export`: ONNX export and its onnxruntime check (GPU stages only).
 ONNX = frozenset({"onnx", "onnxruntime", "ml-dtypes", "flatbuffers"})
-# The mel pipeline of the audio service (services/audio/mel.py) and what only librosa requires.
+# The mel pipeline of the audio service (services/media/mel.py) and what only librosa requires.
 MEL = frozenset(
     {
         "librosa",

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.audio.mel import MelExtractor
+from services.media.mel import MelExtractor
 from services.media.speech import speech_envelope
 from services.lipsync.procedural import ProceduralLipSync
 from tests.helpers.speech_signals import FPS, clean_speech, speech_frames, variants

@@ -28,7 +28,7 @@ from multiprocessing.process import BaseProcess
 
 import numpy as np
 
-from services.audio.mel import SAMPLE_RATE, MelExtractor
+from services.media.mel import SAMPLE_RATE, MelExtractor
 from services.media.audio import decode_audio
 from services.serving.errors import InvalidMedia
 from services.serving.native_threads import one_thread_per_process

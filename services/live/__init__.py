@@ -8,6 +8,6 @@ speech queue (`audio_retime`), and a session that ties them together (`session`)
 model itself runs in the lipsync stage; a live worker is a CPU pod and its image carries no torch.
 
 May import: the standard library, numpy, scipy, librosa, av, cv2, `services.serving`,
-`services.media`, `services.audio.mel` and `services.render`'s torch-free helpers (the loop
-policy, the compositor). Never torch, torchvision or `services.inference` (tests/unit/test_walls.py).
+`services.media` (the mel, the compositor, the loop policy, the encoders' video conventions).
+Never another deployable's package, torch, torchvision or `services.inference` (tests/unit/test_walls.py).
 """

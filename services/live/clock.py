@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from fractions import Fraction
 
-from services.render.mp4 import exact_rate  # the rule the rendered MP4s' time bases use (shared code: see the report)
+from services.media.video_format import exact_rate  # the rule the rendered MP4s' time bases use
 
 NS_PER_S = 1_000_000_000
 

@@ -4,7 +4,7 @@ Two codecs behind one small interface (`FrameEncoder`): H.264 (`H264Encoder`, li
 for browsers and the open internet, JPEG (`JpegEncoder`, OpenCV) for consumers that re-encode anyway.
 
 Input is the compositor's I420 ((height * 3 / 2, width) uint8, BT.601 limited range: what
-`services.render.composite.Compositor` writes and `services.render.mp4.to_yuv420` returns); a BGR
+`services.media.composite.Compositor` writes and `services.media.video_format.to_yuv420` returns); a BGR
 (height, width, 3) frame is accepted too and converted. I420 because that is what x264 eats: a render
 worker composites straight into I420 for the same reason (no per-frame colour conversion); JPEG needs
 BGR for OpenCV, so it pays one conversion (~0.2 ms at 512x512).
@@ -39,7 +39,7 @@ import cv2
 import numpy as np
 
 from services.media import av_limits  # noqa: F401 - caps FFmpeg allocations on import
-from services.render.mp4 import COLOR_TAGS, X264_PRESETS, split_i420, to_yuv420  # shared code: see the report
+from services.media.video_format import COLOR_TAGS, X264_PRESETS, split_i420, to_yuv420
 
 DEFAULT_PRESET = "ultrafast"
 DEFAULT_CRF = 23

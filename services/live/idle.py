@@ -1,9 +1,9 @@
 """The idle loop of a live session: with no speech queued, the template's own frames play, ping-pong.
 
 Why it needs no GPU and no per-frame work beyond the encode: an idle frame is the avatar's cached I420
-frame itself (`services.render.composite.I420Frames`, converted once per worker), mouth as recorded.
+frame itself (`services.media.composite.I420Frames`, converted once per worker), mouth as recorded.
 Why one mapping for speech and idle alike: a session's frame k always shows template frame
-``loop_frame(k)`` (`services.render.timeline`, the render jobs' loop policy: forward and back, so the
+``loop_frame(k)`` (`services.media.timeline`, the render jobs' loop policy: forward and back, so the
 loop turns without a cut); speech frames paste the generated mouth onto that same frame. So going
 from speech to idle and back never jumps in the template: the head keeps moving as recorded, only
 the mouth changes.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.render.composite import I420Frames  # shared code: see the report
-from services.render.timeline import LOOP_MODES, LOOP_PING_PONG, loop_frame  # shared code: see the report
+from services.media.composite import I420Frames
+from services.media.timeline import LOOP_MODES, LOOP_PING_PONG, loop_frame
 
 
 class IdleLoop:

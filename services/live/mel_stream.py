@@ -1,6 +1,6 @@
 """Wav2Lip's mel windows from speech that arrives in chunks: frame k's window as soon as its audio exists.
 
-Why this is exact and what it costs. The whole-clip mel (`services.audio.mel.melspectrogram` then
+Why this is exact and what it costs. The whole-clip mel (`services.media.mel.melspectrogram` then
 `mel_windows`) is local: column j is the STFT frame of the preemphasised signal centred on sample
 200 j (800 samples, reflect padding at both ends of the clip), mapped through the mel basis and a
 per-column dB normalisation with fixed levels (ref 20 dB, floor -100 dB: nothing per clip). So a
@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from services.audio.mel import HOP_SIZE, MEL_FPS, MEL_STEP_SIZE, N_FFT, SAMPLE_RATE, SILENCE_LEVEL, frame_count, melspectrogram
+from services.media.mel import HOP_SIZE, MEL_FPS, MEL_STEP_SIZE, N_FFT, SAMPLE_RATE, SILENCE_LEVEL, frame_count, melspectrogram
 from services.live.resample import StreamResampler
 from services.serving.errors import InvalidMedia
 

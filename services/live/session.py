@@ -36,7 +36,7 @@ from services.live.clock import NS_PER_S, FrameClock, FrameCounts, FrameKind
 from services.live.encoders import EncodedFrame, FrameEncoder
 from services.live.idle import IdleLoop
 from services.live.mel_stream import PCM_SCALE, MelStream, check_sample_rate, pcm_int16
-from services.render.composite import Compositor  # shared code: see the report
+from services.media.composite import Compositor
 from services.serving.errors import InvalidRequest
 
 #: (template frame, mel window (80, 16) float32) -> the generated face, BGR at the frame's box size, or

@@ -31,7 +31,7 @@ import numpy as np
 from services.jobs.avatars import AvatarMeta, load_crops, load_meta, prefix
 from services.jobs.store.blobs import BlobStore
 from services.media.decode import open_avatar
-from services.render.composite import Compositor, I420Frames
+from services.media.composite import Compositor, I420Frames
 
 _LOGGER = logging.getLogger(__name__)
 

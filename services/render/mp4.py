@@ -1,6 +1,7 @@
 """The render workers' MP4 side: H.264 segments (x264, yuv420p, colour tags), the AAC track, and
 the join that stream-copies the segments and muxes the audio into one MP4 that plays everywhere
-(``+faststart``); the I420 layout the writer and the compositor share (`to_yuv420`, `split_i420`)."""
+(``+faststart``). The I420 layout, colour tags, presets and frame rates it shares with the live
+encoder are in `services.media.video_format`."""
 
 from __future__ import annotations
 import os
@@ -10,54 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 import av
-import cv2
 import numpy as np
 from services.media import av_limits  # noqa: F401 - caps FFmpeg allocations on import
+from services.media.video_format import COLOR_TAGS, X264_PRESETS, exact_rate, split_i420, to_yuv420
 
 
 MUX_AUDIO_RATE = 48_000  # the output's AAC track: the original audio resampled, mono
-
-
-def split_i420(frame: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Y (height, width), U and V (height/2, width/2) views of a C-contiguous I420 frame (the
-    (height * 3 / 2, width) layout of `to_yuv420`)."""
-    flat = frame.reshape(-1)
-    y_size = height * width
-    c_size = y_size // 4
-    return (
-        flat[:y_size].reshape(height, width),
-        flat[y_size : y_size + c_size].reshape(height // 2, width // 2),
-        flat[y_size + c_size : y_size + 2 * c_size].reshape(height // 2, width // 2),
-    )
-
-
-def to_yuv420(frame_bgr: np.ndarray) -> np.ndarray:
-    """(H, W, 3) uint8 BGR -> (H * 3 / 2, W) uint8 I420 planes (Y, then U, then V), BT.601 limited range.
-
-    Why not let PyAV convert: its swscale path (bgr24 -> yuv420p) runs single-threaded on the
-    encoding thread and measured 8.4 ms per 720p frame on 2 cores, against 1.8 ms for OpenCV's
-    SIMD conversion, which also releases the GIL. Both use BT.601 limited-range coefficients (what
-    an untagged H.264 stream is read as); they differ by rounding only (Y within 1 level, chroma
-    within 3 where swscale filters the 2x2 subsampling differently).
-    """
-    return cv2.cvtColor(frame_bgr, cv2.COLOR_BGR2YUV_I420)
-
-
-def exact_rate(fps: float) -> Fraction:
-    """The exact frame rate for ``fps``: 25 -> 25/1, 29.97 or 29.97002997 -> 30000/1001.
-
-    A float fps cannot be a time base; the NTSC family (N * 1000/1001) is snapped explicitly because
-    a typed 29.97 would otherwise become 2997/100, which drifts against 30000/1001 material.
-    """
-    if fps <= 0:
-        raise ValueError(f"fps must be positive, got {fps}")
-    ntsc = round(fps * 1.001)
-    if abs(fps - round(fps)) > 1e-6 and abs(fps * 1.001 - ntsc) < 1e-3:
-        return Fraction(ntsc * 1000, 1001)
-    return Fraction(fps).limit_denominator(1001)
-
-
-X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 
 
 class _AacTrack:
@@ -120,20 +79,6 @@ class _AtomicMp4:
         except Exception:  # noqa: BLE001 - already failing; the original error matters
             pass
         self._tmp.unlink(missing_ok=True)
-
-
-#: The colour tags of every H.264 stream `Mp4Writer` writes (AVCodecContext values; docs/quality.md).
-#: They state what the pixels are, so that players do not guess (many assume BT.709 for HD):
-#: * matrix BT.601 (smpte170m; bt470bg has the same coefficients) and range limited (tv, 16-235/240):
-#:   the frames are converted by OpenCV's COLOR_BGR2YUV_I420 (`to_yuv420`, the compositor's
-#:   `I420Frames`), whose coefficients are BT.601 limited range (white -> Y 235, black -> Y 16,
-#:   pure red -> Y 82, V 240; checked by tests/unit/render/test_quality.py) whatever the frame size;
-#: * primaries and transfer BT.709: nothing in the pipeline converts them, so they are the
-#:   source's, and the sources are camera videos and photos (sRGB: BT.709 primaries, a
-#:   BT.709-like transfer).
-COLOR_TAGS = {"colorspace": 6, "color_range": 1, "color_primaries": 1, "color_trc": 1}
-
-COLOR_TAG_NAMES = {"colorspace": "smpte170m", "color_range": "tv", "color_primaries": "bt709", "color_trc": "bt709"}
 
 
 class Mp4Writer:

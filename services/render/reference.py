@@ -1,13 +1,13 @@
 """The reference paste: blend a generated face into a BGR frame with the feather mask.
 
-The compositor (services/render/composite.py) blends into cached I420 frames instead; this is the
+The compositor (services/media/composite.py) blends into cached I420 frames instead; this is the
 plain version its tests and benchmarks compare against."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from services.render.composite import feather_mask
+from services.media.composite import feather_mask
 
 
 def paste_face(frame: np.ndarray, face: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:

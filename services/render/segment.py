@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
-from services.render.timeline import LOOP_PING_PONG, loop_frame
+from services.media.timeline import LOOP_PING_PONG, loop_frame
 from services.serving.channels import stage_errors
 from services.media.wire import image_from_proto, image_to_proto, pack_generate_items
 from services.serving.metrics import Metrics
@@ -95,7 +95,7 @@ class SegmentRenderer:
         """Frames [start, end) into `output` (an H.264 MP4 without audio, frame 0 = `start`).
 
         `audio`: one mel window and speech envelope value per frame. `template_loop`: how output
-        frames map to template frames (`services.render.timeline.loop_frame`; the job's JobOptions.loop, the same
+        frames map to template frames (`services.media.timeline.loop_frame`; the job's JobOptions.loop, the same
         for every segment). Raises StageFailed on a stage error; on any error or cancellation the
         partial file is removed.
         """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from services.serving.settings import StoreSettings, setting, address_field
-from services.render.mp4 import X264_PRESETS
+from services.media.video_format import X264_PRESETS
 from services.serving.stages import STAGES
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import grpc
 
 from lipline.v1 import gateway_pb2
-from services.render.timeline import loop_mode
+from services.media.timeline import loop_mode
 from services.serving.channels import StageFailed
 from services.serving.errors import RETRYABLE_STORE_ERRORS, CorruptRecord, LiplineError, NotFound, NotReady, StoreUnavailable
 from services.serving.metrics import Metrics

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import pytest
 
-from services.render.timeline import LOOP_PING_PONG, loop_frame
+from services.media.timeline import LOOP_PING_PONG, loop_frame
 from tests.helpers.occluders import hand
 from tests.integration.util import SAMPLES, codec_floor, render_template, write_template
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from lipline.v1 import gateway_pb2
-from services.audio.mel import MelExtractor
+from services.media.mel import MelExtractor
 from services.media.audio import decode_audio
-from services.render.timeline import loop_frame
+from services.media.timeline import loop_frame
 from services.media.wire import mel_from_bytes, mel_to_bytes
 from services.gateway.client import LiplineClient
 from services.media.decode import decode_avatar

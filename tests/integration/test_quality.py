@@ -27,8 +27,8 @@ import cv2
 import numpy as np
 import pytest
 
-from services.render.timeline import LOOP_PING_PONG, loop_frame
-from services.render.mp4 import COLOR_TAGS
+from services.media.timeline import LOOP_PING_PONG, loop_frame
+from services.media.video_format import COLOR_TAGS
 from tests.integration.util import SAMPLES, codec_floor, render_template, write_template
 
 FPS = 25

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from lipline.v1 import gateway_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.audio.mel import MelExtractor
+from services.media.mel import MelExtractor
 from services.media.audio import decode_audio
 from services.inference.checkpoints import seeded_state_dict
 from services.media.wire import image_to_proto, mel_from_bytes, mel_to_bytes, pack_generate_items

@@ -26,6 +26,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 
+# The deployables (services/serving/stages.py): none imports another's package; what two of them
+# share lives in a shared package named by what it is (local mode, which starts them all, may).
+DEPLOYABLES = ("audio", "lipsync", "superres", "gateway", "render", "live")
+
+
 def imported_names(path: Path) -> Iterator[tuple[int, str]]:
     """(line, dotted module name) of every import in a source file, relative ones resolved."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -76,3 +81,15 @@ def test_every_shared_package_says_what_it_may_import() -> None:
     for package in FORBIDDEN:
         doc = ast.get_docstring(ast.parse((SERVICES / package / "__init__.py").read_text(encoding="utf-8"))) or ""
         assert "May import" in doc, f"services/{package}/__init__.py: the docstring says what the package may import"
+
+
+@pytest.mark.parametrize("package", DEPLOYABLES)
+def test_a_deployable_imports_no_other_deployable(package: str) -> None:
+    others = [f"services.{other}" for other in DEPLOYABLES if other != package]
+    offenders = [
+        f"{path.relative_to(SERVICES.parent)}:{line}: {name}"
+        for path in sorted((SERVICES / package).rglob("*.py"))
+        for line, name in imported_names(path)
+        if any(crosses(name, other) for other in others)
+    ]
+    assert not offenders, f"services/{package} imports another deployable (move the shared code to a shared package):\n" + "\n".join(offenders)

@@ -22,7 +22,7 @@ import pytest
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc
 from services.audio.extract import ClipExtractor, ExtractFn, decode_and_extract
-from services.audio.mel import MelExtractor
+from services.media.mel import MelExtractor
 from services.audio.service import AudioService
 from services.audio.settings import AudioSettings
 from services.serving import errors

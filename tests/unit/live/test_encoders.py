@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from services.live.encoders import H264Encoder, JpegEncoder
-from services.render.mp4 import to_yuv420
+from services.media.video_format import to_yuv420
 
 AVATAR = Path(__file__).resolve().parents[3] / "samples" / "avatar.jpg"
 FPS = Fraction(25)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from services.live.idle import IdleLoop
-from services.render.composite import I420Frames
-from services.render.timeline import LOOP_WRAP
+from services.media.composite import I420Frames
+from services.media.timeline import LOOP_WRAP
 
 
 def numbered_frames(count: int) -> I420Frames:

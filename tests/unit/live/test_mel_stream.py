@@ -1,4 +1,4 @@
-"""MelStream: speech in chunks gives the whole-clip mel windows (services.audio.mel), frame by frame,
+"""MelStream: speech in chunks gives the whole-clip mel windows (services.media.mel), frame by frame,
 as soon as each frame's audio exists."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.signal import resample_poly
 
-from services.audio.mel import frame_count, mel_windows, melspectrogram
+from services.media.mel import frame_count, mel_windows, melspectrogram
 from services.live.mel_stream import LOOKAHEAD_MS, LOOKAHEAD_SAMPLES, MelStream, lookahead_ms, pcm_samples, samples_needed
 from services.serving.errors import InvalidMedia
 

@@ -19,7 +19,7 @@ from services.live.clock import NS_PER_S, FrameClock, FrameKind
 from services.live.encoders import H264Encoder, JpegEncoder
 from services.live.idle import IdleLoop
 from services.live.session import EventKind, LiveSession
-from services.render.composite import Compositor, I420Frames
+from services.media.composite import Compositor, I420Frames
 from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
 
 AVATAR = Path(__file__).resolve().parents[3] / "samples" / "avatar.jpg"

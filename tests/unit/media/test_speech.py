@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.audio.mel import MelExtractor
+from services.media.mel import MelExtractor
 from services.media.wire import mel_from_bytes, mel_to_bytes
 from services.media.speech import speech_envelope
 from tests.helpers.speech_signals import FPS, clean_speech, far_from, speech_frames, variants

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from services.media.probe import probe_media
-from services.render.composite import feather_mask
-from services.render.mp4 import Mp4Writer, encode_aac, exact_rate, join_segments, to_yuv420
+from services.media.composite import feather_mask
+from services.render.mp4 import Mp4Writer, encode_aac, join_segments
+from services.media.video_format import exact_rate, to_yuv420
 from services.render.reference import paste_face
 from tests.helpers.video_files import smooth_image, write_flat_video
 

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from lipline.v1 import gateway_pb2
-from services.render.timeline import LOOP_PING_PONG, LOOP_WRAP, loop_frame, loop_mode
-from services.render.mp4 import COLOR_TAG_NAMES, COLOR_TAGS, Mp4Writer, join_segments, to_yuv420
-from services.render.composite import (
+from services.media.timeline import LOOP_PING_PONG, LOOP_WRAP, loop_frame, loop_mode
+from services.render.mp4 import Mp4Writer, join_segments
+from services.media.video_format import COLOR_TAG_NAMES, COLOR_TAGS, to_yuv420
+from services.media.composite import (
     Compositor,
     I420Frames,
     blend_mask,

@@ -51,7 +51,7 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 
-from services.render.mp4 import split_i420
+from services.media.video_format import split_i420
 
 Box = tuple[int, int, int, int]
 
@@ -70,7 +70,7 @@ REGENERATED_FROM = 0.5
 class I420Frames:
     """An avatar's frames in I420, converted once: one ``(count, height * 3 // 2, width)`` uint8 array.
 
-    Each frame is what `services.render.mp4.to_yuv420` returns for the BGR frame (Y plane, then
+    Each frame is what `services.media.video_format.to_yuv420` returns for the BGR frame (Y plane, then
     U, then V, BT.601 limited range), the layout `Mp4Writer.write_yuv420` takes. The array is
     read-only: in memory it is shared by every compositor thread, and `load` memory-maps it.
     """

@@ -1,4 +1,4 @@
-"""services.render.composite: I420 compositing against a BGR reference path.
+"""services.media.composite: I420 compositing against a BGR reference path.
 
 The reference is `paste_face`'s blend in BGR (services.render.reference), with the compositor's mask
 (`blend_mask`: only the regenerated lower part of the box by default; the whole box, exactly
@@ -16,11 +16,12 @@ import cv2
 import numpy as np
 import pytest
 
-import services.render.composite as composite
+import services.media.composite as composite
 from services.media.probe import probe_media
 from services.render.reference import paste_face
-from services.render.mp4 import Mp4Writer, to_yuv420
-from services.render.composite import (
+from services.render.mp4 import Mp4Writer
+from services.media.video_format import to_yuv420
+from services.media.composite import (
     Compositor,
     I420Frames,
     blend_mask,
@@ -307,7 +308,7 @@ def test_frames_feed_the_writer(tmp_path: Path, random_frame: np.ndarray) -> Non
 
 def test_feather_mask_is_the_product_of_its_profiles() -> None:
     """The compositor builds its weights from feather_mask's 1-D profiles: this must stay true of feather_mask."""
-    from services.render.composite import feather_mask
+    from services.media.composite import feather_mask
 
     for height, width in [(400, 360), (601, 519), (7, 5), (1, 1), (13, 200)]:
         ry, rx = composite._profiles(height, width, 0.15)

@@ -1,11 +1,11 @@
-"""services.audio.mel against numbers recorded from Wav2Lip's own audio.py / inference.py."""
+"""services.media.mel against numbers recorded from Wav2Lip's own audio.py / inference.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from services.audio.mel import (
+from services.media.mel import (
     MelExtractor,
     frame_count,
     mel_basis,
