@@ -120,14 +120,25 @@ class FaceLinkCounters:
     stream_errors: int = 0
 
 
-class _Session:
-    def __init__(self, key: Hashable, crops: Sequence[ReferenceFace], indices: list[int], super_resolution: bool) -> None:
-        self.key = key
+class _CropSet:
+    """Reference crops under their stream crop indices: one session's, or shared by the sessions of
+    one avatar (`register(..., shared_as=avatar)`): a popular avatar costs its crops once per stream."""
+
+    def __init__(self, share_key: Hashable | None, crops: Sequence[ReferenceFace], indices: list[int]) -> None:
+        self.share_key = share_key
         self.crops = list(crops)
-        self.indices = indices  # session crop i -> stream crop index
+        self.indices = indices  # crop i -> stream crop index
+        self.users = 0  # sessions registered with it
+        self.sent_on = -1  # the Generate stream generation it was last sent on
+
+
+class _Session:
+    def __init__(self, key: Hashable, crops: _CropSet, super_resolution: bool) -> None:
+        self.key = key
+        self.crops = crops
+        self.indices = crops.indices  # session crop i -> stream crop index
         self.super_resolution = super_resolution
         self.active = True
-        self.sent_on = -1  # the Generate stream generation its crops were last sent on
         self.pending: set[_Item] = set()
 
 
@@ -308,8 +319,7 @@ class _OrderedStream:
         cursor = 0  # items of in_flight[0] already answered
         while True:
             response = await call.read()
-            if response is grpc.aio.EOF:
-                await call  # raises the stream's status when it is an error
+            if response is grpc.aio.EOF:  # (an error status raises from read)
                 raise _stream_failure(self.stage, grpc.StatusCode.UNAVAILABLE, "the stage ended the stream")
             self.answered = True
             try:
@@ -365,6 +375,8 @@ class FaceLink:
         self._metadata = metadata
         self._on_message = on_message
         self._sessions: dict[Hashable, _Session] = {}
+        self._crop_sets: dict[_CropSet, None] = {}  # in registration order
+        self._shared: dict[Hashable, _CropSet] = {}
         self._free_crops: collections.deque[int] = collections.deque()
         self._next_crop = 0
         self._upscale_counter = 0
@@ -404,17 +416,28 @@ class FaceLink:
     def crops_in_use(self) -> int:
         return self._next_crop - len(self._free_crops)
 
-    def register(self, session_key: Hashable, crops: Sequence[ReferenceFace], super_resolution: bool = False) -> None:
+    def register(self, session_key: Hashable, crops: Sequence[ReferenceFace], super_resolution: bool = False, shared_as: Hashable | None = None) -> None:
         """Register a session's reference crops (its crop i is `crops[i]`); they go out in the next message.
 
-        Raises InvalidRequest for a crop that is not 96x96 BGR uint8 (or a paste size out of range),
-        a key already registered, or super-resolution without a superres stage; TooLarge when the
-        stream has no crop indices left (the stage's max_crops_per_stream).
+        `shared_as` (an avatar's id and version): sessions registered under the same key share one set
+        of crop indices, sent once per stream; the caller promises their crops are the same (the
+        first session's are used). Raises InvalidRequest for a crop that is not 96x96 BGR uint8 (or
+        a paste size out of range), a key already registered, or super-resolution without a superres
+        stage; TooLarge when the stream has no crop indices left (the stage's max_crops_per_stream).
         """
         if session_key in self._sessions:
             raise InvalidRequest(f"session {session_key!r} is already registered on the face link")
         if super_resolution and self._superres is None:
             raise InvalidRequest("super-resolution was asked for, but this worker has no superres stage")
+        crop_set = self._shared.get(shared_as) if shared_as is not None else None
+        if crop_set is not None and len(crops) != len(crop_set.crops):
+            raise InvalidRequest(f"session {session_key!r}: {len(crops)} crops, but {shared_as!r} was registered with {len(crop_set.crops)}")
+        if crop_set is None:
+            crop_set = self._new_crop_set(session_key, crops, shared_as)
+        crop_set.users += 1
+        self._sessions[session_key] = _Session(session_key, crop_set, super_resolution)
+
+    def _new_crop_set(self, session_key: Hashable, crops: Sequence[ReferenceFace], shared_as: Hashable | None) -> _CropSet:
         if not crops:
             raise InvalidRequest(f"session {session_key!r}: no reference crops")
         for i, crop in enumerate(crops):
@@ -428,14 +451,18 @@ class FaceLink:
         available = len(self._free_crops) + self.settings.max_crops - self._next_crop
         if len(crops) > available:
             raise TooLarge(f"the face link has {available} crop indices left, session {session_key!r} needs {len(crops)} (max_crops {self.settings.max_crops})")
-        indices = [self._allocate_crop() for _ in crops]
-        self._sessions[session_key] = _Session(session_key, crops, indices, super_resolution)
+        crop_set = _CropSet(shared_as, crops, [self._allocate_crop() for _ in crops])
+        self._crop_sets[crop_set] = None
+        if shared_as is not None:
+            self._shared[shared_as] = crop_set
         if self._generate is not None:
             self._generate.wake()
+        return crop_set
 
     def unregister(self, session_key: Hashable) -> None:
         """Forget a session: its futures are cancelled, its faces still in flight are dropped when they
-        come back, its crop indices are free for the next session (which sends its own crops under them)."""
+        come back; its crop indices (once no session shares them) are free for the next session,
+        which sends its own crops under them."""
         session = self._sessions.pop(session_key, None)
         if session is None:
             return
@@ -443,7 +470,13 @@ class FaceLink:
         for item in list(session.pending):
             self._settle(item)
             item.future.cancel()
-        self._free_crops.extend(session.indices)
+        crop_set = session.crops
+        crop_set.users -= 1
+        if crop_set.users == 0:
+            del self._crop_sets[crop_set]
+            if crop_set.share_key is not None:
+                del self._shared[crop_set.share_key]
+            self._free_crops.extend(crop_set.indices)
 
     def _allocate_crop(self) -> int:
         if self._free_crops:
@@ -557,11 +590,11 @@ class FaceLink:
 
     def _crops_to_send(self, generation: int) -> list[lipsync_pb2.ReferenceCrop]:
         crops = []
-        for session in self._sessions.values():
-            if session.sent_on == generation:
+        for crop_set in self._crop_sets:
+            if crop_set.sent_on == generation:
                 continue
-            session.sent_on = generation
-            for index, crop in zip(session.indices, session.crops):
+            crop_set.sent_on = generation
+            for index, crop in zip(crop_set.indices, crop_set.crops):
                 crops.append(
                     lipsync_pb2.ReferenceCrop(crop_index=index, image=image_to_proto(crop.image), paste_width=crop.paste_width, paste_height=crop.paste_height)
                 )
@@ -571,7 +604,7 @@ class FaceLink:
     def _upscale_request(self, batch: list[_Item]) -> superres_pb2.UpscaleRequest:
         items = []
         for item in batch:
-            crop = item.session.crops[item.session_crop]
+            crop = item.session.crops.crops[item.session_crop]
             assert item.raw_face is not None
             items.append(
                 superres_pb2.UpscaleItem(

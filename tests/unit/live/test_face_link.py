@@ -274,6 +274,35 @@ def test_register_rejects_bad_crops_and_full_streams() -> None:
     asyncio.run(main())
 
 
+def test_sessions_of_one_avatar_share_its_crops() -> None:
+    async def main() -> None:
+        servicer = RecordingLipSync()
+        async with serving(servicer) as address, linked(address, FaceLinkSettings(flush_interval_s=0.02)) as link:
+            avatar = [solid_crop((70, 80, 90)), solid_crop((90, 80, 70), (60, 70))]
+            for s in range(5):
+                link.register(s, avatar, shared_as="avatar-1")
+            link.register("other", [solid_crop((5, 5, 5))])
+            assert link.crops_in_use == 3
+            faces = await asyncio.gather(*(link.submit(s, 0, s % 2, MEL) for s in range(5)))
+            for s, face in enumerate(faces):
+                if s % 2 == 0:
+                    assert_face(face, (70, 80, 90))
+                else:
+                    assert_face(face, (90, 80, 70), (60, 70))
+            assert sum(len(r.crops) for r in servicer.streams[0]) == 3, "the shared avatar's 2 crops went once, not 5 times"
+            for s in range(4):
+                link.unregister(s)
+            assert link.crops_in_use == 3, "a session still uses the avatar's crops"
+            assert_face(await link.submit(4, 1, 1, MEL), (90, 80, 70), (60, 70))
+            link.unregister(4)
+            assert link.crops_in_use == 1
+            link.register("x", avatar, shared_as="avatar-2")
+            with pytest.raises(InvalidRequest, match="registered with 2"):
+                link.register("y", avatar[:1], shared_as="avatar-2")
+
+    asyncio.run(main())
+
+
 # --- the real lipsync stage, its own process (procedural model, CPU) ---------------------------------
 
 
