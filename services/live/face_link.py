@@ -92,6 +92,11 @@ class FaceLinkSettings:
     crops_per_message: int = 128
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
+    #: a call is replaced (make-before-break) after this long; None = never. Keep it below the stage's
+    #: max_connection_age_grace_s (default its grace_s, 20 s) so the stage never cuts a call with items in flight
+    max_stream_age_s: float | None = 15.0
+    #: a replaced call has this long to answer what it has in flight
+    drain_s: float = 5.0
 
     @property
     def interval_s(self) -> float:
@@ -129,7 +134,6 @@ class _CropSet:
         self.crops = list(crops)
         self.indices = indices  # crop i -> stream crop index
         self.users = 0  # sessions registered with it
-        self.sent_on = -1  # the Generate stream generation it was last sent on
 
 
 class _Session:
@@ -186,22 +190,22 @@ def _provider(stub: object) -> StubProvider:
     return stub if callable(stub) else (lambda: stub)  # type: ignore[return-value]
 
 
-def _as_stage_failure(stage: str, group: BaseExceptionGroup) -> StageFailed:
-    """The failure of a stream's loops as one StageFailed: the stage's status, or ours (a stream that
+def _as_stage_failure(stage: str, errors: Sequence[BaseException]) -> StageFailed:
+    """The failure of a call's loops as one StageFailed: the stage's status, or ours (a stream that
     ended, answers that do not match); anything else is a bug, logged, and fails the stream INTERNAL."""
-    for exc in group.exceptions:
+    for exc in errors:
         if isinstance(exc, StageFailed):
             return exc
         if isinstance(exc, grpc.aio.AioRpcError):
             return StageFailed(stage, exc)
-        if isinstance(exc, asyncio.InvalidStateError):  # a write after the stage ended the stream: its read says why
-            continue
-        if isinstance(exc, BaseExceptionGroup):
-            return _as_stage_failure(stage, exc)
-    if not all(isinstance(exc, Exception) for exc in group.exceptions):
-        raise group  # KeyboardInterrupt, SystemExit
-    _LOGGER.error("face link stream failed unexpectedly", exc_info=group)
-    return _stream_failure(stage, grpc.StatusCode.INTERNAL, f"the face link failed: {group.exceptions[0]!r}")
+    for exc in errors:
+        if not isinstance(exc, Exception):
+            raise exc  # KeyboardInterrupt, SystemExit
+    for exc in errors:
+        if isinstance(exc, asyncio.InvalidStateError):  # a write after the stage ended the stream, and no status to say why
+            return _stream_failure(stage, grpc.StatusCode.UNAVAILABLE, "the stage ended the stream")
+    _LOGGER.error("face link stream failed unexpectedly", exc_info=errors[0])
+    return _stream_failure(stage, grpc.StatusCode.INTERNAL, f"the face link failed: {errors[0]!r}")
 
 
 def _stream_failure(stage: str, code: grpc.StatusCode, details: str) -> StageFailed:
@@ -210,12 +214,32 @@ def _stream_failure(stage: str, code: grpc.StatusCode, details: str) -> StageFai
     return StageFailed(stage, grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details))
 
 
+class _Call:
+    """One opened stream: its gRPC call, its items in flight (in send order), the crop sets sent on it."""
+
+    def __init__(self, call: Any, opened: float) -> None:
+        self.call = call
+        self.opened = opened
+        self.in_flight: collections.deque[list[_Item]] = collections.deque()
+        self.cursor = 0  # items of in_flight[0] already answered
+        self.sent: set[_CropSet] = set()
+        self.answered = False
+        self.ready = asyncio.Event()  # its first messages (the crops of every registered session) are written
+        self.active = asyncio.Event()  # it is the stream's current call: it takes the queued items
+        self.retiring = False  # a successor took over: send nothing more, half-close, answer what is in flight
+        self.tasks: list[asyncio.Task] = []
+
+
 class _OrderedStream:
     """One long-lived bidi stream to a model stage whose answers keep request order.
 
     Items are queued, sent per tick (or at once when `interval_s` is 0) in messages built by the
-    link, remembered in send order and matched to the faces as they come back. The stream is opened
-    when there is work, and opened again after an error with a back-off.
+    link, remembered in send order per call and matched to the faces as they come back. The stream
+    is opened when there is work, opened again after an error with a back-off, and replaced every
+    `max_stream_age_s` make-before-break: the successor sends every session's crops first, then
+    takes the items, while the old call half-closes and answers what it has in flight. (A stage cuts
+    a connection `max_connection_age_grace_s` after its max age; a call younger than that grace,
+    replaced before the cut, loses nothing: its successor starts on the new connection.)
     """
 
     def __init__(self, link: FaceLink, stage: str, interval_s: float) -> None:
@@ -223,20 +247,24 @@ class _OrderedStream:
         self.stage = stage
         self.interval_s = interval_s
         self.queue: list[_Item] = []
-        self.in_flight: collections.deque[list[_Item]] = collections.deque()
-        self.generation = 0  # streams opened so far
+        self.current: _Call | None = None
         self.kick = asyncio.Event()  # work queued (or a full message, on a ticked stream)
         self.task: asyncio.Task | None = None
-        self.up = False  # a stream is open
-        self.answered = False  # the current stream has answered at least once
+        self.draining: set[asyncio.Task] = set()
+        self.calls: set[_Call] = set()  # every call not yet ended (the current one, a successor, retired ones)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"face-link-{self.stage}")
 
     async def close(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+        tasks = [t for t in (self.task, *self.draining) if t is not None]
+        tasks += [t for call in self.calls for t in call.tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for call in self.calls:
+            call.call.cancel()
+        self.calls.clear()
 
     def put(self, item: _Item) -> None:
         self.queue.append(item)
@@ -245,8 +273,10 @@ class _OrderedStream:
 
     def wake(self) -> None:
         """Something other than items needs sending (new crops): open the stream if it is not."""
-        if not self.up:
+        if self.current is None:
             self.kick.set()
+
+    # --- the calls -------------------------------------------------------------------------------
 
     async def _run(self) -> None:
         settings = self.link.settings
@@ -256,51 +286,133 @@ class _OrderedStream:
                 self.kick.clear()
                 await self.kick.wait()
                 continue
-            self.generation += 1
-            self.link.counters.streams_opened += 1
             opened = time.monotonic()
-            self.answered = False
-            error = await self._one_stream()
-            self._fail_in_flight(error)
+            try:
+                call = self._open()
+            except StageFailed as error:
+                self._count_failure(error)
+                answered = False
+            else:
+                self._promote(call)
+                _, answered = await self._serve(call)
             # A stream that answered, or lived a while, was healthy: its successor backs off afresh.
-            if self.answered or time.monotonic() - opened > settings.backoff_max_s:
+            if answered or time.monotonic() - opened > settings.backoff_max_s:
                 backoff = settings.backoff_initial_s
             await asyncio.sleep(backoff)
             backoff = min(settings.backoff_max_s, backoff * 2)
 
-    async def _one_stream(self) -> StageFailed:
-        """Run one stream (a send loop and a receive loop) until it fails; the failure, as StageFailed."""
+    def _open(self) -> _Call:
         try:
-            call = self.link.open_call(self)
+            grpc_call = self.link.open_call(self)
         except grpc.aio.AioRpcError as exc:  # a discovered channel with no address yet
-            return StageFailed(self.stage, exc)
-        self.up = True
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._send(call))
-                group.create_task(self._receive(call))
-        except BaseExceptionGroup as group:
-            return _as_stage_failure(self.stage, group)
-        finally:
-            self.up = False
-            call.cancel()
-        return _stream_failure(self.stage, grpc.StatusCode.UNAVAILABLE, "the stream ended")  # not reached: both loops run until an error
+            raise StageFailed(self.stage, exc) from exc
+        self.link.counters.streams_opened += 1
+        call = _Call(grpc_call, asyncio.get_running_loop().time())
+        self.calls.add(call)
+        call.tasks = [
+            asyncio.create_task(self._send(call), name=f"face-link-{self.stage}-send"),
+            asyncio.create_task(self._receive(call), name=f"face-link-{self.stage}-receive"),
+        ]
+        return call
 
-    async def _send(self, call: Any) -> None:
+    def _promote(self, call: _Call) -> None:
+        self.current = call
+        call.active.set()
+
+    async def _serve(self, call: _Call) -> tuple[StageFailed, bool]:
+        """Run `call` as the current one, replacing it when it is old, until the current one fails:
+        (its failure, whether it had answered)."""
+        loop = asyncio.get_running_loop()
+        max_age = self.link.settings.max_stream_age_s
+        while True:
+            timer = asyncio.ensure_future(asyncio.sleep(max(0.0, call.opened + max_age - loop.time()) if max_age else 1e9))
+            try:
+                await asyncio.wait([*call.tasks, timer], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
+            if any(t.done() for t in call.tasks):
+                return await self._end(call), call.answered
+            try:
+                successor = self._open()
+            except StageFailed as error:  # keep the current call; try again in a second
+                self._count_failure(error)
+                call.opened = loop.time() - max_age + 1.0
+                continue
+            ready = asyncio.ensure_future(successor.ready.wait())
+            try:
+                await asyncio.wait([*call.tasks, *successor.tasks, ready], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ready.cancel()
+            if any(t.done() for t in call.tasks):  # the current call failed during the handover
+                await self._end(successor)
+                return await self._end(call), call.answered
+            if not successor.ready.is_set():  # the successor failed before it was ready: keep the current one
+                await self._end(successor)
+                call.opened = loop.time() - max_age + 1.0
+                continue
+            self._promote(successor)
+            self._retire(call)
+            call = successor
+
+    def _retire(self, call: _Call) -> None:
+        call.retiring = True
+        self.kick.set()  # its sender stops waiting for the tick, half-closes
+        task = asyncio.create_task(self._drain(call), name=f"face-link-{self.stage}-drain")
+        self.draining.add(task)
+        task.add_done_callback(self.draining.discard)
+
+    async def _drain(self, call: _Call) -> None:
+        """A retired call: its answers still come back; an error fails what is left in flight on it."""
+        done, pending = await asyncio.wait(call.tasks, timeout=self.link.settings.drain_s)
+        if pending or any(not t.cancelled() and t.exception() is not None for t in done):
+            await self._end(call)
+        else:
+            call.call.cancel()
+            self.calls.discard(call)
+
+    async def _end(self, call: _Call) -> StageFailed:
+        """Stop a call: cancel its loops and the RPC, fail its items in flight; the failure, as StageFailed."""
+        for task in call.tasks:
+            task.cancel()
+        results = await asyncio.gather(*call.tasks, return_exceptions=True)
+        call.call.cancel()
+        self.calls.discard(call)
+        if self.current is call:
+            self.current = None
+        errors = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+        error = _as_stage_failure(self.stage, errors) if errors else _stream_failure(self.stage, grpc.StatusCode.UNAVAILABLE, "the stream was stopped")
+        if errors or call.in_flight:
+            self._count_failure(error)
+        for batch in call.in_flight:
+            for item in batch:
+                self.link.fail(item, error)
+        call.in_flight.clear()
+        return error
+
+    def _count_failure(self, error: StageFailed) -> None:
+        self.link.counters.stream_errors += 1
+        _LOGGER.warning("%s stream failed; its items in flight fail, the link opens it again", self.stage, extra={"error": str(error)})
+
+    # --- one call's loops ------------------------------------------------------------------------
+
+    async def _send(self, call: _Call) -> None:
+        for request in self.link.crop_requests(self, call):  # every registered session's crops, first
+            await call.call.write(request)
+        call.ready.set()
+        await call.active.wait()
         loop = asyncio.get_running_loop()
         settings = self.link.settings
-        generation = self.generation
         next_tick = loop.time()
         while True:
             if self.interval_s == 0:  # send as soon as items are queued
-                if not self.queue:
+                if not self.queue and not call.retiring:
                     self.kick.clear()
                     await self.kick.wait()
                     await asyncio.sleep(0)  # let the caller queue the rest of its run
                 ticked = True
             else:
                 now = loop.time()
-                if now < next_tick and len(self.queue) < settings.max_items_per_message:
+                if now < next_tick and len(self.queue) < settings.max_items_per_message and not call.retiring:
                     self.kick.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.kick.wait(), next_tick - now)
@@ -309,43 +421,39 @@ class _OrderedStream:
                     next_tick += self.interval_s
                     if next_tick < loop.time():  # a late tick (a slow write): keep the cadence, drop the backlog of ticks
                         next_tick = loop.time() + self.interval_s
-            requests = self.link.build_requests(self, generation, whole=ticked)
+            if call.retiring:
+                await call.call.done_writing()
+                return
+            requests = self.link.build_requests(self, call, whole=ticked)
             # In flight before they are written: a write that fails fails them with the stream.
-            self.in_flight.extend(batch for _, batch in requests if batch)
+            call.in_flight.extend(batch for _, batch in requests if batch)
             for request, _ in requests:
-                await call.write(request)
+                await call.call.write(request)
 
-    async def _receive(self, call: Any) -> None:
-        cursor = 0  # items of in_flight[0] already answered
+    async def _receive(self, call: _Call) -> None:
         while True:
-            response = await call.read()
+            response = await call.call.read()
             if response is grpc.aio.EOF:  # (an error status raises from read)
+                if call.retiring and not call.in_flight:
+                    return
                 raise _stream_failure(self.stage, grpc.StatusCode.UNAVAILABLE, "the stage ended the stream")
-            self.answered = True
+            call.answered = True
             try:
                 faces = self.link.parse_response(self, response)
             except InvalidMedia as exc:
                 raise _stream_failure(self.stage, grpc.StatusCode.INTERNAL, f"a malformed response: {exc}") from exc
             for keys, face in faces:
-                if not self.in_flight:
+                if not call.in_flight:
                     raise _stream_failure(self.stage, grpc.StatusCode.INTERNAL, f"a face came back for {keys} with no item in flight")
-                item = self.in_flight[0][cursor]
+                item = call.in_flight[0][call.cursor]
                 expected = self.link.item_keys(self, item)
                 if keys != expected:
                     raise _stream_failure(self.stage, grpc.StatusCode.INTERNAL, f"a face came back for {keys} where {expected} was next")
-                cursor += 1
-                if cursor == len(self.in_flight[0]):
-                    self.in_flight.popleft()
-                    cursor = 0
+                call.cursor += 1
+                if call.cursor == len(call.in_flight[0]):
+                    call.in_flight.popleft()
+                    call.cursor = 0
                 self.link.deliver(self, item, face)
-
-    def _fail_in_flight(self, error: StageFailed) -> None:
-        self.link.counters.stream_errors += 1
-        _LOGGER.warning("%s stream failed; its items in flight fail, the link opens it again", self.stage, extra={"error": str(error)})
-        for batch in self.in_flight:
-            for item in batch:
-                self.link.fail(item, error)
-        self.in_flight.clear()
 
 
 class FaceLink:
@@ -558,9 +666,20 @@ class FaceLink:
         assert self._superres is not None
         return self._superres().Upscale(metadata=self._metadata)
 
-    def build_requests(self, stream: _OrderedStream, generation: int, whole: bool) -> list[tuple[Any, list[_Item]]]:
-        """The messages to write now and the items each carries: full messages only, unless `whole`
-        (a tick), then everything queued. Items already done (late, unregistered) are left out."""
+    def crop_requests(self, stream: _OrderedStream, call: _Call) -> list[lipsync_pb2.GenerateRequest]:
+        """A new call's first messages: every registered session's crops (Generate only)."""
+        if stream is not self._generate:
+            return []
+        crops = self._crops_to_send(call)
+        requests = [
+            lipsync_pb2.GenerateRequest(crops=crops[i : i + self.settings.crops_per_message]) for i in range(0, len(crops), self.settings.crops_per_message)
+        ]
+        self.counters.crop_messages += len(requests)
+        return requests
+
+    def build_requests(self, stream: _OrderedStream, call: _Call, whole: bool) -> list[tuple[Any, list[_Item]]]:
+        """The messages to write now on `call` and the items each carries: full messages only, unless
+        `whole` (a tick), then everything queued. Items already done (late, unregistered) are left out."""
         limit = self.settings.max_items_per_message
         queue = [item for item in stream.queue if item.live]
         take = len(queue) if whole else len(queue) - len(queue) % limit
@@ -568,7 +687,7 @@ class FaceLink:
         queue = queue[:take]
         if stream is self._upscale:
             return [(self._upscale_request(batch), batch) for batch in _chunks(queue, limit)]
-        crops = self._crops_to_send(generation) if whole or queue else []
+        crops = self._crops_to_send(call) if whole or queue else []
         groups: dict[tuple[bool, bool], list[_Item]] = {}
         for item in queue:  # what a message sets for all its items: raw_size, speech values or none
             groups.setdefault((item.session.super_resolution, item.speech is not None), []).append(item)
@@ -588,12 +707,13 @@ class FaceLink:
                     self._on_message("lipsync", len(batch))
         return requests
 
-    def _crops_to_send(self, generation: int) -> list[lipsync_pb2.ReferenceCrop]:
+    def _crops_to_send(self, call: _Call) -> list[lipsync_pb2.ReferenceCrop]:
+        """The crops of the crop sets not yet sent on `call` (marked sent)."""
         crops = []
         for crop_set in self._crop_sets:
-            if crop_set.sent_on == generation:
+            if crop_set in call.sent:
                 continue
-            crop_set.sent_on = generation
+            call.sent.add(crop_set)
             for index, crop in zip(crop_set.indices, crop_set.crops):
                 crops.append(
                     lipsync_pb2.ReferenceCrop(crop_index=index, image=image_to_proto(crop.image), paste_width=crop.paste_width, paste_height=crop.paste_height)

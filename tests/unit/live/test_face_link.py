@@ -48,6 +48,7 @@ class RecordingLipSync(lipsync_pb2_grpc.LipSyncServiceServicer):
         self.streams: list[list[lipsync_pb2.GenerateRequest]] = []
         self.abort_next = False
         self.delay_s = 0.0
+        self.half_closed = 0  # streams the client ended by closing its side (after every answer)
 
     def item_messages(self) -> list[lipsync_pb2.GenerateRequest]:
         return [r for stream in self.streams for r in stream if r.items.frame_indices]
@@ -74,6 +75,7 @@ class RecordingLipSync(lipsync_pb2_grpc.LipSyncServiceServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an item names a crop this stream has not sent")
             faces = [crops[c] if request.raw_size else cv2.resize(crops[c], paste[c]) for c in indices]
             yield lipsync_pb2.GenerateResponse(faces=PackedImages.from_arrays(faces).to_pb(list(request.items.frame_indices), indices))
+        self.half_closed += 1
 
 
 class ResizingSuperRes(superres_pb2_grpc.SuperResServiceServicer):
@@ -188,6 +190,36 @@ def test_a_stream_killed_midway_fails_its_items_and_the_link_recovers() -> None:
             first = next(r for r in servicer.streams[1] if r.crops or r.items.frame_indices)
             assert len(first.crops) == 3, "the new stream's first message re-sends the crops of every registered session"
             assert link.counters.failed == 2 and link.counters.stream_errors == 1 and link.counters.streams_opened == 2
+
+    asyncio.run(main())
+
+
+async def speak(link: FaceLink, sessions: list, seconds: float, fps: float = 25.0) -> list[np.ndarray]:
+    """Every session submits a frame every 1/fps for `seconds`, like live sessions; all the faces, in order."""
+    futures = []
+    for frame in range(int(seconds * fps)):
+        futures += [link.submit(s, frame, 0, MEL, speech=0.0) for s in sessions]
+        await asyncio.sleep(1 / fps)
+    return await asyncio.gather(*futures)
+
+
+def test_old_streams_are_replaced_before_break_and_lose_nothing() -> None:
+    async def main() -> None:
+        servicer = RecordingLipSync()
+        servicer.delay_s = 0.03  # items are in flight at every handover
+        settings = FaceLinkSettings(flush_interval_s=0.02, max_stream_age_s=0.25)
+        async with serving(servicer) as address, linked(address, settings) as link:
+            for s in range(3):
+                link.register(s, [solid_crop(colour_of(s))])
+            faces = await speak(link, [0, 1, 2], seconds=1.2)
+            for i, face in enumerate(faces):
+                assert_face(face, colour_of(i % 3))
+            assert link.counters.streams_opened >= 4, link.counters
+            assert link.counters.failed == 0 and link.counters.late == 0 and link.counters.stream_errors == 0, link.counters
+            for stream in servicer.streams:
+                first = next(r for r in stream if r.crops or r.items.frame_indices)
+                assert len(first.crops) == 3 and not first.items.frame_indices, "a new stream sends every crop before any item"
+            assert servicer.half_closed >= len(servicer.streams) - 1, "each replaced stream was closed by the link, not cut"
 
     asyncio.run(main())
 
@@ -347,6 +379,29 @@ def test_the_real_stage_routes_every_sessions_face(lipsync_stage: ServiceProcess
             assert link.models["lipsync"]["name"] == "procedural"
 
     asyncio.run(main())
+
+
+def test_the_real_stage_cutting_old_connections_costs_no_face(tmp_path: Path) -> None:
+    """The stage closes every connection after 1 s (GOAWAY, then a 2 s grace, then it cuts what is
+    still open): the link replaces its stream every 0.8 s, so no call is ever cut. (With
+    max_stream_age_s=None the same run counts a stream error at ~3 s.)"""
+    flags = ["--device=cpu", "--detector=none", "--max-connection-age-s=1", "--max-connection-age-grace-s=2"]
+    process = start("lipsync", "lipsync", flags, tmp_path, base_args=LOCAL_FLAGS)
+
+    async def main() -> None:
+        async with linked(process.address, FaceLinkSettings(max_stream_age_s=0.8, default_due_s=2.0)) as link:
+            for s in range(4):
+                link.register(s, [solid_crop(colour_of(s))])
+            faces = await speak(link, [0, 1, 2, 3], seconds=4.5)
+            for i, face in enumerate(faces):
+                assert_face(face, colour_of(i % 4))
+            assert link.counters.streams_opened >= 3 and link.counters.stream_errors == 0 and link.counters.failed == 0, link.counters
+
+    try:
+        process.wait_ready(120)
+        asyncio.run(main())
+    finally:
+        process.kill()
 
 
 def test_the_real_stage_killed_and_restarted(lipsync_stage: ServiceProcess, tmp_path: Path) -> None:
