@@ -100,9 +100,11 @@ async def run_worker(address: str, first_session: int, sessions: int, args: argp
 
             def done(f: asyncio.Future, submitted: float = submitted, measured: bool = measured) -> None:
                 pending.discard(f)
-                if f.cancelled() or not measured:
+                if f.cancelled():
                     return
-                error = f.exception()
+                error = f.exception()  # retrieved even in the warm-up (asyncio logs one never retrieved)
+                if not measured:
+                    return
                 if error is None:
                     latencies.append(loop.time() - submitted)
                 elif isinstance(error, FaceLate):

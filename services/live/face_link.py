@@ -9,9 +9,14 @@ other worker's.
 What the link does:
 
 - `register(session, crops)` gives the session's reference crops stream-wide crop indices (allocated
-  per stream, reused after `unregister`, so sessions never collide) and sends them once, in the next
-  message; a stream that is opened again (the replica went away, UNAVAILABLE, GOAWAY, the stage's
-  max connection age) sends every registered session's crops again before the next items.
+  per stream, reused after `unregister`, so sessions never collide; sessions of one avatar may share
+  them, `shared_as`) and sends them once, in the next message; a stream that is opened again (the
+  replica went away, UNAVAILABLE, GOAWAY) sends every registered session's crops first, before any item.
+- A stage closes each connection after its max age (GOAWAY, then a grace, then it cuts the calls
+  still open): the link replaces its stream every `max_stream_age_s`, make-before-break (the new
+  stream sends the crops, then takes the items; the old one half-closes and answers what it has in
+  flight), so with that age below the stage's grace no item is ever cut; it also moves the worker's
+  stream from replica to replica (round-robin), spreading workers over them.
 - `submit(...)` queues one item and returns a future of its face. A send loop flushes every
   `flush_interval_s` (default one frame, 1/fps), and at once when `max_items_per_message` are queued:
   one GenerateRequest per tick carries every queued item (split only by what a message holds for
