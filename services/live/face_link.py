@@ -58,7 +58,11 @@ from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
 _LOGGER = logging.getLogger(__name__)
 
 CROP_SIZE = 96  # Wav2Lip's reference crop: 96 x 96 BGR
+# A stage refuses a message whose faces add up to more (services/inference/request_bounds.py, the
+# model stages' own package: the live worker does not import it; a test checks the two agree).
+MAX_RETURNED_BYTES_PER_MESSAGE = 256 << 20
 UINT32 = 1 << 32
+FLOAT16_MAX = 65504.0  # mel windows travel as float16
 
 StubProvider = Callable[[], Any]
 
@@ -624,12 +628,16 @@ class FaceLink:
             raise InvalidRequest(f"frame index {frame_index} is outside 0..2^32-1")
         if mel_window.shape != (MEL_BANDS, MEL_STEP):
             raise InvalidRequest(f"mel window must be (80, 16), got {mel_window.shape}")
+        # Checked here, not by the stage: one bad window there fails the message, every session's items with it.
+        if not (np.isfinite(mel_window).all() and np.abs(mel_window).max() <= FLOAT16_MAX):
+            raise InvalidRequest(f"session {session_key!r}: the mel window of frame {frame_index} holds NaN or infinity (or values beyond float16)")
+        mel = mel_to_bytes(mel_window)
         if speech is not None and not 0.0 <= speech <= 1.0:
             raise InvalidRequest(f"speech {speech} is outside [0, 1]")
         loop = asyncio.get_running_loop()
         now = loop.time()
         future: asyncio.Future[np.ndarray] = loop.create_future()
-        item = _Item(session, frame_index, crop_index, mel_to_bytes(mel_window), speech, future, now)
+        item = _Item(session, frame_index, crop_index, mel, speech, future, now)
         item.deadline = (now + self.settings.default_due_s if due is None else due) + self.settings.late_s
         item.timer = loop.call_at(item.deadline, self._expire, item)
         session.pending.add(item)
@@ -691,7 +699,7 @@ class FaceLink:
         stream.queue = queue[take:]
         queue = queue[:take]
         if stream is self._upscale:
-            return [(self._upscale_request(batch), batch) for batch in _chunks(queue, limit)]
+            return [(self._upscale_request(batch), batch) for batch in _batches(queue, limit, raw=False)]
         crops = self._crops_to_send(call) if whole or queue else []
         groups: dict[tuple[bool, bool], list[_Item]] = {}
         for item in queue:  # what a message sets for all its items: raw_size, speech values or none
@@ -702,7 +710,7 @@ class FaceLink:
             requests.append((lipsync_pb2.GenerateRequest(crops=chunk), []))
             self.counters.crop_messages += 1
         for (raw, _), items in groups.items():
-            for batch in _chunks(items, limit):
+            for batch in _batches(items, limit, raw):
                 request = lipsync_pb2.GenerateRequest(crops=crops, items=_pack(batch), raw_size=raw)
                 crops = []
                 requests.append((request, batch))
@@ -771,8 +779,30 @@ class FaceLink:
         item.future.set_result(face)
 
 
-def _chunks(items: list[_Item], size: int) -> list[list[_Item]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
+def _returned_bytes(item: _Item, raw: bool) -> int:
+    """Bytes of the face a stage returns for `item`: 96x96, or at its crop's paste size."""
+    if raw:
+        return CROP_SIZE * CROP_SIZE * 3
+    crop = item.session.crops.crops[item.session_crop]
+    return crop.paste_width * crop.paste_height * 3
+
+
+def _batches(items: list[_Item], limit: int, raw: bool) -> list[list[_Item]]:
+    """`items` in messages of at most `limit` items whose faces add up to at most
+    MAX_RETURNED_BYTES_PER_MESSAGE (a whole-frame paste size is 12 MB: 20 of them fill a message)."""
+    batches: list[list[_Item]] = []
+    batch: list[_Item] = []
+    total = 0
+    for item in items:
+        size = _returned_bytes(item, raw)
+        if batch and (len(batch) == limit or total + size > MAX_RETURNED_BYTES_PER_MESSAGE):
+            batches.append(batch)
+            batch, total = [], 0
+        batch.append(item)
+        total += size
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 def _pack(batch: list[_Item]) -> lipsync_pb2.GenerateItems:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
+from services.live import face_link
 from services.live.face_link import FaceLate, FaceLink, FaceLinkSettings, ReferenceFace
 from services.local.cluster import LOCAL_FLAGS
 from services.local.process import ServiceProcess, start
@@ -331,6 +332,31 @@ def test_sessions_of_one_avatar_share_its_crops() -> None:
             link.register("x", avatar, shared_as="avatar-2")
             with pytest.raises(InvalidRequest, match="registered with 2"):
                 link.register("y", avatar[:1], shared_as="avatar-2")
+
+    asyncio.run(main())
+
+
+def test_messages_stay_within_what_the_stage_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message's faces never add up to more than the stage returns for one (its own bound, here
+    lowered to 3 faces' worth), and a bad mel window is refused at submit, before it could fail a
+    message that carries every session's items."""
+    from services.inference.request_bounds import MAX_OUTPUT_BYTES_PER_MESSAGE
+
+    assert face_link.MAX_RETURNED_BYTES_PER_MESSAGE == MAX_OUTPUT_BYTES_PER_MESSAGE
+    monkeypatch.setattr(face_link, "MAX_RETURNED_BYTES_PER_MESSAGE", 3 * 120 * 130 * 3)
+
+    async def main() -> None:
+        servicer = RecordingLipSync()
+        async with serving(servicer) as address, linked(address, FaceLinkSettings(flush_interval_s=0.02)) as link:
+            link.register("a", [solid_crop((1, 1, 1))])
+            bad = MEL.copy()
+            bad[3, 4] = np.nan
+            with pytest.raises(InvalidRequest, match="NaN"):
+                link.submit("a", 0, 0, bad)
+            with pytest.raises(InvalidRequest, match="NaN"):
+                link.submit("a", 0, 0, MEL * 1e6)  # beyond float16
+            await asyncio.gather(*(link.submit("a", i, 0, MEL) for i in range(7)))
+            assert [len(m.items.frame_indices) for m in servicer.item_messages()] == [3, 3, 1]
 
     asyncio.run(main())
 
