@@ -43,7 +43,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -79,6 +79,24 @@ class ReferenceFace:
     image: np.ndarray  # (96, 96, 3) uint8 BGR
     paste_width: int
     paste_height: int
+
+
+def avatar_reference_faces(boxes: Sequence[Sequence[int] | None], crops: np.ndarray, crop_row: Mapping[int, int]) -> tuple[list[ReferenceFace], dict[int, int]]:
+    """An avatar's crops as its sessions register them: (the ReferenceFaces, template frame -> crop
+    index to `submit` with). Template frames without a face have no crop (they pass through).
+
+    Takes a LocalAvatar's parts (services/render/avatar_cache.py: `meta.boxes`, `crops`, `crop_row`),
+    as the render workers' segments send them; register with `shared_as` the avatar's id.
+    """
+    faces: list[ReferenceFace] = []
+    index: dict[int, int] = {}
+    for frame, box in enumerate(boxes):
+        if box is None or frame not in crop_row:
+            continue
+        x1, y1, x2, y2 = (int(v) for v in box)
+        index[frame] = len(faces)
+        faces.append(ReferenceFace(crops[crop_row[frame]], x2 - x1, y2 - y1))
+    return faces, index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -815,4 +833,4 @@ def _pack(batch: list[_Item]) -> lipsync_pb2.GenerateItems:
     )
 
 
-__all__ = ["FaceLate", "FaceLink", "FaceLinkCounters", "FaceLinkSettings", "ReferenceFace"]
+__all__ = ["FaceLate", "FaceLink", "FaceLinkCounters", "FaceLinkSettings", "ReferenceFace", "avatar_reference_faces"]

@@ -19,7 +19,7 @@ import pytest
 
 from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
 from services.live import face_link
-from services.live.face_link import FaceLate, FaceLink, FaceLinkSettings, ReferenceFace
+from services.live.face_link import FaceLate, FaceLink, FaceLinkSettings, ReferenceFace, avatar_reference_faces
 from services.local.cluster import LOCAL_FLAGS
 from services.local.process import ServiceProcess, start
 from services.media.packed import PackedImages
@@ -357,6 +357,24 @@ def test_messages_stay_within_what_the_stage_accepts(monkeypatch: pytest.MonkeyP
                 link.submit("a", 0, 0, MEL * 1e6)  # beyond float16
             await asyncio.gather(*(link.submit("a", i, 0, MEL) for i in range(7)))
             assert [len(m.items.frame_indices) for m in servicer.item_messages()] == [3, 3, 1]
+
+    asyncio.run(main())
+
+
+def test_an_avatars_crops_register_by_template_frame() -> None:
+    """avatar_reference_faces: a LocalAvatar's boxes and crop rows -> the crops and the template
+    frame -> crop index map; the face of a template frame comes back at that frame's box size."""
+    boxes = [(10, 20, 110, 140), (12, 20, 112, 141), None, (14, 22, 100, 130)]
+    crops = np.stack([np.full((96, 96, 3), 60 * (r + 1), np.uint8) for r in range(3)])
+    crop_row = {0: 2, 1: 0, 3: 1}  # rows in meta.crop_frames order, not frame order
+    faces, index = avatar_reference_faces(boxes, crops, crop_row)
+    assert index == {0: 0, 1: 1, 3: 2} and [(f.paste_width, f.paste_height) for f in faces] == [(100, 120), (100, 121), (86, 108)]
+
+    async def main() -> None:
+        async with serving(RecordingLipSync()) as address, linked(address, FaceLinkSettings(flush_interval_s=0.02)) as link:
+            link.register("s", faces, shared_as="avatar-7")
+            face = await link.submit("s", 0, index[3], MEL)
+            assert_face(face, (120, 120, 120), (86, 108))  # template frame 3: crop row 1, its box's size
 
     asyncio.run(main())
 
