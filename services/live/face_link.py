@@ -125,6 +125,21 @@ class FaceLinkSettings:
     #: a replaced call has this long to answer what it has in flight
     drain_s: float = 5.0
 
+    def __post_init__(self) -> None:
+        problems = []
+        if self.fps <= 0 or (self.flush_interval_s is not None and self.flush_interval_s <= 0):
+            problems.append(f"fps ({self.fps}) and flush_interval_s ({self.flush_interval_s}) must be > 0")
+        if self.max_items_per_message < 1 or self.crops_per_message < 1 or self.max_crops < 1:
+            problems.append("max_items_per_message, crops_per_message and max_crops must be >= 1")
+        if self.late_frames < 0 or self.default_due_s < 0 or self.drain_s < 0:
+            problems.append("late_frames, default_due_s and drain_s must be >= 0")
+        if self.max_stream_age_s is not None and self.max_stream_age_s <= 0:
+            problems.append(f"max_stream_age_s must be > 0 (or None: never), got {self.max_stream_age_s}")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            problems.append("backoff_initial_s must be > 0 and <= backoff_max_s")
+        if problems:
+            raise ValueError("; ".join(problems))
+
     @property
     def interval_s(self) -> float:
         return self.flush_interval_s if self.flush_interval_s is not None else 1.0 / self.fps

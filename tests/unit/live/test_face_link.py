@@ -289,6 +289,13 @@ def test_super_resolution_chains_upscale_after_raw_faces() -> None:
     asyncio.run(main())
 
 
+def test_settings_refuse_values_that_cannot_work() -> None:
+    for bad in ({"fps": 0}, {"flush_interval_s": 0}, {"max_items_per_message": 0}, {"max_stream_age_s": 0}, {"backoff_initial_s": 5.0}):
+        with pytest.raises(ValueError):
+            FaceLinkSettings(**bad)
+    assert FaceLinkSettings().interval_s == 0.04 and FaceLinkSettings().late_s == 0.08
+
+
 def test_register_rejects_bad_crops_and_full_streams() -> None:
     async def main() -> None:
         servicer = RecordingLipSync()
