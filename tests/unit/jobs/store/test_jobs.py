@@ -33,7 +33,7 @@ from services.jobs.store.jobs import (
     NewJob,
     Task,
 )
-from services.jobs.store.sql import SCHEMA_VERSION, schema
+from services.jobs.store.sql.schema import SCHEMA_VERSION, schema
 from services.jobs.store.sqlite import sqlite_path
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
