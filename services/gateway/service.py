@@ -231,6 +231,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     prepared.stage_seconds,
                     trace_context=context_carrier(),
                     tenant=tenant,
+                    audio_task=True,  # the AAC track is encoded by a worker, beside the segments
                 ),
                 s.max_active_jobs,
                 s.max_active_jobs_per_client,

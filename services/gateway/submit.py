@@ -25,7 +25,7 @@ from lipline.v1 import audio_pb2, audio_pb2_grpc
 from services.serving.channels import StageFailed
 from services.media.wire import MEL_BANDS, MEL_BYTES, MEL_STEP
 from services.serving.errors import InvalidMedia, TooLarge
-from services.jobs.layout import AUDIO_TASK, mels_key, task_ranges, upload_key
+from services.jobs.layout import mels_key, segment_indices, upload_key
 from services.jobs.segment_audio import pack_segment_audio
 from services.media.speech import speech_envelope
 from services.jobs.store.blobs import BlobStore
@@ -40,7 +40,7 @@ _PUT_THREADS = 8  # mel blobs of a long job go up in parallel (S3 PUTs are laten
 class PreparedAudio:
     audio_seconds: float
     total_frames: int
-    segments: list[tuple[int, int]]  # the job store's task ranges: the audio task, then the segments
+    segments: list[tuple[int, int]]  # the segments' [start, end) frame ranges (the job also has an audio task)
     stage_seconds: dict[str, float]
 
 
@@ -97,14 +97,15 @@ async def prepare_audio(
     if seconds > max_audio_seconds + 1e-3:
         raise TooLarge(f"audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
     extracted = time.perf_counter() - t0
-    ranges = task_ranges(segment_bounds(len(windows), round(segment_seconds * fps)))
+    segments = segment_bounds(len(windows), round(segment_seconds * fps))
 
     def store() -> None:
         # The upload, for the audio task (which encodes the AAC track beside the segments), and each
         # segment's mel windows with their speech envelope (which needs the whole clip: see speech.py).
         speech = speech_envelope(windows.view("<f2").reshape(len(windows), MEL_BANDS, MEL_STEP), fps)
         puts = [(upload_key(job_id), data)] + [
-            (mels_key(job_id, k), pack_segment_audio(windows[start:end], speech[start:end])) for k, (start, end) in enumerate(ranges) if k != AUDIO_TASK
+            (mels_key(job_id, k), pack_segment_audio(windows[start:end], speech[start:end]))
+            for k, (start, end) in zip(segment_indices(len(segments)), segments, strict=True)
         ]
         with ThreadPoolExecutor(min(_PUT_THREADS, len(puts))) as pool:
             list(pool.map(lambda item: blobs.put(*item), puts))
@@ -113,6 +114,6 @@ async def prepare_audio(
     return PreparedAudio(
         seconds,
         len(windows),
-        ranges,
+        segments,
         {"audio": extracted, "submit": time.perf_counter() - t0},
     )

@@ -40,11 +40,11 @@ from services.serving.channels import StageFailed
 from services.serving.errors import RETRYABLE_STORE_ERRORS, CorruptRecord, LiplineError, NotFound, NotReady, StoreUnavailable
 from services.serving.metrics import Metrics
 from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import Job, JobStore, Task
+from services.jobs.store.jobs import Job, JobStore, Task, TaskKind
 from services.serving.tracing import job_span, outgoing_metadata, record_job_span
 from services.media.audio import decode_audio
 from services.jobs.segment_audio import unpack_segment_audio
-from services.jobs.layout import AUDIO_TASK, audio_key, job_prefix, mels_key, output_key, segment_key, segment_tasks, upload_key
+from services.jobs.layout import audio_key, job_prefix, mels_key, output_key, segment_key, segment_indices, upload_key
 from services.jobs.integrity import file_sha256
 from services.render.mp4 import MUX_AUDIO_RATE, encode_aac, join_segments
 from services.render.avatar_cache import AvatarCache
@@ -307,11 +307,10 @@ class RenderWorker:
 
     async def _do(self, task: Task) -> None:
         job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
-        kind = "join" if task.is_join else "audio" if task.index == AUDIO_TASK else "segment"
-        with job_span(f"render {kind}", job.id, job.trace_context, task=task.index, attempt=task.attempts, frames=task.end_frame - task.start_frame):
-            if kind == "join":
+        with job_span(f"render {task.kind.value}", job.id, job.trace_context, task=task.index, attempt=task.attempts, frames=task.end_frame - task.start_frame):
+            if task.kind is TaskKind.JOIN:
                 await self._join(task, job)
-            elif kind == "audio":
+            elif task.kind is TaskKind.AUDIO:
                 await self._audio(task, job)
             else:
                 await self._segment(task, job)
@@ -382,7 +381,7 @@ class RenderWorker:
         folder = Path(tempfile.mkdtemp(prefix=f"join-{job.id}-", dir=self._scratch))
         try:
             parts = []
-            for k in segment_tasks(job.segments_total):
+            for k in segment_indices(job.segments_total):
                 path = folder / f"{k:05d}.mp4"
                 await asyncio.to_thread(self.blobs.get_file, segment_key(job.id, k), path)
                 parts.append(path)

@@ -9,7 +9,7 @@ import dataclasses
 
 import grpc
 
-from services.jobs.store.jobs import JOIN_INDEX, TERMINAL_STATES, JobState, TaskState
+from services.jobs.store.jobs import TERMINAL_STATES, JobState, TaskKind, TaskState
 from services.jobs.store.sql.tx import Row
 
 ABORTED = grpc.StatusCode.ABORTED.value[0]
@@ -18,8 +18,9 @@ CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 #: SQL conditions on a job row's state
 ACTIVE = f"state IN ({int(JobState.QUEUED)}, {int(JobState.RUNNING)})"
 NOT_TERMINAL = f"state NOT IN ({', '.join(str(int(s)) for s in sorted(TERMINAL_STATES))})"
-#: the task states as SQL literals
+#: the task states, and the join's kind, as SQL literals
 WAITING, LEASED, BLOCKED, DONE = (f"'{s.value}'" for s in (TaskState.WAITING, TaskState.LEASED, TaskState.BLOCKED, TaskState.DONE))
+JOIN = f"'{TaskKind.JOIN.value}'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Exhausted:
     """A claim found a task out of attempts: its job must fail before the claim goes on."""
 
     job_id: str
+    kind: TaskKind
     index: int
     attempts: int
 
@@ -47,13 +49,22 @@ def failing_for_s(row: Row, now: float) -> float:
     return max(0.0, now - float(row["failing_since"])) if row["failures"] else 0.0
 
 
-def task_name(job_id: str, index: int) -> str:
-    return f"the join of job {job_id}" if index == JOIN_INDEX else f"segment {index} of job {job_id}"
+def task_name(job_id: str, kind: TaskKind, index: int) -> str:
+    if kind is TaskKind.JOIN:
+        return f"the join of job {job_id}"
+    if kind is TaskKind.AUDIO:
+        return f"the audio track of job {job_id}"
+    return f"segment {index} of job {job_id}"
 
 
-def exhausted_message(job_id: str, index: int, attempts: int) -> str:
+def job_stage_at_claim(kind: TaskKind) -> str:
+    """The job's stage once a task of `kind` is claimed first."""
+    return "join" if kind is TaskKind.JOIN else "render"
+
+
+def exhausted_message(job_id: str, kind: TaskKind, index: int, attempts: int) -> str:
     return (
-        f"{task_name(job_id, index)} was started {attempts} times and never finished: each time its "
+        f"{task_name(job_id, kind, index)} was started {attempts} times and never finished: each time its "
         "render worker stopped renewing the lease (crashed, was evicted or lost the database) or gave it "
         "back after an error; see the render workers' logs"
     )

@@ -7,13 +7,14 @@ do not migrate twice). A database newer than this lipline is refused, not guesse
 
 from __future__ import annotations
 
-from services.jobs.store.jobs import TaskState
+from services.jobs.store.jobs import TaskKind, TaskState
 from services.jobs.store.sql.tx import Tx
 from services.serving.tenants import IMPLICIT_TENANT
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # The key of the transaction-scoped advisory lock that serializes migrations (PostgreSQL); arbitrary.
 MIGRATE_LOCK = 0x6C69706C696E01
+_TASK_KINDS = ", ".join(f"'{k.value}'" for k in TaskKind)
 
 #: the statements that take the schema from version v - 1 to v (in one transaction with the others)
 MIGRATIONS: dict[int, list[str]] = {
@@ -43,6 +44,18 @@ MIGRATIONS: dict[int, list[str]] = {
     # the output's sha256 (hex), so DownloadOutput can tell a damaged output from a whole one; ''
     # for jobs that finished before it existed (their size is still checked)
     5: ["ALTER TABLE jobs ADD COLUMN output_sha256 TEXT NOT NULL DEFAULT ''"],
+    # one task model (issue 18): a task's kind is a column, not its index. Before, a job's audio task
+    # was index 0 with an empty frame range (SubmitJob's jobs) and the join index -1; the audio task
+    # counted in segments_total (and in segments_done once done), which now counts segments only.
+    # Only jobs with task rows can be told apart (an ended job's tasks are deleted): those are fixed.
+    6: [
+        f"ALTER TABLE tasks ADD COLUMN kind TEXT NOT NULL DEFAULT '{TaskKind.SEGMENT.value}' CHECK (kind IN ({_TASK_KINDS}))",
+        f"UPDATE tasks SET kind = '{TaskKind.JOIN.value}' WHERE idx = -1",
+        f"UPDATE tasks SET kind = '{TaskKind.AUDIO.value}' WHERE idx = 0 AND start_frame = end_frame",
+        "UPDATE jobs SET segments_total = segments_total - 1, segments_done = segments_done - "
+        f"(SELECT count(*) FROM tasks t WHERE t.job_id = jobs.id AND t.kind = '{TaskKind.AUDIO.value}' AND t.state = '{TaskState.DONE.value}') "
+        f"WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.job_id = jobs.id AND t.kind = '{TaskKind.AUDIO.value}')",
+    ],
 }
 
 

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from services.jobs.store import fair_claim
-from services.jobs.store.jobs import JOIN_INDEX, AvatarRecord, Job, JobState, JobStore, NewJob, QueueStats, Task, TaskState
+from services.jobs.layout import job_tasks
+from services.jobs.store.jobs import AvatarRecord, Job, JobState, JobStore, NewJob, QueueStats, Task, TaskKind, TaskState
 from services.jobs.store.sql.schema import migrate
 from services.jobs.store.sql.rows import add_seconds, avatar_from_row, encode_json, job_from_row
 from services.jobs.store.sql.rules import (
@@ -20,6 +21,7 @@ from services.jobs.store.sql.rules import (
     CANCELLED,
     CANCELLED_MESSAGE,
     DONE,
+    JOIN,
     LEASED,
     NOT_TERMINAL,
     WAITING,
@@ -27,6 +29,7 @@ from services.jobs.store.sql.rules import (
     claimable_since,
     exhausted_message,
     failing_for_s,
+    job_stage_at_claim,
     out_of_attempts,
     too_many_message,
 )
@@ -100,7 +103,7 @@ class SqlJobStore(JobStore):
     def _lock_tasks(self, tx: Tx, job_id: str, join_only: bool = False) -> None:
         """Lock the job's task rows in the global order (PostgreSQL; SQLite's transaction is exclusive)."""
         if self.row_lock:
-            where = f" AND idx = {JOIN_INDEX}" if join_only else ""
+            where = f" AND kind = {JOIN}" if join_only else ""
             tx.query(f"SELECT idx FROM tasks WHERE job_id = ?{where} ORDER BY idx{self.row_lock}", (job_id,))
 
     def _end_job(self, tx: Tx, job_id: str, **fields: Any) -> bool:
@@ -161,11 +164,14 @@ class SqlJobStore(JobStore):
                 "tenant": job.tenant,
             }
             tx.execute(f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values()))
-            join_state = TaskState.BLOCKED if segments else TaskState.WAITING
-            rows = [(job.id, i, TaskState.WAITING.value, s, e, now) for i, (s, e) in enumerate(segments)]
-            rows.append((job.id, JOIN_INDEX, join_state.value, 0, int(job.total_frames), now))
+            tasks = job_tasks(segments, job.total_frames, job.audio_task)
+            join_state = TaskState.BLOCKED if len(tasks) > 1 else TaskState.WAITING
+            rows = [
+                (job.id, t.index, t.kind.value, (join_state if t.kind is TaskKind.JOIN else TaskState.WAITING).value, t.start_frame, t.end_frame, now)
+                for t in tasks
+            ]
             tx.executemany(
-                "INSERT INTO tasks (job_id, idx, state, start_frame, end_frame, ready_time) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO tasks (job_id, idx, kind, state, start_frame, end_frame, ready_time) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
             tx.notify(job.id)
@@ -194,7 +200,7 @@ class SqlJobStore(JobStore):
             found = self._transaction(lambda tx: self._claim_one(tx, worker, lease_s, max_attempts, max_owner_share))
             if not isinstance(found, Exhausted):
                 return found
-            self.fail_job(found.job_id, exhausted_message(found.job_id, found.index, found.attempts), ABORTED)
+            self.fail_job(found.job_id, exhausted_message(found.job_id, found.kind, found.index, found.attempts), ABORTED)
 
     def _claim_one(self, tx: Tx, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | Exhausted | None:
         now = tx.now()
@@ -202,8 +208,9 @@ class SqlJobStore(JobStore):
         if row is None:
             return None
         job_id, index, attempts = row["job_id"], int(row["idx"]), int(row["attempts"])
+        kind = TaskKind(row["kind"])
         if out_of_attempts(attempts, max_attempts):
-            return Exhausted(job_id, index, attempts)
+            return Exhausted(job_id, kind, index, attempts)
         ready = claimable_since(row)
         token = uuid.uuid4().hex
         expires = now + lease_s
@@ -217,12 +224,13 @@ class SqlJobStore(JobStore):
             job_id,
             only_if=f"state = {int(JobState.QUEUED)}",
             state=int(JobState.RUNNING),
-            stage="join" if index == JOIN_INDEX else "render",
+            stage=job_stage_at_claim(kind),
             start_time=now,
         )
         return Task(
             job_id=job_id,
             index=index,
+            kind=kind,
             start_frame=int(row["start_frame"]),
             end_frame=int(row["end_frame"]),
             attempts=attempts + 1,
@@ -255,19 +263,20 @@ class SqlJobStore(JobStore):
             if not self._finish_task(tx, task):
                 return False
             job = self._job(tx, task.job_id, lock=True)
-            done = job.segments_done + 1
             fields: dict[str, Any] = {
                 "frames_done": job.frames_done + int(frames),
-                "segments_done": done,
                 "stage_seconds": encode_json(add_seconds(job.stage_seconds, stage_seconds)),
             }
+            if task.kind is TaskKind.SEGMENT:
+                fields["segments_done"] = job.segments_done + 1
             if models and not job.models:
                 fields["models"] = encode_json(models)
-            if done >= job.segments_total:
+            others = tx.one(f"SELECT count(*) AS n FROM tasks WHERE job_id = ? AND kind <> {JOIN} AND state <> {DONE}", (task.job_id,))
+            if others is not None and int(others["n"]) == 0:  # the last of them: the join may start
                 fields["stage"] = "join"
                 tx.execute(
-                    f"UPDATE tasks SET state = {WAITING}, ready_time = ? WHERE job_id = ? AND idx = ? AND state = {BLOCKED}",
-                    (tx.now(), task.job_id, JOIN_INDEX),
+                    f"UPDATE tasks SET state = {WAITING}, ready_time = ? WHERE job_id = ? AND kind = {JOIN} AND state = {BLOCKED}",
+                    (tx.now(), task.job_id),
                 )
             self._update_job(tx, task.job_id, **fields)
             return True
