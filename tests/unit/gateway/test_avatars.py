@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import cv2
@@ -23,7 +24,7 @@ from services.jobs.store import open_blob_store, open_job_store
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import AvatarRecord, JobStore
 from services.serving.channels import StageFailed
-from services.serving.errors import InvalidMedia, NotReady
+from services.serving.errors import InvalidMedia, NotReady, StoreUnavailable
 
 SETTINGS = GatewaySettings()
 
@@ -57,8 +58,16 @@ class FaceFinder(lipsync_pb2_grpc.LipSyncServiceServicer):
     """DetectFaces as the stage answers a client that resends: a face in the middle of every frame
     (or none), after `arrivals` calls have arrived (so concurrent uploads really overlap)."""
 
-    def __init__(self, found: bool = True, arrivals: int = 1, abort: grpc.StatusCode | None = None, aborts: int = 1000) -> None:
+    def __init__(
+        self,
+        found: bool = True,
+        arrivals: int = 1,
+        abort: grpc.StatusCode | None = None,
+        aborts: int = 1000,
+        on_call: Callable[[], None] | None = None,
+    ) -> None:
         self.found = found
+        self.on_call = on_call  # run as each call arrives (e.g. take the job store away)
         self.abort = abort  # end the first `aborts` calls with this status instead
         self.aborts = aborts
         self.calls = 0
@@ -67,6 +76,8 @@ class FaceFinder(lipsync_pb2_grpc.LipSyncServiceServicer):
 
     async def DetectFaces(self, request_iterator, context):  # type: ignore[no-untyped-def]
         self.calls += 1
+        if self.on_call is not None:
+            self.on_call()
         if self.calls >= self._arrivals:
             self._arrived.set()
         await self._arrived.wait()
@@ -173,3 +184,12 @@ def test_an_upload_that_is_not_an_image_is_invalid_media_before_any_stage_call(s
     with pytest.raises(InvalidMedia):
         create(stores, finder, (AvatarUpload(b"not an image at all", "ann", 25.0), "acme"))
     assert finder.calls == 0 and stores.blob_keys() == []
+
+
+def test_a_job_store_lost_during_the_upload_keeps_nothing_of_it(stores: Stores) -> None:
+    """The avatar's blobs are written before it is recorded: a record that fails deletes them."""
+    finder = FaceFinder(on_call=stores.jobs.close)
+    # closed under a thread's open connection: sqlite3's own error; on a fresh thread: StoreUnavailable
+    with pytest.raises((StoreUnavailable, sqlite3.ProgrammingError)):
+        create(stores, finder, (AvatarUpload(photo(), "ann", 25.0), "acme"))
+    assert finder.calls == 1 and stores.blob_keys() == []

@@ -55,10 +55,10 @@ def stores(tmp_path: Path) -> Iterator[Stores]:
 
 
 @contextlib.asynccontextmanager
-async def audio_stage() -> AsyncIterator[audio_pb2_grpc.AudioServiceStub]:
+async def audio_stage(metrics: Metrics) -> AsyncIterator[audio_pb2_grpc.AudioServiceStub]:
     """The audio stage on an ephemeral port of 127.0.0.1, in this event loop."""
     settings = AudioSettings(host="127.0.0.1", port=0, metrics_port=-1, grace_s=0.5, extract_processes=0)
-    runner = ServiceRunner(AudioService(settings, Metrics("audio")))
+    runner = ServiceRunner(AudioService(settings, metrics))
     await runner.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{runner.port}") as channel:
@@ -67,24 +67,30 @@ async def audio_stage() -> AsyncIterator[audio_pb2_grpc.AudioServiceStub]:
         await runner.stop()
 
 
-def with_audio(call: Callable[[audio_pb2_grpc.AudioServiceStub], Awaitable[T]]) -> T:
+def with_audio(call: Callable[[audio_pb2_grpc.AudioServiceStub], Awaitable[T]], metrics: Metrics | None = None) -> T:
     async def run() -> T:
-        async with audio_stage() as stub:
+        async with audio_stage(metrics or Metrics("audio")) as stub:
             return await call(stub)
 
     return asyncio.run(run())
 
 
-def submit(stores: Stores, seconds: float = 2.4, tenant: str = "acme", **settings: float) -> Job:
+def submit(stores: Stores, seconds: float = 2.4, tenant: str = "acme", metrics: Metrics | None = None, **settings: float) -> Job:
     audio = encode_tone("wav", seconds, rate=16000, channels=1)
     s = dataclasses.replace(GatewaySettings(), segment_seconds=1.0, **settings)
     request = JobRequest(AVATAR, audio, b"\x08\x01")
     caller = Caller(tenant, "tenant:acme", "req-1", '{"traceparent": "00-ab-cd-01"}')
-    return with_audio(lambda stub: submit_job(stores.jobs, stores.blobs, stub, s, request, caller))
+    return with_audio(lambda stub: submit_job(stores.jobs, stores.blobs, stub, s, request, caller), metrics)
+
+
+def extract_calls(metrics: Metrics) -> float:
+    return sum(s.value for m in metrics.registry.collect() if m.name == "lipline_stage_requests" for s in m.samples if s.name.endswith("_total"))
 
 
 def test_a_job_is_queued_with_its_audio_task_segments_and_their_windows(stores: Stores) -> None:
-    job = submit(stores, seconds=2.4)
+    metrics = Metrics("audio")
+    job = submit(stores, seconds=2.4, metrics=metrics)
+    assert extract_calls(metrics) == 1
     assert (job.state, job.avatar_id, job.owner, job.tenant, job.options) == (JobState.QUEUED, AVATAR, "tenant:acme", "acme", b"\x08\x01")
     assert job.trace_context == '{"traceparent": "00-ab-cd-01"}'
     assert (job.total_frames, job.fps) == (60, FPS)
@@ -100,9 +106,11 @@ def test_a_job_is_queued_with_its_audio_task_segments_and_their_windows(stores: 
     assert len(unpack_segment_audio(stores.blobs.get(mels_key(job.id, 2)), 35)) == 35
 
 
-def test_another_tenants_avatar_is_not_found_and_nothing_is_stored(stores: Stores) -> None:
+def test_another_tenants_avatar_is_not_found_before_any_work(stores: Stores) -> None:
+    metrics = Metrics("audio")
     with pytest.raises(NotFound, match=AVATAR):
-        submit(stores, tenant="globex")
+        submit(stores, tenant="globex", metrics=metrics)
+    assert extract_calls(metrics) == 0  # refused before the audio stage is asked
     assert stores.blob_keys() == []
     assert stores.jobs.queue_stats().active_jobs == 0
 
