@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from services.jobs.store import fair_claim
+from services.jobs.store.fair_claim import claim_params, claim_select
 from services.jobs.layout import job_tasks
 from services.jobs.store.jobs import AvatarRecord, Job, JobState, JobStore, NewJob, QueueStats, Task, TaskKind, TaskState
 from services.jobs.store.sql.schema import migrate
@@ -204,7 +204,7 @@ class SqlJobStore(JobStore):
 
     def _claim_one(self, tx: Tx, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | Exhausted | None:
         now = tx.now()
-        row = tx.one(fair_claim.claim_select(self.claim_lock), fair_claim.claim_params(now, max_owner_share))
+        row = tx.one(claim_select(self.claim_lock), claim_params(now, max_owner_share))
         if row is None:
             return None
         job_id, index, attempts = row["job_id"], int(row["idx"]), int(row["attempts"])
