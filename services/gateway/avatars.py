@@ -3,11 +3,16 @@
 
 The frames are decoded one at a time, twice (once for the stage, once for the crops: the boxes are
 smoothed over the whole clip, so none is known before the last frame is sent), and never held all
-at once: a 1080p frame is 6 MB, a 1,500-frame avatar 9.3 GB (docs/performance.md, "Avatar memory")."""
+at once: a 1080p frame is 6 MB, a 1,500-frame avatar 9.3 GB (docs/performance.md, "Avatar memory").
+
+`add_avatar` is CreateAvatar without the protos: the servicer decodes the upload stream into an
+`AvatarUpload`, calls it, and turns the AvatarRecord it returns into the response."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,16 +22,18 @@ import grpc
 import numpy as np
 
 from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc
-from services.jobs.avatars import AvatarMeta, prefix, save_avatar_files
+from services.gateway.settings import GatewaySettings
+from services.jobs.avatars import AvatarMeta, content_hash, new_avatar_id, prefix, save_avatar_files
 from services.serving.channels import StageFailed, stage_error_message
 from services.media.wire import image_to_proto
 from services.media.crops import IMG_SIZE, Box, crop_and_resize
 from services.serving.errors import InvalidMedia, NotReady
 from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import AvatarRecord
+from services.jobs.store.jobs import AvatarRecord, JobStore
 from services.serving.tracing import outgoing_metadata
 from services.media.decode import AvatarFrames, open_avatar
 
+_LOGGER = logging.getLogger(__name__)
 FRAMES_PER_MESSAGE = 8
 MESSAGE_BYTES = 16 * 1024 * 1024  # fewer frames per message above this (1080p: 2 frames, not 8)
 DETECT_ATTEMPTS = 3  # a replica draining or a connection reaching its age ends the stream UNAVAILABLE
@@ -161,3 +168,50 @@ async def create_avatar(
         await asyncio.to_thread(blobs.delete_prefix, prefix(aid))
         raise
     return AvatarRecord(aid, name, fps, meta.frame_count, meta.width, meta.height, meta.faces_found, meta.create_time)
+
+
+@dataclasses.dataclass(frozen=True)
+class AvatarUpload:
+    """A CreateAvatar stream, decoded and checked for shape (size, name, photo_fps in range)."""
+
+    data: bytes
+    name: str
+    photo_fps: float
+
+
+async def add_avatar(
+    jobs: JobStore,
+    blobs: BlobStore,
+    lipsync: lipsync_pb2_grpc.LipSyncServiceStub,
+    settings: GatewaySettings,
+    upload: AvatarUpload,
+    tenant: str,
+    request_id: str = "",
+) -> AvatarRecord:
+    """The tenant's avatar for this upload: the one it already has for the same bytes (the content
+    index; another tenant's is never found), else a new one prepared (`create_avatar`) and recorded.
+    On any failure nothing is left under the new id; a concurrent upload of the same bytes by the
+    same tenant that was recorded first wins, and this one's blobs are deleted."""
+    digest = await asyncio.to_thread(content_hash, upload.data, upload.photo_fps)  # up to 200 MB: off the event loop
+    known = await asyncio.to_thread(jobs.find_avatar, tenant, digest)
+    if known is not None:
+        return known
+    aid = new_avatar_id()
+    recording = False
+    try:
+        record = await create_avatar(
+            blobs, lipsync, aid, upload.data, upload.name, upload.photo_fps, settings.max_avatar_frames, settings.max_avatar_pixels, request_id
+        )
+        recording = True
+        stored = await asyncio.to_thread(jobs.put_avatar, dataclasses.replace(record, tenant=tenant, content_hash=digest))
+    except BaseException as exc:  # a random id is never written again: leave nothing under it...
+        # ...unless cancelled while put_avatar may still commit in its thread: deleting the blobs
+        # then could leave a recorded avatar without data, so they stay (at worst unreferenced).
+        if not (recording and isinstance(exc, asyncio.CancelledError)):
+            await asyncio.shield(asyncio.to_thread(blobs.delete_prefix, prefix(aid)))
+        raise
+    if stored.id != aid:  # a concurrent upload of the same bytes by the same tenant was first
+        await asyncio.to_thread(blobs.delete_prefix, prefix(aid))
+        return stored
+    _LOGGER.info("avatar created", extra={"avatar_id": aid, "frames": record.frame_count, "faces": record.faces_found})
+    return stored

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import uuid
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb2_grpc
-from services.jobs.avatars import content_hash, is_avatar_id, new_avatar_id, prefix
+from services.jobs.avatars import is_avatar_id
 from services.serving.discovery import DiscoveredStageClients
 from services.serving.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
 from services.serving.interceptor import CLIENT_ID, REQUEST_ID, TENANT
@@ -41,14 +39,14 @@ from services.jobs.integrity import OutputCheck, damaged
 from services.jobs.layout import job_prefix, output_key
 from services.serving.server import Service
 from services.jobs.store import close_stores, open_stores
-from services.jobs.store.jobs import AvatarRecord, JobState, NewJob
+from services.jobs.store.jobs import AvatarRecord, JobState
 from services.serving.tenants import IMPLICIT_TENANT
 from services.serving.tracing import context_carrier
-from services.gateway.avatars import create_avatar
+from services.gateway.avatars import AvatarUpload, add_avatar
 from services.gateway.janitor import AvatarJanitor, purge_deleted_avatars
 from services.gateway.jobs import job_to_proto
 from services.gateway.settings import GatewaySettings
-from services.gateway.submit import prepare_audio
+from services.gateway.submit import Caller, JobRequest, submit_job
 
 _LOGGER = logging.getLogger(__name__)
 WATCH_HEARTBEAT_S = 5.0  # WatchJob re-sends the job at least this often (progress of long stages, liveness)
@@ -110,6 +108,42 @@ def download_chunk_bytes(requested: int, max_message_bytes: int) -> int:
     return max(DOWNLOAD_CHUNK_MIN, min(chunk, DOWNLOAD_CHUNK_MAX, max_message_bytes // 2))
 
 
+async def _avatar_upload(request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], max_bytes: int) -> AvatarUpload:
+    """CreateAvatar's stream, decoded: the first non-empty name and photo_fps, every message's name
+    bounded, the bytes joined (TooLarge past `max_bytes`, as soon as the stream crosses it)."""
+    name, photo_fps, chunks, size = "", 0.0, [], 0
+    async for request in request_iterator:
+        _check_name(request.name)  # every message's, at once (only the first non-empty one is used)
+        name = name or request.name
+        photo_fps = photo_fps or request.photo_fps
+        size += len(request.data)
+        if size > max_bytes:
+            raise TooLarge(f"avatar upload is over {max_bytes} bytes")
+        if request.data:  # empty messages cost nothing to keep
+            chunks.append(request.data)
+    photo_fps = photo_fps or 25.0
+    if not 1.0 <= photo_fps <= 60.0:
+        raise InvalidRequest(f"photo_fps {photo_fps} is outside 1..60")
+    data = b"".join(chunks)
+    if not data:
+        raise InvalidMedia("avatar is empty: send the bytes of a photo or a video")
+    return AvatarUpload(data, name, photo_fps)
+
+
+def _job_request(request: gateway_pb2.SubmitJobRequest, max_audio_bytes: int) -> JobRequest:
+    """SubmitJob's request, decoded: its sizes and ranges checked, only the known options kept."""
+    if len(request.audio) > max_audio_bytes:
+        raise TooLarge(f"audio is {len(request.audio)} bytes; the limit is {max_audio_bytes}")
+    if request.options.crf > 51:
+        raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
+    # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
+    options = gateway_pb2.JobOptions(super_resolution=request.options.super_resolution, crf=request.options.crf, loop=request.options.loop)
+    if options.loop not in gateway_pb2.JobOptions.LoopMode.values():
+        raise InvalidRequest(f"loop {options.loop} is not one of PING_PONG (0) or WRAP (1)")
+    _check_avatar_id(request.avatar_id)
+    return JobRequest(request.avatar_id, request.audio, options.SerializeToString())
+
+
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, service: GatewayService) -> None:
         self._svc = service
@@ -117,45 +151,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     # -- avatars ------------------------------------------------------------------------------
 
     async def CreateAvatar(self, request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], context: grpc.aio.ServicerContext) -> gateway_pb2.Avatar:
-        svc, s = self._svc, self._svc.settings
-        name, photo_fps, chunks, size = "", 0.0, [], 0
-        async for request in request_iterator:
-            _check_name(request.name)  # every message's, at once (only the first non-empty one is used)
-            name = name or request.name
-            photo_fps = photo_fps or request.photo_fps
-            size += len(request.data)
-            if size > s.max_avatar_bytes:
-                raise TooLarge(f"avatar upload is over {s.max_avatar_bytes} bytes")
-            if request.data:  # empty messages cost nothing to keep
-                chunks.append(request.data)
-        photo_fps = photo_fps or 25.0
-        if not 1.0 <= photo_fps <= 60.0:
-            raise InvalidRequest(f"photo_fps {photo_fps} is outside 1..60")
-        data = b"".join(chunks)
-        if not data:
-            raise InvalidMedia("avatar is empty: send the bytes of a photo or a video")
-        tenant = _tenant()
-        digest = await asyncio.to_thread(content_hash, data, photo_fps)  # up to 200 MB: off the event loop
-        known = await asyncio.to_thread(svc.jobs.find_avatar, tenant, digest)
-        if known is not None:  # the same tenant's same upload: its avatar (another tenant's is never found)
-            return _avatar_proto(known)
-        aid = new_avatar_id()
-        recording = False
-        try:
-            record = await create_avatar(svc.blobs, svc.lipsync, aid, data, name, photo_fps, s.max_avatar_frames, s.max_avatar_pixels, REQUEST_ID.get())
-            recording = True
-            stored = await asyncio.to_thread(svc.jobs.put_avatar, dataclasses.replace(record, tenant=tenant, content_hash=digest))
-        except BaseException as exc:  # a random id is never written again: leave nothing under it...
-            # ...unless cancelled while put_avatar may still commit in its thread: deleting the blobs
-            # then could leave a recorded avatar without data, so they stay (at worst unreferenced).
-            if not (recording and isinstance(exc, asyncio.CancelledError)):
-                await asyncio.shield(asyncio.to_thread(svc.blobs.delete_prefix, prefix(aid)))
-            raise
-        if stored.id != aid:  # a concurrent upload of the same bytes by the same tenant was first
-            await asyncio.to_thread(svc.blobs.delete_prefix, prefix(aid))
-            return _avatar_proto(stored)
-        _LOGGER.info("avatar created", extra={"avatar_id": aid, "frames": record.frame_count, "faces": record.faces_found})
-        return _avatar_proto(stored)
+        svc = self._svc
+        upload = await _avatar_upload(request_iterator, svc.settings.max_avatar_bytes)
+        record = await add_avatar(svc.jobs, svc.blobs, svc.lipsync, svc.settings, upload, _tenant(), REQUEST_ID.get())
+        return _avatar_proto(record)
 
     async def GetAvatar(self, request: gateway_pb2.GetAvatarRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Avatar:
         _check_avatar_id(request.avatar_id)
@@ -190,65 +189,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     # -- jobs -----------------------------------------------------------------------------------
 
     async def SubmitJob(self, request: gateway_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
-        svc, s = self._svc, self._svc.settings
-        if len(request.audio) > s.max_audio_bytes:
-            raise TooLarge(f"audio is {len(request.audio)} bytes; the limit is {s.max_audio_bytes}")
-        if request.options.crf > 51:
-            raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
-        # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
-        options = gateway_pb2.JobOptions(super_resolution=request.options.super_resolution, crf=request.options.crf, loop=request.options.loop)
-        if options.loop not in gateway_pb2.JobOptions.LoopMode.values():
-            raise InvalidRequest(f"loop {options.loop} is not one of PING_PONG (0) or WRAP (1)")
-        _check_avatar_id(request.avatar_id)
-        tenant = _tenant()
-        avatar = await asyncio.to_thread(svc.jobs.get_avatar, request.avatar_id, tenant)
-        stats = await asyncio.to_thread(svc.jobs.queue_stats)
-        if stats.active_jobs >= s.max_active_jobs:  # cheap early refusal; create_job enforces it atomically
-            raise TooLarge(f"{stats.active_jobs} jobs are queued or running (limit {s.max_active_jobs}); retry later")
-        job_id = uuid.uuid4().hex[:20]
-        try:
-            prepared = await prepare_audio(
-                svc.blobs,
-                svc.audio,
-                job_id,
-                request.audio,
-                avatar.fps,
-                s.max_audio_seconds,
-                s.segment_seconds,
-                REQUEST_ID.get(),
-            )
-            job = await asyncio.to_thread(
-                svc.jobs.create_job,
-                NewJob(
-                    job_id,
-                    avatar.id,
-                    CLIENT_ID.get(),
-                    options.SerializeToString(),
-                    prepared.audio_seconds,
-                    avatar.fps,
-                    prepared.total_frames,
-                    prepared.segments,
-                    prepared.stage_seconds,
-                    trace_context=context_carrier(),
-                    tenant=tenant,
-                ),
-                s.max_active_jobs,
-                s.max_active_jobs_per_client,
-                check_avatar=True,  # still this tenant's and not deleted, in the job's own transaction
-            )
-        except BaseException:
-            await asyncio.shield(asyncio.to_thread(svc.blobs.delete_prefix, job_prefix(job_id)))
-            raise
-        _LOGGER.info(
-            "job submitted",
-            extra={
-                "job_id": job.id,
-                "avatar_id": avatar.id,
-                "audio_s": round(job.audio_seconds, 3),
-                "segments": job.segments_total,
-            },
-        )
-        return job_to_proto(job)
+        svc = self._svc
+        job_request = _job_request(request, svc.settings.max_audio_bytes)
+        caller = Caller(_tenant(), CLIENT_ID.get(), REQUEST_ID.get(), context_carrier())
+        return job_to_proto(await submit_job(svc.jobs, svc.blobs, svc.audio, svc.settings, job_request, caller))
 
     async def GetJob(self, request: gateway_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
         _check_job_id(request.job_id)

@@ -9,13 +9,18 @@ with a busy event loop FFmpeg's per-packet GIL hand-offs made a burst of uploads
 (docs/decisions.md).
 
 The job exists in the job store only once all of this is stored, so a worker never sees half a job.
+
+`submit_job` is SubmitJob without the protos: the servicer decodes the request into a `JobRequest`,
+calls it, and turns the Job it returns into the response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -25,13 +30,16 @@ from lipline.v1 import audio_pb2, audio_pb2_grpc
 from services.serving.channels import StageFailed
 from services.media.wire import MEL_BANDS, MEL_BYTES, MEL_STEP
 from services.serving.errors import InvalidMedia, TooLarge
-from services.jobs.layout import AUDIO_TASK, mels_key, task_ranges, upload_key
+from services.jobs.layout import job_prefix, mels_key, segment_indices, upload_key
 from services.jobs.segment_audio import pack_segment_audio
 from services.media.speech import speech_envelope
 from services.jobs.store.blobs import BlobStore
+from services.jobs.store.jobs import Job, JobStore, NewJob
 from services.serving.tracing import outgoing_metadata
 from services.gateway.jobs import segment_bounds
+from services.gateway.settings import GatewaySettings
 
+_LOGGER = logging.getLogger(__name__)
 _CHUNK = 1 << 20
 _PUT_THREADS = 8  # mel blobs of a long job go up in parallel (S3 PUTs are latency-bound)
 
@@ -40,7 +48,7 @@ _PUT_THREADS = 8  # mel blobs of a long job go up in parallel (S3 PUTs are laten
 class PreparedAudio:
     audio_seconds: float
     total_frames: int
-    segments: list[tuple[int, int]]  # the job store's task ranges: the audio task, then the segments
+    segments: list[tuple[int, int]]  # the segments' [start, end) frame ranges (the job also has an audio task)
     stage_seconds: dict[str, float]
 
 
@@ -97,14 +105,15 @@ async def prepare_audio(
     if seconds > max_audio_seconds + 1e-3:
         raise TooLarge(f"audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
     extracted = time.perf_counter() - t0
-    ranges = task_ranges(segment_bounds(len(windows), round(segment_seconds * fps)))
+    segments = segment_bounds(len(windows), round(segment_seconds * fps))
 
     def store() -> None:
         # The upload, for the audio task (which encodes the AAC track beside the segments), and each
         # segment's mel windows with their speech envelope (which needs the whole clip: see speech.py).
         speech = speech_envelope(windows.view("<f2").reshape(len(windows), MEL_BANDS, MEL_STEP), fps)
         puts = [(upload_key(job_id), data)] + [
-            (mels_key(job_id, k), pack_segment_audio(windows[start:end], speech[start:end])) for k, (start, end) in enumerate(ranges) if k != AUDIO_TASK
+            (mels_key(job_id, k), pack_segment_audio(windows[start:end], speech[start:end]))
+            for k, (start, end) in zip(segment_indices(len(segments)), segments, strict=True)
         ]
         with ThreadPoolExecutor(min(_PUT_THREADS, len(puts))) as pool:
             list(pool.map(lambda item: blobs.put(*item), puts))
@@ -113,6 +122,71 @@ async def prepare_audio(
     return PreparedAudio(
         seconds,
         len(windows),
-        ranges,
+        segments,
         {"audio": extracted, "submit": time.perf_counter() - t0},
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest:
+    """A SubmitJob request, decoded and checked for shape (sizes, ranges, the avatar id's form)."""
+
+    avatar_id: str
+    audio: bytes
+    options: bytes  # a serialized lipline.v1.JobOptions holding only the fields this lipline knows
+
+
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    """Who submits: the tenant the job belongs to, the client its per-client limits count, and the
+    ids that tie its work to the request (logs, traces)."""
+
+    tenant: str
+    client_id: str
+    request_id: str = ""
+    trace_context: str = ""  # the request's trace context (JSON of W3C headers), kept with the job
+
+
+async def submit_job(
+    jobs: JobStore,
+    blobs: BlobStore,
+    audio: audio_pb2_grpc.AudioServiceStub,
+    settings: GatewaySettings,
+    request: JobRequest,
+    caller: Caller,
+) -> Job:
+    """Queue a job: the caller's avatar (NotFound unless it is the tenant's and not deleted), the
+    limits on active jobs (TooLarge), the audio stage's checks and mel windows, then the job and its
+    tasks in one transaction. On any failure nothing of the job is left in the blob store."""
+    s = settings
+    avatar = await asyncio.to_thread(jobs.get_avatar, request.avatar_id, caller.tenant)
+    stats = await asyncio.to_thread(jobs.queue_stats)
+    if stats.active_jobs >= s.max_active_jobs:  # cheap early refusal; create_job enforces it atomically
+        raise TooLarge(f"{stats.active_jobs} jobs are queued or running (limit {s.max_active_jobs}); retry later")
+    job_id = uuid.uuid4().hex[:20]
+    try:
+        prepared = await prepare_audio(blobs, audio, job_id, request.audio, avatar.fps, s.max_audio_seconds, s.segment_seconds, caller.request_id)
+        new = NewJob(
+            job_id,
+            avatar.id,
+            caller.client_id,
+            request.options,
+            prepared.audio_seconds,
+            avatar.fps,
+            prepared.total_frames,
+            prepared.segments,
+            prepared.stage_seconds,
+            trace_context=caller.trace_context,
+            tenant=caller.tenant,
+            audio_task=True,  # the AAC track is encoded by a worker, beside the segments
+        )
+        # check_avatar: still this tenant's and not deleted, in the job's own transaction
+        job = await asyncio.to_thread(jobs.create_job, new, s.max_active_jobs, s.max_active_jobs_per_client, True)
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(blobs.delete_prefix, job_prefix(job_id)))
+        raise
+    _LOGGER.info(
+        "job submitted",
+        extra={"job_id": job.id, "avatar_id": avatar.id, "audio_s": round(job.audio_seconds, 3), "segments": job.segments_total},
+    )
+    return job

@@ -1,9 +1,11 @@
 """The layout of a job: its tasks in the job store and its blobs in the blob store.
 
-Tasks: task 0 of every job makes its AAC track (an empty frame range); tasks 1..n render the
-segments, in frame order; the join comes last. The audio task runs beside the segments on
+Tasks: each has a kind (`TaskKind`) and a position (its index, which names its blobs). A job that
+SubmitJob made has an audio task at index 0 (its AAC track, an empty frame range), its segments at
+1..n in frame order, and the join at JOIN_INDEX. The audio task runs beside the segments on
 another worker (encoding AAC costs about as much as rendering a minute of video on 16 cores), and
-it is claimed first because claims go by index.
+it is claimed first of its job because claims go by index. `segments_total` counts the segments
+only.
 
 Blobs: `jobs/<id>/` holds what only the job's rendering needs (the upload, its mel windows per
 segment, the AAC track, the rendered segments) and is deleted when the job ends;
@@ -12,17 +14,42 @@ segment, the AAC track, the rendered segments) and is deleted when the job ends;
 
 from __future__ import annotations
 
-AUDIO_TASK = 0  # the task index that encodes the job's AAC track
+import dataclasses
+from collections.abc import Sequence
+
+from services.jobs.store.jobs import TaskKind
+
+# The join's position: the lowest, so the store's lock order (a job's task rows in ascending index)
+# takes the join's row first in every transaction that changes several tasks of a job.
+JOIN_INDEX = -1
 
 
-def task_ranges(segments: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The job store's task ranges for a clip cut into `segments`: the audio task, then the segments."""
-    return [(0, 0), *segments]
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task as create_job inserts it."""
+
+    index: int
+    kind: TaskKind
+    start_frame: int
+    end_frame: int
 
 
-def segment_tasks(segments_total: int) -> range:
-    """The task indices of a job's segments (for the join), given the store's segments_total."""
-    return range(AUDIO_TASK + 1, segments_total)
+def job_tasks(segments: Sequence[tuple[int, int]], total_frames: int, audio_task: bool) -> list[TaskSpec]:
+    """A job's tasks: its audio task (when it has one), its segments in frame order, its join (which
+    spans the whole clip)."""
+    audio = [TaskSpec(0, TaskKind.AUDIO, 0, 0)] if audio_task else []
+    first = len(audio)
+    return [
+        *audio,
+        *(TaskSpec(first + k, TaskKind.SEGMENT, int(start), int(end)) for k, (start, end) in enumerate(segments)),
+        TaskSpec(JOIN_INDEX, TaskKind.JOIN, 0, int(total_frames)),
+    ]
+
+
+def segment_indices(segments_total: int, audio_task: bool = True) -> range:
+    """The task indices of a job's segments (the join reads their blobs in this order)."""
+    first = 1 if audio_task else 0
+    return range(first, first + segments_total)
 
 
 def upload_key(job_id: str) -> str:

@@ -16,6 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -28,6 +29,7 @@ from services.jobs.store import close_stores, open_stores
 from services.render.avatar_cache import AvatarCache
 from services.render.segment import SegmentRenderer
 from services.render.settings import RenderSettings
+from services.render.tasks import RenderTasks
 from services.render.worker import RenderWorker
 
 _LOGGER = logging.getLogger(__name__)
@@ -64,7 +66,8 @@ class RenderService(Service[RenderSettings]):
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         cache = AvatarCache(self.blobs, s.cache_dir, max_bytes=s.avatar_cache_bytes)
-        self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, cache, self.renderer, name)
+        tasks = RenderTasks(self.metrics, self.jobs, self.blobs, cache, self.renderer, Path(s.cache_dir) / "scratch")
+        self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, tasks, name)
         self._loops = [
             asyncio.create_task(self.worker.run(), name="render-loop"),
             asyncio.create_task(self._export_queue_stats(), name="queue-stats"),

@@ -1,7 +1,8 @@
 """The render worker's loop: claim a task, keep its lease alive, do it, report it; repeat.
 
-A task is one segment of a job (render its frames into an MP4 segment in the blob store), a job's
-audio (its AAC track) or its join (stream-copy the segments and the AAC track into the output). The job store hands out tasks
+What a task does (a segment, a job's audio track, its join) is `services.render.tasks`; this module
+is only the lease around it, so the loop can be tested with a stand-in runner
+(tests/unit/render/test_worker_loop.py). The job store hands out tasks
 atomically with a lease; this loop renews the lease every `heartbeat_s` while it works. A renewal
 that fails means the lease is gone (the job was cancelled or failed, or this worker stalled past
 the lease and another took the task): the work is dropped at once and nothing it made is kept.
@@ -26,36 +27,33 @@ import asyncio
 import contextlib
 import logging
 import random
-import shutil
-import tempfile
 import time
-import uuid
-from pathlib import Path
+from typing import Protocol
 
 import grpc
 
-from lipline.v1 import gateway_pb2
-from services.media.timeline import loop_mode
+from services.jobs.layout import job_prefix
+from services.jobs.store.blobs import BlobStore
+from services.jobs.store.jobs import JobStore, Task, TaskKind
+from services.render.settings import RenderSettings
 from services.serving.channels import StageFailed
 from services.serving.errors import RETRYABLE_STORE_ERRORS, CorruptRecord, LiplineError, NotFound, NotReady, StoreUnavailable
 from services.serving.metrics import Metrics
-from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import Job, JobStore, Task
-from services.serving.tracing import job_span, outgoing_metadata, record_job_span
-from services.media.audio import decode_audio
-from services.jobs.segment_audio import unpack_segment_audio
-from services.jobs.layout import AUDIO_TASK, audio_key, job_prefix, mels_key, output_key, segment_key, segment_tasks, upload_key
-from services.jobs.integrity import file_sha256
-from services.render.mp4 import MUX_AUDIO_RATE, encode_aac, join_segments
-from services.render.avatar_cache import AvatarCache
-from services.render.segment import SegmentRenderer
-from services.render.settings import RenderSettings
+from services.serving.tracing import record_job_span
 
 _LOGGER = logging.getLogger(__name__)
 
 
 class LeaseLost(Exception):
     """The task's lease is no longer ours; drop the work."""
+
+
+class TaskRunner(Protocol):
+    """What the loop runs a claimed task with (services.render.tasks.RenderTasks in a worker)."""
+
+    async def run(self, task: Task) -> None:
+        """Do the task and report it to the job store (complete_segment / complete_join); raise
+        LeaseLost when the store refuses the report, any other error when the task failed."""
 
 
 PURGE_EVERY_S = 30.0  # how often a worker deletes tasks whose job row is gone (cheap; any worker may)
@@ -67,6 +65,11 @@ def backoff_delay(failures: int, first_s: float, max_s: float, rng: random.Rando
     part up to the other half, so tasks that failed together (a stage restart) do not retry in step."""
     capped = min(max_s, first_s * (2 ** min(failures, 30)))
     return capped / 2 + (rng or random).uniform(0, capped / 2)
+
+
+def task_label(task: Task) -> str:
+    """The task in a job's error message."""
+    return {TaskKind.JOIN: "the join", TaskKind.AUDIO: "the audio track"}.get(task.kind, f"segment {task.index}")
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -83,16 +86,14 @@ class RenderWorker:
         metrics: Metrics,
         jobs: JobStore,
         blobs: BlobStore,
-        cache: AvatarCache,
-        renderer: SegmentRenderer,
+        runner: TaskRunner,
         name: str,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.jobs = jobs
-        self.blobs = blobs
-        self.cache = cache
-        self.renderer = renderer
+        self.blobs = blobs  # a failed job's blobs are deleted here
+        self.runner = runner
         self.name = name
         self._stopping = asyncio.Event()
         self._current: asyncio.Task | None = None
@@ -101,8 +102,6 @@ class RenderWorker:
         self.last_beat = time.monotonic()  # the loop's last iteration or lease renewal (health)
         self.loop_ended: str = ""  # why the loop ended, when it has ended other than by drain
         self._next_purge = 0.0
-        self._scratch = Path(settings.cache_dir) / "scratch"
-        self._scratch.mkdir(parents=True, exist_ok=True)
 
     # -- loop ---------------------------------------------------------------------------------------
 
@@ -206,7 +205,7 @@ class RenderWorker:
     async def _run_task(self, task: Task) -> None:
         m = self.metrics
         m.render_busy.set(1)
-        work = asyncio.create_task(self._do(task))
+        work = asyncio.create_task(self.runner.run(task))
         heartbeat = asyncio.create_task(self._heartbeat(task))
         try:
             done, _ = await asyncio.wait({work, heartbeat}, return_when=asyncio.FIRST_COMPLETED)
@@ -249,7 +248,7 @@ class RenderWorker:
 
     async def _failed(self, task: Task, exc: Exception) -> None:
         s, m = self.settings, self.metrics
-        where = f"segment {task.index}" if not task.is_join else "the join"
+        where = task_label(task)
         error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, LiplineError) else str(exc)
         if is_retryable(exc):
             # Bounded by time, not attempts: a rolling update or a replaced pod outlasts a burst.
@@ -304,109 +303,3 @@ class RenderWorker:
         except Exception:
             _LOGGER.warning("could not record a task's outcome", exc_info=True)
             return None
-
-    async def _do(self, task: Task) -> None:
-        job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
-        kind = "join" if task.is_join else "audio" if task.index == AUDIO_TASK else "segment"
-        with job_span(f"render {kind}", job.id, job.trace_context, task=task.index, attempt=task.attempts, frames=task.end_frame - task.start_frame):
-            if kind == "join":
-                await self._join(task, job)
-            elif kind == "audio":
-                await self._audio(task, job)
-            else:
-                await self._segment(task, job)
-
-    async def _audio(self, task: Task, job: Job) -> None:
-        """The job's AAC track, from its upload (decoded as SubmitJob did), beside the segments."""
-        t0 = time.perf_counter()
-        try:
-            data = await asyncio.to_thread(self.blobs.get, upload_key(job.id))
-        except NotFound as exc:
-            raise CorruptRecord(f"the audio of job {job.id} cannot be encoded: its upload ({upload_key(job.id)}) is missing from the blob store") from exc
-        local = self._scratch / f"{job.id}-audio-{uuid.uuid4().hex[:8]}.m4a"
-        try:
-
-            def encode() -> None:
-                encode_aac(decode_audio(data, MUX_AUDIO_RATE), MUX_AUDIO_RATE, local)
-
-            await asyncio.to_thread(encode)
-            await asyncio.to_thread(self.blobs.put_file, audio_key(job.id), local)
-        finally:
-            local.unlink(missing_ok=True)
-        if not await asyncio.to_thread(self.jobs.complete_segment, task, 0, {"aac": time.perf_counter() - t0}, []):
-            await asyncio.to_thread(self.blobs.delete, audio_key(job.id))
-            raise LeaseLost()
-
-    async def _segment(self, task: Task, job: Job) -> None:
-        options = gateway_pb2.JobOptions.FromString(job.options)
-        try:
-            avatar = await asyncio.to_thread(self.cache.get, job.avatar_id)
-        except NotFound as exc:
-            raise NotFound(f"avatar {job.avatar_id} was deleted before the job finished") from exc
-        frames = task.end_frame - task.start_frame
-        audio = await self._segment_audio(job, task, frames)
-        local = self._scratch / f"{job.id}-{task.index}-{uuid.uuid4().hex[:8]}.mp4"
-        try:
-            result = await self.renderer.render(
-                avatar,
-                task.start_frame,
-                task.end_frame,
-                audio,
-                options.super_resolution,
-                options.crf or 20,
-                local,
-                outgoing_metadata(job.id),
-                template_loop=loop_mode(options),
-            )
-            key = segment_key(job.id, task.index)
-            await asyncio.to_thread(self.blobs.put_file, key, local)
-        finally:
-            local.unlink(missing_ok=True)
-        if not await asyncio.to_thread(self.jobs.complete_segment, task, result.frames, result.stage_seconds, result.models):
-            await asyncio.to_thread(self.blobs.delete, key)  # cancelled meanwhile: leave nothing behind
-            raise LeaseLost()
-
-    async def _segment_audio(self, job: Job, task: Task, frames: int):  # type: ignore[no-untyped-def]
-        """The segment's mel windows from the blob store; CorruptRecord when missing or malformed
-        (SubmitJob wrote them before the job existed: without them the segment can never render)."""
-        key = mels_key(job.id, task.index)
-        try:
-            return unpack_segment_audio(await asyncio.to_thread(self.blobs.get, key), frames)
-        except NotFound as exc:
-            raise CorruptRecord(f"segment {task.index} of job {job.id} cannot render: its audio windows ({key}) are missing from the blob store") from exc
-        except ValueError as exc:
-            raise CorruptRecord(f"segment {task.index} of job {job.id} cannot render: its audio windows ({key}) are damaged ({exc})") from exc
-
-    async def _join(self, task: Task, job: Job) -> None:
-        t0 = time.perf_counter()
-        folder = Path(tempfile.mkdtemp(prefix=f"join-{job.id}-", dir=self._scratch))
-        try:
-            parts = []
-            for k in segment_tasks(job.segments_total):
-                path = folder / f"{k:05d}.mp4"
-                await asyncio.to_thread(self.blobs.get_file, segment_key(job.id, k), path)
-                parts.append(path)
-            audio = folder / "audio.m4a"
-            await asyncio.to_thread(self.blobs.get_file, audio_key(job.id), audio)
-            output = folder / "output.mp4"
-            frames = await asyncio.to_thread(join_segments, parts, output, job.fps, audio)
-            if frames != job.total_frames:
-                raise RuntimeError(f"joined {frames} frames, the job has {job.total_frames}")
-            key = output_key(job.id)
-            size = output.stat().st_size
-            digest = await asyncio.to_thread(file_sha256, output)  # DownloadOutput checks what it serves against it
-            await asyncio.to_thread(self.blobs.put_file, key, output)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        if not await asyncio.to_thread(self.jobs.complete_join, task, key, size, {"join": time.perf_counter() - t0}, digest):
-            await asyncio.to_thread(self.blobs.delete, key)
-            raise LeaseLost()
-        m = self.metrics
-        m.jobs.labels("succeeded").inc()
-        done = await asyncio.to_thread(self.jobs.get_job, job.id)
-        elapsed = max(1e-6, done.finish_time - done.create_time)
-        m.job_seconds.observe(elapsed)
-        m.job_realtime_factor.observe(done.audio_seconds / elapsed)
-        record_job_span(job.id, job.trace_context, done.create_time, "succeeded", frames=frames, audio_seconds=done.audio_seconds, segments=done.segments_total)
-        await self._quietly(self.blobs.delete_prefix, job_prefix(job.id))
-        _LOGGER.info("job succeeded", extra={"job_id": job.id, "frames": frames, "seconds": round(elapsed, 3)})

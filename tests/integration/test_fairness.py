@@ -22,7 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from lipline.v1 import gateway_pb2, gateway_pb2_grpc
-from services.jobs.layout import output_key, task_ranges
+from services.jobs.layout import output_key
 from services.jobs.store import open_blob_store, open_job_store
 from services.jobs.store.jobs import AvatarRecord, JobStore, NewJob
 from services.gateway.client import LiplineClient
@@ -48,7 +48,7 @@ class Fixture:
 
 def new_job(store: JobStore, owner: str = "setup") -> str:
     job_id = uuid.uuid4().hex[:20]
-    store.create_job(NewJob(job_id, "0" * 24, owner, b"", 1.0, 25.0, 25, task_ranges([(0, 25)])))
+    store.create_job(NewJob(job_id, "0" * 24, owner, b"", 1.0, 25.0, 25, [(0, 25)], audio_task=True))
     return job_id
 
 

@@ -21,7 +21,7 @@ index) grouped once; the claimable tasks are read through the same index and sor
 
 from __future__ import annotations
 
-from services.jobs.store.jobs import JOIN_INDEX, TaskState
+from services.jobs.store.jobs import TaskKind, TaskState
 
 #: the jobs column whose values share the workers fairly (the submitting client today)
 GROUP_KEY = "owner"
@@ -44,7 +44,7 @@ def claim_select(claim_lock: str = "") -> str:
         f"WHERE lt.state = {_LEASED} AND lt.lease_expires > ? GROUP BY lj.{GROUP_KEY}, lt.job_id), "
         "by_group AS (SELECT grp, sum(n) AS n FROM live GROUP BY grp), "
         "total AS (SELECT coalesce(sum(n), 0) AS n FROM live) "
-        "SELECT t.job_id, t.idx, t.state, t.start_frame, t.end_frame, t.attempts, t.ready_time, t.lease_expires, "
+        "SELECT t.job_id, t.idx, t.kind, t.state, t.start_frame, t.end_frame, t.attempts, t.ready_time, t.lease_expires, "
         "t.not_before, t.failing_since, t.failures, t.last_error "
         "FROM tasks t JOIN jobs j ON j.id = t.job_id "
         f"LEFT JOIN by_group g ON g.grp = j.{GROUP_KEY} "
@@ -52,7 +52,7 @@ def claim_select(claim_lock: str = "") -> str:
         "CROSS JOIN total "
         f"WHERE {CLAIMABLE} AND t.not_before <= ? "
         "ORDER BY CASE WHEN coalesce(g.n, 0) + 1 > ? * (total.n + 1) THEN 1 ELSE 0 END, "
-        f"CASE WHEN t.idx = {JOIN_INDEX} THEN 0 ELSE 1 END, "
+        f"CASE WHEN t.kind = '{TaskKind.JOIN.value}' THEN 0 ELSE 1 END, "
         "coalesce(g.n, 0), coalesce(l.n, 0), j.create_time, t.job_id, t.idx "
         f"LIMIT 1{claim_lock}"
     )

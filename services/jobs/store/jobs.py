@@ -5,8 +5,9 @@ answer for any job, and render workers on many pods must share out the work. The
 
 - **jobs**: state, stage, progress, error, options, models, stage_seconds, the output's blob key;
   `version` grows by one on every change (WatchJob follows it).
-- **tasks**: the units of work of a job: its segments (index 0..n-1, a frame range each) and one
-  join (index `JOIN_INDEX`), which becomes claimable when the last segment is done. A task is
+- **tasks**: the units of work of a job, each of a kind (`TaskKind`): its audio task (when asked
+  for: the AAC track), its segments (a frame range each) and one join, which becomes claimable when
+  every other task of the job is done. A task is
   claimed atomically with a lease (worker, expiry) that its worker renews; a lease that expires
   (the worker died) makes the task claimable again; after `max_attempts` claims the job fails.
 - **avatars**: the summary of each avatar (what Get/ListAvatars answer); its data lives in the blob store.
@@ -35,8 +36,6 @@ from collections.abc import Sequence
 
 from services.serving.tenants import IMPLICIT_TENANT
 
-JOIN_INDEX = -1  # the task index of a job's join
-
 
 class JobState(enum.IntEnum):
     """The same numbers as lipline.v1.JobState (the store does not import the protos)."""
@@ -58,6 +57,14 @@ class TaskState(str, enum.Enum):
     DONE = "done"
 
 
+class TaskKind(str, enum.Enum):
+    """What a task does: what the worker runs is decided by this, never by the task's index."""
+
+    AUDIO = "audio"  # encode the job's AAC track from its upload (beside the segments)
+    SEGMENT = "segment"  # render a frame range into an MP4 segment
+    JOIN = "join"  # stream-copy the segments and the AAC track into the output
+
+
 @dataclasses.dataclass(frozen=True)
 class NewJob:
     """What SubmitJob knows when it creates a job."""
@@ -73,6 +80,7 @@ class NewJob:
     stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     trace_context: str = ""  # the submitting request's trace context (JSON of W3C headers), or ""
     tenant: str = IMPLICIT_TENANT  # who may see the job (services.serving.tenants)
+    audio_task: bool = False  # an audio task (the AAC track) beside the segments: SubmitJob's jobs have one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +95,7 @@ class Job:
     fps: float
     total_frames: int
     frames_done: int  # frames of the segments done so far
-    segments_total: int
+    segments_total: int  # segments only (the audio task and the join are not segments)
     segments_done: int
     error: str
     error_code: int  # grpc.StatusCode value[0]; 0 = OK
@@ -113,7 +121,8 @@ class Task:
     """A claimed task, as its worker holds it (the lease is identified by `token`)."""
 
     job_id: str
-    index: int  # segment index, or JOIN_INDEX
+    index: int  # the task's position in its job (names its blobs); what it does is `kind`
+    kind: TaskKind
     start_frame: int  # [start, end) frames; the join spans the whole clip
     end_frame: int
     attempts: int  # claims so far, this one included
@@ -127,7 +136,7 @@ class Task:
 
     @property
     def is_join(self) -> bool:
-        return self.index == JOIN_INDEX
+        return self.kind is TaskKind.JOIN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,8 +187,8 @@ class JobStore(abc.ABC):
     # -- jobs (gateway) ---------------------------------------------------------------------------
     @abc.abstractmethod
     def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False) -> Job:
-        """Insert the job (QUEUED), its segment tasks (WAITING) and its join (BLOCKED) in one
-        transaction. TooLarge when `max_active` (>0) QUEUED+RUNNING jobs exist, or the owner has
+        """Insert the job (QUEUED), its audio task if it asks for one and its segment tasks
+        (WAITING) and its join (BLOCKED) in one transaction. TooLarge when `max_active` (>0) QUEUED+RUNNING jobs exist, or the owner has
         `max_active_per_owner` (>0). With `check_avatar` (the gateway), NotFound unless the job's
         avatar exists, is not deleted and belongs to the job's tenant, checked in the same
         transaction (a row lock on PostgreSQL): a DeleteAvatar at the same moment either comes
@@ -220,9 +229,10 @@ class JobStore(abc.ABC):
 
     @abc.abstractmethod
     def complete_segment(self, task: Task, frames: int, stage_seconds: dict[str, float], models: list[dict]) -> bool:
-        """Mark a segment DONE (only with the current lease, else False), add its frames and
-        stage_seconds to the job, record `models` if the job has none; when it was the last
-        segment, the join becomes WAITING and the job's stage "join"."""
+        """Mark a segment or the audio task DONE (only with the current lease, else False), add its
+        frames and stage_seconds to the job (a segment also counts in segments_done), record
+        `models` if the job has none; when every task but the join is done, the join becomes
+        WAITING and the job's stage "join"."""
 
     @abc.abstractmethod
     def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = "") -> bool:

@@ -27,7 +27,9 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from services.serving.errors import StoreUnavailable
-from services.jobs.store.sql import NOTIFY_CHANNEL, Row, SqlJobStore, Tx, WaiterFeed
+from services.jobs.store.sql.feed import NOTIFY_CHANNEL, WaiterFeed
+from services.jobs.store.sql.store import SqlJobStore
+from services.jobs.store.sql.tx import Row, Tx
 from services.jobs.store.jobs import ChangeFeed
 
 T = TypeVar("T")

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from services.serving.errors import StoreUnavailable
-from services.jobs.store.sql import Row, SqlJobStore, Tx, WaiterFeed
+from services.jobs.store.sql.feed import WaiterFeed
+from services.jobs.store.sql.store import SqlJobStore
+from services.jobs.store.sql.tx import Row, Tx
 from services.jobs.store.jobs import ChangeFeed
 
 T = TypeVar("T")

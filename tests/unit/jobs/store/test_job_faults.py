@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from services.serving.errors import CorruptRecord, NotFound, StoreUnavailable
-from services.jobs.store.jobs import JOIN_INDEX, JobState, JobStore
+from services.jobs.store.jobs import JobState, JobStore, TaskKind
 from services.jobs.store.postgres import PostgresJobStore
 from tests.helpers.postgres import PostgresServer, missing_reason
 from tests.unit.jobs.store.test_jobs import LONG_LEASE, new_job, sql
@@ -115,7 +115,7 @@ def test_failures_accumulate_from_the_first_one(job_store: JobStore) -> None:
 def test_release_of_the_join_with_a_delay(job_store: JobStore) -> None:
     job_store.create_job(new_job("j1", segments=0, frames=0))
     join = job_store.claim("w1", LONG_LEASE, max_attempts=3)
-    assert join is not None and join.index == JOIN_INDEX
+    assert join is not None and join.kind is TaskKind.JOIN
     job_store.release(join, retry_delay_s=60, error="blob store full")
     assert job_store.claim("w1", LONG_LEASE, max_attempts=3) is None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -26,14 +27,14 @@ import pytest
 
 from services.serving.errors import NotFound, StoreUnavailable, TooLarge
 from services.jobs.store.jobs import (
-    JOIN_INDEX,
     AvatarRecord,
     JobState,
     JobStore,
     NewJob,
     Task,
+    TaskKind,
 )
-from services.jobs.store.sql import SCHEMA_VERSION, schema
+from services.jobs.store.sql.schema import MIGRATIONS, SCHEMA_VERSION, schema
 from services.jobs.store.sqlite import sqlite_path
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
@@ -134,6 +135,106 @@ def test_a_version_1_database_is_migrated_and_keeps_its_jobs(open_store: Callabl
     assert store.get_job("new").trace_context == '{"traceparent": "00-ab-cd-01"}'
 
 
+def test_a_version_5_database_gets_task_kinds_and_segments_total_counts_segments_only(open_store: Callable[[], JobStore], store_url: str) -> None:
+    """Before version 6 a task's kind was its index (0 with an empty range: the audio task; -1: the
+    join) and segments_total counted the audio task: a job caught mid-way keeps running after."""
+    store = open_store()
+
+    def make_version_5(tx) -> None:  # type: ignore[no-untyped-def]  # what lipline with schema 5 left behind
+        for statement in schema(store.blob_type):  # type: ignore[attr-defined]
+            tx.execute(statement)
+        for version in range(2, 6):
+            for statement in MIGRATIONS[version]:
+                tx.execute(statement)
+        tx.execute("INSERT INTO schema_version (version) VALUES (5)")
+        for job_id, segments_done in (("mid", 2), ("fresh", 0)):  # "mid": its audio task and segment 1 are done
+            tx.execute(
+                "INSERT INTO jobs (id, avatar_id, owner, state, stage, options, audio_seconds, fps, total_frames, "
+                "segments_total, segments_done, frames_done, create_time) VALUES (?, 'a', 'o', 2, 'render', ?, 0.8, 25.0, 20, 3, ?, ?, 1.0)",
+                (job_id, b"", segments_done, 10 * (segments_done // 2)),
+            )
+            done = segments_done > 0
+            first = "done" if done else "waiting"
+            for idx, state, start, end in ((0, first, 0, 0), (1, first, 0, 10), (2, "waiting", 10, 20), (-1, "blocked", 0, 20)):
+                tx.execute("INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES (?, ?, ?, ?, ?)", (job_id, idx, state, start, end))
+        # a finished job (its tasks deleted) and one made without an audio task keep their counts
+        tx.execute(
+            "INSERT INTO jobs (id, avatar_id, owner, state, stage, options, audio_seconds, fps, total_frames, segments_total, segments_done, "
+            "create_time) VALUES ('ended', 'a', 'o', 3, 'done', ?, 0.8, 25.0, 20, 3, 3, 1.0)",
+            (b"",),
+        )
+        tx.execute(
+            "INSERT INTO jobs (id, avatar_id, owner, state, stage, options, audio_seconds, fps, total_frames, segments_total, create_time) "
+            "VALUES ('plain', 'a', 'o', 1, 'queued', ?, 0.4, 25.0, 10, 1, 2.0)",
+            (b"",),
+        )
+        tx.execute("INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES ('plain', 0, 'waiting', 0, 10)")
+        tx.execute("INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES ('plain', -1, 'blocked', 0, 10)")
+
+    store._transaction(make_version_5)  # type: ignore[attr-defined]
+    store.migrate()
+    store.migrate()  # idempotent
+    assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    kinds = sorted(sql(store_url, "SELECT job_id, idx, kind FROM tasks"))
+    assert kinds == [
+        ("fresh", -1, "join"),
+        ("fresh", 0, "audio"),
+        ("fresh", 1, "segment"),
+        ("fresh", 2, "segment"),
+        ("mid", -1, "join"),
+        ("mid", 0, "audio"),
+        ("mid", 1, "segment"),
+        ("mid", 2, "segment"),
+        ("plain", -1, "join"),
+        ("plain", 0, "segment"),
+    ]
+    counts = {j: (store.get_job(j).segments_total, store.get_job(j).segments_done) for j in ("mid", "fresh", "ended", "plain")}
+    assert counts == {"mid": (2, 1), "fresh": (2, 0), "ended": (3, 3), "plain": (1, 0)}
+    # The job caught mid-way finishes: its last segment unblocks the join, which sees every segment.
+    tasks = {t.job_id: t for t in claim_all(store) if t.job_id == "mid"}
+    assert (tasks["mid"].index, tasks["mid"].kind) == (2, TaskKind.SEGMENT)
+    assert store.complete_segment(tasks["mid"], 10, {}, [])
+    join = next(t for t in claim_all(store) if t.job_id == "mid")
+    assert join.kind is TaskKind.JOIN
+    job = store.get_job("mid")
+    assert (job.stage, job.segments_done, job.segments_total, job.frames_done) == ("join", 2, 2, 20)
+
+
+def test_a_job_with_an_audio_task_counts_segments_only_and_joins_after_both(job_store: JobStore) -> None:
+    job = dataclasses.replace(new_job("j1", segments=2), audio_task=True)
+    created = job_store.create_job(job)
+    assert (created.segments_total, created.segments_done) == (2, 0)
+    tasks = claim_all(job_store)
+    assert [(t.index, t.kind, t.start_frame, t.end_frame) for t in tasks] == [
+        (0, TaskKind.AUDIO, 0, 0),
+        (1, TaskKind.SEGMENT, 0, 10),
+        (2, TaskKind.SEGMENT, 10, 20),
+    ]
+    audio, first, second = tasks
+    for task in (first, second):
+        assert job_store.complete_segment(task, 10, {"lipsync": 1.0}, [])
+    after_segments = job_store.get_job("j1")
+    assert (after_segments.segments_done, after_segments.frames_done, after_segments.stage) == (2, 20, "render")
+    assert job_store.claim("w", LONG_LEASE, 3) is None  # the join waits for the audio track too
+    assert job_store.complete_segment(audio, 0, {"aac": 0.5}, [])
+    done = job_store.get_job("j1")
+    assert (done.segments_done, done.segments_total, done.frames_done, done.stage) == (2, 2, 20, "join")
+    assert done.stage_seconds == {"upload": 0.25, "lipsync": 2.0, "aac": 0.5}
+    join = job_store.claim("w", LONG_LEASE, 3)
+    assert join is not None and join.kind is TaskKind.JOIN and join.index == -1
+
+
+def test_an_exhausted_audio_task_names_the_audio_track(job_store: JobStore) -> None:
+    job_store.create_job(dataclasses.replace(new_job("a", segments=1), audio_task=True))
+    for _ in range(2):
+        audio = job_store.claim("w", LONG_LEASE, 2)
+        assert audio is not None and audio.kind is TaskKind.AUDIO
+        job_store.release(audio)
+    assert job_store.claim("w", LONG_LEASE, 2) is None  # the audio task is out of attempts: its job fails
+    failed = job_store.get_job("a")
+    assert failed.state == JobState.FAILED and "the audio track of job a was started 2 times and never finished" in failed.error
+
+
 # -- jobs ----------------------------------------------------------------------------------------------
 def test_create_and_get_round_trip(job_store: JobStore) -> None:
     before = time.time()
@@ -212,15 +313,16 @@ def test_claim_order_joins_first_then_jobs_in_turn_lowest_segment(job_store: Job
     assert job_store.complete_segment(third, 10, {}, [])
     # a's join is claimable now and goes before b's waiting segment.
     join = job_store.claim("w", LONG_LEASE, 3)
-    assert (join.job_id, join.index, join.is_join) == ("a", JOIN_INDEX, True)
+    assert (join.job_id, join.kind, join.is_join) == ("a", TaskKind.JOIN, True)
     assert (join.start_frame, join.end_frame) == (0, 20)
     assert [(t.job_id, t.index) for t in claim_all(job_store)] == [("b", 1)]
 
 
-def claimed(store: JobStore, max_owner_share: float = 1.0) -> tuple[str, int]:
+def claimed(store: JobStore, max_owner_share: float = 1.0) -> tuple[str, int | str]:
+    """The claimed task's job and its segment index, or "join"."""
     task = store.claim("w", LONG_LEASE, 3, max_owner_share)
     assert task is not None
-    return task.job_id, task.index
+    return task.job_id, "join" if task.kind is TaskKind.JOIN else task.index
 
 
 def test_a_short_job_submitted_after_a_long_one_gets_the_next_claim(job_store: JobStore) -> None:
@@ -266,12 +368,12 @@ def test_an_owner_over_its_share_goes_after_others_even_with_a_join(job_store: J
     assert job_store.complete_segment(b0, 10, {}, [])  # bob holds no lease, b's segment 1 waits
     # Share off: joins first. alice holds 1 of 1 live leases.
     join = job_store.claim("w", LONG_LEASE, 3)
-    assert (join.job_id, join.index) == ("a", JOIN_INDEX)
+    assert (join.job_id, join.kind) == ("a", TaskKind.JOIN)
     job_store.release(join, count_attempt=False)
     # Share 0.5: alice would hold 2 of 2 (over), bob 1 of 2 (within): bob's segment goes first.
     assert claimed(job_store, 0.5) == ("b", 1)
     # Everyone over their share: the claim still hands out work (it never leaves a worker idle).
-    assert claimed(job_store, 0.5) == ("a", JOIN_INDEX)
+    assert claimed(job_store, 0.5) == ("a", "join")
     assert claimed(job_store, 0.5) == ("a2", 1)
     assert job_store.claim("w", LONG_LEASE, 3, 0.5) is None
 
@@ -464,7 +566,7 @@ def test_four_threads_claim_each_segment_exactly_once(job_store: JobStore) -> No
         barrier.wait()
         try:
             while (task := job_store.claim(name, LONG_LEASE, 3)) is not None:
-                claimed.append((task.job_id, task.index))
+                claimed.append((task.job_id, task.kind.value if task.is_join else task.index))
                 if task.is_join:
                     assert job_store.complete_join(task, f"out/{task.job_id}", 1, {})
                 else:
@@ -478,9 +580,9 @@ def test_four_threads_claim_each_segment_exactly_once(job_store: JobStore) -> No
     for t in threads:
         t.join()
     assert errors == []
-    segments = sorted(c for c in claimed if c[1] != JOIN_INDEX)
+    segments = sorted(c for c in claimed if c[1] != "join")
     assert segments == sorted((f"j{j}", i) for j in range(4) for i in range(10))
-    assert sorted(c for c in claimed if c[1] == JOIN_INDEX) == [(f"j{j}", JOIN_INDEX) for j in range(4)]
+    assert sorted(c for c in claimed if c[1] == "join") == [(f"j{j}", "join") for j in range(4)]
     for j in range(4):
         job = job_store.get_job(f"j{j}")
         assert (job.state, job.frames_done, job.segments_done) == (JobState.SUCCEEDED, 100, 10)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from services.serving.errors import NotFound
-from services.jobs.store.sql import MIGRATIONS, SCHEMA_VERSION, schema
+from services.jobs.store.sql.schema import MIGRATIONS, SCHEMA_VERSION, schema
 from services.jobs.store.jobs import AvatarRecord, JobState, JobStore, NewJob
 from services.serving.tenants import IMPLICIT_TENANT
 from tests.unit.jobs.store.test_jobs import sql

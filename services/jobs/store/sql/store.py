@@ -1,0 +1,429 @@
+"""The JobStore over a `Tx`: what claim, complete, cancel and the rest do, written once for both
+dialects (see the package's docstring for the lock order and tenants)."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from services.jobs.store.fair_claim import claim_params, claim_select
+from services.jobs.layout import job_tasks
+from services.jobs.store.jobs import AvatarRecord, Job, JobState, JobStore, NewJob, QueueStats, Task, TaskKind, TaskState
+from services.jobs.store.sql.schema import migrate
+from services.jobs.store.sql.rows import add_seconds, avatar_from_row, encode_json, job_from_row
+from services.jobs.store.sql.rules import (
+    ABORTED,
+    ACTIVE,
+    BLOCKED,
+    CANCELLED,
+    CANCELLED_MESSAGE,
+    DONE,
+    JOIN,
+    LEASED,
+    NOT_TERMINAL,
+    WAITING,
+    Exhausted,
+    claimable_since,
+    exhausted_message,
+    failing_for_s,
+    job_stage_at_claim,
+    out_of_attempts,
+    too_many_message,
+)
+from services.jobs.store.sql.tx import Tx
+from services.serving.errors import NotFound, TooLarge
+
+T = TypeVar("T")
+
+# The key of the transaction-scoped advisory lock that serializes limit checks (PostgreSQL); arbitrary.
+CREATE_LOCK = 0x6C69706C696E02
+
+
+class SqlJobStore(JobStore):
+    """The JobStore over a `Tx`; subclasses supply `_transaction`, the dialect bits and the feed."""
+
+    blob_type = "BLOB"
+    row_lock = ""  # appended to SELECTs of rows the transaction will change (PostgreSQL: FOR UPDATE)
+    share_lock = ""  # appended to SELECTs of rows that must not change before commit (PostgreSQL: FOR SHARE)
+    claim_lock = ""  # appended to the claim's SELECT (PostgreSQL: FOR UPDATE OF t SKIP LOCKED)
+
+    @abc.abstractmethod
+    def _transaction(self, fn: Callable[[Tx], T], write: bool = True) -> T:
+        """Run `fn` in one transaction (committed when it returns, rolled back when it raises);
+        StoreUnavailable when the database cannot be reached."""
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def migrate(self) -> None:
+        self._transaction(lambda tx: migrate(tx, self.blob_type))
+
+    # -- reads used by feeds ------------------------------------------------------------------------
+    def job_version(self, job_id: str) -> int:
+        """The job's `version` (NotFound when absent): what a ChangeFeed compares against."""
+        row = self._transaction(lambda tx: tx.one("SELECT version FROM jobs WHERE id = ?", (job_id,)), write=False)
+        if row is None:
+            raise NotFound(f"job {job_id!r} does not exist")
+        return int(row["version"])
+
+    def job_versions(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """Versions of those of `job_ids` that exist (one query per 500 ids)."""
+
+        def run(tx: Tx) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for i in range(0, len(job_ids), 500):
+                chunk = list(job_ids[i : i + 500])
+                marks = ", ".join("?" * len(chunk))
+                for row in tx.query(f"SELECT id, version FROM jobs WHERE id IN ({marks})", chunk):
+                    out[row["id"]] = int(row["version"])
+            return out
+
+        return self._transaction(run, write=False) if job_ids else {}
+
+    # -- helpers inside a transaction ---------------------------------------------------------------
+    def _job(self, tx: Tx, job_id: str, lock: bool = False, tenant: str | None = None) -> Job:
+        mine = "" if tenant is None else " AND tenant = ?"
+        params = (job_id,) if tenant is None else (job_id, tenant)
+        row = tx.one("SELECT * FROM jobs WHERE id = ?" + mine + (self.row_lock if lock else ""), params)
+        if row is None:
+            raise NotFound(f"job {job_id!r} does not exist")
+        return job_from_row(row)
+
+    def _update_job(self, tx: Tx, job_id: str, only_if: str = "", **fields: Any) -> bool:
+        """The one way a job row changes: bumps `version` and announces it. `only_if` is an extra
+        SQL condition (e.g. that the job is still active); False when it did not hold."""
+        sets = "".join(f"{name} = ?, " for name in fields)
+        sql = f"UPDATE jobs SET {sets}version = version + 1 WHERE id = ?" + (f" AND {only_if}" if only_if else "")
+        changed = tx.execute(sql, [*fields.values(), job_id]) > 0
+        if changed:
+            tx.notify(job_id)
+        return changed
+
+    def _lock_tasks(self, tx: Tx, job_id: str, join_only: bool = False) -> None:
+        """Lock the job's task rows in the global order (PostgreSQL; SQLite's transaction is exclusive)."""
+        if self.row_lock:
+            where = f" AND kind = {JOIN}" if join_only else ""
+            tx.query(f"SELECT idx FROM tasks WHERE job_id = ?{where} ORDER BY idx{self.row_lock}", (job_id,))
+
+    def _end_job(self, tx: Tx, job_id: str, **fields: Any) -> bool:
+        """Delete the job's tasks (no worker can renew or complete them after) and, if it was still
+        active, set `fields` (a terminal state). NotFound for an unknown job."""
+        self._lock_tasks(tx, job_id)
+        tx.execute("DELETE FROM tasks WHERE job_id = ?", (job_id,))
+        # Not only QUEUED/RUNNING: a row in a state this lipline does not know is ended too (quarantined).
+        if self._update_job(tx, job_id, only_if=NOT_TERMINAL, finish_time=tx.now(), **fields):
+            return True
+        if tx.one("SELECT 1 AS x FROM jobs WHERE id = ?", (job_id,)) is None:
+            raise NotFound(f"job {job_id!r} does not exist")
+        return False  # it was already terminal
+
+    @staticmethod
+    def _finish_task(tx: Tx, task: Task) -> bool:
+        """DONE, if `task` still holds the lease (its token); else False."""
+        return (
+            tx.execute(
+                f"UPDATE tasks SET state = {DONE}, lease_expires = 0 WHERE job_id = ? AND idx = ? AND token = ? AND state = {LEASED}",
+                (task.job_id, task.index, task.token),
+            )
+            > 0
+        )
+
+    # -- jobs ---------------------------------------------------------------------------------------
+    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False) -> Job:
+        segments = [(int(start), int(end)) for start, end in job.segments]
+
+        def run(tx: Tx) -> Job:
+            if check_avatar:
+                self._live_avatar(tx, job.avatar_id, job.tenant, self.share_lock)
+            if max_active > 0 or max_active_per_owner > 0:
+                tx.lock(CREATE_LOCK)
+                if max_active > 0:
+                    active = int(tx.one(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")["n"])
+                    if active >= max_active:
+                        raise TooLarge(too_many_message(active, max_active))
+                if max_active_per_owner > 0:
+                    mine = int(tx.one(f"SELECT count(*) AS n FROM jobs WHERE owner = ? AND {ACTIVE}", (job.owner,))["n"])
+                    if mine >= max_active_per_owner:
+                        raise TooLarge(too_many_message(mine, max_active_per_owner, job.owner))
+            now = tx.now()
+            values = {
+                "id": job.id,
+                "avatar_id": job.avatar_id,
+                "owner": job.owner,
+                "state": int(JobState.QUEUED),
+                "stage": "queued",
+                "options": bytes(job.options),
+                "audio_seconds": float(job.audio_seconds),
+                "fps": float(job.fps),
+                "total_frames": int(job.total_frames),
+                "segments_total": len(segments),
+                "stage_seconds": encode_json({k: float(v) for k, v in job.stage_seconds.items()}),
+                "create_time": now,
+                "trace_context": job.trace_context,
+                "tenant": job.tenant,
+            }
+            tx.execute(f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values()))
+            tasks = job_tasks(segments, job.total_frames, job.audio_task)
+            join_state = TaskState.BLOCKED if len(tasks) > 1 else TaskState.WAITING
+            rows = [
+                (job.id, t.index, t.kind.value, (join_state if t.kind is TaskKind.JOIN else TaskState.WAITING).value, t.start_frame, t.end_frame, now)
+                for t in tasks
+            ]
+            tx.executemany(
+                "INSERT INTO tasks (job_id, idx, kind, state, start_frame, end_frame, ready_time) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            tx.notify(job.id)
+            return self._job(tx, job.id)
+
+        return self._transaction(run)
+
+    def get_job(self, job_id: str, tenant: str | None = None) -> Job:
+        return self._transaction(lambda tx: self._job(tx, job_id, tenant=tenant), write=False)
+
+    def cancel_job(self, job_id: str, tenant: str | None = None) -> Job:
+        def run(tx: Tx) -> Job:
+            if tenant is not None:
+                self._job(tx, job_id, tenant=tenant)  # NotFound for another tenant's job
+            self._end_job(tx, job_id, state=int(JobState.CANCELLED), stage="cancelled", error=CANCELLED_MESSAGE, error_code=CANCELLED)
+            return self._job(tx, job_id)
+
+        return self._transaction(run)
+
+    def fail_job(self, job_id: str, error: str, error_code: int) -> bool:
+        return self._transaction(lambda tx: self._end_job(tx, job_id, state=int(JobState.FAILED), stage="failed", error=error, error_code=int(error_code)))
+
+    # -- tasks --------------------------------------------------------------------------------------
+    def claim(self, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | None:
+        while True:
+            found = self._transaction(lambda tx: self._claim_one(tx, worker, lease_s, max_attempts, max_owner_share))
+            if not isinstance(found, Exhausted):
+                return found
+            self.fail_job(found.job_id, exhausted_message(found.job_id, found.kind, found.index, found.attempts), ABORTED)
+
+    def _claim_one(self, tx: Tx, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | Exhausted | None:
+        now = tx.now()
+        row = tx.one(claim_select(self.claim_lock), claim_params(now, max_owner_share))
+        if row is None:
+            return None
+        job_id, index, attempts = row["job_id"], int(row["idx"]), int(row["attempts"])
+        kind = TaskKind(row["kind"])
+        if out_of_attempts(attempts, max_attempts):
+            return Exhausted(job_id, kind, index, attempts)
+        ready = claimable_since(row)
+        token = uuid.uuid4().hex
+        expires = now + lease_s
+        tx.execute(
+            f"UPDATE tasks SET state = {LEASED}, attempts = attempts + 1, token = ?, worker = ?, "
+            "lease_expires = ?, ready_time = ? WHERE job_id = ? AND idx = ?",
+            (token, worker, expires, ready, job_id, index),
+        )
+        self._update_job(
+            tx,
+            job_id,
+            only_if=f"state = {int(JobState.QUEUED)}",
+            state=int(JobState.RUNNING),
+            stage=job_stage_at_claim(kind),
+            start_time=now,
+        )
+        return Task(
+            job_id=job_id,
+            index=index,
+            kind=kind,
+            start_frame=int(row["start_frame"]),
+            end_frame=int(row["end_frame"]),
+            attempts=attempts + 1,
+            token=token,
+            lease_expires=expires,
+            ready_time=ready,
+            failures=int(row["failures"]),
+            failing_for_s=failing_for_s(row, now),
+            last_error=row["last_error"],
+        )
+
+    def renew(self, task: Task, lease_s: float) -> bool:
+        # An expired lease that nobody re-claimed is still this claim's: renewing it loses nothing.
+        return self._transaction(
+            lambda tx: (
+                tx.execute(
+                    f"UPDATE tasks SET lease_expires = ? WHERE job_id = ? AND idx = ? AND token = ? AND state = {LEASED}",
+                    (tx.now() + lease_s, task.job_id, task.index, task.token),
+                )
+                > 0
+            )
+        )
+
+    def complete_segment(self, task: Task, frames: int, stage_seconds: dict[str, float], models: list[dict]) -> bool:
+        if task.is_join:
+            raise ValueError("complete_segment was given the join; use complete_join")
+
+        def run(tx: Tx) -> bool:
+            self._lock_tasks(tx, task.job_id, join_only=True)  # one completion of a job at a time
+            if not self._finish_task(tx, task):
+                return False
+            job = self._job(tx, task.job_id, lock=True)
+            fields: dict[str, Any] = {
+                "frames_done": job.frames_done + int(frames),
+                "stage_seconds": encode_json(add_seconds(job.stage_seconds, stage_seconds)),
+            }
+            if task.kind is TaskKind.SEGMENT:
+                fields["segments_done"] = job.segments_done + 1
+            if models and not job.models:
+                fields["models"] = encode_json(models)
+            others = tx.one(f"SELECT count(*) AS n FROM tasks WHERE job_id = ? AND kind <> {JOIN} AND state <> {DONE}", (task.job_id,))
+            if others is not None and int(others["n"]) == 0:  # the last of them: the join may start
+                fields["stage"] = "join"
+                tx.execute(
+                    f"UPDATE tasks SET state = {WAITING}, ready_time = ? WHERE job_id = ? AND kind = {JOIN} AND state = {BLOCKED}",
+                    (tx.now(), task.job_id),
+                )
+            self._update_job(tx, task.job_id, **fields)
+            return True
+
+        return self._transaction(run)
+
+    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = "") -> bool:
+        if not task.is_join:
+            raise ValueError(f"complete_join was given segment {task.index}; use complete_segment")
+
+        def run(tx: Tx) -> bool:
+            if not self._finish_task(tx, task):
+                return False
+            job = self._job(tx, task.job_id)
+            return self._end_job(
+                tx,
+                task.job_id,
+                state=int(JobState.SUCCEEDED),
+                stage="done",
+                output_key=output_key,
+                output_bytes=int(output_bytes),
+                output_sha256=output_sha256,
+                stage_seconds=encode_json(add_seconds(job.stage_seconds, stage_seconds)),
+            )
+
+        return self._transaction(run)
+
+    def release(self, task: Task, count_attempt: bool = True, retry_delay_s: float = 0.0, error: str = "") -> None:
+        def run(tx: Tx) -> None:
+            now = tx.now()
+            failed = ", failing_since = CASE WHEN failing_since = 0 THEN ? ELSE failing_since END, failures = failures + 1, last_error = ?" if error else ""
+            tx.execute(
+                f"UPDATE tasks SET state = {WAITING}, token = '', worker = '', lease_expires = 0, ready_time = ?, not_before = ?, "
+                f"attempts = attempts - ?{failed} WHERE job_id = ? AND idx = ? AND token = ? AND state = {LEASED}",
+                (
+                    now,
+                    now + max(0.0, float(retry_delay_s)),
+                    0 if count_attempt else 1,
+                    *((now, error[:2000]) if error else ()),
+                    task.job_id,
+                    task.index,
+                    task.token,
+                ),
+            )
+
+        self._transaction(run)
+
+    def purge_orphan_tasks(self) -> int:
+        return self._transaction(lambda tx: tx.execute("DELETE FROM tasks WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = tasks.job_id)"))
+
+    def job_tasks_active(self, job_id: str) -> bool:
+        return self._transaction(
+            lambda tx: (
+                tx.one(
+                    f"SELECT 1 AS x FROM tasks WHERE job_id = ? AND state = {LEASED} AND lease_expires > ? LIMIT 1",
+                    (job_id, tx.now()),
+                )
+                is not None
+            ),
+            write=False,
+        )
+
+    def queue_stats(self) -> QueueStats:
+        def run(tx: Tx) -> QueueStats:
+            now = tx.now()
+            claimable = f"(state = {WAITING} OR (state = {LEASED} AND lease_expires <= ?))"
+            row = tx.one(
+                f"SELECT count(*) AS n, min(CASE WHEN state = {WAITING} THEN ready_time ELSE lease_expires END) AS oldest FROM tasks WHERE {claimable}",
+                (now,),
+            )
+            leased = tx.one(f"SELECT count(*) AS n FROM tasks WHERE state = {LEASED} AND lease_expires > ?", (now,))
+            active = tx.one(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")
+            oldest = row["oldest"]
+            return QueueStats(
+                waiting=int(row["n"]),
+                leased=int(leased["n"]),
+                oldest_wait_s=max(0.0, now - float(oldest)) if oldest is not None else 0.0,
+                active_jobs=int(active["n"]),
+            )
+
+        return self._transaction(run, write=False)
+
+    # -- avatars ------------------------------------------------------------------------------------
+    _LIVE = "deleted_time = 0"
+    _UNUSED = f"NOT EXISTS (SELECT 1 FROM jobs j WHERE j.avatar_id = a.id AND j.{ACTIVE})"
+
+    def _live_avatar(self, tx: Tx, avatar_id: str, tenant: str | None, lock: str = "") -> AvatarRecord:
+        mine = "" if tenant is None else " AND tenant = ?"
+        params = (avatar_id,) if tenant is None else (avatar_id, tenant)
+        row = tx.one(f"SELECT * FROM avatars WHERE id = ? AND {self._LIVE}{mine}{lock}", params)
+        if row is None:
+            raise NotFound(f"avatar {avatar_id!r} does not exist; create it with CreateAvatar")
+        return avatar_from_row(row)
+
+    def put_avatar(self, avatar: AvatarRecord) -> AvatarRecord:
+        values = dataclasses.asdict(avatar)
+
+        def run(tx: Tx) -> AvatarRecord:
+            # No conflict target: a repeated id and the tenant's live content index both do nothing.
+            tx.execute(
+                f"INSERT INTO avatars ({', '.join(values)}) VALUES ({', '.join('?' * len(values))}) ON CONFLICT DO NOTHING",
+                list(values.values()),
+            )
+            if avatar.content_hash and (same := self._find_avatar(tx, avatar.tenant, avatar.content_hash)) is not None:
+                return same
+            return avatar_from_row(tx.one("SELECT * FROM avatars WHERE id = ?", (avatar.id,)))  # type: ignore[arg-type]
+
+        return self._transaction(run)
+
+    def _find_avatar(self, tx: Tx, tenant: str, content_hash: str) -> AvatarRecord | None:
+        row = tx.one(f"SELECT * FROM avatars WHERE tenant = ? AND content_hash = ? AND {self._LIVE}", (tenant, content_hash))
+        return avatar_from_row(row) if row is not None else None
+
+    def get_avatar(self, avatar_id: str, tenant: str | None = None) -> AvatarRecord:
+        return self._transaction(lambda tx: self._live_avatar(tx, avatar_id, tenant), write=False)
+
+    def find_avatar(self, tenant: str, content_hash: str) -> AvatarRecord | None:
+        return self._transaction(lambda tx: self._find_avatar(tx, tenant, content_hash), write=False) if content_hash else None
+
+    def list_avatars(self, limit: int = 1000, tenant: str | None = None) -> list[AvatarRecord]:
+        mine = "" if tenant is None else " AND tenant = ?"
+        params = (int(limit),) if tenant is None else (tenant, int(limit))
+        rows = self._transaction(
+            lambda tx: tx.query(f"SELECT * FROM avatars WHERE {self._LIVE}{mine} ORDER BY create_time, id LIMIT ?", params),
+            write=False,
+        )
+        return [avatar_from_row(row) for row in rows]
+
+    def delete_avatar(self, avatar_id: str, tenant: str | None = None) -> None:
+        mine = "" if tenant is None else " AND tenant = ?"
+        params: tuple = (avatar_id,) if tenant is None else (avatar_id, tenant)
+
+        def run(tx: Tx) -> int:
+            return tx.execute(f"UPDATE avatars SET deleted_time = ? WHERE id = ? AND {self._LIVE}{mine}", (tx.now(), *params))
+
+        if not self._transaction(run):
+            raise NotFound(f"avatar {avatar_id!r} does not exist")
+
+    def purgeable_avatars(self, limit: int = 100, avatar_id: str | None = None) -> list[str]:
+        one = "" if avatar_id is None else " AND a.id = ?"
+        params = (int(limit),) if avatar_id is None else (avatar_id, int(limit))
+        rows = self._transaction(
+            lambda tx: tx.query(f"SELECT a.id FROM avatars a WHERE a.deleted_time > 0{one} AND {self._UNUSED} ORDER BY a.deleted_time, a.id LIMIT ?", params),
+            write=False,
+        )
+        return [row["id"] for row in rows]
+
+    def forget_avatar(self, avatar_id: str) -> bool:
+        unused = self._UNUSED.replace("a.id", "avatars.id")  # DELETE takes no alias on SQLite
+        return bool(self._transaction(lambda tx: tx.execute(f"DELETE FROM avatars WHERE id = ? AND deleted_time > 0 AND {unused}", (avatar_id,))))

@@ -1,0 +1,140 @@
+"""SubmitJob's work without its protos (services.gateway.submit.submit_job), on a temporary SQLite job
+store and folder blob store, with the real audio stage in-process on 127.0.0.1 (its extraction in a
+thread: no child processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+
+from lipline.v1 import audio_pb2_grpc
+from services.audio.service import AudioService, AudioSettings
+from services.gateway.settings import GatewaySettings
+from services.gateway.submit import Caller, JobRequest, submit_job
+from services.jobs.layout import mels_key, upload_key
+from services.jobs.segment_audio import unpack_segment_audio
+from services.jobs.store import open_blob_store, open_job_store
+from services.jobs.store.blobs import BlobStore
+from services.jobs.store.jobs import AvatarRecord, Job, JobState, JobStore, TaskKind
+from services.serving.channels import StageFailed
+from services.serving.errors import NotFound, TooLarge
+from services.serving.metrics import Metrics
+from services.serving.server import ServiceRunner
+from tests.helpers.audio_files import encode_tone
+
+T = TypeVar("T")
+AVATAR = "0123456789abcdef01234567"
+FPS = 25.0
+
+
+@dataclasses.dataclass
+class Stores:
+    jobs: JobStore
+    blobs: BlobStore
+    root: Path
+
+    def blob_keys(self) -> list[str]:
+        """Every key in the blob store (the folder's files)."""
+        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[Stores]:
+    jobs = open_job_store(f"sqlite:///{tmp_path}/jobs.db")
+    jobs.migrate()
+    jobs.put_avatar(AvatarRecord(AVATAR, "ann", FPS, 1, 64, 64, 1, 1.0, tenant="acme"))
+    yield Stores(jobs, open_blob_store(str(tmp_path / "blobs")), tmp_path / "blobs")
+    jobs.close()
+
+
+@contextlib.asynccontextmanager
+async def audio_stage(metrics: Metrics) -> AsyncIterator[audio_pb2_grpc.AudioServiceStub]:
+    """The audio stage on an ephemeral port of 127.0.0.1, in this event loop."""
+    settings = AudioSettings(host="127.0.0.1", port=0, metrics_port=-1, grace_s=0.5, extract_processes=0)
+    runner = ServiceRunner(AudioService(settings, metrics))
+    await runner.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{runner.port}") as channel:
+            yield audio_pb2_grpc.AudioServiceStub(channel)
+    finally:
+        await runner.stop()
+
+
+def with_audio(call: Callable[[audio_pb2_grpc.AudioServiceStub], Awaitable[T]], metrics: Metrics | None = None) -> T:
+    async def run() -> T:
+        async with audio_stage(metrics or Metrics("audio")) as stub:
+            return await call(stub)
+
+    return asyncio.run(run())
+
+
+def submit(stores: Stores, seconds: float = 2.4, tenant: str = "acme", metrics: Metrics | None = None, **settings: float) -> Job:
+    audio = encode_tone("wav", seconds, rate=16000, channels=1)
+    s = dataclasses.replace(GatewaySettings(), segment_seconds=1.0, **settings)
+    request = JobRequest(AVATAR, audio, b"\x08\x01")
+    caller = Caller(tenant, "tenant:acme", "req-1", '{"traceparent": "00-ab-cd-01"}')
+    return with_audio(lambda stub: submit_job(stores.jobs, stores.blobs, stub, s, request, caller), metrics)
+
+
+def extract_calls(metrics: Metrics) -> float:
+    return sum(s.value for m in metrics.registry.collect() if m.name == "lipline_stage_requests" for s in m.samples if s.name.endswith("_total"))
+
+
+def test_a_job_is_queued_with_its_audio_task_segments_and_their_windows(stores: Stores) -> None:
+    metrics = Metrics("audio")
+    job = submit(stores, seconds=2.4, metrics=metrics)
+    assert extract_calls(metrics) == 1
+    assert (job.state, job.avatar_id, job.owner, job.tenant, job.options) == (JobState.QUEUED, AVATAR, "tenant:acme", "acme", b"\x08\x01")
+    assert job.trace_context == '{"traceparent": "00-ab-cd-01"}'
+    assert (job.total_frames, job.fps) == (60, FPS)
+    assert job.segments_total == 2  # 60 frames in 1 s segments: 25 + 35 (a short tail merges); the audio task is no segment
+    assert job.audio_seconds == pytest.approx(2.4, abs=0.01)
+    assert {"audio", "submit"} <= set(job.stage_seconds)
+    tasks = []
+    while (task := stores.jobs.claim("w", 60.0, 3)) is not None:
+        tasks.append((task.index, task.kind, task.start_frame, task.end_frame))
+    assert tasks == [(0, TaskKind.AUDIO, 0, 0), (1, TaskKind.SEGMENT, 0, 25), (2, TaskKind.SEGMENT, 25, 60)]
+    assert stores.blobs.get(upload_key(job.id)) == encode_tone("wav", 2.4, rate=16000, channels=1)
+    assert stores.blob_keys() == sorted([upload_key(job.id), mels_key(job.id, 1), mels_key(job.id, 2)])
+    assert len(unpack_segment_audio(stores.blobs.get(mels_key(job.id, 2)), 35)) == 35
+
+
+def test_another_tenants_avatar_is_not_found_before_any_work(stores: Stores) -> None:
+    metrics = Metrics("audio")
+    with pytest.raises(NotFound, match=AVATAR):
+        submit(stores, tenant="globex", metrics=metrics)
+    assert extract_calls(metrics) == 0  # refused before the audio stage is asked
+    assert stores.blob_keys() == []
+    assert stores.jobs.queue_stats().active_jobs == 0
+
+
+def test_audio_over_the_limit_is_refused_and_leaves_nothing(stores: Stores) -> None:
+    with pytest.raises(StageFailed) as err:
+        submit(stores, seconds=3.0, max_audio_seconds=2.0)
+    assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert stores.blob_keys() == []
+    assert stores.jobs.queue_stats().active_jobs == 0
+
+
+def test_the_active_job_limit_refuses_before_the_audio_is_stored(stores: Stores) -> None:
+    submit(stores)
+    keys = stores.blob_keys()
+    with pytest.raises(TooLarge, match=r"1 jobs are queued or running \(limit 1\)"):
+        submit(stores, max_active_jobs=1)
+    assert stores.blob_keys() == keys  # the refused job stored nothing
+
+
+def test_a_job_the_store_refuses_leaves_no_blobs(stores: Stores) -> None:
+    """create_job's own check (here: the per-client limit) comes after the blobs are stored: they go."""
+    submit(stores)
+    keys = stores.blob_keys()
+    with pytest.raises(TooLarge, match="client 'tenant:acme' has 1 jobs queued or running"):
+        submit(stores, max_active_jobs_per_client=1)
+    assert stores.blob_keys() == keys
