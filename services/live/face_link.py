@@ -85,7 +85,7 @@ def avatar_reference_faces(boxes: Sequence[Sequence[int] | None], crops: np.ndar
     """An avatar's crops as its sessions register them: (the ReferenceFaces, template frame -> crop
     index to `submit` with). Template frames without a face have no crop (they pass through).
 
-    Takes a LocalAvatar's parts (services/render/avatar_cache.py: `meta.boxes`, `crops`, `crop_row`),
+    Takes a LocalAvatar's parts (services/jobs/avatar_cache.py: `meta.boxes`, `crops`, `crop_row`),
     as the render workers' segments send them; register with `shared_as` the avatar's id.
     """
     faces: list[ReferenceFace] = []

@@ -34,7 +34,7 @@ from services.serving.metrics import Metrics
 from services.render.mp4 import Mp4Writer
 from services.media.packed import PackedImages
 from services.jobs.segment_audio import SegmentAudio
-from services.render.avatar_cache import LocalAvatar
+from services.jobs.avatar_cache import LocalAvatar
 
 # Small messages keep a segment's stages overlapped (lipsync of message k+1 while superres does k and
 # x264 encodes k-1); a 2 s segment is 50 frames, so 10 per message gives 5 steps of that pipeline.

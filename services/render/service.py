@@ -26,7 +26,7 @@ from services.serving.discovery import DiscoveredStageClients
 from services.render.encoder_threads import x264_threads
 from services.serving.server import Service
 from services.jobs.store import close_stores, open_stores
-from services.render.avatar_cache import AvatarCache
+from services.jobs.avatar_cache import AvatarCache
 from services.render.segment import SegmentRenderer
 from services.render.settings import RenderSettings
 from services.render.tasks import RenderTasks

@@ -27,7 +27,7 @@ from services.jobs.segment_audio import unpack_segment_audio
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import Job, JobStore, Task, TaskKind
 from services.media.audio import decode_audio
-from services.render.avatar_cache import AvatarCache
+from services.jobs.avatar_cache import AvatarCache
 from services.render.mp4 import MUX_AUDIO_RATE, encode_aac, join_segments
 from services.render.segment import SegmentRenderer
 from services.media.timeline import loop_mode

@@ -18,7 +18,7 @@ import pytest
 
 from services.jobs.avatars import AvatarMeta, new_avatar_id, save_avatar
 from services.jobs.store.folder import FolderBlobStore
-from services.render.avatar_cache import AvatarCache
+from services.jobs.avatar_cache import AvatarCache
 
 WIDTH, HEIGHT = 128, 96
 FRAME_BYTES = WIDTH * HEIGHT * 3 // 2  # one I420 frame: what a one-frame avatar's cache file holds
@@ -72,14 +72,14 @@ def test_a_budget_of_one_evicts_the_least_recently_used_closed_avatar_never_an_o
     held_a = cache.get(a)  # a segment renders from it for a while
     assert cached(root) == {a}
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="services.render.avatar_cache"):
+    with caplog.at_level(logging.INFO, logger="services.jobs.avatar_cache"):
         cache.get(b)
     # a was open while b's file was made: it stays, and the log says the budget is exceeded.
     assert cached(root) == {a, b}
     assert any(r.levelno == logging.WARNING and OVER_BUDGET in r.getMessage() for r in caplog.records), caplog.text
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="services.render.avatar_cache"):
+    with caplog.at_level(logging.INFO, logger="services.jobs.avatar_cache"):
         got_c = cache.get(c)  # only b is open now (max_open=1): a, least recently used and closed, goes
     assert cached(root) == {b, c}
     assert any("avatar cache file evicted" in r.getMessage() and r.avatar_id == a for r in caplog.records), caplog.text
@@ -97,7 +97,7 @@ def test_open_avatars_keep_their_files_however_far_over_the_budget(blobs: Folder
     root = tmp_path / "cache"
     avatars = [make_avatar(blobs, shade) for shade in (30, 120, 210)]
     cache = AvatarCache(blobs, root, max_open=8, max_bytes=FRAME_BYTES * 3 // 2)  # fits one
-    with caplog.at_level(logging.WARNING, logger="services.render.avatar_cache"):
+    with caplog.at_level(logging.WARNING, logger="services.jobs.avatar_cache"):
         got = [cache.get(aid) for aid, _ in avatars]
     assert cached(root) == {aid for aid, _ in avatars}  # all three open: none evicted
     assert sum(OVER_BUDGET in r.getMessage() for r in caplog.records) == 2  # for the second and the third
@@ -120,7 +120,7 @@ def test_an_avatar_larger_than_the_whole_budget_still_renders_with_a_warning(blo
     root = tmp_path / "cache"
     aid, frame = make_avatar(blobs, 77)
     cache = AvatarCache(blobs, root, max_bytes=FRAME_BYTES // 4)
-    with caplog.at_level(logging.WARNING, logger="services.render.avatar_cache"):
+    with caplog.at_level(logging.WARNING, logger="services.jobs.avatar_cache"):
         local = cache.get(aid)
     np.testing.assert_array_equal(local.compositor.frames[0], frame)
     assert cached(root) == {aid}

@@ -1,6 +1,7 @@
-"""A render worker's local copy of the avatars it renders: frames already in I420, memory-mapped.
+"""A worker's local copy of the avatars it composites (render workers and live workers): frames
+already in I420, memory-mapped.
 
-The blob store holds each avatar as the user uploaded it (compressed); the first segment of an
+The blob store holds each avatar as the user uploaded it (compressed); the first use of an
 avatar on a worker decodes it once, converts every frame to the encoder's pixel format (I420) and
 keeps that on local disk (`<cache_dir>/avatars/<id>.i420.npy`), memory-mapped, so per output frame
 only the face box is blended and patched in (docs/architecture.md section 1: only the face box changes). The most
@@ -9,7 +10,7 @@ recently used avatars stay open; the cache is safe to lose (a pod's emptyDir).
 Memory: the file is written one frame at a time (decode, convert, write), so building it holds one
 BGR and one I420 frame, not the avatar (a 1,500-frame 1080p avatar is 9.3 GB in BGR, 4.7 GB in
 I420); rendering maps it and pages in the frames it uses. Disk: the files together stay within a
-budget (`RenderSettings.avatar_cache_bytes`): before a new file is written, the least recently used
+budget (the worker's `avatar_cache_bytes` setting): before a new file is written, the least recently used
 files of avatars not open are deleted (an open one's mapping stays valid if it goes: Linux frees an
 unlinked file's pages only when the last map of it ends).
 """
