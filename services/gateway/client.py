@@ -274,7 +274,14 @@ def progress_printer(write: Callable[[str], None], step: float = 0.1) -> Callabl
     return show
 
 
-if __name__ == "__main__":
-    from services.gateway.live_client import main
+def main(argv: list[str] | None = None) -> int:
+    """`python -m services.gateway.client live ...` (services.gateway.live_client has the commands)."""
+    from services.gateway.live_client import live_command, parse_args
 
+    args = parse_args(argv)
+    with LiplineClient(args.address, api_key=args.api_key) as client:
+        return live_command(client, args)
+
+
+if __name__ == "__main__":
     sys.exit(main())

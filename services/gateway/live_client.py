@@ -19,13 +19,12 @@ import argparse
 import dataclasses
 import io
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import av
 import numpy as np
@@ -33,11 +32,17 @@ import numpy as np
 from lipline.v1 import session_pb2
 from services.media.audio import decode_audio
 
-if TYPE_CHECKING:  # the client module imports this one for its CLI
-    from services.gateway.client import LiplineClient
-
 CHUNK_MS = 20
 FINISH_GRACE_S = 10.0  # after the last chunk, how long to wait for PLAYBACK_FINISHED
+
+
+class SessionClient(Protocol):
+    """What a live session needs of services.gateway.client.LiplineClient (which imports this module
+    for its command line, so this one names no client class)."""
+
+    def create_session(self, avatar_id: str, **options: Any) -> session_pb2.Session: ...
+    def converse(self, requests: Iterator[session_pb2.ConverseRequest]) -> Any: ...
+    def close_session(self, session_id: str) -> session_pb2.Session: ...
 
 
 def pcm_of_audio(data: bytes, sample_rate: int) -> bytes:
@@ -188,7 +193,7 @@ def write_mp4(path: Path, recorder: LiveRecorder, codec: int, width: int, height
 
 
 def run_session(
-    client: LiplineClient,
+    client: SessionClient,
     avatar_id: str,
     speech: bytes,
     *,
@@ -217,7 +222,7 @@ def run_session(
     return session, recorder
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m services.gateway.client", description="lipline's command-line client")
     commands = p.add_subparsers(dest="command", required=True)
     live = commands.add_parser("live", help="stream a speech file through a live session in real time and write what came back to an MP4")
@@ -233,26 +238,24 @@ def main(argv: list[str] | None = None) -> int:
     live.add_argument("--fps", type=float, default=0.0, help="frame rate (0: the avatar's)")
     live.add_argument("--chunk-ms", type=int, default=CHUNK_MS, help="audio chunk length (10-100 ms)")
     live.add_argument("--super-resolution", action="store_true")
-    args = p.parse_args(argv)
-    from services.gateway.client import LiplineClient  # here: the client module runs this as its __main__
+    return p.parse_args(argv)
 
+
+def live_command(client: SessionClient, args: argparse.Namespace, write: Callable[[str], None] = print) -> int:
+    """`live`: one utterance through a new session, written to args.output, its figures printed."""
     codec = session_pb2.VIDEO_CODEC_JPEG if args.codec == "jpeg" else session_pb2.VIDEO_CODEC_H264
-    with LiplineClient(args.address, api_key=args.api_key) as client:
-        session, recorder = run_session(
-            client,
-            args.avatar,
-            args.speech.read_bytes(),
-            sample_rate=args.sample_rate,
-            codec=codec,
-            max_height=args.max_height,
-            fps=args.fps,
-            super_resolution=args.super_resolution,
-            chunk_ms=args.chunk_ms,
-        )
+    session, recorder = run_session(
+        client,
+        args.avatar,
+        args.speech.read_bytes(),
+        sample_rate=args.sample_rate,
+        codec=codec,
+        max_height=args.max_height,
+        fps=args.fps,
+        super_resolution=args.super_resolution,
+        chunk_ms=args.chunk_ms,
+        write=write,
+    )
     write_mp4(args.output, recorder, session.video.codec, session.width, session.height)
-    print(f"wrote {args.output}: {recorder.summary()}")
+    write(f"wrote {args.output}: {recorder.summary()}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
