@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
+import numpy as np
 
 from lipline.v1 import lipsync_pb2_grpc, live_pb2, live_pb2_grpc, session_pb2, superres_pb2_grpc
 from services.jobs.avatar_cache import AvatarCache, LocalAvatar
@@ -43,7 +44,7 @@ from services.live.encoders import DEFAULT_CRF, H264Encoder, JpegEncoder
 from services.live.face_link import FaceLink, FaceLinkSettings, avatar_reference_faces
 from services.live.frame_size import i420_scaler, output_size
 from services.live.idle import IdleLoop
-from services.live.mel_stream import check_sample_rate
+from services.live.mel_stream import SUPPORTED_RATES, MelStream, check_sample_rate
 from services.live.placement import Placement
 from services.live.runner import SessionRunner, StreamEnded
 from services.live.send_queue import StreamClosed
@@ -101,6 +102,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             lambda: clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub), superres, FaceLinkSettings(), on_message=self._on_link_message
         )
         await self.link.start()
+        await asyncio.to_thread(_warm_up)
         self.cache = AvatarCache(self.blobs, s.cache_dir, max_bytes=s.avatar_cache_bytes)
         threads = s.encode_threads or len(os.sched_getaffinity(0))
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="live-frames")
@@ -381,6 +383,15 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         if hasattr(self, "clients"):
             await self.clients.close()
         close_stores(getattr(self, "jobs", None), getattr(self, "blobs", None))
+
+
+def _warm_up() -> None:
+    """The mel at every input rate once, before SERVING: librosa's first call loads (and compiles) for
+    most of a second, which on a session's first chunk would stall every session's clock."""
+    for rate in SUPPORTED_RATES:
+        mel = MelStream(rate, 25.0)
+        mel.push(np.zeros(rate // 2))
+        mel.finish()
 
 
 def _retrieve(future: asyncio.Future) -> None:
