@@ -235,7 +235,8 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     assert np.median(idle) < IDLE_BELOW, f"idle frames are not the template's: {np.percentile(idle, [10, 50, 90])}"
     finished = [e for e in talk.events if e.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED]
     assert [(e.utterance, e.interrupted) for e in finished] == [(1, False), (2, False)]
-    assert talk.stats and talk.stats[-1].frames_speech == 5 * FPS
+    assert talk.stats and 3 * FPS <= talk.stats[-1].frames_speech <= 5 * FPS  # once a second: the last may precede the last frames
+    assert all(s.frames_skipped == 0 and s.frames_dropped == 0 for s in talk.stats)
     latencies = [s.latency_p50_seconds for s in talk.stats if s.latency_p50_seconds]
     print(f"latency p50 per second of speech: {[round(v, 3) for v in latencies]}")
     worker.close(session.id)
