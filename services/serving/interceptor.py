@@ -246,7 +246,7 @@ class _Call:
         if isinstance(exc, LiplineError):
             self.code = exc.code
             _LOGGER.info("%s failed: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name})
-            await self.context.abort(self.code, str(exc))
+            await self.context.abort(self.code, str(exc), trailing_metadata=exc.trailing_metadata())
         if isinstance(exc, grpc.aio.AbortError):
             # The handler aborted by itself (context.abort raises AbortError); keep its status.
             code = self.context.code()

@@ -13,6 +13,7 @@ from services.jobs.store.fair_claim import claim_params, claim_select
 from services.jobs.layout import job_tasks
 from services.jobs.store.jobs import AvatarRecord, Job, JobState, JobStore, NewJob, QueueStats, Task, TaskKind, TaskState
 from services.jobs.store.sql.schema import migrate
+from services.jobs.store.sql.sessions import SqlSessionStore, alive
 from services.jobs.store.sql.rows import add_seconds, avatar_from_row, encode_json, job_from_row
 from services.jobs.store.sql.rules import (
     ABORTED,
@@ -42,8 +43,9 @@ T = TypeVar("T")
 CREATE_LOCK = 0x6C69706C696E02
 
 
-class SqlJobStore(JobStore):
-    """The JobStore over a `Tx`; subclasses supply `_transaction`, the dialect bits and the feed."""
+class SqlJobStore(SqlSessionStore, JobStore):
+    """The JobStore over a `Tx`; subclasses supply `_transaction`, the dialect bits and the feed. Live
+    sessions and workers are SqlSessionStore's."""
 
     blob_type = "BLOB"
     row_lock = ""  # appended to SELECTs of rows the transaction will change (PostgreSQL: FOR UPDATE)
@@ -361,7 +363,11 @@ class SqlJobStore(JobStore):
 
     # -- avatars ------------------------------------------------------------------------------------
     _LIVE = "deleted_time = 0"
-    _UNUSED = f"NOT EXISTS (SELECT 1 FROM jobs j WHERE j.avatar_id = a.id AND j.{ACTIVE})"
+    # An avatar is in use while a QUEUED or RUNNING job or a live session uses it; takes two parameters (now, now).
+    _UNUSED = (
+        f"NOT EXISTS (SELECT 1 FROM jobs j WHERE j.avatar_id = a.id AND j.{ACTIVE}) "
+        f"AND NOT EXISTS (SELECT 1 FROM live_sessions s WHERE s.avatar_id = a.id AND {alive('s.')})"
+    )
 
     def _live_avatar(self, tx: Tx, avatar_id: str, tenant: str | None, lock: str = "") -> AvatarRecord:
         mine = "" if tenant is None else " AND tenant = ?"
@@ -417,13 +423,18 @@ class SqlJobStore(JobStore):
 
     def purgeable_avatars(self, limit: int = 100, avatar_id: str | None = None) -> list[str]:
         one = "" if avatar_id is None else " AND a.id = ?"
-        params = (int(limit),) if avatar_id is None else (avatar_id, int(limit))
+        first = () if avatar_id is None else (avatar_id,)
         rows = self._transaction(
-            lambda tx: tx.query(f"SELECT a.id FROM avatars a WHERE a.deleted_time > 0{one} AND {self._UNUSED} ORDER BY a.deleted_time, a.id LIMIT ?", params),
+            lambda tx: tx.query(
+                f"SELECT a.id FROM avatars a WHERE a.deleted_time > 0{one} AND {self._UNUSED} ORDER BY a.deleted_time, a.id LIMIT ?",
+                (*first, tx.now(), tx.now(), int(limit)),
+            ),
             write=False,
         )
         return [row["id"] for row in rows]
 
     def forget_avatar(self, avatar_id: str) -> bool:
         unused = self._UNUSED.replace("a.id", "avatars.id")  # DELETE takes no alias on SQLite
-        return bool(self._transaction(lambda tx: tx.execute(f"DELETE FROM avatars WHERE id = ? AND deleted_time > 0 AND {unused}", (avatar_id,))))
+        return bool(
+            self._transaction(lambda tx: tx.execute(f"DELETE FROM avatars WHERE id = ? AND deleted_time > 0 AND {unused}", (avatar_id, tx.now(), tx.now())))
+        )
