@@ -39,6 +39,7 @@ import numpy as np
 from lipline.v1 import lipsync_pb2_grpc, live_pb2, live_pb2_grpc, session_pb2, superres_pb2_grpc
 from services.jobs.avatar_cache import AvatarCache, LocalAvatar
 from services.jobs.store import close_stores, open_stores
+from services.jobs.store.sessions import SessionState
 from services.live.clock import FrameClock
 from services.live.encoders import DEFAULT_CRF, H264Encoder, JpegEncoder
 from services.live.face_link import FaceLink, FaceLinkSettings, avatar_reference_faces
@@ -300,11 +301,10 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         self._export_gauges()
         ending = runner.ending
         assert ending is not None
-        state = session_pb2.SessionState.Name(ending.state).removeprefix("SESSION_STATE_")
         code = ending.code.value[0]
-        _LOGGER.info("session ended", extra={"session_id": runner.session_id, "state": state, "reason": ending.error})
-        if not self.draining:
-            self._spawn(self.placement.end(runner.session_id, state, ending.error, code))
+        _LOGGER.info("session ended", extra={"session_id": runner.session_id, "state": session_pb2.SessionState.Name(ending.state), "reason": ending.error})
+        if ending.state != session_pb2.SESSION_STATE_ACTIVE:  # ACTIVE: it goes on elsewhere (drain, a lost lease)
+            self._spawn(self.placement.end(runner.session_id, SessionState(ending.state), ending.error, code))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)

@@ -2,8 +2,10 @@
 
 One module-wide setup keeps the suite short: the real lipsync stage (procedural, CPU) and one live
 worker process (capacity 2, a 2 s speech bound), an SQLite job store and a folder blob store holding
-the sample photo saved as CreateAvatar saves an avatar (its Haar box, its 96x96 crop). Every test
-closes its sessions, so the next finds the worker empty; the SIGTERM test runs last and stops it.
+the sample photo saved as CreateAvatar saves an avatar (its Haar box, its 96x96 crop; its row in the
+job store). Each session's row is created in the job store as the gateway's CreateSession does, then
+OpenSession is called on the worker (which leases it). Every test closes its sessions, so the next
+finds the worker empty; the SIGTERM test runs last and stops it.
 
 The mouth is measured as tests/integration/test_mouth.py does: the mean absolute luma difference of
 the mouth region from the template's own frame.
@@ -11,7 +13,9 @@ the mouth region from the template's own frame.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
 import queue
 import threading
 import time
@@ -29,7 +33,10 @@ from scipy.signal import resample_poly
 
 from lipline.v1 import live_pb2, live_pb2_grpc, session_pb2
 from services.jobs.avatars import AvatarMeta, new_avatar_id, save_avatar
+from services.jobs.store import open_job_store
 from services.jobs.store.folder import FolderBlobStore
+from services.jobs.store.jobs import AvatarRecord, JobStore
+from services.jobs.store.sessions import SessionState
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from services.local.cluster import LOCAL_FLAGS
 from services.local.process import ServiceProcess, start
@@ -67,8 +74,8 @@ class Avatar:
 
 
 class Worker:
-    def __init__(self, process: ServiceProcess, avatar: Avatar) -> None:
-        self.process, self.avatar = process, avatar
+    def __init__(self, process: ServiceProcess, avatar: Avatar, jobs: JobStore) -> None:
+        self.process, self.avatar, self.jobs = process, avatar, jobs
         self.channel = grpc.insecure_channel(process.address)
         self.stub = live_pb2_grpc.LiveServiceStub(self.channel)
 
@@ -79,7 +86,12 @@ class Worker:
             audio=session_pb2.AudioFormat(sample_rate=RATE),
             video=session_pb2.VideoFormat(codec=codec, **video),
         )
+        token = hashlib.sha256(session.id.encode()).hexdigest()
+        asyncio.run(self.jobs.create_session("acme", session.id, self.avatar.id, session.SerializeToString(), token))
         return self.stub.OpenSession(live_pb2.OpenSessionRequest(session=session, tenant=tenant), timeout=60)
+
+    def row(self, session_id: str):  # type: ignore[no-untyped-def]
+        return asyncio.run(self.jobs.get_session_row(session_id))
 
     def close(self, session_id: str) -> None:
         self.stub.CloseSession(session_pb2.CloseSessionRequest(session_id=session_id), metadata=TENANT, timeout=10)
@@ -96,12 +108,15 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     aid = new_avatar_id()
     meta = AvatarMeta(aid, "photo", fps, fps, 1, frames.shape[2], frames.shape[1], [box], time.time())
     save_avatar(FolderBlobStore(str(blobs_dir)), meta, data, crop_and_resize(frames[0], box)[None])
+    job_store = f"sqlite:///{workdir / 'lipline.db'}"
+    jobs = open_job_store(job_store)
+    jobs.put_avatar(AvatarRecord(aid, "photo", fps, 1, meta.width, meta.height, 1, time.time(), tenant="acme"))
     lipsync = start("lipsync", "lipsync", ["--device=cpu", "--detector=none"], workdir, base_args=LOCAL_FLAGS)
     live = None
     try:
         lipsync.wait_ready(180)
         flags = [
-            f"--job-store=sqlite:///{workdir / 'lipline.db'}",
+            f"--job-store={job_store}",
             f"--blob-store={blobs_dir}",
             f"--lipsync-address={lipsync.address}",
             "--superres-address=",
@@ -112,13 +127,14 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
         ]
         live = start("live", "live", flags, workdir, base_args=LOCAL_FLAGS)
         live.wait_ready(180)
-        w = Worker(live, Avatar(aid, frames[0], box))
+        w = Worker(live, Avatar(aid, frames[0], box), jobs)
         yield w
         w.channel.close()
     finally:
         for process in (live, lipsync):
             if process is not None and process.process.poll() is None:
                 process.terminate(30)
+        jobs.close()
 
 
 class Conversation:
@@ -239,7 +255,11 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     assert all(s.frames_skipped == 0 and s.frames_dropped == 0 for s in talk.stats)
     latencies = [s.latency_p50_seconds for s in talk.stats if s.latency_p50_seconds]
     print(f"latency p50 per second of speech: {[round(v, 3) for v in latencies]}")
+    row = worker.row(session.id)
+    assert row.lease_live and row.worker_address == worker.process.address  # leased, and the worker's row says where it is
     worker.close(session.id)
+    closed = worker.row(session.id)
+    assert (closed.state, closed.error) == (SessionState.CLOSED, "closed by CloseSession")
 
 
 def test_clear_mid_speech_returns_to_idle(worker: Worker, speech: np.ndarray) -> None:
@@ -345,6 +365,9 @@ def test_sigterm_ends_the_streams_with_a_status_to_resume_on(worker: Worker, spe
     assert worker.process.process.wait(15) == 0
     print(f"SIGTERM -> exit: {time.monotonic() - started:.1f} s")
     assert time.monotonic() - started < 10  # within grace_s (10 s locally)
+    row = worker.row(session.id)
+    assert row.state is SessionState.ACTIVE and not row.lease_live  # released: a resume is placed elsewhere at once
+    assert not asyncio.run(worker.jobs.live_workers(60.0))  # the worker's row went with it
 
 
 def test_the_live_service_imports_no_torch() -> None:
