@@ -110,6 +110,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     save_avatar(FolderBlobStore(str(blobs_dir)), meta, data, crop_and_resize(frames[0], box)[None])
     job_store = f"sqlite:///{workdir / 'lipline.db'}"
     jobs = open_job_store(job_store)
+    jobs.migrate()
     jobs.put_avatar(AvatarRecord(aid, "photo", fps, 1, meta.width, meta.height, 1, time.time(), tenant="acme"))
     lipsync = start("lipsync", "lipsync", ["--device=cpu", "--detector=none"], workdir, base_args=LOCAL_FLAGS)
     live = None
