@@ -79,12 +79,15 @@ class Worker:
         self.channel = grpc.insecure_channel(process.address)
         self.stub = live_pb2_grpc.LiveServiceStub(self.channel)
 
-    def open(self, codec: int = session_pb2.VIDEO_CODEC_H264, tenant: str = "acme", **video: int) -> session_pb2.Session:
+    def open(
+        self, codec: int = session_pb2.VIDEO_CODEC_H264, tenant: str = "acme", limits: session_pb2.SessionLimits | None = None, **video: int
+    ) -> session_pb2.Session:
         session = session_pb2.Session(
             id=uuid.uuid4().hex,
             avatar_id=self.avatar.id,
             audio=session_pb2.AudioFormat(sample_rate=RATE),
             video=session_pb2.VideoFormat(codec=codec, **video),
+            limits=limits,
         )
         token = hashlib.sha256(session.id.encode()).hexdigest()
         asyncio.run(self.jobs.create_session("acme", session.id, self.avatar.id, session.SerializeToString(), token))
@@ -350,6 +353,38 @@ def test_a_client_sending_faster_than_real_time_is_refused(worker: Worker, speec
     talk.thread.join(10)
     assert talk.error is not None and talk.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "real time" in talk.error.details()
     worker.close(session.id)
+
+
+def test_a_dropped_stream_leaves_the_session_alive_and_a_resume_starts_on_a_keyframe(worker: Worker) -> None:
+    session = worker.open()
+    talk = Conversation(worker, session.id)
+    talk.wait_for(lambda: len(talk.frames) > 60, what="frames")  # past the first keyframe's 2 s interval
+    talk.cancel()
+    last = talk.frames[-1][1].index
+    time.sleep(0.5)
+    resumed = Conversation(worker, session.id)
+    resumed.wait_for(lambda: len(resumed.frames) > 3, what="frames after the resume")
+    assert resumed.ready is not None and resumed.ready.next_frame > last
+    first = resumed.frames[0][1]
+    assert first.keyframe and first.index >= resumed.ready.next_frame
+    assert len(decode_h264([f for _, f in resumed.frames])) == len(resumed.frames)  # a decoder starts there
+    resumed.finish()
+    worker.close(session.id)
+
+
+def test_the_session_limits_end_it_with_a_clear_status(worker: Worker) -> None:
+    short = worker.open(limits=session_pb2.SessionLimits(max_session_seconds=1.5))
+    talk = Conversation(worker, short.id)
+    talk.thread.join(10)
+    assert talk.error is not None and talk.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "max_session_seconds" in talk.error.details()
+    forgotten = worker.open(limits=session_pb2.SessionLimits(idle_timeout_seconds=1.0))
+    time.sleep(1.5)
+    late = Conversation(worker, forgotten.id)
+    late.thread.join(10)
+    assert late.error is not None and late.error.code() == grpc.StatusCode.NOT_FOUND
+    for session_id, words in ((short.id, "max_session_seconds"), (forgotten.id, "idle timeout")):
+        row = worker.row(session_id)
+        assert row.state is SessionState.CLOSED and words in row.error, row
 
 
 def test_sigterm_ends_the_streams_with_a_status_to_resume_on(worker: Worker, speech: np.ndarray) -> None:
