@@ -122,6 +122,11 @@ class FrameClock:
         self._next = due + 1
         return Slot(due, skipped)
 
+    def skip_to_now(self) -> None:
+        """Moves on to the frame due now without counting the frames passed as skipped: no viewer was
+        there to see them (a session with no Converse stream attached makes no frames)."""
+        self._next = max(self._next, self.due_now())
+
     def sent(self, kind: FrameKind) -> None:
         """Counts a frame the caller made and sent (speech or idle)."""
         if kind is FrameKind.SPEECH:
