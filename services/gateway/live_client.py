@@ -77,7 +77,11 @@ class LiveRecorder:
     ready: session_pb2.Ready | None = None
     finished: threading.Event = dataclasses.field(default_factory=threading.Event)
 
+    finished_at: int | None = None  # PLAYBACK_FINISHED's frame: the one after the utterance's last
+
     def take(self, response: session_pb2.ConverseResponse) -> None:
+        """Keep one response; `finished` is set once PLAYBACK_FINISHED has come and so has the
+        utterance's last frame (the event may travel ahead of it: it is no frame, so not queued behind one)."""
         kind = response.WhichOneof("response")
         if kind == "frame":
             self.frames.append(response.frame)
@@ -85,11 +89,13 @@ class LiveRecorder:
         elif kind == "event":
             self.events.append(response.event)
             if response.event.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED:
-                self.finished.set()
+                self.finished_at = response.event.frame
         elif kind == "stats":
             self.stats.append(response.stats)
         elif kind == "ready":
             self.ready = response.ready
+        if self.finished_at is not None and self.frames and self.frames[-1].index >= self.finished_at - 1:
+            self.finished.set()
 
     def latencies(self) -> list[float]:
         """Per speech frame: its arrival less the time the chunk holding the end of its audio was sent."""

@@ -60,12 +60,15 @@ def test_latency_is_from_a_frames_audio_sent_to_the_frame_received_and_gaps_are_
     assert recorder.latencies() == pytest.approx([0.25] * 5)
     assert recorder.missing() == 1  # frame 5 never came
     recorder.take(session_pb2.ConverseResponse(stats=session_pb2.SessionStats(frames_skipped=1, latency_p95_seconds=0.3)))
-    recorder.take(session_pb2.ConverseResponse(event=session_pb2.SessionEvent(kind=session_pb2.SessionEvent.PLAYBACK_FINISHED)))
+    finished = session_pb2.SessionEvent(kind=session_pb2.SessionEvent.PLAYBACK_FINISHED, frame=9)  # the utterance's last frame is 8
+    recorder.take(session_pb2.ConverseResponse(event=finished))
+    assert not recorder.finished.is_set()  # the event came ahead of the last frame
+    recorder.take(session_pb2.ConverseResponse(frame=session_pb2.VideoFrame(index=8, audio=b"\0" * SPAN, speech=True)))
     assert recorder.finished.is_set()
     summary = recorder.summary()
-    assert "7 frames (5 speech), 1 missing" in summary and "p50 250 ms" in summary and "skipped 1" in summary
+    assert "8 frames (6 speech), 1 missing" in summary and "skipped 1" in summary
     audio = frame_audio(recorder)
-    assert len(audio) == 8 * SPAN and audio[5 * SPAN : 6 * SPAN] == b"\0" * SPAN  # the missing frame is silence
+    assert len(audio) == 9 * SPAN and audio[5 * SPAN : 6 * SPAN] == b"\0" * SPAN  # the missing frame is silence
 
 
 def h264_frames(count: int) -> list[bytes]:
