@@ -261,6 +261,18 @@ def test_a_worker_that_is_fuller_than_its_heartbeat_says_answers_for_itself(jobs
     with_workers(jobs, {"a": 1}, test)
 
 
+def test_a_worker_full_only_by_a_heartbeat_a_second_old_is_asked(jobs: JobStore) -> None:
+    """Its sessions closed since its last heartbeat: the store's leases say it has room, and it does."""
+
+    async def test(c: Cluster) -> None:
+        a = c.workers["a"]
+        await jobs.heartbeat_live_worker("a", a.address, 2, 2, False)
+        sid, _ = await c.create()
+        assert (await jobs.get_session(TENANT, sid)).worker_id == "a"
+
+    with_workers(jobs, {"a": 2}, test)
+
+
 def test_draining_and_dead_workers_are_skipped(jobs: JobStore) -> None:
     async def test(c: Cluster) -> None:
         await c.workers["drain"].heartbeat(draining=True)
