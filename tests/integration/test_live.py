@@ -209,3 +209,26 @@ def test_admission_refuses_a_third_session_and_leaves_the_two_alone(live: Live) 
         live.client.close_session(s.id)
     third = live.client.create_session(live.avatar_id)  # room again
     live.client.close_session(third.id)
+
+
+def test_a_draining_worker_hands_its_session_to_another(live: Live) -> None:
+    """SIGTERM: the worker ends the stream UNAVAILABLE saying to resume, gives its lease up and
+    exits; the resume lands on the other worker."""
+    for name in LIVE:
+        if live.cluster.processes[name].process.poll() is not None:
+            live.cluster.restart(name)
+    session = live.client.create_session(live.avatar_id)
+    draining = live.worker_of(session.id)
+    talk = Stream(live.client, session)
+    talk.wait(lambda: len(talk.frames) > 5, "frames")
+    stopper = threading.Thread(target=live.cluster.terminate, args=(draining,))
+    stopper.start()
+    talk.thread.join(20)
+    assert talk.error is not None and talk.error.code() == grpc.StatusCode.UNAVAILABLE and "resume" in talk.error.details(), talk.error
+    resumed = Stream(live.client, session, last_frame=talk.frames[-1].index)
+    resumed.wait(lambda: len(resumed.frames) > 5, "frames from the other worker")
+    assert live.worker_of(session.id) != draining and resumed.frames[0].keyframe
+    stopper.join(30)
+    assert live.cluster.processes[draining].process.poll() is not None  # it exited within its grace
+    resumed.cut()
+    live.client.close_session(session.id)
