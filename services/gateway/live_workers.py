@@ -34,6 +34,10 @@ _LOGGER = logging.getLogger(__name__)
 TENANT_HEADER = "x-lipline-tenant"
 RETRY_AFTER_HEADER = "retry-after-ms"
 MAX_CHANNELS = 256  # channels kept to live workers; the least recently used beyond it are closed
+# A worker's channel that lost its connection tries again within a second (gRPC's back-off grows to
+# 120 s by default, and a call during the back-off fails UNAVAILABLE at once): a worker restarted on
+# the same address takes sessions again as soon as it is up.
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000))
 CLOSE_TIMEOUT_S = 5.0
 # A worker answering these cannot take the session now; the next worker may.
 _SKIP = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -77,7 +81,7 @@ class LiveWorkers:
 
     def stub(self, address: str) -> live_pb2_grpc.LiveServiceStub:
         """A stub on the worker's channel (opened on first use, kept for the next call)."""
-        channel = self._channels.pop(address, None) or open_channel(address, self._max_message_bytes)
+        channel = self._channels.pop(address, None) or open_channel(address, self._max_message_bytes, extra_options=RECONNECT_OPTIONS)
         self._channels[address] = channel
         while len(self._channels) > MAX_CHANNELS:  # the least recently used: a worker long gone, most likely
             _, old = self._channels.popitem(last=False)
