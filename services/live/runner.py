@@ -124,13 +124,15 @@ class SessionRunner:
 
     # -- the stream ---------------------------------------------------------------------------------
 
-    def attach(self) -> SendQueue:
-        """A new Converse stream for this session; an older one ends ABORTED."""
+    def attach(self, last_frame: int = -1) -> SendQueue:
+        """A new Converse stream for this session; an older one ends ABORTED. `last_frame`: the last
+        frame the client received (a resume): the frames sent go on after it."""
         if self.stream is not None:
             self.stream.abort(StreamEnded(grpc.StatusCode.ABORTED, f"a newer Converse stream took session {self.session_id}"))
         self.stream = SendQueue(self.send_queue_frames)
         self.half_closed = False
         self.live.clock.skip_to_now()
+        self.live.clock.continue_from(last_frame + 1)
         self.live.force_keyframe()  # a new stream starts decoding at its first frame
         self._attached.set()
         return self.stream

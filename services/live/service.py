@@ -233,7 +233,8 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         runner = self.sessions.get(session_id)
         if runner is None or runner.ended or runner.tenant != _tenant_of(context):
             raise NotFound(f"session {session_id!r} is not held by this live worker (it ended, or moved: resume it through the gateway)")
-        stream = runner.attach()
+        # last_frame: unset reads 0, and a client that saw only frame 0 loses nothing by starting anywhere after it
+        stream = runner.attach(first.start.last_frame if first.start.last_frame > 0 else -1)
         self._export_gauges()
         reader = asyncio.create_task(self._read(runner, stream, iterator), name=f"live-read-{session_id}")
         try:
