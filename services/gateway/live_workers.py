@@ -2,9 +2,10 @@
 
 Live workers are found through the job store, not a Service: each writes a heartbeat row (address,
 capacity, active sessions, draining) every second, and the gateway places a new or resumed session
-on the fresh one with the most room (services.jobs.store.sessions). A worker can be full by the time
-it is asked (another gateway placed there since its heartbeat): it answers RESOURCE_EXHAUSTED and
-the next is tried; a dead or draining one answers UNAVAILABLE and is skipped the same way. Only
+on the fresh one with the most room (services.jobs.store.sessions); a worker whose live leases fill
+its capacity is not asked, one full only by its heartbeat (a second old) is. A worker can be full by
+the time it is asked (another gateway placed there since its heartbeat): it answers
+RESOURCE_EXHAUSTED and the next is tried; a dead or draining one answers UNAVAILABLE and is skipped the same way. Only
 when every fresh worker has refused does CreateSession fail, RESOURCE_EXHAUSTED with
 `retry-after-ms`: sessions already running are never degraded to make room.
 
@@ -92,7 +93,7 @@ class LiveWorkers:
         workers = await self.jobs.live_workers(self.fresh_s)
         hint, refused = self.retry_after_ms, []
         request = live_pb2.OpenSessionRequest(session=session, tenant=tenant, resume=resume)
-        for worker in (w for w in workers if w.room > 0):
+        for worker in (w for w in workers if w.free_by_leases > 0):
             try:
                 await self.stub(worker.address).OpenSession(request, metadata=call_metadata(tenant, request_id), timeout=self.open_timeout_s)
             except grpc.aio.AioRpcError as exc:
@@ -106,7 +107,7 @@ class LiveWorkers:
                 _LOGGER.info("live worker refused session %s (%s): %s", session.id, exc.code().name, exc.details(), extra={"worker": worker.id})
                 continue
             return worker
-        full = sum(1 for w in workers if w.room <= 0)
+        full = sum(1 for w in workers if w.free_by_leases <= 0)
         raise NoCapacity(
             f"no live worker has room for a session now ({len(workers)} available, {full} full"
             + (f", refused by {', '.join(refused)}" if refused else "")

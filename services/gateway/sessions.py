@@ -107,11 +107,8 @@ def resolve_session(request: SessionRequest, avatar: AvatarRecord, settings: Gat
     if not 0 < limit <= s.max_session_seconds:
         raise InvalidRequest(f"limits.max_session_seconds {limit:g} is outside 0..{s.max_session_seconds:g} (this deployment's limit; 0 = that limit)")
     idle = request.idle_timeout_seconds or s.session_idle_timeout_s
-    if not 0 < idle <= s.max_session_idle_timeout_s:
-        raise InvalidRequest(
-            f"limits.idle_timeout_seconds {idle:g} is outside 0..{s.max_session_idle_timeout_s:g} "
-            f"(this deployment's limit; 0 = its default, {s.session_idle_timeout_s:g} s)"
-        )
+    if not 0 < idle <= s.session_idle_timeout_s:
+        raise InvalidRequest(f"limits.idle_timeout_seconds {idle:g} is outside 0..{s.session_idle_timeout_s:g} (this deployment's limit; 0 = that limit)")
     width, height = output_size(avatar.width, avatar.height, request.max_height)
     return session_pb2.Session(
         id=session_id,

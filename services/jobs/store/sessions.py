@@ -55,9 +55,17 @@ class LiveWorker:
 
     @property
     def room(self) -> int:
-        """Sessions it may still take: its capacity less what it holds (by its word or by its leases,
-        whichever is more: a session placed since its last heartbeat counts already)."""
+        """Sessions it may still take by both counts: its capacity less what it holds by its word or
+        by its leases, whichever is more (a session placed since its last heartbeat counts already).
+        What placement orders by."""
         return self.capacity - max(self.active, self.leased)
+
+    @property
+    def free_by_leases(self) -> int:
+        """Its capacity less its live leases only: the store's count now, where `active` may be a
+        second old (a session closed since the heartbeat still counts there). A worker with none is
+        full; one with some may be asked (it refuses for itself if it is full after all)."""
+        return self.capacity - self.leased
 
 
 @dataclasses.dataclass(frozen=True)

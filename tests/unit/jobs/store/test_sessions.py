@@ -194,6 +194,7 @@ def test_live_workers_are_the_fresh_not_draining_ones_most_room_first(job_store:
         assert asyncio.run(job_store.lease_session(sid, "w-some", 60))
     workers = asyncio.run(job_store.live_workers(fresh_s=5))
     assert [(w.id, w.address, w.room, w.leased) for w in workers] == [("w-roomy", "h:2", 7, 0), ("w-some", "h:4", 2, 2), ("w-full", "h:1", 0, 0)]
+    assert [w.free_by_leases for w in workers] == [8, 2, 2]  # w-full is full by its heartbeat only
     asyncio.run(beat("w-roomy", "h:22", 8, 8, False))  # an upsert: the same row, new figures
     assert [(w.id, w.address, w.room) for w in asyncio.run(job_store.live_workers(fresh_s=5))][-1] == ("w-roomy", "h:22", 0)
     time.sleep(0.4)
