@@ -251,8 +251,8 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     assert len(track) == (indices[-1] + 1) * RATE // FPS
     starts = [e.frame for e in talk.events if e.kind == session_pb2.SessionEvent.PLAYBACK_STARTED]
     assert len(starts) == 2 and starts[1] - starts[0] >= 5 * FPS - 1
-    for start, pcm in zip(starts, (first, second)):
-        np.testing.assert_array_equal(track[start * RATE // FPS : start * RATE // FPS + len(pcm)], pcm)
+    for frame, pcm in zip(starts, (first, second)):
+        np.testing.assert_array_equal(track[frame * RATE // FPS : frame * RATE // FPS + len(pcm)], pcm)
     assert not track[: starts[0] * RATE // FPS].any() and not track[(starts[0] + 3 * FPS) * RATE // FPS : starts[1] * RATE // FPS].any()
     assert {f.utterance for f in frames if f.speech} == {1, 2} and all((f.utterance == 1) == (f.index < starts[1]) for f in frames if f.speech)
     assert all(f.utterance == 0 for f in frames if not f.speech)
