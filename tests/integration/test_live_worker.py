@@ -76,6 +76,7 @@ class Avatar:
 class Worker:
     def __init__(self, process: ServiceProcess, avatar: Avatar, jobs: JobStore) -> None:
         self.process, self.avatar, self.jobs = process, avatar, jobs
+        self.opened: list[str] = []  # this test's sessions: closed after it, passed or failed
         self.channel = grpc.insecure_channel(process.address)
         self.stub = live_pb2_grpc.LiveServiceStub(self.channel)
 
@@ -91,6 +92,7 @@ class Worker:
         )
         token = hashlib.sha256(session.id.encode()).hexdigest()
         asyncio.run(self.jobs.create_session("acme", session.id, self.avatar.id, session.SerializeToString(), token))
+        self.opened.append(session.id)
         return self.stub.OpenSession(live_pb2.OpenSessionRequest(session=session, tenant=tenant), timeout=60)
 
     def row(self, session_id: str):  # type: ignore[no-untyped-def]
@@ -139,6 +141,19 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
             if process is not None and process.process.poll() is None:
                 process.terminate(30)
         jobs.close()
+
+
+@pytest.fixture(autouse=True)
+def close_the_tests_sessions(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A failed test leaves no session behind to fill the worker's two slots for the next one."""
+    yield
+    if "worker" not in request.fixturenames:
+        return
+    worker: Worker = request.getfixturevalue("worker")
+    for session_id in worker.opened:
+        with contextlib.suppress(grpc.RpcError):
+            worker.close(session_id)
+    worker.opened.clear()
 
 
 class Conversation:
@@ -240,7 +255,8 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     gaps = sum(b - a - 1 for a, b in zip(indices, indices[1:]))
     assert indices[0] == 0 and all(b > a for a, b in zip(indices, indices[1:])) and gaps <= 0.03 * len(indices), f"{gaps} slots skipped"
     assert gaps == talk.stats[-1].frames_skipped or gaps >= talk.stats[-1].frames_skipped  # every gap counted (the last stats may precede one)
-    print(f"slots skipped: {gaps} of {indices[-1] + 1}")
+    near_speech = sum(1 for a, b in zip(frames, frames[1:]) if b.index - a.index > 1 and (a.speech or b.speech))
+    print(f"slots skipped: {gaps} of {indices[-1] + 1} ({near_speech} gaps next to a speech frame)")
     assert frames[0].keyframe
     times = [t for t, _ in talk.frames]
     rate = (indices[-1] - indices[0]) / (times[-1] - times[0])
