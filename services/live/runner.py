@@ -124,13 +124,15 @@ class SessionRunner:
 
     # -- the stream ---------------------------------------------------------------------------------
 
-    def attach(self) -> SendQueue:
-        """A new Converse stream for this session; an older one ends ABORTED."""
+    def attach(self, last_frame: int = -1) -> SendQueue:
+        """A new Converse stream for this session; an older one ends ABORTED. `last_frame`: the last
+        frame the client received (a resume): the frames sent go on after it."""
         if self.stream is not None:
             self.stream.abort(StreamEnded(grpc.StatusCode.ABORTED, f"a newer Converse stream took session {self.session_id}"))
         self.stream = SendQueue(self.send_queue_frames)
         self.half_closed = False
         self.live.clock.skip_to_now()
+        self.live.clock.continue_from(last_frame + 1)
         self.live.force_keyframe()  # a new stream starts decoding at its first frame
         self._attached.set()
         return self.stream
@@ -173,13 +175,15 @@ class SessionRunner:
                 delay = self.live.clock.seconds_until_next()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                if self.ended or self.stream is None:
+                stream = self.stream
+                if self.ended or stream is None:
                     continue
                 work = self.live.begin_tick()
                 if work is None:
                     continue
                 tick = await loop.run_in_executor(self.pool, self.live.render, work)
-                self._deliver(tick)
+                if self.stream is stream:  # a frame made for a stream that went is not the next one's (its first is a keyframe)
+                    self._deliver(tick, stream)
                 self._check_limits()
         except Exception as exc:
             _LOGGER.exception("live session failed", extra={"session_id": self.session_id})
@@ -204,15 +208,12 @@ class SessionRunner:
             message = f"session {self.session_id} reached its limit of {self.max_session_s:g} s (max_session_seconds); create a new session"
             self.end(session_pb2.SESSION_STATE_CLOSED, message, grpc.StatusCode.DEADLINE_EXCEEDED)
 
-    def _deliver(self, tick: Tick) -> None:
-        stream = self.stream
+    def _deliver(self, tick: Tick, stream: SendQueue) -> None:
         m = self.metrics
         skipped = self.live.counts.skipped
         if skipped > self._skipped_seen:
             m.live_frames.labels("skipped").inc(skipped - self._skipped_seen)
             self._skipped_seen = skipped
-        if stream is None:
-            return
         for event in tick.events:
             stream.put_control(session_pb2.ConverseResponse(event=_event_proto(event)))
         if tick.frame is not None:

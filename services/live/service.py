@@ -86,6 +86,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         self.draining = False
         self._loops: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
+        self._row_updates: dict[str, asyncio.Task] = {}  # a session's end being written to the store (CloseSession waits for it)
         self._link_seen: dict[str, int] = {}
 
     async def load(self) -> None:
@@ -233,7 +234,8 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         runner = self.sessions.get(session_id)
         if runner is None or runner.ended or runner.tenant != _tenant_of(context):
             raise NotFound(f"session {session_id!r} is not held by this live worker (it ended, or moved: resume it through the gateway)")
-        stream = runner.attach()
+        # last_frame: unset reads 0, and a client that saw only frame 0 loses nothing by starting anywhere after it
+        stream = runner.attach(first.start.last_frame if first.start.last_frame > 0 else -1)
         self._export_gauges()
         reader = asyncio.create_task(self._read(runner, stream, iterator), name=f"live-read-{session_id}")
         try:
@@ -285,6 +287,9 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             raise NotFound(f"session {request.session_id!r} is not held by this live worker")
         runner.end(session_pb2.SESSION_STATE_CLOSED, "closed by CloseSession", grpc.StatusCode.OK)
         await runner.wait_closed()
+        update = self._row_updates.get(request.session_id)
+        if update is not None:
+            await asyncio.gather(update, return_exceptions=True)  # its row says CLOSED before the answer does
         closed = session_pb2.Session()
         closed.CopyFrom(runner.proto)
         closed.state = session_pb2.SESSION_STATE_CLOSED
@@ -304,13 +309,17 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         code = ending.code.value[0]
         _LOGGER.info("session ended", extra={"session_id": runner.session_id, "state": session_pb2.SessionState.Name(ending.state), "reason": ending.error})
         if ending.state != session_pb2.SESSION_STATE_ACTIVE:  # ACTIVE: it goes on elsewhere (drain, a lost lease)
-            self._spawn(self.placement.end(runner.session_id, SessionState(ending.state), ending.error, code))
+            session_id = runner.session_id
+            update = self._spawn(self.placement.end(session_id, SessionState(ending.state), ending.error, code))
+            self._row_updates[session_id] = update
+            update.add_done_callback(lambda task: self._row_updates.pop(session_id, None) if self._row_updates.get(session_id) is task else None)
 
-    def _spawn(self, coroutine: Any) -> None:
+    def _spawn(self, coroutine: Any) -> asyncio.Task:
         task = asyncio.create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_log_failure)
+        return task
 
     def _export_gauges(self) -> None:
         m = self.metrics

