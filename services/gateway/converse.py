@@ -60,8 +60,11 @@ async def _open_stream(stub: live_pb2_grpc.LiveServiceStub, start: session_pb2.C
     except BaseException:
         call.cancel()
         raise
-    if response is grpc.aio.EOF:  # ended OK without a word: not a stream anyone can use
-        raise LiveWorkerError(await _status(call), "the live worker ended the stream before it was ready; resume with ConverseStart")
+    if response is grpc.aio.EOF:
+        status = await _status(call)
+        if status.code() is not grpc.StatusCode.OK:
+            raise status  # as if read() had raised it: the caller decides whether the worker is gone
+        raise LiveWorkerError(status, "the live worker ended the stream before it was ready; resume with ConverseStart")  # OK without a word
     return call, response
 
 
