@@ -37,7 +37,7 @@ from services.serving.errors import InvalidRequest
 _LOGGER = logging.getLogger(__name__)
 
 # A worker answering these before its first message does not hold the session (any more): re-place it.
-_NOT_THERE = GONE | {grpc.StatusCode.NOT_FOUND}
+_NOT_THERE = GONE | {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DEADLINE_EXCEEDED}
 StreamCall = grpc.aio.StreamStreamCall
 
 
@@ -51,12 +51,18 @@ async def first_start(requests: AsyncIterator[session_pb2.ConverseRequest]) -> s
     return first.start
 
 
-async def _open_stream(stub: live_pb2_grpc.LiveServiceStub, start: session_pb2.ConverseStart, tenant: str, request_id: str):  # type: ignore[no-untyped-def]
-    """Converse on a worker: the start sent, its first response read. AioRpcError when it refuses."""
+async def _open_stream(stub: live_pb2_grpc.LiveServiceStub, start: session_pb2.ConverseStart, tenant: str, request_id: str, timeout_s: float):  # type: ignore[no-untyped-def]
+    """Converse on a worker: the start sent, its first response read (within `timeout_s`: a worker
+    that takes the connection but never answers counts as gone). AioRpcError when it refuses."""
     call: StreamCall = stub.Converse(metadata=call_metadata(tenant, request_id))
     try:
         await call.write(session_pb2.ConverseRequest(start=start))
-        response = await call.read()
+        response = await asyncio.wait_for(call.read(), timeout_s)
+    except TimeoutError:
+        call.cancel()
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), f"no answer to ConverseStart within {timeout_s:g} s"
+        ) from None
     except BaseException:
         call.cancel()
         raise
@@ -77,20 +83,22 @@ async def attach(
 ) -> tuple[StreamCall, session_pb2.ConverseResponse]:
     """A stream on the worker holding the session, or on the one it was re-placed on."""
     forward = session_pb2.ConverseStart(session_id=row.id, last_frame=start.last_frame)  # no token: the worker does not need it
+    failed: frozenset[str] = frozenset()
     if row.lease_live and row.worker_address:
         try:
-            return await _open_stream(workers.stub(row.worker_address), forward, tenant, request_id)
+            return await _open_stream(workers.stub(row.worker_address), forward, tenant, request_id, workers.open_timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in _NOT_THERE:
                 raise LiveWorkerError(exc) from exc
             _LOGGER.info("session %s: its live worker %s answered %s (%s); placing it on another", row.id, row.worker_id, exc.code().name, exc.details())
         await jobs.release_session(row.id, row.worker_id)
+        failed = frozenset({row.worker_id})  # asked last: it may be alive and hung
         row = await jobs.get_session(tenant, row.id)
         require_active(row)
-    worker = await workers.place(session_to_proto(row), tenant, resume=True, request_id=request_id)
+    worker = await workers.place(session_to_proto(row), tenant, resume=True, request_id=request_id, avoid=failed)
     _LOGGER.info("session %s resumes on live worker %s", row.id, worker.id, extra={"request_id": request_id})
     try:
-        return await _open_stream(workers.stub(worker.address), forward, tenant, request_id)
+        return await _open_stream(workers.stub(worker.address), forward, tenant, request_id, workers.open_timeout_s)
     except grpc.aio.AioRpcError as exc:
         raise LiveWorkerError(exc) from exc
 

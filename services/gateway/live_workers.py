@@ -95,14 +95,16 @@ class LiveWorkers:
             closing.add_done_callback(self._closing.discard)
         return live_pb2_grpc.LiveServiceStub(channel)
 
-    async def place(self, session: session_pb2.Session, tenant: str, resume: bool, request_id: str = "") -> LiveWorker:
-        """OpenSession on the fresh worker with the most room that takes it; NoCapacity (with the
-        workers' retry-after hint, else the deployment's) when none does. Any other error of a
-        worker (the avatar cannot be loaded, a limit it refuses) is the caller's: LiveWorkerError."""
+    async def place(self, session: session_pb2.Session, tenant: str, resume: bool, request_id: str = "", avoid: frozenset[str] = frozenset()) -> LiveWorker:
+        """OpenSession on the fresh worker with the most room that takes it (those in `avoid`, e.g.
+        the one that just failed the session, last); NoCapacity (with the workers' retry-after hint,
+        else the deployment's) when none does. Any other error of a worker (the avatar cannot be
+        loaded, a limit it refuses) is the caller's: LiveWorkerError."""
         workers = await self.jobs.live_workers(self.fresh_s)
         hint, refused = self.retry_after_ms, []
         request = live_pb2.OpenSessionRequest(session=session, tenant=tenant, resume=resume)
-        for worker in (w for w in workers if w.free_by_leases > 0):
+        candidates = sorted((w for w in workers if w.free_by_leases > 0), key=lambda w: w.id in avoid)  # stable: room order kept
+        for worker in candidates:
             try:
                 await self.stub(worker.address).OpenSession(request, metadata=call_metadata(tenant, request_id), timeout=self.open_timeout_s)
             except grpc.aio.AioRpcError as exc:

@@ -78,6 +78,7 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
         self.starts: list[tuple[session_pb2.ConverseStart, str]] = []  # what each Converse began with, and its tenant metadata
         self.refuse_open: grpc.StatusCode | None = None
         self.streams_ended = 0  # Converse streams over, however they ended
+        self.hang = False  # take Converse streams and never answer
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -109,6 +110,8 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
 
     async def Converse(self, request_iterator: AsyncIterator[session_pb2.ConverseRequest], context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
         start = (await anext(request_iterator)).start
+        if self.hang:
+            await asyncio.sleep(60)
         tenant = dict(context.invocation_metadata()).get("x-lipline-tenant", "")
         self.starts.append((start, tenant))
         if self.sessions.get(start.session_id) != tenant:
@@ -150,12 +153,12 @@ class Cluster:
         return [r async for r in converse(self.jobs, self.live, requests(), tenant, "req-1")]
 
 
-def with_workers(jobs: JobStore, capacities: dict[str, int], test: Callable[[Cluster], Awaitable[T]]) -> T:
+def with_workers(jobs: JobStore, capacities: dict[str, int], test: Callable[[Cluster], Awaitable[T]], open_timeout_s: float = 5.0) -> T:
     async def run() -> T:
         workers = {name: StandInWorker(name, jobs, capacity) for name, capacity in capacities.items()}
         for worker in workers.values():
             await worker.start()
-        live = LiveWorkers(jobs, SETTINGS.max_message_bytes, fresh_s=5.0, open_timeout_s=5.0, retry_after_ms=2000)
+        live = LiveWorkers(jobs, SETTINGS.max_message_bytes, fresh_s=5.0, open_timeout_s=open_timeout_s, retry_after_ms=2000)
         try:
             return await test(Cluster(jobs, live, workers))
         finally:
@@ -460,3 +463,17 @@ def test_a_client_that_goes_away_cancels_the_workers_stream(jobs: JobStore) -> N
         assert c.workers["a"].streams_ended == 1  # at once: its client had 30 s of nothing left to send
 
     with_workers(jobs, {"a": 2}, test)
+
+
+def test_a_worker_that_never_answers_the_start_loses_the_session(jobs: JobStore) -> None:
+    async def test(c: Cluster) -> None:
+        sid, token = await c.create()
+        hung = c.workers[(await jobs.get_session(TENANT, sid)).worker_id]
+        hung.hang = True
+        other = next(w for w in c.workers.values() if w is not hung)
+        await other.heartbeat()
+        responses = await c.talk(sid, token, chunks=1)
+        assert [r.frame.index for r in responses[1:]] == [0]
+        assert other.opened == [(sid, TENANT, True)] and (await jobs.get_session(TENANT, sid)).worker_id == other.id
+
+    with_workers(jobs, {"a": 2, "b": 1}, test, open_timeout_s=0.5)
