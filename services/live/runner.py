@@ -13,7 +13,8 @@ CloseSession, by its `max_session_seconds`, or after `idle_timeout_s` with no st
 
 Wire conventions (protos/lipline/v1/session.proto): utterances are numbered from 1 on the wire (0 is
 "idle"); a frame's `audio` is its own re-timed input (silence while idle), preceded by the audio of
-the slots skipped right before it, so the audio a client concatenates has no hole.
+the slots skipped right before it, so the audio a client concatenates has no hole (a frame dropped
+for a slow reader goes with its audio: both are counted lost).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class SessionRunner:
         self._latencies: list[float] = []
         self._next_stats = 0.0
         self._skipped_seen = 0
+        self._carried_audio = b""  # audio of slots skipped: it goes with the next frame sent
         self._task: asyncio.Task | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -131,6 +133,7 @@ class SessionRunner:
             self.stream.abort(StreamEnded(grpc.StatusCode.ABORTED, f"a newer Converse stream took session {self.session_id}"))
         self.stream = SendQueue(self.send_queue_frames)
         self.half_closed = False
+        self._carried_audio = b""
         self.live.clock.skip_to_now()
         self.live.clock.continue_from(last_frame + 1)
         self.live.force_keyframe()  # a new stream starts decoding at its first frame
@@ -216,12 +219,16 @@ class SessionRunner:
             self._skipped_seen = skipped
         for event in tick.events:
             stream.put_control(session_pb2.ConverseResponse(event=_event_proto(event)))
-        if tick.frame is not None:
+        audio = self._carried_audio + self._frame_audio(tick)
+        self._carried_audio = b""
+        if tick.frame is None:  # skipped: its audio goes with the next frame sent
+            self._carried_audio = audio
+        else:
             frame = session_pb2.VideoFrame(
                 index=tick.frame.pts,
                 keyframe=tick.frame.keyframe,
                 data=tick.frame.data,
-                audio=self._frame_audio(tick),
+                audio=audio,
                 speech=tick.kind is FrameKind.SPEECH,
                 utterance=0 if tick.utterance is None else tick.utterance + 1,
             )
@@ -236,7 +243,7 @@ class SessionRunner:
             else:
                 self.dropped += 1
                 m.live_frames.labels("dropped").inc()
-                self.live.force_keyframe()  # the frames after a dropped one decode again
+                self.live.force_keyframe()  # the frames after a dropped one decode again (its audio is lost with it)
         now = time.monotonic()
         if now >= self._next_stats:
             self._next_stats = now + STATS_EVERY_S
