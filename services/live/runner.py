@@ -186,7 +186,7 @@ class SessionRunner:
                     continue
                 tick = await loop.run_in_executor(self.pool, self.live.render, work)
                 if self.stream is stream:  # a frame made for a stream that went is not the next one's (its first is a keyframe)
-                    self._deliver(tick, stream)
+                    self.deliver(tick, stream)
                 self._check_limits()
         except Exception as exc:
             _LOGGER.exception("live session failed", extra={"session_id": self.session_id})
@@ -211,7 +211,9 @@ class SessionRunner:
             message = f"session {self.session_id} reached its limit of {self.max_session_s:g} s (max_session_seconds); create a new session"
             self.end(session_pb2.SESSION_STATE_CLOSED, message, grpc.StatusCode.DEADLINE_EXCEEDED)
 
-    def _deliver(self, tick: Tick, stream: SendQueue) -> None:
+    def deliver(self, tick: Tick, stream: SendQueue) -> None:
+        """Puts a tick on the stream: its events, its frame (with its audio, and that of the slots
+        skipped before it), the stats once a second; a frame the queue refuses is dropped (counted)."""
         m = self.metrics
         skipped = self.live.counts.skipped
         if skipped > self._skipped_seen:

@@ -294,8 +294,11 @@ class LiveSession:
         """With a lead: gives ready speech frames their slots and asks for their faces now.
 
         A frame gets the slot after the previous speech frame while that slot is still to come (an
-        utterance plays on consecutive frames), else the first slot at least `lead_s` from now; only
-        slots up to one frame past the lead are planned (the faces in flight stay few).
+        utterance plays on consecutive frames), else the first slot at least `lead_s` from now (an
+        utterance starts, or resumes after its audio came late); only slots up to one frame past the
+        lead are planned (the faces in flight stay few). When the worker stalled past the frames it
+        had planned, the utterance goes on through the slots passed (their audio still goes out, the
+        frames are skipped) rather than pausing: `begin_tick` does that.
         """
         if not self.lead_ns:
             return
@@ -305,6 +308,8 @@ class LiveSession:
         while self._speech_ready():
             if self._plan_next > due_now:
                 frame = self._plan_next
+            elif self._plan_next >= self.clock.next_frame and self.queue.peek()[1] > 0:  # type: ignore[index]
+                return  # the worker stalled mid-utterance: the next tick plays on through the slots passed
             else:
                 frame = max(self.clock.next_frame, self.clock.frame_at(now + self.lead_ns - 1) + 1)
             if frame > limit:
@@ -335,14 +340,19 @@ class LiveSession:
             planned = self._planned.popleft()
         elif not self.lead_ns and self._speech_ready():
             planned = self._take_speech(slot.frame, submit=True)
+        elif self._speech_ready() and self._mid_utterance(slot.frame):
+            # The worker stalled past the frames it had planned: the utterance goes on here (audio
+            # and video stay locked), this slot without a face (skipped), the next ones planned again.
+            planned = self._take_speech(slot.frame, submit=False)
         template = self.idle.template_frame(slot.frame)
         if planned is None:
             return FrameWork(slot.frame, FrameKind.IDLE, template, None, audio, events, slot.skipped, None, None)
         audio.append(planned.audio)
         events += planned.events
         face, skip = None, False
-        assert planned.face is not None
-        if not planned.face.done():
+        if planned.face is None:
+            skip = True
+        elif not planned.face.done():
             planned.face.cancel()
             skip = True
         else:
@@ -398,6 +408,11 @@ class LiveSession:
                 frame.face.cancel()
         self._planned.clear()
         self.encoder.close()
+
+    def _mid_utterance(self, frame: int) -> bool:
+        """The head utterance has played up to the frame before ``frame`` (it must go on, not wait)."""
+        head = self.queue.peek()
+        return head is not None and head[1] > 0 and frame == self._plan_next
 
     def _speech_ready(self) -> bool:
         """The head utterance's next frame has its samples and its mel window."""

@@ -387,3 +387,28 @@ def test_clear_drops_the_planned_frames_and_says_what_played(template, speech_pc
     assert run.ticks[-1].kind is FrameKind.IDLE and event in run.ticks[-1].events
     run.wait(200)
     assert all(t.kind is FrameKind.IDLE for t in run.ticks[-5:]) and not session.playing
+
+
+def test_with_a_lead_a_stall_mid_utterance_plays_on_through_the_slots_passed(template, speech_pcm) -> None:
+    """The worker descheduled past its planned frames, the audio there: no idle pause in the utterance."""
+    clock = FakeClock()
+    stage = Stage(clock, delay_ms=30)
+    session = lead_session(template, clock, stage)
+    run = StageRecorder(session, clock, stage)
+    pcm = speech_pcm[RATE][: 2 * RATE]
+    chunks = [pcm[i : i + STEP] for i in range(0, len(pcm), STEP)]
+    for chunk in chunks[:40]:
+        run.step(chunk)
+    clock.advance_ms(200)  # longer than the lead: the planned frames pass unsent
+    for chunk in chunks[40:50]:
+        session.push_audio(chunk.tobytes())
+    run.tick()
+    for i, chunk in enumerate(chunks[50:], start=50):
+        run.step(chunk, end=i == len(chunks) - 1)
+    run.wait(600)
+    speech_slots = sorted({a.frame for t in run.ticks for a in t.audio})
+    assert speech_slots == list(range(speech_slots[0], speech_slots[0] + len(speech_slots))), "the utterance's frames are consecutive slots"
+    assert len(speech_slots) == frames_for_samples(len(pcm), RATE, FPS)
+    np.testing.assert_array_equal(run.audio_of_frames(), pcm)
+    assert session.counts.skipped >= 5  # the stall's slots, and the frames right after it whose faces came too late
+    assert len(decode_h264(run.ticks)) == sum(1 for t in run.ticks if t.frame is not None)
