@@ -19,6 +19,7 @@ import hashlib
 import queue
 import threading
 import time
+import urllib.request
 import uuid
 import wave
 from collections.abc import Iterator
@@ -94,6 +95,17 @@ class Worker:
         asyncio.run(self.jobs.create_session("acme", session.id, self.avatar.id, session.SerializeToString(), token))
         self.opened.append(session.id)
         return self.stub.OpenSession(live_pb2.OpenSessionRequest(session=session, tenant=tenant), timeout=60)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the worker's /metrics (0 when it has none yet)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.process.metrics_port}/metrics", timeout=5).read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return sample.value
+        return 0.0
 
     def row(self, session_id: str):  # type: ignore[no-untyped-def]
         return asyncio.run(self.jobs.get_session_row(session_id))
@@ -287,6 +299,10 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     assert all(s.frames_dropped == 0 for s in talk.stats)
     latencies = [s.latency_p50_seconds for s in talk.stats if s.latency_p50_seconds]
     print(f"latency p50 per second of speech: {[round(v, 3) for v in latencies]}")
+    assert worker.metric("lipline_live_frames_total", kind="speech") >= 5 * FPS - gaps
+    assert worker.metric("lipline_live_frame_latency_seconds_count") >= 5 * FPS - gaps
+    assert worker.metric("lipline_live_sessions", state="streaming") == 0 and worker.metric("lipline_live_sessions", state="active") == 1
+    assert worker.metric("lipline_live_link_messages_total", stage="lipsync") > 0
     row = worker.row(session.id)
     assert row.lease_live and row.worker_address == worker.process.address  # leased, and the worker's row says where it is
     worker.close(session.id)
@@ -305,6 +321,7 @@ def test_clear_mid_speech_returns_to_idle(worker: Worker, speech: np.ndarray) ->
     talk.wait_for(lambda: any(t > cleared_at and not f.speech for t, f in talk.frames), what="an idle frame")
     first_idle = next(t for t, f in talk.frames if t > cleared_at and not f.speech)
     print(f"Clear -> first idle frame received: {1000 * (first_idle - cleared_at):.0f} ms")
+    assert worker.metric("lipline_live_clear_seconds_count") >= 1
     time.sleep(0.4)
     after = [f for t, f in talk.frames if t > first_idle]
     assert after and not any(f.speech for f in after), "stale speech frames after Clear"
@@ -325,6 +342,7 @@ def test_capacity_and_bad_input_leave_the_running_sessions_alone(worker: Worker,
         worker.open()
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert int(dict(refused.value.trailing_metadata())["retry-after-ms"]) > 0
+    assert worker.metric("lipline_live_admission_refused_total") >= 1
     for pcm, words in ((b"\x00\x01\x02", "even byte count"), (speech[: RATE // 5].tobytes(), "10-100 ms")):  # odd bytes, 200 ms
         talk = Conversation(worker, a.id)
         talk.requests.put(session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=pcm)))
