@@ -179,37 +179,44 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             proto.video.crf = video.crf or DEFAULT_CRF
             encoder = H264Encoder(width, height, FrameClock(fps).fps, preset=s.x264_preset, crf=proto.video.crf)
         await self.placement.lease(asked.id)
-        faces, crop_of = avatar_reference_faces(meta.boxes, avatar.crops, avatar.crop_row)
-        session_id = asked.id
-        if faces:
-            self.link.register(session_id, faces, super_resolution=asked.super_resolution, shared_as=(meta.id, asked.super_resolution))
-        link, loop = self.link, asyncio.get_running_loop()
-        clock = FrameClock(fps)
+        try:
+            faces, crop_of = avatar_reference_faces(meta.boxes, avatar.crops, avatar.crop_row)
+            session_id = asked.id
+            if faces:
+                self.link.register(session_id, faces, super_resolution=asked.super_resolution, shared_as=(meta.id, asked.super_resolution))
+            link, loop = self.link, asyncio.get_running_loop()
+            clock = FrameClock(fps)
 
-        def submit_face(frame: int, template: int, window: Any, due_ns: int) -> Any:
-            crop = crop_of.get(template)
-            if crop is None:  # this template frame has no face: it passes through
-                return MadeFace(None)
-            due = loop.time() + (due_ns - clock.now_ns()) / 1e9
-            future = link.submit(session_id, frame % (1 << 32), crop, window, due=due)
-            future.add_done_callback(_retrieve)
-            return future
+            def submit_face(frame: int, template: int, window: Any, due_ns: int) -> Any:
+                crop = crop_of.get(template)
+                if crop is None:  # this template frame has no face: it passes through
+                    return MadeFace(None)
+                due = loop.time() + (due_ns - clock.now_ns()) / 1e9
+                future = link.submit(session_id, frame % (1 << 32), crop, window, due=due)
+                future.add_done_callback(_retrieve)
+                return future
 
-        live = LiveSession(
-            IdleLoop(avatar.compositor.frames),
-            avatar.compositor,
-            encoder,
-            clock,
-            None,
-            rate,
-            max_queued_seconds=s.max_queued_audio_s,
-            submit_face=submit_face,
-            lead_s=s.face_lead_s,
-            max_chunk_ms=s.max_chunk_ms,
-            scale=i420_scaler(meta.width, meta.height, width, height),
-        )
-        runner = SessionRunner(session_id, request.tenant or IMPLICIT_TENANT, proto, live, self.pool, self.metrics, s.send_queue_frames, self._ended)
-        self.sessions[session_id] = runner
+            live = LiveSession(
+                IdleLoop(avatar.compositor.frames),
+                avatar.compositor,
+                encoder,
+                clock,
+                None,
+                rate,
+                max_queued_seconds=s.max_queued_audio_s,
+                submit_face=submit_face,
+                lead_s=s.face_lead_s,
+                max_chunk_ms=s.max_chunk_ms,
+                scale=i420_scaler(meta.width, meta.height, width, height),
+            )
+            runner = SessionRunner(session_id, request.tenant or IMPLICIT_TENANT, proto, live, self.pool, self.metrics, s.send_queue_frames, self._ended)
+            self.sessions[session_id] = runner
+        except BaseException:  # nothing of a session that could not open stays behind: its crops, its lease
+            self.link.unregister(asked.id)
+            encoder.close()
+            with contextlib.suppress(Exception):
+                await self.placement.release([asked.id])
+            raise
         runner.start()
         self._export_gauges()
         _LOGGER.info(
