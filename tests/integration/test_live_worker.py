@@ -434,6 +434,21 @@ def test_the_session_limits_end_it_with_a_clear_status(worker: Worker) -> None:
         assert row.state is SessionState.CLOSED and words in row.error, row
 
 
+def test_a_lease_taken_by_another_worker_ends_the_session_here(worker: Worker) -> None:
+    session = worker.open()
+    talk = Conversation(worker, session.id)
+    talk.wait_for(lambda: len(talk.frames) > 3, what="frames")
+    (me,) = asyncio.run(worker.jobs.live_workers(60.0))
+    assert asyncio.run(worker.jobs.release_session(session.id, me.id))  # as a gateway re-placing it does
+    assert asyncio.run(worker.jobs.lease_session(session.id, "another-worker", 30.0))
+    talk.thread.join(10)
+    assert talk.error is not None and talk.error.code() == grpc.StatusCode.ABORTED and "another live worker" in talk.error.details()
+    again = Conversation(worker, session.id)
+    again.thread.join(10)
+    assert again.error is not None and again.error.code() == grpc.StatusCode.NOT_FOUND  # it is not held here any more
+    assert worker.row(session.id).state is SessionState.ACTIVE  # it goes on where it moved
+
+
 def test_sigterm_ends_the_streams_with_a_status_to_resume_on(worker: Worker, speech: np.ndarray) -> None:
     """Runs last in the module: it stops the worker."""
     session = worker.open()
