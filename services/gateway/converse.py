@@ -7,7 +7,7 @@ session, and relayed both ways; a session whose worker is gone re-placed on anot
   and the tenant in `x-lipline-tenant`.
 - **Routing**: the row names the worker holding the lease. When that lease has expired (its worker
   died) or the worker answers UNAVAILABLE or NOT_FOUND before its first message (draining, killed,
-  restarted), the gateway gives the lease up, places the session on another worker with
+  restarted; or CANCELLED or INTERNAL from a server that is stopping), the gateway gives the lease up, places the session on another worker with
   OpenSession(resume=true) (it reloads the avatar from the blob store) and streams from there. A
   client resumes by sending ConverseStart again on a new stream with the last frame it received.
 - **Relay**: two loops, one per direction, each awaiting the other side before it takes the next
@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from lipline.v1 import live_pb2_grpc, session_pb2
-from services.gateway.live_workers import LiveWorkerError, LiveWorkers, call_metadata
+from services.gateway.live_workers import GONE, LiveWorkerError, LiveWorkers, call_metadata
 from services.gateway.sessions import require_active, session_to_proto, stream_session
 from services.jobs.store.jobs import JobStore
 from services.jobs.store.sessions import SessionRow
@@ -37,7 +37,7 @@ from services.serving.errors import InvalidRequest
 _LOGGER = logging.getLogger(__name__)
 
 # A worker answering these before its first message does not hold the session (any more): re-place it.
-_GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND})
+_NOT_THERE = GONE | {grpc.StatusCode.NOT_FOUND}
 StreamCall = grpc.aio.StreamStreamCall
 
 
@@ -78,7 +78,7 @@ async def attach(
         try:
             return await _open_stream(workers.stub(row.worker_address), forward, tenant, request_id)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in _GONE:
+            if exc.code() not in _NOT_THERE:
                 raise LiveWorkerError(exc) from exc
             _LOGGER.info("session %s: its live worker %s answered %s (%s); placing it on another", row.id, row.worker_id, exc.code().name, exc.details())
         await jobs.release_session(row.id, row.worker_id)
@@ -139,8 +139,11 @@ async def relay(call: StreamCall, requests: AsyncIterator[session_pb2.ConverseRe
 
 
 def _worker_ended(exc: grpc.aio.AioRpcError, session_id: str) -> LiveWorkerError:
-    if exc.code() is grpc.StatusCode.UNAVAILABLE:
-        return LiveWorkerError(exc, f"the live worker of session {session_id} went away ({exc.details()}); resume with ConverseStart and the last frame")
+    """The worker's status for the client: as it was, but a worker gone mid-stream (killed, drained,
+    its server stopping: UNAVAILABLE, or CANCELLED or INTERNAL from gRPC) is UNAVAILABLE saying to resume."""
+    if exc.code() in GONE:
+        message = f"the live worker of session {session_id} went away ({exc.details()}); resume with ConverseStart and the last frame"
+        return LiveWorkerError(exc, message, grpc.StatusCode.UNAVAILABLE)
     return LiveWorkerError(exc)
 
 

@@ -141,16 +141,29 @@ def realtime_requests(
     recorder.finished.wait(finish_wait_s)
 
 
+def slot_end_sample(frame: int, rate: int, fps: Fraction) -> int:
+    """The sample after frame `frame`'s audio: frame k carries [ceil(k * rate / fps), ceil((k + 1) * rate / fps))."""
+    return -(-(frame + 1) * rate * fps.denominator // fps.numerator)
+
+
 def frame_audio(recorder: LiveRecorder) -> bytes:
-    """The received audio in frame order; a missing frame's span is silence (audio and video stay locked)."""
+    """The received audio in frame order, locked to the frames' times: each frame's audio ends where
+    its slot ends; where audio is missing before it (a frame this client never got, with its audio)
+    silence fills in. A worker that skips a late frame sends that slot's audio with the next frame,
+    so then nothing is missing."""
     if not recorder.frames:
         return b""
-    span = round(recorder.sample_rate / recorder.fps) * 2
-    out, expected = [], recorder.frames[0].index
+    fps = Fraction(recorder.fps).limit_denominator(1001)
+    rate, first = recorder.sample_rate, recorder.frames[0].index
+    origin = slot_end_sample(first - 1, rate, fps)
+    out, length = [], 0
     for frame in recorder.frames:
-        out.append(b"\0" * span * max(0, frame.index - expected))
+        start = 2 * (slot_end_sample(frame.index, rate, fps) - origin) - len(frame.audio)
+        if length < start:
+            out.append(b"\0" * (start - length))
+            length = start
         out.append(frame.audio)
-        expected = frame.index + 1
+        length += len(frame.audio)
     return b"".join(out)
 
 

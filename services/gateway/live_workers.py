@@ -5,7 +5,8 @@ capacity, active sessions, draining) every second, and the gateway places a new 
 on the fresh one with the most room (services.jobs.store.sessions); a worker whose live leases fill
 its capacity is not asked, one full only by its heartbeat (a second old) is. A worker can be full by
 the time it is asked (another gateway placed there since its heartbeat): it answers
-RESOURCE_EXHAUSTED and the next is tried; a dead or draining one answers UNAVAILABLE and is skipped the same way. Only
+RESOURCE_EXHAUSTED and the next is tried; a dead or draining one answers UNAVAILABLE (or, while its server stops,
+CANCELLED or INTERNAL) and is skipped the same way. Only
 when every fresh worker has refused does CreateSession fail, RESOURCE_EXHAUSTED with
 `retry-after-ms`: sessions already running are never degraded to make room.
 
@@ -34,18 +35,26 @@ _LOGGER = logging.getLogger(__name__)
 TENANT_HEADER = "x-lipline-tenant"
 RETRY_AFTER_HEADER = "retry-after-ms"
 MAX_CHANNELS = 256  # channels kept to live workers; the least recently used beyond it are closed
+# A worker's channel that lost its connection tries again within a second (gRPC's back-off grows to
+# 120 s by default, and a call during the back-off fails UNAVAILABLE at once): a worker restarted on
+# the same address takes sessions again as soon as it is up.
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000))
 CLOSE_TIMEOUT_S = 5.0
-# A worker answering these cannot take the session now; the next worker may.
-_SKIP = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# A call to a worker that is going away (killed, draining, its server stopping) ends with one of
+# these, depending on the moment: gRPC says "Internal error from Core" or CANCELLED for a call cut
+# while its server shuts down. The session does not live there: another worker may take it.
+GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+# A worker answering these to OpenSession cannot take the session now; the next worker may.
+_SKIP = GONE | {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class LiveWorkerError(LiplineError):
     """A live worker answered with an error that is the caller's to see (its status and message as
     the worker gave them: the worker's messages are written for people), or went away mid-stream."""
 
-    def __init__(self, exc: grpc.aio.AioRpcError, message: str = "") -> None:
+    def __init__(self, exc: grpc.aio.AioRpcError, message: str = "", code: grpc.StatusCode | None = None) -> None:
         super().__init__(message or exc.details() or exc.code().name)
-        self.code = exc.code()
+        self.code = code or exc.code()
         self._trailing = tuple((k, v) for k, v in (exc.trailing_metadata() or ()) if k == RETRY_AFTER_HEADER and isinstance(v, str))
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -77,7 +86,7 @@ class LiveWorkers:
 
     def stub(self, address: str) -> live_pb2_grpc.LiveServiceStub:
         """A stub on the worker's channel (opened on first use, kept for the next call)."""
-        channel = self._channels.pop(address, None) or open_channel(address, self._max_message_bytes)
+        channel = self._channels.pop(address, None) or open_channel(address, self._max_message_bytes, extra_options=RECONNECT_OPTIONS)
         self._channels[address] = channel
         while len(self._channels) > MAX_CHANNELS:  # the least recently used: a worker long gone, most likely
             _, old = self._channels.popitem(last=False)

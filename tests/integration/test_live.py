@@ -24,7 +24,7 @@ import pytest
 
 from lipline.v1 import session_pb2
 from services.gateway.client import LiplineClient
-from services.gateway.live_client import pcm_chunks, pcm_of_audio, run_session, write_mp4
+from services.gateway.live_client import frame_audio, pcm_chunks, pcm_of_audio, run_session, write_mp4
 from services.jobs.store import open_job_store
 from services.jobs.store.jobs import JobStore
 from services.jobs.store.sessions import SessionRow
@@ -118,9 +118,12 @@ class Stream:
         self.thread.join(10)
 
 
-def consecutive(frames: list[session_pb2.VideoFrame]) -> bool:
+def steady(frames: list[session_pb2.VideoFrame]) -> bool:
+    """Indices that only grow, one by one but for a few slots skipped (counted by the worker) when a
+    loaded 2-core machine descheduled it: a late frame is skipped, never delayed."""
     indices = [f.index for f in frames]
-    return indices == list(range(indices[0], indices[0] + len(indices)))
+    gaps = sum(b - a - 1 for a, b in zip(indices, indices[1:]))
+    return all(b > a for a, b in zip(indices, indices[1:])) and gaps <= max(3, 0.03 * len(indices))
 
 
 def test_a_session_end_to_end_through_the_gateway(live: Live, tmp_path: Path) -> None:
@@ -129,10 +132,15 @@ def test_a_session_end_to_end_through_the_gateway(live: Live, tmp_path: Path) ->
     assert len(session.resume_token) >= 40
     frames = recorder.frames
     assert recorder.ready is not None and recorder.ready.session.id == session.id
-    assert frames and consecutive(frames) and frames[0].keyframe
-    spoken = b"".join(f.audio for f in frames if f.speech)
-    assert spoken == live.speech  # the re-timed audio is the input, sample for sample
-    assert sum(f.speech for f in frames) == int(np.ceil(len(live.speech) / 2 / (RATE / FPS)))
+    assert frames and steady(frames) and frames[0].keyframe
+    gaps = frames[-1].index - frames[0].index + 1 - len(frames)
+    assert gaps <= recorder.stats[-1].frames_skipped + recorder.stats[-1].frames_dropped + 1  # every gap counted (the last stats may precede one)
+    # The re-timed audio is the input, sample for sample, from the frame the utterance started at.
+    (started,) = [e.frame for e in recorder.events if e.kind == session_pb2.SessionEvent.PLAYBACK_STARTED]
+    track, span = frame_audio(recorder), 2 * RATE // FPS
+    at = (started - frames[0].index) * span
+    assert track[at : at + len(live.speech)] == live.speech
+    assert sum(f.speech for f in frames) >= int(np.ceil(len(live.speech) / span)) - gaps
     print(recorder.summary())
     path = tmp_path / "live.mp4"
     write_mp4(path, recorder, session.video.codec, session.width, session.height)
@@ -157,7 +165,7 @@ def test_a_cut_stream_resumes_on_the_same_worker(live: Live) -> None:
     last = talk.frames[-1].index
     again = Stream(live.client, session, last_frame=last)
     again.wait(lambda: again.ready is not None and len(again.frames) > 5, "frames after the resume")
-    assert again.ready.next_frame > last and again.frames[0].keyframe and consecutive(again.frames)
+    assert again.ready.next_frame > last and again.frames[0].keyframe and steady(again.frames)
     again.say(live.speech[:RATE])  # 0.5 s of speech
     again.wait(lambda: again.finished, "the utterance played")
     assert live.worker_of(session.id) == worker
@@ -179,7 +187,7 @@ def test_a_killed_worker_loses_its_session_to_the_other(live: Live) -> None:
     resumed.wait(lambda: len(resumed.frames) > 5, "frames from the other worker")
     print(f"resume after SIGKILL: first frames within {time.monotonic() - started:.2f} s")
     survivor = next(n for n in LIVE if n != doomed)
-    assert live.worker_of(session.id) == survivor and resumed.frames[0].keyframe and consecutive(resumed.frames)
+    assert live.worker_of(session.id) == survivor and resumed.frames[0].keyframe and steady(resumed.frames)
     resumed.say(live.speech[:RATE])
     resumed.wait(lambda: resumed.finished, "speech on the other worker")
     assert any(f.speech for f in resumed.frames)
@@ -203,9 +211,32 @@ def test_admission_refuses_a_third_session_and_leaves_the_two_alone(live: Live) 
     seen = [len(s.frames) for s in streams]
     time.sleep(0.5)
     for s, before in zip(streams, seen):
-        assert s.error is None and len(s.frames) > before and consecutive(s.frames)  # unaffected
+        assert s.error is None and len(s.frames) > before and steady(s.frames)  # unaffected
         s.cut()
     for s in (first, second):
         live.client.close_session(s.id)
     third = live.client.create_session(live.avatar_id)  # room again
     live.client.close_session(third.id)
+
+
+def test_a_draining_worker_hands_its_session_to_another(live: Live) -> None:
+    """SIGTERM: the worker ends the stream UNAVAILABLE saying to resume, gives its lease up and
+    exits; the resume lands on the other worker."""
+    for name in LIVE:
+        if live.cluster.processes[name].process.poll() is not None:
+            live.cluster.restart(name)
+    session = live.client.create_session(live.avatar_id)
+    draining = live.worker_of(session.id)
+    talk = Stream(live.client, session)
+    talk.wait(lambda: len(talk.frames) > 5, "frames")
+    stopper = threading.Thread(target=live.cluster.terminate, args=(draining,))
+    stopper.start()
+    talk.thread.join(20)
+    assert talk.error is not None and talk.error.code() == grpc.StatusCode.UNAVAILABLE and "resume" in talk.error.details(), talk.error
+    resumed = Stream(live.client, session, last_frame=talk.frames[-1].index)
+    resumed.wait(lambda: len(resumed.frames) > 5, "frames from the other worker")
+    assert live.worker_of(session.id) != draining and resumed.frames[0].keyframe
+    stopper.join(30)
+    assert live.cluster.processes[draining].process.poll() is not None  # it exited within its grace
+    resumed.cut()
+    live.client.close_session(session.id)

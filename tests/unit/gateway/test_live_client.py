@@ -71,6 +71,15 @@ def test_latency_is_from_a_frames_audio_sent_to_the_frame_received_and_gaps_are_
     assert len(audio) == 9 * SPAN and audio[5 * SPAN : 6 * SPAN] == b"\0" * SPAN  # the missing frame is silence
 
 
+def test_a_skipped_slots_audio_sent_with_the_next_frame_is_not_doubled() -> None:
+    recorder = LiveRecorder(FPS, RATE)
+    for index, spans in ((0, 1), (1, 1), (3, 2), (4, 1)):  # slot 2 skipped: its audio came with frame 3
+        audio = bytes([index, 1]) * (spans * SPAN // 2)
+        recorder.take(session_pb2.ConverseResponse(frame=session_pb2.VideoFrame(index=index, audio=audio, speech=True)))
+    audio = frame_audio(recorder)
+    assert len(audio) == 5 * SPAN and audio[2 * SPAN : 4 * SPAN] == bytes([3, 1]) * SPAN
+
+
 def h264_frames(count: int) -> list[bytes]:
     """Annex B access units from libx264 with zerolatency, as a live worker sends them."""
     context = av.CodecContext.create("libx264", "w")

@@ -77,6 +77,7 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
         self.opened: list[tuple[str, str, bool]] = []  # (session id, tenant, resume) per OpenSession
         self.starts: list[tuple[session_pb2.ConverseStart, str]] = []  # what each Converse began with, and its tenant metadata
         self.refuse_open: grpc.StatusCode | None = None
+        self.streams_ended = 0  # Converse streams over, however they ended
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -113,10 +114,13 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
         if self.sessions.get(start.session_id) != tenant:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"session {start.session_id} is not held here")
         index = start.last_frame + 1
+        context.add_done_callback(lambda _: setattr(self, "streams_ended", self.streams_ended + 1))
         yield session_pb2.ConverseResponse(ready=session_pb2.Ready(session=session_pb2.Session(id=start.session_id), next_frame=index))
         async for message in request_iterator:
             if message.HasField("end_of_utterance"):
                 return
+            if message.audio.pcm == b"flood":  # as a worker refuses audio beyond its bound
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queued audio over 2 s", trailing_metadata=(("retry-after-ms", "500"),))
             yield session_pb2.ConverseResponse(frame=session_pb2.VideoFrame(index=index, audio=message.audio.pcm, speech=True))
             index += 1
 
@@ -409,5 +413,50 @@ def test_close_marks_the_row_even_when_the_worker_is_gone(jobs: JobStore) -> Non
         assert closed.state == SessionState.CLOSED and not closed.lease_live
         with pytest.raises(NotFound):
             await close_session(jobs, c.live, "globex", sid)
+
+    with_workers(jobs, {"a": 2}, test)
+
+
+def test_a_workers_status_mid_stream_reaches_the_client_as_it_was(jobs: JobStore) -> None:
+    async def test(c: Cluster) -> None:
+        sid, token = await c.create()
+
+        async def requests() -> AsyncIterator[session_pb2.ConverseRequest]:
+            yield session_pb2.ConverseRequest(start=session_pb2.ConverseStart(session_id=sid, resume_token=token))
+            yield session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=b"\0\0"))
+            yield session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=b"flood"))
+            await asyncio.sleep(30)  # the client would go on: the worker's status ends the stream
+
+        got = []
+        with pytest.raises(LiveWorkerError, match="queued audio over 2 s") as err:
+            async for response in converse(jobs, c.live, requests(), TENANT):
+                got.append(response.WhichOneof("response"))
+        assert got == ["ready", "frame"]
+        assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED and err.value.trailing_metadata() == (("retry-after-ms", "500"),)
+
+    with_workers(jobs, {"a": 2}, test)
+
+
+def test_a_client_that_goes_away_cancels_the_workers_stream(jobs: JobStore) -> None:
+    async def test(c: Cluster) -> None:
+        sid, token = await c.create()
+
+        async def requests() -> AsyncIterator[session_pb2.ConverseRequest]:
+            yield session_pb2.ConverseRequest(start=session_pb2.ConverseStart(session_id=sid, resume_token=token))
+            await asyncio.sleep(30)
+
+        stream = converse(jobs, c.live, requests(), TENANT)
+        assert (await anext(stream)).WhichOneof("response") == "ready"
+        reading = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.2)
+        reading.cancel()  # what gRPC does to the handler when the client cancels
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+        await stream.aclose()
+        for _ in range(100):
+            if c.workers["a"].streams_ended:
+                break
+            await asyncio.sleep(0.02)
+        assert c.workers["a"].streams_ended == 1  # at once: its client had 30 s of nothing left to send
 
     with_workers(jobs, {"a": 2}, test)
