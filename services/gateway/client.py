@@ -61,7 +61,9 @@ class LiplineClient:
             roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
             if tls_server_name:
                 options.append(("grpc.ssl_target_name_override", tls_server_name))
-            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
+            self.channel = grpc.secure_channel(
+                address, grpc.ssl_channel_credentials(root_certificates=roots), options=options
+            )
         else:
             self.channel = grpc.insecure_channel(address, options=options)
         if api_key:
@@ -88,10 +90,18 @@ class LiplineClient:
 
     def submit(self, avatar_id: str, audio: bytes, super_resolution: bool = False, crf: int = 0) -> gateway_pb2.Job:
         options = gateway_pb2.JobOptions(super_resolution=super_resolution, crf=crf)
-        return self.stub.SubmitJob(gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=self.timeout)
+        return self.stub.SubmitJob(
+            gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=self.timeout
+        )
 
     def wait(
-        self, job_id: str, on_event: Callable[[gateway_pb2.Job], None] | None = None, *, retries: int = 8, backoff_s: float = 0.25, max_backoff_s: float = 5.0
+        self,
+        job_id: str,
+        on_event: Callable[[gateway_pb2.Job], None] | None = None,
+        *,
+        retries: int = 8,
+        backoff_s: float = 0.25,
+        max_backoff_s: float = 5.0,
     ) -> gateway_pb2.Job:
         """Follow WatchJob until the job is finished; returns its final state.
 
@@ -130,7 +140,14 @@ class LiplineClient:
             delay = min(max_backoff_s, backoff_s * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
             if failures > retries or time.monotonic() + delay >= deadline:
                 raise error
-            _LOGGER.info("WatchJob of %s was cut (%s); resuming in %.2f s (%d/%d)", job_id, error.code().name, delay, failures, retries)
+            _LOGGER.info(
+                "WatchJob of %s was cut (%s); resuming in %.2f s (%d/%d)",
+                job_id,
+                error.code().name,
+                delay,
+                failures,
+                retries,
+            )
             time.sleep(delay)
 
     def avatar_ids(self) -> set[str]:
@@ -143,7 +160,9 @@ class LiplineClient:
         tmp = path.with_name(path.name + ".part")
         size = 0
         with tmp.open("wb") as f:
-            for chunk in self.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id), timeout=self.timeout):
+            for chunk in self.stub.DownloadOutput(
+                gateway_pb2.DownloadOutputRequest(job_id=job_id), timeout=self.timeout
+            ):
                 f.write(chunk.data)
                 size += len(chunk.data)
         tmp.replace(path)
@@ -169,7 +188,12 @@ class _StreamEnded(grpc.RpcError):
         return self._details
 
 
-class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+class _Metadata(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     """Adds fixed metadata (the API key) to every call."""
 
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
@@ -177,7 +201,12 @@ class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
         return _CallDetails(
-            details.method, details.timeout, (*(details.metadata or ()), *self._metadata), details.credentials, details.wait_for_ready, details.compression
+            details.method,
+            details.timeout,
+            (*(details.metadata or ()), *self._metadata),
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
         )
 
     def intercept_unary_unary(self, continuation, details, request):
@@ -200,7 +229,13 @@ class _CallDetails(grpc.ClientCallDetails):
 
 
 def render_file(
-    client: LiplineClient, avatar: Path, audio: Path, output: Path, *, super_resolution: bool = True, write: Callable[[str], None] = print
+    client: LiplineClient,
+    avatar: Path,
+    audio: Path,
+    output: Path,
+    *,
+    super_resolution: bool = True,
+    write: Callable[[str], None] = print,
 ) -> tuple[gateway_pb2.Avatar, gateway_pb2.Job]:
     """Register `avatar`, render `audio` onto it and download the MP4 to `output` (when the job succeeds).
 
@@ -208,7 +243,9 @@ def render_file(
     Returns the avatar and the job's final state; the caller decides what a failure means.
     """
     registered = client.create_avatar(avatar.read_bytes(), name=avatar.name)
-    write(f"avatar {registered.id}: {registered.width}x{registered.height}, {registered.frame_count} frame(s), face found in {registered.faces_found}")
+    write(
+        f"avatar {registered.id}: {registered.width}x{registered.height}, {registered.frame_count} frame(s), face found in {registered.faces_found}"
+    )
     job = client.submit(registered.id, audio.read_bytes(), super_resolution=super_resolution)
     write(f"job {job.id}: {job.audio_seconds:.2f} s of audio")
     job = client.wait(job.id, progress_printer(write))

@@ -50,7 +50,12 @@ class AvatarJanitor:
             try:
                 purged = await asyncio.to_thread(purge_deleted_avatars, self._jobs, self._blobs)
             except Exception as exc:  # noqa: BLE001 - a store that is down now: the next round retries
-                _LOGGER.warning("avatar janitor: purging deleted avatars failed (%s: %s); retrying in %.0f s", type(exc).__name__, exc, self._interval_s)
+                _LOGGER.warning(
+                    "avatar janitor: purging deleted avatars failed (%s: %s); retrying in %.0f s",
+                    type(exc).__name__,
+                    exc,
+                    self._interval_s,
+                )
                 continue
             if purged:
                 _LOGGER.info("avatar janitor: purged deleted avatars", extra={"avatars": purged})

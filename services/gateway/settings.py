@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.serving.settings import StoreSettings, setting, address_field
+from services.serving.settings import StoreSettings, address_field, setting
 from services.serving.stages import STAGES
 
 
@@ -13,7 +13,9 @@ class GatewaySettings(StoreSettings):
     """Settings of the gateway: the public API. It keeps no state of its own (jobs and blobs live in the stores)."""
 
     port: int = setting(STAGES["gateway"].port, "gRPC port of the public API")
-    metrics_port: int = setting(STAGES["gateway"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    metrics_port: int = setting(
+        STAGES["gateway"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)"
+    )
     audio_address: str = address_field(STAGES["audio"].local_address, "audio")
     lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync (DetectFaces for CreateAvatar)")
     max_audio_bytes: int = setting(50 * 1024 * 1024, "largest audio file of a job")
@@ -21,7 +23,9 @@ class GatewaySettings(StoreSettings):
     max_avatar_bytes: int = setting(200 * 1024 * 1024, "largest avatar upload")
     max_avatar_frames: int = setting(1500, "most frames of an avatar video (60 s at 25 fps)")
     max_avatar_pixels: int = setting(1920 * 1080, "largest avatar frame size in pixels")
-    max_active_jobs: int = setting(256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED")
+    max_active_jobs: int = setting(
+        256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED"
+    )
     max_active_jobs_per_client: int = setting(
         32,
         "queued + running jobs of one client (the job's owner: its API key's tenant when API keys are on, else its x-api-key "
@@ -55,7 +59,9 @@ class GatewaySettings(StoreSettings):
         if self.max_active_jobs < 1:
             problems.append(f"max_active_jobs must be >= 1, got {self.max_active_jobs}")
         if self.max_active_jobs_per_client < 0:
-            problems.append(f"max_active_jobs_per_client must be >= 0 (0 = no cap), got {self.max_active_jobs_per_client}")
+            problems.append(
+                f"max_active_jobs_per_client must be >= 0 (0 = no cap), got {self.max_active_jobs_per_client}"
+            )
         if self.max_streams_per_client < 0:
             problems.append(f"max_streams_per_client must be >= 0 (0 = no cap), got {self.max_streams_per_client}")
         if self.max_concurrent_streams < 0:

@@ -79,7 +79,9 @@ class BatchStreams:
 Size = tuple[int, int]  # (width, height), cv2 order
 
 
-def group_rows_by_size(rows: torch.Tensor, sizes: Sequence[Size], pin: bool) -> tuple[torch.Tensor, list[tuple[Size, list[int]]]]:
+def group_rows_by_size(
+    rows: torch.Tensor, sizes: Sequence[Size], pin: bool
+) -> tuple[torch.Tensor, list[tuple[Size, list[int]]]]:
     """Reorder `rows` (batch first) so that the rows of each output size are one contiguous slice.
 
     Returns the reordered rows and the groups in their order: [(size, positions in `rows`)]. Both

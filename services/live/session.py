@@ -135,7 +135,9 @@ class LiveSession:
         samples = pcm_int16(pcm)
         if len(samples) * 1000 > MAX_CHUNK_MS * self.sample_rate:
             ms = 1000 * len(samples) / self.sample_rate
-            raise InvalidRequest(f"audio chunk of {ms:.0f} ms ({len(pcm)} bytes at {self.sample_rate} Hz): send chunks of 10-{MAX_CHUNK_MS} ms")
+            raise InvalidRequest(
+                f"audio chunk of {ms:.0f} ms ({len(pcm)} bytes at {self.sample_rate} Hz): send chunks of 10-{MAX_CHUNK_MS} ms"
+            )
         utterance = self.queue.push(samples)
         mel = self._mel.get(utterance)
         if mel is None:
@@ -175,7 +177,13 @@ class LiveSession:
         self._received.clear()
         if result.utterance is None:
             return None
-        event = Event(EventKind.PLAYBACK_FINISHED, result.utterance, self.clock.next_frame, result.played_ms, interrupted=result.interrupted)
+        event = Event(
+            EventKind.PLAYBACK_FINISHED,
+            result.utterance,
+            self.clock.next_frame,
+            result.played_ms,
+            interrupted=result.interrupted,
+        )
         self._pending_events.append(event)
         return event
 
@@ -229,7 +237,9 @@ class LiveSession:
             events.append(Event(EventKind.PLAYBACK_STARTED, part.utterance, frame))
         if part.last:
             self._forget(part.utterance)
-            events.append(Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * end / self.sample_rate))
+            events.append(
+                Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * end / self.sample_rate)
+            )
         return window, arrived_ns
 
     def _forget(self, utterance: int) -> None:

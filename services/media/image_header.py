@@ -137,7 +137,9 @@ def _check_png_chunks(data: memoryview) -> None:
             raise ImageHeaderError("the PNG is truncated (it ends before its IEND chunk)")
         length, kind = _PNG_CHUNK.unpack_from(data, offset)
         if length > end - offset - 12:
-            raise ImageHeaderError(f"the PNG is truncated or corrupt: its {bytes(kind)!r} chunk claims {length} bytes, {end - offset - 12} remain")
+            raise ImageHeaderError(
+                f"the PNG is truncated or corrupt: its {bytes(kind)!r} chunk claims {length} bytes, {end - offset - 12} remain"
+            )
         if kind == b"IEND":
             return
         offset += 12 + length

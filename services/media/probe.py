@@ -1,8 +1,11 @@
 """Describe an MP4 by decoding it: what the demo, the smoke test and the tests check outputs with."""
 
 from __future__ import annotations
+
 from pathlib import Path
+
 import av
+
 from services.media import av_limits  # noqa: F401 - caps FFmpeg allocations on import
 from services.media.decode import DEFAULT_VIDEO_FPS
 

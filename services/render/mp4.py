@@ -4,17 +4,19 @@ the join that stream-copies the segments and muxes the audio into one MP4 that p
 encoder are in `services.media.video_format`."""
 
 from __future__ import annotations
+
 import os
 import uuid
-from fractions import Fraction
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
+
 import av
 import numpy as np
+
 from services.media import av_limits  # noqa: F401 - caps FFmpeg allocations on import
 from services.media.video_format import COLOR_TAGS, X264_PRESETS, exact_rate, split_i420, to_yuv420
-
 
 MUX_AUDIO_RATE = 48_000  # the output's AAC track: the original audio resampled, mono
 
@@ -199,7 +201,9 @@ class Mp4Writer:
         h, w = self._video.height, self._video.width
         expected = (h * 3 // 2, w)
         if frame_i420.shape != expected or frame_i420.dtype != np.uint8:
-            raise ValueError(f"I420 frame has shape {frame_i420.shape} {frame_i420.dtype}, the video needs {expected} uint8")
+            raise ValueError(
+                f"I420 frame has shape {frame_i420.shape} {frame_i420.dtype}, the video needs {expected} uint8"
+            )
         for plane, source in zip(self.i420_planes(), split_i420(frame_i420, h, w)):
             plane[:] = source
         self.write_planes()

@@ -37,7 +37,14 @@ from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import JobStore, Task, TaskKind
 from services.render.settings import RenderSettings
 from services.serving.channels import StageFailed
-from services.serving.errors import RETRYABLE_STORE_ERRORS, CorruptRecord, LiplineError, NotFound, NotReady, StoreUnavailable
+from services.serving.errors import (
+    RETRYABLE_STORE_ERRORS,
+    CorruptRecord,
+    LiplineError,
+    NotFound,
+    NotReady,
+    StoreUnavailable,
+)
 from services.serving.metrics import Metrics
 from services.serving.tracing import record_job_span
 
@@ -115,7 +122,11 @@ class RenderWorker:
             return self.loop_ended
         idle = time.monotonic() - self.last_beat
         if idle > self.settings.loop_stall_s:
-            where = f"inside {self._current_task.job_id} segment {self._current_task.index}" if self._current_task else "claiming a task"
+            where = (
+                f"inside {self._current_task.job_id} segment {self._current_task.index}"
+                if self._current_task
+                else "claiming a task"
+            )
             return f"the claim loop has not moved for {idle:.0f} s (limit {self.settings.loop_stall_s:g} s), {where}"
         return ""
 
@@ -142,7 +153,9 @@ class RenderWorker:
             self.last_beat = time.monotonic()
             try:
                 await self._purge_orphans()
-                task = await asyncio.to_thread(self.jobs.claim, self.name, s.lease_s, s.max_attempts, s.max_tenant_share)
+                task = await asyncio.to_thread(
+                    self.jobs.claim, self.name, s.lease_s, s.max_attempts, s.max_tenant_share
+                )
             except StoreUnavailable as exc:
                 _LOGGER.warning("job store unavailable; retrying", extra={"error": str(exc)})
                 await self._pause(1.0)
@@ -150,7 +163,12 @@ class RenderWorker:
             except Exception as exc:  # never let one bad row end the loop
                 errors += 1
                 pause = backoff_delay(errors - 1, *LOOP_ERROR_PAUSE_S)
-                _LOGGER.error("claiming a task failed; retrying in %.1f s", pause, exc_info=True, extra={"error": f"{type(exc).__name__}: {exc}"})
+                _LOGGER.error(
+                    "claiming a task failed; retrying in %.1f s",
+                    pause,
+                    exc_info=True,
+                    extra={"error": f"{type(exc).__name__}: {exc}"},
+                )
                 await self._pause(pause)
                 continue
             errors = 0
@@ -265,15 +283,21 @@ class RenderWorker:
                 return
             code = exc.code
             message = (
-                f"{where} kept failing for {failing_for:.0f} s ({task.failures + 1} attempts; the retry window is {s.retry_window_s:g} s); last error: {error}"
+                f"{where} kept failing for {failing_for:.0f} s ({task.failures + 1} attempts; "
+                f"the retry window is {s.retry_window_s:g} s); last error: {error}"
             )
         elif isinstance(exc, CorruptRecord):
             m.quarantined.labels("corrupt_record").inc()
-            _LOGGER.error("job quarantined: a record it needs cannot be read", extra={"job_id": task.job_id, "segment": task.index, "error": error})
+            _LOGGER.error(
+                "job quarantined: a record it needs cannot be read",
+                extra={"job_id": task.job_id, "segment": task.index, "error": error},
+            )
             code, message = exc.code, str(exc)
         elif isinstance(exc, NotFound) and not await self._quietly(self.jobs.job_versions, [task.job_id]):
             m.quarantined.labels("orphan_task").inc()
-            _LOGGER.warning("the task's job no longer exists; task deleted", extra={"job_id": task.job_id, "segment": task.index})
+            _LOGGER.warning(
+                "the task's job no longer exists; task deleted", extra={"job_id": task.job_id, "segment": task.index}
+            )
             await self._quietly(self.jobs.purge_orphan_tasks)
             return
         elif isinstance(exc, LiplineError):
@@ -285,7 +309,10 @@ class RenderWorker:
                 delay = backoff_delay(task.attempts - 1, s.retry_backoff_s, s.retry_backoff_max_s)
                 await self._quietly(self.jobs.release, task, True, delay, error)
                 return
-            code, message = grpc.StatusCode.INTERNAL, f"internal error in a render worker ({type(exc).__name__}); its log has details"
+            code, message = (
+                grpc.StatusCode.INTERNAL,
+                f"internal error in a render worker ({type(exc).__name__}); its log has details",
+            )
         m.segments.labels("failed").inc()
         if isinstance(exc, StageFailed) and not is_retryable(exc):
             message = f"{where} failed after {task.attempts} attempt(s): {message}"

@@ -88,9 +88,13 @@ def open_channel(address: str, max_message_bytes: int, internal_token: str | Non
     return grpc.aio.insecure_channel(grpc_target(address), options=options, interceptors=interceptors)
 
 
-def _add_metadata(details: grpc.aio.ClientCallDetails, extra: tuple[tuple[str, str], ...]) -> grpc.aio.ClientCallDetails:
+def _add_metadata(
+    details: grpc.aio.ClientCallDetails, extra: tuple[tuple[str, str], ...]
+) -> grpc.aio.ClientCallDetails:
     metadata = grpc.aio.Metadata(*(details.metadata or ()), *extra)
-    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials, details.wait_for_ready)
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
 
 
 def _metadata_interceptors(extra: tuple[tuple[str, str], ...]) -> list[grpc.aio.ClientInterceptor]:

@@ -28,13 +28,28 @@ class Metrics:
         self.stage = stage
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("lipline_stage_requests", "RPCs finished, by method and status code", ["stage", "method", "code"], registry=r)
-        self.request_seconds = Histogram("lipline_stage_request_seconds", "RPC duration", ["stage", "method"], buckets=_SECONDS, registry=r)
+        self.requests = Counter(
+            "lipline_stage_requests",
+            "RPCs finished, by method and status code",
+            ["stage", "method", "code"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "lipline_stage_request_seconds", "RPC duration", ["stage", "method"], buckets=_SECONDS, registry=r
+        )
         self.items = Counter("lipline_stage_items", "items processed (frames, windows, crops)", ["stage"], registry=r)
-        self.queue_seconds = Histogram("lipline_stage_queue_seconds", "time an item waits for a batch", ["stage"], buckets=_SECONDS, registry=r)
-        self.compute_seconds = Histogram("lipline_stage_compute_seconds", "model time per batch", ["stage"], buckets=_SECONDS, registry=r)
-        self.batch_size = Histogram("lipline_stage_batch_size", "items per batch", ["stage"], buckets=_BATCH, registry=r)
-        self.inflight = Gauge("lipline_stage_inflight_items", "items accepted and not yet answered", ["stage"], registry=r)
+        self.queue_seconds = Histogram(
+            "lipline_stage_queue_seconds", "time an item waits for a batch", ["stage"], buckets=_SECONDS, registry=r
+        )
+        self.compute_seconds = Histogram(
+            "lipline_stage_compute_seconds", "model time per batch", ["stage"], buckets=_SECONDS, registry=r
+        )
+        self.batch_size = Histogram(
+            "lipline_stage_batch_size", "items per batch", ["stage"], buckets=_BATCH, registry=r
+        )
+        self.inflight = Gauge(
+            "lipline_stage_inflight_items", "items accepted and not yet answered", ["stage"], registry=r
+        )
         self.queue_depth = Gauge("lipline_stage_queue_depth", "items waiting for a batch", ["stage"], registry=r)
         self.backend_info = Gauge(
             "lipline_backend_info",
@@ -43,7 +58,12 @@ class Metrics:
             registry=r,
         )
         self.cudnn_ok = Gauge("lipline_cudnn_ok", "1 if the cuDNN self-check passed (GPU only)", ["stage"], registry=r)
-        self.numerics_error = Gauge("lipline_numerics_relative_error", "start-up relative error of the backend vs fp32 (GPU only)", ["stage"], registry=r)
+        self.numerics_error = Gauge(
+            "lipline_numerics_relative_error",
+            "start-up relative error of the backend vs fp32 (GPU only)",
+            ["stage"],
+            registry=r,
+        )
         # Gateway job metrics live on the same registry so the gateway has one /metrics too.
         self.jobs = Counter("lipline_jobs", "jobs finished, by final status", ["status"], registry=r)
         self.job_seconds = Histogram("lipline_job_seconds", "SubmitJob to finished MP4", buckets=_SECONDS, registry=r)
@@ -54,24 +74,47 @@ class Metrics:
             registry=r,
         )
         self.render_first_frame_seconds = Histogram(
-            "lipline_render_first_frame_seconds", "start of a job to its first encoded frame", buckets=_SECONDS, registry=r
+            "lipline_render_first_frame_seconds",
+            "start of a job to its first encoded frame",
+            buckets=_SECONDS,
+            registry=r,
         )
         # Render workers and the job store (docs/architecture.md section 5). The queue gauges describe the one
         # shared queue, so every worker exports the same value: aggregate with max(), not sum().
-        self.segments = Counter("lipline_segments", "tasks (segments and joins) ended by this worker, by status", ["status"], registry=r)
-        self.queue_tasks = Gauge("lipline_queue_depth", "tasks waiting to be claimed, by kind (segment, join)", ["kind"], registry=r)
+        self.segments = Counter(
+            "lipline_segments", "tasks (segments and joins) ended by this worker, by status", ["status"], registry=r
+        )
+        self.queue_tasks = Gauge(
+            "lipline_queue_depth", "tasks waiting to be claimed, by kind (segment, join)", ["kind"], registry=r
+        )
         self.queue_leased = Gauge("lipline_queue_leased", "tasks held by a live lease", registry=r)
-        self.queue_oldest_seconds = Gauge("lipline_queue_oldest_seconds", "age of the oldest claimable task", registry=r)
-        self.queue_wait_seconds = Histogram("lipline_queue_wait_seconds", "task creation (or last release) to its claim", buckets=_SECONDS, registry=r)
-        self.lease_lost = Counter("lipline_lease_lost", "leases lost while working (expired, or the job was cancelled)", registry=r)
+        self.queue_oldest_seconds = Gauge(
+            "lipline_queue_oldest_seconds", "age of the oldest claimable task", registry=r
+        )
+        self.queue_wait_seconds = Histogram(
+            "lipline_queue_wait_seconds", "task creation (or last release) to its claim", buckets=_SECONDS, registry=r
+        )
+        self.lease_lost = Counter(
+            "lipline_lease_lost", "leases lost while working (expired, or the job was cancelled)", registry=r
+        )
         self.render_frames = Counter("lipline_render_frames", "frames composited and encoded", registry=r)
-        self.render_composite_seconds = Histogram("lipline_render_composite_seconds", "compositing time per frame", buckets=_FRAME_SECONDS, registry=r)
-        self.render_encode_seconds = Histogram("lipline_render_encode_seconds", "x264 time per frame", buckets=_FRAME_SECONDS, registry=r)
+        self.render_composite_seconds = Histogram(
+            "lipline_render_composite_seconds", "compositing time per frame", buckets=_FRAME_SECONDS, registry=r
+        )
+        self.render_encode_seconds = Histogram(
+            "lipline_render_encode_seconds", "x264 time per frame", buckets=_FRAME_SECONDS, registry=r
+        )
         self.render_busy = Gauge("lipline_render_busy", "1 while this worker holds a task", registry=r)
         self.render_loop_healthy = Gauge(
-            "lipline_render_loop_healthy", "1 while this worker's claim loop runs (0: it ended or stalled; health says NOT_SERVING)", registry=r
+            "lipline_render_loop_healthy",
+            "1 while this worker's claim loop runs (0: it ended or stalled; health says NOT_SERVING)",
+            registry=r,
         )
-        self.render_loop_age_seconds = Gauge("lipline_render_loop_age_seconds", "seconds since the claim loop's last iteration or lease renewal", registry=r)
+        self.render_loop_age_seconds = Gauge(
+            "lipline_render_loop_age_seconds",
+            "seconds since the claim loop's last iteration or lease renewal",
+            registry=r,
+        )
         self.quarantined = Counter(
             "lipline_quarantined",
             "rows and blobs a worker could not interpret, set aside (job failed or task deleted), by reason",

@@ -38,7 +38,6 @@ from services.inference.engine import DeviceBatchEngine, Part, Size, group_rows_
 from services.superres.lanczos import lanczos4_resize, round_like_opencv
 from services.superres.upscaler import LanczosUpscaler, ModelUpscaler, pad_multiple, reflect_pad
 
-
 __all__ = ["SuperResEngine", "UpscaleChunk"]
 
 
@@ -234,7 +233,9 @@ class SuperResEngine(DeviceBatchEngine[UpscaleChunk]):
         in_h, in_w = hwc.shape[1:3]
         out = []
         for k, (ow, oh) in enumerate(sizes):
-            item = hwc[k] if (oh, ow) == (in_h, in_w) else cv2.resize(hwc[k], (ow, oh), interpolation=cv2.INTER_LANCZOS4)
+            item = (
+                hwc[k] if (oh, ow) == (in_h, in_w) else cv2.resize(hwc[k], (ow, oh), interpolation=cv2.INTER_LANCZOS4)
+            )
             out.append(([k], torch.from_numpy(np.ascontiguousarray(item))[None]))
         return out
 

@@ -38,7 +38,9 @@ def _check_crops(crops: np.ndarray) -> np.ndarray:
     return crops
 
 
-def to_model_input(crops_bgr: np.ndarray, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def to_model_input(
+    crops_bgr: np.ndarray, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """uint8 BGR crops -> the network's input.
 
     Args:

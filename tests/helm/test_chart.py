@@ -77,7 +77,11 @@ def _set_args(sets: tuple[str, ...]) -> list[str]:
 
 
 def render(
-    *sets: str, release: str = "lip", api_versions: tuple[str, ...] = (OPERATOR_API,), values: tuple[Path, ...] = (), kube_version: str = KUBE_VERSION
+    *sets: str,
+    release: str = "lip",
+    api_versions: tuple[str, ...] = (OPERATOR_API,),
+    values: tuple[Path, ...] = (),
+    kube_version: str = KUBE_VERSION,
 ) -> list[dict[str, Any]]:
     """`helm template` of the chart: `values` files first, then the --set/--set-json `sets`."""
     args = ["template", release, str(CHART), "--namespace", "media", "--kube-version", kube_version]
@@ -199,7 +203,11 @@ def s3_docs() -> list[dict[str, Any]]:
     return render(*VARIANTS["S3 with a credentials Secret, dev DSN"])
 
 
-@pytest.mark.parametrize("sets", [(), (*PG_SECRET, *S3, "store.local.enabled=false", "keda.enabled=true")], ids=["defaults", "production stores, KEDA"])
+@pytest.mark.parametrize(
+    "sets",
+    [(), (*PG_SECRET, *S3, "store.local.enabled=false", "keda.enabled=true")],
+    ids=["defaults", "production stores, KEDA"],
+)
 def test_helm_lint_passes_strict(sets: tuple[str, ...]) -> None:
     result = helm("lint", "--strict", str(CHART), *_set_args(sets), check=False)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -225,7 +233,9 @@ def test_the_newest_kubernetes_schema_is_bundled() -> None:
 
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
-def test_every_builtin_manifest_matches_the_kubernetes_schema(rendered: list[dict[str, Any]], kube_version: str) -> None:
+def test_every_builtin_manifest_matches_the_kubernetes_schema(
+    rendered: list[dict[str, Any]], kube_version: str
+) -> None:
     assert validate_builtin(rendered, kube_version) >= 12
 
 
@@ -264,10 +274,16 @@ def test_values_schema_rejects_bad_values() -> None:
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        ((*PG_SECRET, "store.jobStore.url=postgresql://a@b/c"), "existingSecret (a Secret with the PostgreSQL DSN) or url, not both"),
+        (
+            (*PG_SECRET, "store.jobStore.url=postgresql://a@b/c"),
+            "existingSecret (a Secret with the PostgreSQL DSN) or url, not both",
+        ),
         ((*S3, *RWX), "not both"),
         (("store.blobStore.s3.existingSecret=lipline-s3",), "store.blobStore.url is empty"),
-        (("store.local.enabled=false", *PG_SECRET), "store.blobStore.url (s3://...) or store.blobStore.persistence.existingClaim"),
+        (
+            ("store.local.enabled=false", *PG_SECRET),
+            "store.blobStore.url (s3://...) or store.blobStore.persistence.existingClaim",
+        ),
         (("store.local.enabled=false", *S3), "store.jobStore.existingSecret (a Secret with a PostgreSQL DSN)"),
     ],
 )
@@ -359,7 +375,9 @@ def test_render_workers_run_on_the_cpu_with_the_stores_a_cache_and_probes(pg_rwx
     assert "emptyDir" in volumes_of(render_d)["cache"] and mounts_of(render_d)["cache"] == env["LIPLINE_CACHE_DIR"]
     # The gateway reads the same stores.
     gateway_env = env_of(by_kind(pg_rwx_docs, "Deployment")["lip-lipline-gateway"])
-    assert {k: gateway_env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")} == {k: env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")}
+    assert {k: gateway_env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")} == {
+        k: env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")
+    }
     # No try-out volume with shared stores, and no stage without `stores` sees them.
     assert "PersistentVolumeClaim" not in {d["kind"] for d in pg_rwx_docs}
     for name, d in by_kind(pg_rwx_docs, "Deployment").items():
@@ -469,10 +487,15 @@ def test_render_workers_scale_on_segments_waiting_per_worker_and_cpu(default_doc
     # AverageValue: the HPA divides the queue (one value for the whole queue) by the number of workers.
     assert external["external"]["target"] == {"type": "AverageValue", "averageValue": "2000m"}
     assert external["external"]["metric"]["selector"]["matchLabels"] == {"service": "lip-lipline-render"}
-    assert cpu == {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}
+    assert cpu == {
+        "type": "Resource",
+        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}},
+    }
     assert hpa["spec"]["minReplicas"] == 2
     # The adapter's rule: the one shared queue, so max() of what the workers report, segments only.
-    (rule,) = [r for r in _adapter_rules()["externalRules"] if r["name"]["as"] == external["external"]["metric"]["name"]]
+    (rule,) = [
+        r for r in _adapter_rules()["externalRules"] if r["name"]["as"] == external["external"]["metric"]["name"]
+    ]
     assert rule["seriesQuery"].startswith("lipline_queue_depth{")
     assert rule["metricsQuery"].startswith("max(") and 'kind="segment"' in rule["metricsQuery"]
     assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
@@ -512,8 +535,12 @@ def test_keda_replaces_the_hpas_of_the_queue_and_gpu_stages() -> None:
             continue  # below
         (trigger,) = obj["spec"]["triggers"]
         assert trigger["type"] == "prometheus" and float(trigger["metadata"]["threshold"]) > 0
-        assert f'pod=~"{name}-.*"' in trigger["metadata"]["query"] and 'namespace="media"' in trigger["metadata"]["query"]
-    assert "lipline_stage_queue_seconds_sum" in scaled["lip-lipline-superres"]["spec"]["triggers"][0]["metadata"]["query"]
+        assert (
+            f'pod=~"{name}-.*"' in trigger["metadata"]["query"] and 'namespace="media"' in trigger["metadata"]["query"]
+        )
+    assert (
+        "lipline_stage_queue_seconds_sum" in scaled["lip-lipline-superres"]["spec"]["triggers"][0]["metadata"]["query"]
+    )
     assert "PodDisruptionBudget" in {d["kind"] for d in docs}  # lipsync keeps 2 replicas: it gets a PDB
 
 
@@ -531,7 +558,10 @@ def test_keda_scales_render_workers_with_the_postgresql_scaler_on_the_job_stores
     # The very Secret and key the workers read their DSN from.
     env = env_of(by_kind(docs, "Deployment")["lip-lipline-render"])
     assert env["LIPLINE_JOB_STORE"] == f"secret:{ref['name']}/{ref['key']}" == "secret:lipline-pg/dsn"
-    assert obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
+    assert (
+        obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"]
+        >= 300
+    )
 
 
 def test_keda_without_postgresql_scales_render_workers_on_the_prometheus_queue_metric() -> None:
@@ -539,7 +569,10 @@ def test_keda_without_postgresql_scales_render_workers_on_the_prometheus_queue_m
     obj = by_kind(docs, "ScaledObject")["lip-lipline-render"]
     queue, cpu = obj["spec"]["triggers"]
     assert queue["type"] == "prometheus" and queue["metricType"] == "AverageValue"
-    assert queue["metadata"]["query"] == 'max(lipline_queue_depth{kind="segment",namespace="media",pod=~"lip-lipline-render-.*"})'
+    assert (
+        queue["metadata"]["query"]
+        == 'max(lipline_queue_depth{kind="segment",namespace="media",pod=~"lip-lipline-render-.*"})'
+    )
     assert cpu["type"] == "cpu"
     assert "TriggerAuthentication" not in {d["kind"] for d in docs}
 
@@ -552,7 +585,11 @@ def _grpc_callers(policy: dict[str, Any]) -> set[str] | None:
     (rule,) = rules
     if "from" not in rule:
         return None
-    return {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rule["from"] if "podSelector" in peer}
+    return {
+        peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        for peer in rule["from"]
+        if "podSelector" in peer
+    }
 
 
 def test_stages_accept_grpc_only_from_their_callers(default_docs: list[dict[str, Any]]) -> None:
@@ -580,7 +617,11 @@ def test_servicemonitor_scrapes_every_stage_metrics_port(default_docs: list[dict
     (monitor,) = by_kind(default_docs, "ServiceMonitor").values()
     selector = monitor["spec"]["selector"]["matchLabels"]
     (endpoint,) = monitor["spec"]["endpoints"]
-    matched = {s["metadata"]["name"]: s for s in by_kind(default_docs, "Service").values() if selector.items() <= s["metadata"]["labels"].items()}
+    matched = {
+        s["metadata"]["name"]: s
+        for s in by_kind(default_docs, "Service").values()
+        if selector.items() <= s["metadata"]["labels"].items()
+    }
     assert set(matched) == {f"lip-lipline-{s}" for s in STAGES}  # render workers included
     for svc in matched.values():
         assert endpoint["port"] in {p["name"] for p in svc["spec"]["ports"]}
@@ -613,9 +654,18 @@ def test_alerts_and_dashboards_use_metrics_the_services_export(default_docs: lis
     from services.serving.metrics import Metrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-    exported = {family.name + suffix for family in Metrics("any").registry.collect() for suffix in suffixes.get(family.type, ("",))}
+    exported = {
+        family.name + suffix
+        for family in Metrics("any").registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
     # GpuCollector's families exist only where NVML sees a GPU.
-    exported |= {"lipline_gpu_utilization_ratio", "lipline_gpu_memory_used_bytes", "lipline_gpu_memory_total_bytes", "lipline_gpu_power_watts"}
+    exported |= {
+        "lipline_gpu_utilization_ratio",
+        "lipline_gpu_memory_used_bytes",
+        "lipline_gpu_memory_total_bytes",
+        "lipline_gpu_power_watts",
+    }
     (rule,) = by_kind(default_docs, "PrometheusRule").values()
     assert rule["spec"]["groups"]
     texts = [*_rule_expressions(), _dashboard(default_docs)]
@@ -640,9 +690,16 @@ def test_the_render_workers_are_on_the_dashboard_and_alerted_on(default_docs: li
     ):
         assert metric in exprs, metric
     assert "sum(lipline_queue_depth" not in exprs.replace(" ", "")  # one shared queue: max, never sum
-    rules = {r.get("alert"): r for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"] for r in g["rules"]}
+    rules = {
+        r.get("alert"): r
+        for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
+        for r in g["rules"]
+    }
     assert rules["LiplineRenderQueueWaitHigh"]["for"] == "10m" and "> 30" in rules["LiplineRenderQueueWaitHigh"]["expr"]
-    assert "lipline_lease_lost_total" in rules["LiplineRenderLeasesLost"]["expr"] and rules["LiplineRenderLeasesLost"]["for"] == "10m"
+    assert (
+        "lipline_lease_lost_total" in rules["LiplineRenderLeasesLost"]["expr"]
+        and rules["LiplineRenderLeasesLost"]["for"] == "10m"
+    )
 
 
 def test_helm_test_hook_runs_the_smoke_check_against_the_gateway(default_docs: list[dict[str, Any]]) -> None:
@@ -654,7 +711,9 @@ def test_helm_test_hook_runs_the_smoke_check_against_the_gateway(default_docs: l
 
 
 def test_values_schema_is_generated_from_the_services_settings() -> None:
-    assert (CHART / "values.schema.json").read_text() == _gen_chart_schema().render(), "values.schema.json is stale: run `python scripts/gen_chart_schema.py`"
+    assert (CHART / "values.schema.json").read_text() == _gen_chart_schema().render(), (
+        "values.schema.json is stale: run `python scripts/gen_chart_schema.py`"
+    )
 
 
 def test_promtool_accepts_the_chart_rules() -> None:
@@ -672,7 +731,9 @@ def test_kubernetes_discovery_watches_endpoint_slices_with_the_least_rights() ->
     docs = render("discovery.kubernetes=true")
     assert validate_builtin(docs, "1.29.0") > 0
     (role,) = by_kind(docs, "Role").values()
-    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}
+    ]
     (binding,) = by_kind(docs, "RoleBinding").values()
     account = by_kind(docs, "ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -682,8 +743,13 @@ def test_kubernetes_discovery_watches_endpoint_slices_with_the_least_rights() ->
         pod = deployment["spec"]["template"]["spec"]
         callers = name.endswith(("-gateway", "-render"))
         assert pod["automountServiceAccountToken"] is callers, name  # the API token only where it is used
-    assert env_of(deployments["lip-lipline-render"])["LIPLINE_LIPSYNC_ADDRESS"] == "k8s:///lip-lipline-lipsync.media:50062"
+    assert (
+        env_of(deployments["lip-lipline-render"])["LIPLINE_LIPSYNC_ADDRESS"] == "k8s:///lip-lipline-lipsync.media:50062"
+    )
     # Off by default: no Role, DNS addresses, no token in any pod.
     default = render()
     assert not by_kind(default, "Role")
-    assert all(d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False for d in by_kind(default, "Deployment").values())
+    assert all(
+        d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+        for d in by_kind(default, "Deployment").values()
+    )

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from lipline.v1 import gateway_pb2
+from services.gateway.client import LiplineClient
+from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from services.media.audio import decode_audio
 from services.media.decode import decode_avatar
 from services.render.mp4 import Mp4Writer
-from services.gateway.client import LiplineClient
-from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from tests.helpers.audio_files import pcm_wav
 from tests.helpers.speech_signals import FPS, RATE, SAMPLE, far_from, pink_noise, speech_frames
 from tests.integration.util import SAMPLES

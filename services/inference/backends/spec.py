@@ -109,7 +109,9 @@ def _device_tag(device: torch.device) -> str:
     return f"cpu {platform.machine()} {platform.processor()}"
 
 
-def compile_cache_key(module: nn.Module, device: torch.device, precision: str, buckets: Sequence[int], extra: str = "") -> str:
+def compile_cache_key(
+    module: nn.Module, device: torch.device, precision: str, buckets: Sequence[int], extra: str = ""
+) -> str:
     """sha256 of (model state, torch version, GPU name/capability, precision, buckets, extra)."""
     parts = [_state_hash(module), torch.__version__, _device_tag(device), precision, ",".join(map(str, buckets)), extra]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
@@ -292,7 +294,9 @@ def _kind_spec(
             key = compile_cache_key(model, device, precision, buckets, extra=extra)
             path = Path(cache_dir) / f"{key}.bin" if cache_dir else None
         else:
-            key = compile_cache_key(model, device, precision, buckets, extra=f"tensorrt {_tensorrt_version()} fold_bn=True")
+            key = compile_cache_key(
+                model, device, precision, buckets, extra=f"tensorrt {_tensorrt_version()} fold_bn=True"
+            )
             path = Path(cache_dir) / f"trt-{key}.engine" if cache_dir else None
         spec = dataclasses.replace(spec, cache_key=key, cache_path=path)
     return spec, notes
@@ -364,7 +368,14 @@ def resolve_backend_spec(
         if warm and auto_kind(device, warm_compile_cache=True) == "compile":
             spec, reason = compiled, f"compile cache warm at {compiled.cache_path}"  # type: ignore[assignment]
         else:
-            spec, notes = _kind_spec("torch", device, model, fold_bn=fold, cuda_graphs=True if cuda_graphs is None else cuda_graphs, **options)  # type: ignore[arg-type]
+            spec, notes = _kind_spec(
+                "torch",
+                device,
+                model,
+                fold_bn=fold,
+                cuda_graphs=True if cuda_graphs is None else cuda_graphs,
+                **options,
+            )  # type: ignore[arg-type]
             if not allow_compile:
                 reason = "compile not allowed (fallback)"
             elif compiled is None:
@@ -377,6 +388,12 @@ def resolve_backend_spec(
     if log:
         _LOGGER.info(
             spec.decision,
-            extra={"backend": spec.name, "requested": backend, "device": str(spec.device), "precision": spec.precision, "buckets": list(spec.buckets)},
+            extra={
+                "backend": spec.name,
+                "requested": backend,
+                "device": str(spec.device),
+                "precision": spec.precision,
+                "buckets": list(spec.buckets),
+            },
         )
     return spec

@@ -50,7 +50,14 @@ def export_onnx(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "legacy TorchScript-based exporter"
         torch.onnx.export(
-            module, tuple(example), str(path), input_names=names, output_names=list(output_names), dynamic_axes=axes, opset_version=opset, dynamo=False
+            module,
+            tuple(example),
+            str(path),
+            input_names=names,
+            output_names=list(output_names),
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,
         )
     return names
 

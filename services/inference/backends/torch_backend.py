@@ -27,7 +27,9 @@ _LOGGER = logging.getLogger("services.inference.backends")
 class _CudaGraphRunner:
     """One captured forward pass at a fixed input shape: static inputs in, replay, static output out."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], example: Sequence[torch.Tensor], pool: object, warmup_iters: int) -> None:
+    def __init__(
+        self, fn: Callable[..., torch.Tensor], example: Sequence[torch.Tensor], pool: object, warmup_iters: int
+    ) -> None:
         self.static_inputs = [x.clone() for x in example]  # clone keeps the memory format
         # Eager iterations on a side stream first: cuDNN benchmark picks its algorithms and the
         # caching allocator settles before anything is recorded (torch.cuda.graphs docs' recipe).
@@ -42,7 +44,9 @@ class _CudaGraphRunner:
             self.static_output = fn(*self.static_inputs)
 
     def matches(self, inputs: Sequence[torch.Tensor]) -> bool:
-        return len(inputs) == len(self.static_inputs) and all(x.shape[1:] == s.shape[1:] for x, s in zip(inputs, self.static_inputs))
+        return len(inputs) == len(self.static_inputs) and all(
+            x.shape[1:] == s.shape[1:] for x, s in zip(inputs, self.static_inputs)
+        )
 
     def run(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Copy the n rows in (dtype/device conversion included), replay, return the first n output rows.
@@ -229,7 +233,12 @@ class TorchBackend(SpecBackend):
             self._graphs_failed = True
             return None
         took = time.perf_counter() - t0
-        _LOGGER.info("captured CUDA graph for batch %d in %.2fs", bucket, took, extra={"batch": bucket, "seconds": round(took, 3)})
+        _LOGGER.info(
+            "captured CUDA graph for batch %d in %.2fs",
+            bucket,
+            took,
+            extra={"batch": bucket, "seconds": round(took, 3)},
+        )
         self._graphs[bucket] = runner
         return runner
 

@@ -186,7 +186,9 @@ class JobStore(abc.ABC):
 
     # -- jobs (gateway) ---------------------------------------------------------------------------
     @abc.abstractmethod
-    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False) -> Job:
+    def create_job(
+        self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False
+    ) -> Job:
         """Insert the job (QUEUED), its audio task if it asks for one and its segment tasks
         (WAITING) and its join (BLOCKED) in one transaction. TooLarge when `max_active` (>0) QUEUED+RUNNING jobs exist, or the owner has
         `max_active_per_owner` (>0). With `check_avatar` (the gateway), NotFound unless the job's
@@ -235,7 +237,9 @@ class JobStore(abc.ABC):
         WAITING and the job's stage "join"."""
 
     @abc.abstractmethod
-    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = "") -> bool:
+    def complete_join(
+        self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = ""
+    ) -> bool:
         """SUCCEEDED with the output, its size and its sha256 (hex), which DownloadOutput checks
         (only with the current lease, else False); tasks deleted."""
 

@@ -26,11 +26,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from services.serving.errors import StoreUnavailable
+from services.jobs.store.jobs import ChangeFeed
 from services.jobs.store.sql.feed import NOTIFY_CHANNEL, WaiterFeed
 from services.jobs.store.sql.store import SqlJobStore
 from services.jobs.store.sql.tx import Row, Tx
-from services.jobs.store.jobs import ChangeFeed
+from services.serving.errors import StoreUnavailable
 
 T = TypeVar("T")
 _LOGGER = logging.getLogger(__name__)
@@ -88,7 +88,9 @@ class _PgTx(Tx):
     def now(self) -> float:
         """The database's clock, read once per transaction (one consistent "now" for its statements)."""
         if self._now is None:
-            self._now = float(self._cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now").fetchone()["now"])
+            self._now = float(
+                self._cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now").fetchone()["now"]
+            )
         return self._now
 
     def notify(self, job_id: str) -> None:
@@ -138,7 +140,9 @@ class PostgresJobStore(SqlJobStore):
                     return fn(_PgTx(cur))
             except _RETRYABLE as e:
                 if attempt == _TX_ATTEMPTS:
-                    raise StoreUnavailable(f"the PostgreSQL job store at {self.where} kept aborting a transaction ({e.sqlstate}: {e}); retry later") from e
+                    raise StoreUnavailable(
+                        f"the PostgreSQL job store at {self.where} kept aborting a transaction ({e.sqlstate}: {e}); retry later"
+                    ) from e
                 _LOGGER.info("job store: transaction aborted (%s), running it again", e.sqlstate)
             except PoolTimeout as e:
                 raise StoreUnavailable(
@@ -146,7 +150,9 @@ class PostgresJobStore(SqlJobStore):
                     f"(is the database up and reachable?); retry later"
                 ) from e
             except psycopg.OperationalError as e:
-                raise StoreUnavailable(f"the PostgreSQL job store at {self.where} cannot be reached ({str(e).strip() or type(e).__name__}); retry later") from e
+                raise StoreUnavailable(
+                    f"the PostgreSQL job store at {self.where} cannot be reached ({str(e).strip() or type(e).__name__}); retry later"
+                ) from e
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -204,7 +210,12 @@ class PostgresChangeFeed(WaiterFeed):
             except Exception as e:  # noqa: BLE001 - any loss: reconnect; waiters re-read their jobs
                 self._connected.clear()
                 self._wake_all()
-                _LOGGER.warning("job feed: connection to %s lost or refused (%s); retrying in %.1f s", self._where, str(e).strip() or type(e).__name__, delay)
+                _LOGGER.warning(
+                    "job feed: connection to %s lost or refused (%s); retrying in %.1f s",
+                    self._where,
+                    str(e).strip() or type(e).__name__,
+                    delay,
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.BACKOFF_S[1])
 

@@ -36,8 +36,8 @@ import obstore
 import obstore.exceptions
 from obstore.store import S3Store
 
-from services.serving.errors import NotFound, StorageFull, StoreUnavailable
 from services.jobs.store.blobs import BlobStore, atomic_write, check_key, check_prefix
+from services.serving.errors import NotFound, StorageFull, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -127,7 +127,9 @@ class S3BlobStore(BlobStore):
         retry: dict[str, Any] = dict(DEFAULT_RETRY_CONFIG)
         retry.update(retry_config or {})
 
-        self._store = S3Store(self.bucket, prefix=self.prefix or None, config=config, client_options=client, retry_config=retry)
+        self._store = S3Store(
+            self.bucket, prefix=self.prefix or None, config=config, client_options=client, retry_config=retry
+        )
 
     def __repr__(self) -> str:
         return f"S3BlobStore({self.url!r})"
@@ -249,10 +251,14 @@ class S3BlobStore(BlobStore):
                 return StoreUnavailable(f"S3 blob store {self.url}: bucket {self.bucket!r} not found")
             return NotFound(f"blob not found: {key}")
         if isinstance(e, obstore.exceptions.BaseError) and _FULL.search(message):
-            return StorageFull(f"the S3 blob store {self.url} is full (a quota or no space left); free space or raise the quota, then retry")
+            return StorageFull(
+                f"the S3 blob store {self.url} is full (a quota or no space left); free space or raise the quota, then retry"
+            )
         if isinstance(e, obstore.exceptions.BaseError) and _UNREACHABLE.search(message):
             first_line = message.split("\n", 1)[0][:300]
-            return StoreUnavailable(f"the S3 blob store {self.url} cannot be reached ({first_line}); check the endpoint and the network, then retry")
+            return StoreUnavailable(
+                f"the S3 blob store {self.url} cannot be reached ({first_line}); check the endpoint and the network, then retry"
+            )
         return e
 
 

@@ -112,7 +112,11 @@ def create(stores: Stores, finder: FaceFinder, *uploads: tuple[AvatarUpload, str
 
     async def run() -> list[AvatarRecord]:
         async with lipsync_stage(finder) as stub:
-            return list(await asyncio.gather(*(add_avatar(stores.jobs, stores.blobs, stub, SETTINGS, u, t, "req-1") for u, t in uploads)))
+            return list(
+                await asyncio.gather(
+                    *(add_avatar(stores.jobs, stores.blobs, stub, SETTINGS, u, t, "req-1") for u, t in uploads)
+                )
+            )
 
     return asyncio.run(run())
 

@@ -75,7 +75,9 @@ def with_audio(call: Callable[[audio_pb2_grpc.AudioServiceStub], Awaitable[T]], 
     return asyncio.run(run())
 
 
-def submit(stores: Stores, seconds: float = 2.4, tenant: str = "acme", metrics: Metrics | None = None, **settings: float) -> Job:
+def submit(
+    stores: Stores, seconds: float = 2.4, tenant: str = "acme", metrics: Metrics | None = None, **settings: float
+) -> Job:
     audio = encode_tone("wav", seconds, rate=16000, channels=1)
     s = dataclasses.replace(GatewaySettings(), segment_seconds=1.0, **settings)
     request = JobRequest(AVATAR, audio, b"\x08\x01")
@@ -84,17 +86,31 @@ def submit(stores: Stores, seconds: float = 2.4, tenant: str = "acme", metrics: 
 
 
 def extract_calls(metrics: Metrics) -> float:
-    return sum(s.value for m in metrics.registry.collect() if m.name == "lipline_stage_requests" for s in m.samples if s.name.endswith("_total"))
+    return sum(
+        s.value
+        for m in metrics.registry.collect()
+        if m.name == "lipline_stage_requests"
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
 
 
 def test_a_job_is_queued_with_its_audio_task_segments_and_their_windows(stores: Stores) -> None:
     metrics = Metrics("audio")
     job = submit(stores, seconds=2.4, metrics=metrics)
     assert extract_calls(metrics) == 1
-    assert (job.state, job.avatar_id, job.owner, job.tenant, job.options) == (JobState.QUEUED, AVATAR, "tenant:acme", "acme", b"\x08\x01")
+    assert (job.state, job.avatar_id, job.owner, job.tenant, job.options) == (
+        JobState.QUEUED,
+        AVATAR,
+        "tenant:acme",
+        "acme",
+        b"\x08\x01",
+    )
     assert job.trace_context == '{"traceparent": "00-ab-cd-01"}'
     assert (job.total_frames, job.fps) == (60, FPS)
-    assert job.segments_total == 2  # 60 frames in 1 s segments: 25 + 35 (a short tail merges); the audio task is no segment
+    assert (
+        job.segments_total == 2
+    )  # 60 frames in 1 s segments: 25 + 35 (a short tail merges); the audio task is no segment
     assert job.audio_seconds == pytest.approx(2.4, abs=0.01)
     assert {"audio", "submit"} <= set(job.stage_seconds)
     tasks = []

@@ -15,7 +15,9 @@ from services.serving.settings import ModelStageSettings
 def test_start_up_guard_refuses_a_backend_too_far_from_the_fp32_model() -> None:
     """The numerics guard, run as the services run it (bf16 on the CPU stands in for a GPU backend)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 3, 3, padding=1))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 3, 3, padding=1)
+    )
     inputs = [torch.rand(2, 3, 16, 16)]
     backend = make_backend("torch", model, "cpu", precision="bf16")
     metrics = Metrics("guard")

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from services.serving.settings import Device, LogFormat, ModelStageSettings, ServiceSettings, setting, parse_settings
+from services.serving.settings import Device, LogFormat, ModelStageSettings, ServiceSettings, parse_settings, setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,17 @@ def test_enum_parsing_from_env_is_case_insensitive() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("1", True), ("true", True), ("Yes", True), ("ON", True), ("0", False), ("false", False), ("no", False), ("off", False), ("", False)],
+    [
+        ("1", True),
+        ("true", True),
+        ("Yes", True),
+        ("ON", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("off", False),
+        ("", False),
+    ],
 )
 def test_bool_parsing(raw: str, expected: bool) -> None:
     assert parse_settings(_ExtraSettings, [], {"LIPLINE_DEBUG": raw}).debug is expected
