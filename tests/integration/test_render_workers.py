@@ -99,7 +99,8 @@ def rcluster(
     store_url: tuple[str, PostgresServer | None], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalCluster]:
     url, _ = store_url
-    worker = ["--lease-s=2", "--heartbeat-s=0.25", "--poll-s=0.05", "--max-attempts=4"]
+    # A 15 s retry window (60 s by default) keeps the give-up test short; a PostgreSQL restart fits in it.
+    worker = ["--lease-s=2", "--heartbeat-s=0.25", "--poll-s=0.05", "--max-attempts=4", "--retry-window-s=15"]
     with LocalCluster(
         tmp_path_factory.mktemp("render"),
         job_store=url,
