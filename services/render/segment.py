@@ -20,9 +20,10 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,7 @@ class SegmentRenderer:
         super_resolution: bool,
         crf: int,
         output: Path,
-        metadata: tuple = (),
+        metadata: Sequence[tuple[str, str]] = (),
         template_loop: str = LOOP_PING_PONG,
     ) -> SegmentResult:
         """Frames [start, end) into `output` (an H.264 MP4 without audio, frame 0 = `start`).
@@ -188,7 +189,7 @@ class SegmentRenderer:
         raw_size: bool,
         times: dict[str, float],
         models: list[dict],
-        metadata: tuple,
+        metadata: Sequence[tuple[str, str]],
         template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         """(frame index, face) from lipsync, in order: 96x96 with `raw_size`, else at paste size."""
@@ -239,7 +240,7 @@ class SegmentRenderer:
         faces: AsyncIterator[tuple[int, np.ndarray]],
         times: dict[str, float],
         models: list[dict],
-        metadata: tuple,
+        metadata: Sequence[tuple[str, str]],
         template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         meta = avatar.meta
@@ -269,9 +270,9 @@ class SegmentRenderer:
                 times["superres"] = time.perf_counter() - t0
 
 
-def _provider(stub: object) -> Callable[[], object]:
+def _provider(stub: object) -> Callable[[], Any]:
     """A zero-argument stub provider for `stub` (a provider already, or one stub to return every time)."""
-    return stub if callable(stub) else (lambda: stub)  # type: ignore[return-value]
+    return stub if callable(stub) else (lambda: stub)
 
 
 def _lower_priority(nice: int) -> None:
