@@ -138,7 +138,7 @@ class DeviceBatchEngine(abc.ABC, Generic[Chunk]):
         sizes: list[tuple[int, int]] = [(0, 0)] * n
         for (positions, images), data in zip(parts, self._to_host(parts)):
             _, h, w, _ = images.shape
-            view, step = memoryview(data), h * w * 3  # type: ignore[arg-type]  # numpy's stubs: buffer protocol on 3.12+ only
+            view, step = data.data, h * w * 3  # the array's memoryview
             for j, pos in enumerate(positions):
                 views[pos] = view[j * step : (j + 1) * step]
                 sizes[pos] = (w, h)

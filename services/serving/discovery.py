@@ -377,7 +377,7 @@ class DiscoveredStageClients(StageClients):
         }
 
     @property
-    def channels(self) -> dict[str, grpc.aio.Channel | None]:  # type: ignore[override]  # a read-only view of the providers' channels
+    def channels(self) -> dict[str, grpc.aio.Channel | None]:  # type: ignore[override]  # read-only, None until discovered; check/close are overridden
         return {name: p.channel for name, p in self.providers.items()}
 
     async def start(self) -> None:
