@@ -26,6 +26,7 @@ test-integration: install ## integration tests only (every service as a process 
 lint: install ## ruff (style, imports, syntax), the formatter's check and the type checker, as the suite runs them
 	.venv/bin/ruff check services tests scripts bench
 	.venv/bin/ruff format --check services tests scripts bench
+	$(PY) -m mypy
 
 fmt: install ## fix what ruff can (imports, syntax) and format the tree
 	.venv/bin/ruff check --fix services tests scripts bench

@@ -350,7 +350,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     return result
 
 
-def process_cpu_seconds(cluster) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def process_cpu_seconds(cluster) -> dict[str, float]:
     """CPU seconds (user + system, all threads) of each live service process so far, its live child
     processes included (the audio stage extracts in children), from /proc."""
     import os

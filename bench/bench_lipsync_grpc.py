@@ -164,8 +164,8 @@ class Stats:
         now = time.perf_counter()
         self.latencies.append((now, now - sent_at))
         self.arrivals.append((now, items))
-        if response.HasField("model") and self.model_info is None:  # type: ignore[attr-defined]
-            self.model_info = response.model  # type: ignore[attr-defined]
+        if response.HasField("model") and self.model_info is None:
+            self.model_info = response.model
 
 
 async def run_stream(

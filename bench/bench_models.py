@@ -336,7 +336,7 @@ def environment(device: torch.device) -> dict:
             sm_count=props.multi_processor_count,
         )
     try:
-        import tensorrt  # type: ignore[import-not-found]
+        import tensorrt
 
         env["tensorrt"] = tensorrt.__version__
     except Exception:  # noqa: BLE001

@@ -29,6 +29,7 @@ import re
 import shutil
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +49,11 @@ DEV = frozenset(
         "hypothesis",
         "sortedcontainers",
         "ruff",
+        "mypy",
+        "mypy-extensions",
+        "librt",
+        "ast-serialize",
+        "pathspec",
         "grpcio-tools",
         "jsonschema",
         "jsonschema-specifications",
@@ -150,7 +156,9 @@ def check_installed(service: str) -> list[str]:
 
 
 def gpu_problems(
-    installed: set[str] | None = None, which: object = shutil.which, include_dir: str | None = None
+    installed: set[str] | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+    include_dir: str | None = None,
 ) -> list[str]:
     """What a GPU image lacks for NVML and torch.compile (empty when complete). The arguments stand in
     for this environment in tests: installed distribution names, shutil.which, the Python headers' folder."""
@@ -163,7 +171,7 @@ def gpu_problems(
     ]
     if here and not problems and importlib.util.find_spec("pynvml") is None:
         problems.append("nvidia-ml-py is installed but `import pynvml` finds nothing")
-    if which("cc") is None:  # type: ignore[operator]
+    if which("cc") is None:
         problems.append("no C compiler `cc` (Triton builds its launcher with it: apt-get install gcc)")
     include = Path(include_dir if include_dir is not None else sysconfig.get_paths()["include"])
     if not (include / "Python.h").is_file():

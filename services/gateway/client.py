@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -56,7 +57,10 @@ class LiplineClient:
         if tls is None:
             tls = env.get("LIPLINE_TLS", "").lower() in {"1", "true", "yes", "on"}
         # Reconnect within a few seconds of a gateway coming back (gRPC's backoff grows to 120 s).
-        options = [*channel_options(max_message_bytes), ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS)]
+        options: list[tuple[str, int | str]] = [
+            *channel_options(max_message_bytes),
+            ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        ]
         if tls or tls_ca_file:
             roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
             if tls_server_name:
@@ -256,7 +260,7 @@ def render_file(
 
 def progress_printer(write: Callable[[str], None], step: float = 0.1) -> Callable[[gateway_pb2.Job], None]:
     """A `wait(on_event=...)` callback that writes one line per `step` of progress and per state change."""
-    last = {"progress": -1.0, "state": None}
+    last: dict[str, Any] = {"progress": -1.0, "state": None}
 
     def show(job: gateway_pb2.Job) -> None:
         if job.progress - last["progress"] >= step or job.state != last["state"]:

@@ -45,7 +45,7 @@ def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
     return gateway_pb2.Job(
         id=job.id,
         avatar_id=job.avatar_id,
-        state=int(job.state),
+        state=int(job.state),  # type: ignore[arg-type]  # protoc's .pyi types an enum field as the enum; it takes the int
         progress=progress,
         frames_done=job.frames_done,
         total_frames=job.total_frames,

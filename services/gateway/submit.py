@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -62,7 +63,7 @@ async def extract_windows(
     """All mel windows of the clip from the audio stage, (frames, 2560) bytes as uint8 (float16
     inside), and the clip's decoded length in seconds. The stage refuses audio over `max_seconds`."""
 
-    async def requests():  # type: ignore[no-untyped-def]
+    async def requests() -> AsyncIterator[audio_pb2.ExtractRequest]:
         options = audio_pb2.ExtractOptions(fps=fps, max_seconds=max_seconds)
         yield audio_pb2.ExtractRequest(options=options, data=data[:_CHUNK])
         for start in range(_CHUNK, len(data), _CHUNK):

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,8 +77,9 @@ def seeded(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
-def _describe(args: Sequence[object]) -> list[str]:
-    return [f"{a.name}[{','.join(str(d) for d in a.shape)}]" for a in args]  # type: ignore[attr-defined]
+def _describe(args: Sequence[Any]) -> list[str]:
+    """`name[dims]` of each of an onnxruntime session's inputs or outputs (its NodeArgs)."""
+    return [f"{a.name}[{','.join(str(d) for d in a.shape)}]" for a in args]
 
 
 def export_verified(

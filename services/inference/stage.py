@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence, Sized
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
@@ -37,7 +37,7 @@ _LOGGER = logging.getLogger(__name__)
 Req = TypeVar("Req")
 Svc = TypeVar("Svc")
 S = TypeVar("S", bound=ModelStageSettings)
-Chunk = TypeVar("Chunk")
+Chunk = TypeVar("Chunk", bound=Sized)  # the batcher counts a chunk's items with len()
 Resp = TypeVar("Resp", bound="_HasModel")
 
 # Per request message: its items' keys (one or more index lists, one entry per item) and their images.

@@ -187,7 +187,7 @@ class I420Writer:
 
     def write(self, frame_bgr: np.ndarray) -> None:
         converted = cv2.cvtColor(np.ascontiguousarray(frame_bgr), cv2.COLOR_BGR2YUV_I420, dst=self._i420)
-        self._file.write(memoryview(np.ascontiguousarray(converted)).cast("B"))
+        self._file.write(np.ascontiguousarray(converted).data.cast("B"))
         self.count += 1
 
     def __enter__(self) -> I420Writer:

@@ -137,8 +137,8 @@ class FaceStream:
                 raise ValueError(f"the frames were sent again with more than the {len(self.raw)} of the first sending")
             if frame.shape != self._shape:
                 raise ValueError(
-                    f"frame {i} sent again is {frame.shape[1]}x{frame.shape[0]}, the first sending's was {self._shape[1]}x{self._shape[0]}"
-                )  # type: ignore[index]
+                    f"frame {i} sent again is {frame.shape[1]}x{frame.shape[0]}, the first sending's was {self.size[1]}x{self.size[0]}"
+                )
             if i in self._again:
                 box = self._second[i]
                 assert box is not None

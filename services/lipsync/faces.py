@@ -84,7 +84,7 @@ class HaarFaceDetector:
             min_size_frac: smallest face to accept, as a fraction of the (downscaled) shorter side;
                 rejects small false positives in the background.
         """
-        self._path = cv2.data.haarcascades + "haarcascade_frontalface_default.xml"
+        self._path = cv2.data.haarcascades + "haarcascade_frontalface_default.xml"  # type: ignore[attr-defined]  # cv2.data is missing from OpenCV's stubs
         self._local = threading.local()
         self._classifier()  # fail at start-up, not at the first request
         self.max_side = max_side
@@ -272,6 +272,6 @@ def prepare_boxes(
         while j < len(padded) and padded[j] is not None:
             j += 1
         run = steady_boxes(np.array(padded[i:j], dtype=np.int64), height, width)
-        out[i:j] = [tuple(int(v) for v in row) for row in run]
+        out[i:j] = [(int(x1), int(y1), int(x2), int(y2)) for x1, y1, x2, y2 in run]
         i = j
     return out

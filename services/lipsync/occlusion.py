@@ -101,7 +101,7 @@ def scores_from_features(features: Sequence[np.ndarray | None]) -> np.ndarray:
     idx = [i for i, f in enumerate(features) if f is not None]
     if not idx:
         return scores
-    feats = np.stack([features[i] for i in idx])  # type: ignore[misc]
+    feats = np.stack([f for f in features if f is not None])  # the frames of `idx`, in order
     typical = np.median(feats, axis=0)
     dist = np.sqrt(((feats - typical) ** 2).sum(axis=-1))
     scores[idx] = np.minimum(dist, PIXEL_CAP).mean(axis=(1, 2))

@@ -36,7 +36,7 @@ def check_pad_count(options: lipsync_pb2.DetectFacesOptions) -> tuple[int, int, 
     pads = tuple(options.pads) if options.pads else DEFAULT_PADS
     if len(pads) != 4:
         raise InvalidRequest(f"pads must be 4 numbers (top, bottom, left, right), got {list(pads)}")
-    return pads  # type: ignore[return-value]
+    return pads
 
 
 def check_pads(pads: tuple[int, int, int, int], height: int, width: int) -> None:
@@ -86,7 +86,7 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
                     )
                 frames.append(frame)
                 position += 1
-            if frames and stream is None:
+            if frames and first_shape is not None and stream is None:  # a frame sets first_shape
                 check_pads(pads, first_shape[0], first_shape[1])
                 if svc.detector is None:
                     raise FailedPrecondition("this lipsync replica runs without a face detector (--detector none)")
@@ -135,11 +135,11 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
                 faces=[
                     lipsync_pb2.FaceDetection(
                         index=i,
-                        found=boxes[i] is not None,
-                        box=common_pb2.Box(**dict(zip(("x1", "y1", "x2", "y2"), boxes[i]))) if boxes[i] else None,
+                        found=box is not None,
+                        box=common_pb2.Box(**dict(zip(("x1", "y1", "x2", "y2"), box))) if box else None,
                         mouth_covered=bool(covered[i]),
                     )
-                    for i in range(start, min(start + 256, len(boxes)))
+                    for i, box in enumerate(boxes[start : start + 256], start)
                 ]
             )
 

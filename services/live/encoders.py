@@ -141,7 +141,7 @@ class H264Encoder:
         self._context = context
         self._frame = av.VideoFrame(width, height, "yuv420p")  # reused: libx264 copies the pixels in encode
         self._planes = [
-            np.frombuffer(plane, np.uint8).reshape(rows, plane.line_size)[:, :cols]
+            np.frombuffer(plane, np.uint8).reshape(rows, plane.line_size)[:, :cols]  # type: ignore[call-overload]  # PyAV's stubs: a plane is a buffer
             for plane, rows, cols in zip(
                 self._frame.planes, (height, height // 2, height // 2), (width, width // 2, width // 2)
             )
@@ -182,7 +182,7 @@ class H264Encoder:
     def close(self) -> None:
         """Drops the encoder (nothing is pending: every frame came out of its own call; PyAV frees it)."""
         self._planes = []
-        self._context = None  # type: ignore[assignment] - encode after close is a caller bug
+        self._context = None  # type: ignore[assignment]  # encode after close is a caller bug
 
 
 class JpegEncoder:

@@ -238,7 +238,7 @@ class _Item:
 
 def _provider(stub: object) -> StubProvider:
     """A zero-argument stub provider (a DiscoveredChannel's `stub(...)` per stream, or one fixed stub)."""
-    return stub if callable(stub) else (lambda: stub)  # type: ignore[return-value]
+    return stub if callable(stub) else (lambda: stub)
 
 
 def _as_stage_failure(stage: str, errors: Sequence[BaseException]) -> StageFailed:
@@ -387,6 +387,8 @@ class _OrderedStream:
                 timer.cancel()
             if any(t.done() for t in call.tasks):
                 return await self._end(call), call.answered
+            if max_age is None:  # no age limit: the timer (1e9 s) fired first, keep the call
+                continue
             try:
                 successor = self._open()
             except StageFailed as error:  # keep the current call; try again in a second

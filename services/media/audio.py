@@ -78,7 +78,7 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
                 for out in resampler.resample(frame):
                     pieces.append(_mono(out))
                     total += out.samples
-                if limit is not None and total > limit:
+                if limit is not None and max_seconds is not None and total > limit:
                     raise TooLarge(_too_long_message(container, max_seconds))
             if resampler is not None:
                 # The resampler holds back a few samples of filter delay; flushing returns them.
@@ -90,7 +90,7 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
 
     if total == 0:
         raise InvalidMedia(f"the audio decoded to zero samples (empty or truncated file); {_FORMATS_HINT}")
-    if limit is not None and total > limit:  # the flush can push a clip just over the limit
+    if limit is not None and max_seconds is not None and total > limit:  # the flush can push a clip just over the limit
         raise TooLarge(_too_long_message(None, max_seconds, total / sample_rate))
     signal = np.concatenate(pieces).astype(np.float32, copy=False)
     # Float sources and resampler ringing can overshoot slightly; the contract is [-1, 1].

@@ -265,7 +265,7 @@ def _outer(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out[i, j] = a[i] * b[j] (float32). cv2.gemm: bit-identical to np.multiply.outer and 2.5x faster."""
     if out.size == 0:
         return
-    result = cv2.gemm(np.ascontiguousarray(a)[:, None], np.ascontiguousarray(b)[None, :], 1.0, None, 0.0, dst=out)
+    result = cv2.gemm(np.ascontiguousarray(a)[:, None], np.ascontiguousarray(b)[None, :], 1.0, None, 0.0, dst=out)  # type: ignore[call-overload]  # stubs: src3 may be None
     if result is not out:  # pragma: no cover - cv2 reallocated dst
         out[...] = result
 

@@ -111,7 +111,7 @@ def _decode_still(data: bytes, header: ImageSize, *, max_pixels: int, min_side: 
 
 def _demux_checked(
     container: av.container.InputContainer, *, max_frames: int, max_pixels: int, min_side: int
-) -> tuple[av.video.stream.VideoStream, list[av.Packet], int, float]:
+) -> tuple[av.video.stream.VideoStream, list[av.Packet | None], int, float]:
     """The first video stream's compressed packets, after the header checks of `decode_avatar`.
 
     Returns ``(stream, packets, count, fps)``; count is the number of frame-carrying packets.
@@ -143,7 +143,7 @@ def _demux_checked(
     # 3. The decoder refuses to allocate a frame above max_pixels, whatever the headers said (a
     #    later SPS may switch to 16000x16000): FFmpeg checks it in every frame allocation.
     context.options = {**(context.options or {}), "max_pixels": str(max_pixels)}
-    packets = []
+    packets: list[av.Packet | None] = []  # None once decoded (_iter_packets)
     count = 0
     for packet in container.demux(stream):  # the last packet (size 0) is the decoder's flush
         if packet.size and not packet.is_discard:
@@ -175,7 +175,7 @@ def _open_video(data: bytes) -> av.container.InputContainer:
 
 def _iter_packets(
     stream: av.video.stream.VideoStream,
-    packets: list[av.Packet],
+    packets: list[av.Packet | None],
     max_frames: int,
     max_pixels: int,
     min_side: int,
@@ -189,7 +189,7 @@ def _iter_packets(
     n = 0
     try:
         for i, packet in enumerate(packets):
-            packets[i] = None  # type: ignore[call-overload] # each packet is freed once decoded
+            packets[i] = None  # each packet is freed once decoded
             for frame in stream.decode(packet):
                 key = (frame.width, frame.height, frame.rotation)
                 if first is None:

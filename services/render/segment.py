@@ -20,15 +20,18 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
 from services.jobs.avatar_cache import LocalAvatar
+from services.jobs.avatars import AvatarMeta
 from services.jobs.segment_audio import SegmentAudio
+from services.media.crops import Box
 from services.media.packed import PackedImages
 from services.media.timeline import LOOP_PING_PONG, loop_frame
 from services.media.wire import image_from_proto, image_to_proto, pack_generate_items
@@ -91,7 +94,7 @@ class SegmentRenderer:
         super_resolution: bool,
         crf: int,
         output: Path,
-        metadata: tuple = (),
+        metadata: Sequence[tuple[str, str]] = (),
         template_loop: str = LOOP_PING_PONG,
     ) -> SegmentResult:
         """Frames [start, end) into `output` (an H.264 MP4 without audio, frame 0 = `start`).
@@ -188,7 +191,7 @@ class SegmentRenderer:
         raw_size: bool,
         times: dict[str, float],
         models: list[dict],
-        metadata: tuple,
+        metadata: Sequence[tuple[str, str]],
         template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         """(frame index, face) from lipsync, in order: 96x96 with `raw_size`, else at paste size."""
@@ -201,7 +204,7 @@ class SegmentRenderer:
             for k in range(0, len(used), ITEMS_PER_MESSAGE):
                 crops = []
                 for f in used[k : k + ITEMS_PER_MESSAGE]:
-                    x1, y1, x2, y2 = meta.boxes[f]  # type: ignore[misc]
+                    x1, y1, x2, y2 = _face_box(meta, f)
                     crops.append(
                         lipsync_pb2.ReferenceCrop(
                             crop_index=f,
@@ -239,7 +242,7 @@ class SegmentRenderer:
         faces: AsyncIterator[tuple[int, np.ndarray]],
         times: dict[str, float],
         models: list[dict],
-        metadata: tuple,
+        metadata: Sequence[tuple[str, str]],
         template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         meta = avatar.meta
@@ -247,7 +250,7 @@ class SegmentRenderer:
         async def requests() -> AsyncIterator[superres_pb2.UpscaleRequest]:
             items: list[superres_pb2.UpscaleItem] = []
             async for index, face in faces:
-                x1, y1, x2, y2 = meta.boxes[loop_frame(index, meta.frame_count, template_loop)]  # type: ignore[misc]
+                x1, y1, x2, y2 = _face_box(meta, loop_frame(index, meta.frame_count, template_loop))
                 items.append(
                     superres_pb2.UpscaleItem(
                         index=index, image=image_to_proto(face), out_width=x2 - x1, out_height=y2 - y1
@@ -269,9 +272,17 @@ class SegmentRenderer:
                 times["superres"] = time.perf_counter() - t0
 
 
-def _provider(stub: object) -> Callable[[], object]:
+def _face_box(meta: AvatarMeta, frame: int) -> Box:
+    """The face box of an avatar frame that has one (the renderer sends only face frames to the stages)."""
+    box = meta.boxes[frame]
+    if box is None:
+        raise ValueError(f"avatar frame {frame} has no face box")
+    return box
+
+
+def _provider(stub: object) -> Callable[[], Any]:
     """A zero-argument stub provider for `stub` (a provider already, or one stub to return every time)."""
-    return stub if callable(stub) else (lambda: stub)  # type: ignore[return-value]
+    return stub if callable(stub) else (lambda: stub)
 
 
 def _lower_priority(nice: int) -> None:

@@ -67,7 +67,7 @@ class RenderService(Service[RenderSettings]):
             s.encode_nice,
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        cache = AvatarCache(self.blobs, s.cache_dir, max_bytes=s.avatar_cache_bytes)
+        cache = AvatarCache(self.blobs, Path(s.cache_dir), max_bytes=s.avatar_cache_bytes)
         tasks = RenderTasks(self.metrics, self.jobs, self.blobs, cache, self.renderer, Path(s.cache_dir) / "scratch")
         self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, tasks, name)
         self._loops = [

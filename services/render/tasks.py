@@ -24,7 +24,7 @@ from lipline.v1 import gateway_pb2
 from services.jobs.avatar_cache import AvatarCache
 from services.jobs.integrity import file_sha256
 from services.jobs.layout import audio_key, job_prefix, mels_key, output_key, segment_indices, segment_key, upload_key
-from services.jobs.segment_audio import unpack_segment_audio
+from services.jobs.segment_audio import SegmentAudio, unpack_segment_audio
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import Job, JobStore, Task, TaskKind
 from services.media.audio import decode_audio
@@ -131,7 +131,7 @@ class RenderTasks:
             await asyncio.to_thread(self.blobs.delete, key)  # cancelled meanwhile: leave nothing behind
             raise LeaseLost()
 
-    async def _segment_audio(self, job: Job, task: Task, frames: int):  # type: ignore[no-untyped-def]
+    async def _segment_audio(self, job: Job, task: Task, frames: int) -> SegmentAudio:
         """The segment's mel windows from the blob store; CorruptRecord when missing or malformed
         (SubmitJob wrote them before the job existed: without them the segment can never render)."""
         key = mels_key(job.id, task.index)

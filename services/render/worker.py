@@ -28,7 +28,8 @@ import contextlib
 import logging
 import random
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeGuard
 
 import grpc
 
@@ -79,7 +80,7 @@ def task_label(task: Task) -> str:
     return {TaskKind.JOIN: "the join", TaskKind.AUDIO: "the audio track"}.get(task.kind, f"segment {task.index}")
 
 
-def is_retryable(exc: BaseException) -> bool:
+def is_retryable(exc: BaseException) -> TypeGuard[LiplineError]:
     """A failure that may pass by itself: a stage's retryable status, a store unavailable or full."""
     if isinstance(exc, StageFailed):
         return exc.retryable
@@ -324,7 +325,7 @@ class RenderWorker:
                 record_job_span(job.id, job.trace_context, job.create_time, "failed", error=message)
         _LOGGER.warning("job failed", extra={"job_id": task.job_id, "segment": task.index, "error": message})
 
-    async def _quietly(self, fn, *args):  # type: ignore[no-untyped-def]
+    async def _quietly(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return await asyncio.to_thread(fn, *args)
         except Exception:

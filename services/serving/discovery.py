@@ -376,8 +376,8 @@ class DiscoveredStageClients(StageClients):
             for name, address in self.addresses.items()
         }
 
-    @property  # type: ignore[override]
-    def channels(self) -> dict[str, grpc.aio.Channel | None]:
+    @property
+    def channels(self) -> dict[str, grpc.aio.Channel | None]:  # type: ignore[override]  # read-only, None until discovered; check/close are overridden
         return {name: p.channel for name, p in self.providers.items()}
 
     async def start(self) -> None:

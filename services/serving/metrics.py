@@ -134,7 +134,7 @@ class Metrics:
             torch_version, cuda = torch.__version__, torch.version.cuda or ""
             cudnn = str(torch.backends.cudnn.version() or "") if torch.backends.cudnn.is_available() else ""
         try:
-            import tensorrt  # type: ignore[import-not-found]
+            import tensorrt
 
             trt = tensorrt.__version__
         except Exception:  # noqa: BLE001 - not installed is the normal case off-GPU
@@ -150,14 +150,14 @@ class GpuCollector(Collector):
         self._lock = threading.Lock()
         self._nvml = None
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
 
             pynvml.nvmlInit()
             self._nvml = pynvml
         except Exception:  # noqa: BLE001 - no NVML library or no GPU: export nothing
             self._nvml = None
 
-    def collect(self):  # type: ignore[override]
+    def collect(self):
         families = {
             "util": GaugeMetricFamily("lipline_gpu_utilization_ratio", "GPU busy fraction (NVML)", labels=["gpu"]),
             "used": GaugeMetricFamily("lipline_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"]),

@@ -271,7 +271,7 @@ def _items_of(job: dict[str, Any]) -> list[tuple[str, str, str]]:
     assert args[:5] == ["python", "-m", "services.tools.fetch_models", "--dest", "/models"]
     rest = args[5:]
     assert rest[::4] == ["--item"] * (len(rest) // 4) and len(rest) % 4 == 0
-    return [tuple(rest[i + 1 : i + 4]) for i in range(0, len(rest), 4)]  # type: ignore[misc]
+    return [tuple(rest[i + 1 : i + 4]) for i in range(0, len(rest), 4)]
 
 
 def test_the_download_job_carries_every_item_and_its_sha256(all_docs: list[dict[str, Any]]) -> None:

@@ -345,5 +345,5 @@ def test_wait_survives_a_gateway_restart(fx: Fixture) -> None:
         thread.join(60)
     assert not thread.is_alive()
     assert "error" not in result, result.get("error")
-    assert result["job"].state == gateway_pb2.JOB_STATE_CANCELLED  # type: ignore[attr-defined]
+    assert result["job"].state == gateway_pb2.JOB_STATE_CANCELLED
     assert events[0] == gateway_pb2.JOB_STATE_QUEUED and events[-1] == gateway_pb2.JOB_STATE_CANCELLED

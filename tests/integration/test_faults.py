@@ -53,7 +53,7 @@ def fcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
     cluster = LocalCluster(
         workdir, blob_store=str(blobs), extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER}
     )
-    cluster.no_mount = no_mount  # type: ignore[attr-defined]
+    cluster.no_mount = no_mount
     try:
         cluster.__enter__()
     except BaseException:
@@ -172,8 +172,8 @@ def test_the_only_lipsync_replica_away_for_seconds_mid_job_fails_nothing(
 def test_a_blob_store_spell_mid_job_is_ridden_out_and_answered_clearly(
     fcluster: LocalCluster, avatar: gateway_pb2.Avatar, client: LiplineClient, spell: str
 ) -> None:
-    if fcluster.no_mount:  # type: ignore[attr-defined]
-        pytest.skip(fcluster.no_mount)  # type: ignore[attr-defined]
+    if fcluster.no_mount:
+        pytest.skip(fcluster.no_mount)
     root = fcluster.blob_dir
     job = client.submit(avatar.id, speech(20.0))
     wait_mid_job(client, job.id)
@@ -224,8 +224,8 @@ def test_a_store_that_fills_during_create_avatar_keeps_nothing_of_it(
     written is gone again, with no temporary file; once there is room, the same upload succeeds."""
     from bench.avatar_memory import static_video
 
-    if fcluster.no_mount:  # type: ignore[attr-defined]
-        pytest.skip(fcluster.no_mount)  # type: ignore[attr-defined]
+    if fcluster.no_mount:
+        pytest.skip(fcluster.no_mount)
     root = fcluster.blob_dir
     frames = 100
     video = static_video(frames, 256, 256)

@@ -49,7 +49,7 @@ def avatar() -> tuple[np.ndarray, tuple[int, int, int, int]]:
 
 
 @pytest.fixture(scope="module")
-def mouth_distances(cluster, avatar, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+def mouth_distances(cluster, avatar, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     """Per variant, per output frame: the mouth region's distance from the shut mouth."""
     folder = tmp_path_factory.mktemp("mouth")
     image, (x1, y1, x2, y2) = avatar

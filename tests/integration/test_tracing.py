@@ -30,7 +30,7 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
         self.spans: list[dict] = []
         self._lock = threading.Lock()
 
-    def Export(self, request, context):  # type: ignore[no-untyped-def]
+    def Export(self, request, context):
         with self._lock:
             for resource_spans in request.resource_spans:
                 service = next(

@@ -29,7 +29,7 @@ def logs_of(cluster: LocalCluster) -> str:
 @contextlib.contextmanager
 def start_cluster(workdir: Path, **kwargs: object) -> Iterator[LocalCluster]:
     """A started LocalCluster in `workdir`; on a start-up failure every service's log is printed."""
-    cluster = LocalCluster(workdir, **kwargs)  # type: ignore[arg-type]
+    cluster = LocalCluster(workdir, **kwargs)
     try:
         cluster.__enter__()
     except BaseException:

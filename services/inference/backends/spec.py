@@ -32,6 +32,7 @@ import os
 import platform
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -344,7 +345,7 @@ def resolve_backend_spec(
         raise ValueError(f"backend {backend!r} is not one of {list(BACKEND_KINDS)}")
     device = torch.device(device)
     buckets = normalise_buckets(batch_buckets) if batch_buckets else None
-    options = dict(
+    options: dict[str, Any] = dict(
         precision=precision,
         buckets=buckets,
         max_batch=max_batch,
@@ -355,18 +356,18 @@ def resolve_backend_spec(
     )
     reason = ""
     if backend != "auto":
-        spec, notes = _kind_spec(backend, device, model, fold_bn=fold_bn, cuda_graphs=cuda_graphs, **options)  # type: ignore[arg-type]
+        spec, notes = _kind_spec(backend, device, model, fold_bn=fold_bn, cuda_graphs=cuda_graphs, **options)
     elif device.type != "cuda":
-        spec, notes = _kind_spec("cpu", device, model, fold_bn=fold_bn, cuda_graphs=cuda_graphs, **options)  # type: ignore[arg-type]
+        spec, notes = _kind_spec("cpu", device, model, fold_bn=fold_bn, cuda_graphs=cuda_graphs, **options)
         reason = "no CUDA device"
     else:
         fold = True if fold_bn is None else fold_bn
         compiled = None
         if model is not None and cache_dir is not None and allow_compile:
-            compiled, notes = _kind_spec("compile", device, model, fold_bn=fold, cuda_graphs=cuda_graphs, **options)  # type: ignore[arg-type]
+            compiled, notes = _kind_spec("compile", device, model, fold_bn=fold, cuda_graphs=cuda_graphs, **options)
         warm = compiled is not None and compiled.cache_path is not None and compiled.cache_path.is_file()
-        if warm and auto_kind(device, warm_compile_cache=True) == "compile":
-            spec, reason = compiled, f"compile cache warm at {compiled.cache_path}"  # type: ignore[assignment]
+        if warm and compiled is not None and auto_kind(device, warm_compile_cache=True) == "compile":
+            spec, reason = compiled, f"compile cache warm at {compiled.cache_path}"
         else:
             spec, notes = _kind_spec(
                 "torch",
@@ -375,7 +376,7 @@ def resolve_backend_spec(
                 fold_bn=fold,
                 cuda_graphs=True if cuda_graphs is None else cuda_graphs,
                 **options,
-            )  # type: ignore[arg-type]
+            )
             if not allow_compile:
                 reason = "compile not allowed (fallback)"
             elif compiled is None:

@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -78,8 +79,8 @@ class TensorRTBackend(SpecBackend):
             raise ValueError(f"TensorRTBackend needs a tensorrt spec on CUDA with buckets, got {spec.describe()}")
         super().__init__(spec)
         self.export_source = fold_conv_bn(module).eval().float().cpu()  # a copy
-        self._context = None
-        self._engine = None
+        self._context: Any = None  # TensorRT's objects: the package has no stubs (and is optional)
+        self._engine: Any = None
         self._input_names: list[str] = []
 
     def _build(self, example: Sequence[torch.Tensor]) -> None:

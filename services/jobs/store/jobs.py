@@ -210,6 +210,11 @@ class JobStore(abc.ABC):
     def fail_job(self, job_id: str, error: str, error_code: int) -> bool:
         """FAILED with the message and code unless already terminal (then False); tasks deleted."""
 
+    @abc.abstractmethod
+    def job_versions(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """The `version` of each of `job_ids` that exists (absent ids left out): a render worker asks
+        before it deletes a task whose job it cannot find."""
+
     # -- tasks (render workers) -------------------------------------------------------------------
     @abc.abstractmethod
     def claim(self, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | None:

@@ -70,7 +70,7 @@ def describe(url: str) -> str:
 
 
 class _PgTx(Tx):
-    def __init__(self, cur: psycopg.Cursor) -> None:
+    def __init__(self, cur: psycopg.Cursor[Any]) -> None:  # rows are dicts: the pool's row_factory is dict_row
         self._cur = cur
         self._now: float | None = None
 
@@ -88,9 +88,10 @@ class _PgTx(Tx):
     def now(self) -> float:
         """The database's clock, read once per transaction (one consistent "now" for its statements)."""
         if self._now is None:
-            self._now = float(
-                self._cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now").fetchone()["now"]
-            )
+            row = self._cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now").fetchone()
+            if row is None:  # a SELECT of one expression returns one row
+                raise LookupError("SELECT clock_timestamp() returned no row")
+            self._now = float(row["now"])
         return self._now
 
     def notify(self, job_id: str) -> None:

@@ -30,7 +30,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import obstore
 import obstore.exceptions
@@ -38,6 +38,9 @@ from obstore.store import S3Store
 
 from services.jobs.store.blobs import BlobStore, atomic_write, check_key, check_prefix
 from services.serving.errors import NotFound, StorageFull, StoreUnavailable
+
+if TYPE_CHECKING:  # obstore's option types exist in its stubs only
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 T = TypeVar("T")
 
@@ -127,8 +130,13 @@ class S3BlobStore(BlobStore):
         retry: dict[str, Any] = dict(DEFAULT_RETRY_CONFIG)
         retry.update(retry_config or {})
 
+        # The options are built key by key from settings; obstore checks them when the store opens.
         self._store = S3Store(
-            self.bucket, prefix=self.prefix or None, config=config, client_options=client, retry_config=retry
+            self.bucket,
+            prefix=self.prefix or None,
+            config=cast("S3Config", config),
+            client_options=cast("ClientConfig", client),
+            retry_config=cast("RetryConfig", retry),
         )
 
     def __repr__(self) -> str:
@@ -200,7 +208,7 @@ class S3BlobStore(BlobStore):
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else None
 
         def collect() -> list[str]:
-            keys = []
+            keys: list[str] = []
             for batch in obstore.list(self._store, prefix=base, chunk_size=_LIST_BATCH):
                 keys.extend(meta["path"] for meta in batch if meta["path"].startswith(prefix))
             return keys

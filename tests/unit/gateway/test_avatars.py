@@ -74,7 +74,7 @@ class FaceFinder(lipsync_pb2_grpc.LipSyncServiceServicer):
         self._arrived = asyncio.Event()
         self._arrivals = arrivals
 
-    async def DetectFaces(self, request_iterator, context):  # type: ignore[no-untyped-def]
+    async def DetectFaces(self, request_iterator, context):
         self.calls += 1
         if self.on_call is not None:
             self.on_call()

@@ -91,7 +91,7 @@ def serve(servicer: FakeGateway, port: int = 0) -> Iterator[tuple[grpc.Server, i
 
 
 def client_of(port: int, **kwargs: object) -> LiplineClient:
-    return LiplineClient(f"127.0.0.1:{port}", timeout=kwargs.pop("timeout", 20.0), **kwargs)  # type: ignore[arg-type]
+    return LiplineClient(f"127.0.0.1:{port}", timeout=kwargs.pop("timeout", 20.0), **kwargs)
 
 
 def test_wait_resumes_a_cut_stream() -> None:
@@ -126,7 +126,7 @@ def test_wait_rides_out_a_gateway_restart_on_the_same_port() -> None:
     """The server goes away mid-stream (connection closed: UNAVAILABLE), is down for a while, and a
     new one on the same port answers: GetJob and WatchJob fail until it is back, then succeed."""
     first = FakeGateway([([job(RUNNING, 0.1)], None)])
-    first.WatchJob = _hold_open(first.WatchJob)  # type: ignore[method-assign]
+    first.WatchJob = _hold_open(first.WatchJob)
     second = FakeGateway([([job(RUNNING, 0.7), job(DONE, 1.0)], None)], current=job(RUNNING, 0.5))
     seen: list[float] = []
     result: dict[str, object] = {}
@@ -145,7 +145,7 @@ def test_wait_rides_out_a_gateway_restart_on_the_same_port() -> None:
         with serve(second, port):
             thread.join(30)
     assert not thread.is_alive()
-    assert result["job"].state == DONE  # type: ignore[attr-defined]
+    assert result["job"].state == DONE
     assert seen[0] == pytest.approx(0.1) and seen[-3:] == pytest.approx([0.5, 0.7, 1.0])
     assert second.calls == ["GetJob", "WatchJob"]
 

@@ -179,7 +179,7 @@ def test_buckets_pad_and_chunk_and_return_only_real_rows(
     backend = make_backend("cpu", copy.deepcopy(tiny), "cpu", batch_buckets=buckets)
     seen: list[int] = []
     forward = backend._forward
-    backend._forward = lambda *xs: (seen.append(xs[0].shape[0]), forward(*xs))[1]  # type: ignore[method-assign]
+    backend._forward = lambda *xs: (seen.append(xs[0].shape[0]), forward(*xs))[1]
     inputs = _tiny_inputs(rows)
     out = backend(*inputs)
     assert seen == model_batches
@@ -279,7 +279,7 @@ def test_onnx_export_has_a_dynamic_batch_axis(tiny: _Tiny, tmp_path: Path) -> No
 
 def test_compile_cache_key_depends_on_weights_precision_and_buckets(tiny: _Tiny, tmp_path: Path) -> None:
     def key(model: nn.Module, **kw: object) -> str:
-        return resolve_backend_spec("compile", "cpu", model=model, cache_dir=tmp_path, log=False, **kw).cache_key  # type: ignore[arg-type]
+        return resolve_backend_spec("compile", "cpu", model=model, cache_dir=tmp_path, log=False, **kw).cache_key
 
     base = key(tiny, precision="fp32", batch_buckets=(4, 8))
     assert base == key(tiny, precision="fp32", batch_buckets=(8, 4))
@@ -417,11 +417,11 @@ def test_compile_backend_captures_its_compiled_forward_in_cuda_graphs(tiny: _Tin
 @pytest.mark.gpu
 def test_auto_picks_compile_once_its_cache_is_warm(tiny: _Tiny, tmp_path: Path) -> None:
     opts = dict(batch_buckets=(2,), cache_dir=tmp_path, compile_mode="default")
-    cold = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)  # type: ignore[arg-type]
+    cold = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)
     assert cold.kind == "torch" and cold.cuda_graphs
-    filled = make_backend("compile", copy.deepcopy(tiny), "cuda", **opts)  # type: ignore[arg-type]
+    filled = make_backend("compile", copy.deepcopy(tiny), "cuda", **opts)
     filled.warmup(_tiny_inputs)
-    warm = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)  # type: ignore[arg-type]
+    warm = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)
     assert isinstance(warm, CompiledBackend) and warm.cache_loaded and warm.cuda_graphs
     warm.warmup(_tiny_inputs)
     numerics_check(warm, tiny, _tiny_inputs(2), bound=1e-2)
@@ -557,7 +557,7 @@ def test_the_decision_is_logged_in_one_line(tiny: _Tiny, caplog: pytest.LogCaptu
     assert [r.getMessage() for r in decisions] == [
         "backend auto -> cpu[fp32] on cpu (no CUDA device; cuda_graphs ignored off CUDA)"
     ]
-    assert decisions[0].levelno == logging.INFO and decisions[0].buckets == []  # type: ignore[attr-defined]
+    assert decisions[0].levelno == logging.INFO and decisions[0].buckets == []
     assert len(caplog.records) == 2  # the decision and one warm-up line, nothing else
 
 

@@ -38,7 +38,7 @@ class _Fake:
         self.name = name
 
 
-def _start(kind: str, picks: dict[bool, str], failing: set[str]):  # type: ignore[no-untyped-def]
+def _start(kind: str, picks: dict[bool, str], failing: set[str]):
     import asyncio
 
     from services.inference.stage import start_backend
@@ -53,7 +53,7 @@ def _start(kind: str, picks: dict[bool, str], failing: set[str]):  # type: ignor
         if backend.name in failing:
             raise RuntimeError("InductorError: Failed to find C compiler")
 
-    return asyncio.run(start_backend(kind, build, warm)), built  # type: ignore[arg-type]
+    return asyncio.run(start_backend(kind, build, warm)), built
 
 
 def test_auto_falls_back_to_torch_when_the_compiled_backend_fails_to_start() -> None:

@@ -174,7 +174,7 @@ def test_stage_clients_wait_for_a_first_address(tmp_path: Path) -> None:
     async def main() -> None:
         server, _, addr = await health_server(SERVING)
         clients = DiscoveredStageClients({"lipsync": f"file://{path}"}, 4 << 20)
-        clients.providers["lipsync"].discovery.poll_s = 0.05  # type: ignore[attr-defined]
+        clients.providers["lipsync"].discovery.poll_s = 0.05
         await clients.start()
         assert not await clients.check("lipsync")
         with pytest.raises(NoAddresses) as err:

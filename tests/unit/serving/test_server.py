@@ -151,10 +151,10 @@ async def health(channel: grpc.aio.Channel, service: str = "") -> int:
 async def call_error(call: Awaitable[Any] | AsyncIterator[Any]) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         if hasattr(call, "__aiter__"):
-            async for _ in call:  # type: ignore[union-attr]
+            async for _ in call:
                 pass
         else:
-            await call  # type: ignore[misc]
+            await call
     return err.value
 
 

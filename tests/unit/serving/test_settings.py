@@ -166,7 +166,7 @@ def test_validation_failure_exits_with_the_message(capsys: pytest.CaptureFixture
 def test_settings_are_frozen() -> None:
     s = ServiceSettings()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        s.port = 1  # type: ignore[misc]
+        s.port = 1  # type: ignore[misc]  # on purpose: the test assigns to a frozen field
 
 
 def test_service_subclass_adds_fields_with_the_same_mechanism() -> None:

@@ -90,7 +90,7 @@ async def _requests(messages: Iterable[superres_pb2.UpscaleRequest]) -> AsyncIte
 async def _upscale(
     svc: SuperResService, messages: list[superres_pb2.UpscaleRequest]
 ) -> list[superres_pb2.UpscaleResponse]:
-    return [r async for r in SuperResServicer(svc).Upscale(_requests(messages), None)]  # type: ignore[arg-type]
+    return [r async for r in SuperResServicer(svc).Upscale(_requests(messages), None)]
 
 
 def test_load_on_cpu_resolves_auto_depth_and_passes_the_compile_cache_dir(

@@ -52,7 +52,7 @@ def web(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
+            super().__init__(*args, directory=str(root), **kwargs)
 
         def do_GET(self) -> None:
             asked.append(self.path)

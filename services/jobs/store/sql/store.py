@@ -151,12 +151,12 @@ class SqlJobStore(JobStore):
             if max_active > 0 or max_active_per_owner > 0:
                 tx.lock(CREATE_LOCK)
                 if max_active > 0:
-                    active = int(tx.one(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")["n"])
+                    active = int(tx.only(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")["n"])
                     if active >= max_active:
                         raise TooLarge(too_many_message(active, max_active))
                 if max_active_per_owner > 0:
                     mine = int(
-                        tx.one(f"SELECT count(*) AS n FROM jobs WHERE owner = ? AND {ACTIVE}", (job.owner,))["n"]
+                        tx.only(f"SELECT count(*) AS n FROM jobs WHERE owner = ? AND {ACTIVE}", (job.owner,))["n"]
                     )
                     if mine >= max_active_per_owner:
                         raise TooLarge(too_many_message(mine, max_active_per_owner, job.owner))
@@ -393,12 +393,12 @@ class SqlJobStore(JobStore):
         def run(tx: Tx) -> QueueStats:
             now = tx.now()
             claimable = f"(state = {WAITING} OR (state = {LEASED} AND lease_expires <= ?))"
-            row = tx.one(
+            row = tx.only(
                 f"SELECT count(*) AS n, min(CASE WHEN state = {WAITING} THEN ready_time ELSE lease_expires END) AS oldest FROM tasks WHERE {claimable}",
                 (now,),
             )
-            leased = tx.one(f"SELECT count(*) AS n FROM tasks WHERE state = {LEASED} AND lease_expires > ?", (now,))
-            active = tx.one(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")
+            leased = tx.only(f"SELECT count(*) AS n FROM tasks WHERE state = {LEASED} AND lease_expires > ?", (now,))
+            active = tx.only(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")
             oldest = row["oldest"]
             return QueueStats(
                 waiting=int(row["n"]),
@@ -432,7 +432,7 @@ class SqlJobStore(JobStore):
             )
             if avatar.content_hash and (same := self._find_avatar(tx, avatar.tenant, avatar.content_hash)) is not None:
                 return same
-            return avatar_from_row(tx.one("SELECT * FROM avatars WHERE id = ?", (avatar.id,)))  # type: ignore[arg-type]
+            return avatar_from_row(tx.only("SELECT * FROM avatars WHERE id = ?", (avatar.id,)))
 
         return self._transaction(run)
 

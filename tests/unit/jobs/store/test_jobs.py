@@ -118,8 +118,8 @@ def test_a_version_1_database_is_migrated_and_keeps_its_jobs(
 ) -> None:
     store = open_store()
 
-    def make_version_1(tx) -> None:  # type: ignore[no-untyped-def]  # what lipline 1 left behind
-        for statement in schema(store.blob_type):  # type: ignore[attr-defined]
+    def make_version_1(tx) -> None:  # what lipline 1 left behind
+        for statement in schema(store.blob_type):
             tx.execute(statement)
         tx.execute("INSERT INTO schema_version (version) VALUES (1)")
         tx.execute(
@@ -128,7 +128,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_jobs(
             (b"",),
         )
 
-    store._transaction(make_version_1)  # type: ignore[attr-defined]
+    store._transaction(make_version_1)
     store.migrate()
     assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     old = store.get_job("old")
@@ -148,8 +148,8 @@ def test_a_version_5_database_gets_task_kinds_and_segments_total_counts_segments
     join) and segments_total counted the audio task: a job caught mid-way keeps running after."""
     store = open_store()
 
-    def make_version_5(tx) -> None:  # type: ignore[no-untyped-def]  # what lipline with schema 5 left behind
-        for statement in schema(store.blob_type):  # type: ignore[attr-defined]
+    def make_version_5(tx) -> None:  # what lipline with schema 5 left behind
+        for statement in schema(store.blob_type):
             tx.execute(statement)
         for version in range(2, 6):
             for statement in MIGRATIONS[version]:
@@ -191,7 +191,7 @@ def test_a_version_5_database_gets_task_kinds_and_segments_total_counts_segments
             "INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES ('plain', -1, 'blocked', 0, 10)"
         )
 
-    store._transaction(make_version_5)  # type: ignore[attr-defined]
+    store._transaction(make_version_5)
     store.migrate()
     store.migrate()  # idempotent
     assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
@@ -280,7 +280,7 @@ def test_unknown_ids_raise_not_found_naming_the_id(job_store: JobStore) -> None:
         with pytest.raises(NotFound, match="nope-123"):
             call("nope-123")
     with pytest.raises(NotFound, match="nope-123"):
-        job_store.job_version("nope-123")  # type: ignore[attr-defined]
+        job_store.job_version("nope-123")
 
 
 def test_active_limit_is_enforced_with_a_clear_message(job_store: JobStore) -> None:

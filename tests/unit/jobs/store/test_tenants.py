@@ -135,8 +135,8 @@ def test_a_version_2_database_is_migrated_to_the_implicit_tenant(
     store = open_store()
     old_id = "0123456789abcdef01234567"  # before tenants an avatar's id was its content hash
 
-    def make_version_2(tx) -> None:  # type: ignore[no-untyped-def]  # what lipline with schema 2 left behind
-        for statement in schema(store.blob_type):  # type: ignore[attr-defined]
+    def make_version_2(tx) -> None:  # what lipline with schema 2 left behind
+        for statement in schema(store.blob_type):
             tx.execute(statement)
         for statement in MIGRATIONS[2]:
             tx.execute(statement)
@@ -151,7 +151,7 @@ def test_a_version_2_database_is_migrated_to_the_implicit_tenant(
             (old_id,),
         )
 
-    store._transaction(make_version_2)  # type: ignore[attr-defined]
+    store._transaction(make_version_2)
     store.migrate()
     assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     assert store.get_job("old", IMPLICIT_TENANT).tenant == IMPLICIT_TENANT
