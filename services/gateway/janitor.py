@@ -12,12 +12,12 @@ a gateway that dies between the two leaves a row the next round finds again, nev
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from services.jobs.avatars import prefix
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import JobStore
+from services.serving.background import cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 PURGE_BATCH = 100  # avatars per round: a backlog is worked off over a few rounds
@@ -62,7 +62,4 @@ class AvatarJanitor:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

@@ -20,38 +20,24 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.submit import Caller, JobRequest, submit_job
 from services.jobs.layout import mels_key, upload_key
 from services.jobs.segment_audio import unpack_segment_audio
-from services.jobs.store import open_blob_store, open_job_store
-from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import AvatarRecord, Job, JobState, JobStore, TaskKind
+from services.jobs.store.jobs import AvatarRecord, Job, JobState, TaskKind
 from services.serving.channels import StageFailed
 from services.serving.errors import NotFound, TooLarge
 from services.serving.metrics import Metrics
 from services.serving.server import ServiceRunner
 from tests.helpers.audio_files import encode_tone
+from tests.helpers.stores import Stores, temp_stores
 
 T = TypeVar("T")
 AVATAR = "0123456789abcdef01234567"
 FPS = 25.0
 
 
-@dataclasses.dataclass
-class Stores:
-    jobs: JobStore
-    blobs: BlobStore
-    root: Path
-
-    def blob_keys(self) -> list[str]:
-        """Every key in the blob store (the folder's files)."""
-        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
-
-
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[Stores]:
-    jobs = open_job_store(f"sqlite:///{tmp_path}/jobs.db")
-    jobs.migrate()
-    jobs.put_avatar(AvatarRecord(AVATAR, "ann", FPS, 1, 64, 64, 1, 1.0, tenant="acme"))
-    yield Stores(jobs, open_blob_store(str(tmp_path / "blobs")), tmp_path / "blobs")
-    jobs.close()
+    with temp_stores(tmp_path) as s:
+        s.jobs.put_avatar(AvatarRecord(AVATAR, "ann", FPS, 1, 64, 64, 1, 1.0, tenant="acme"))
+        yield s
 
 
 @contextlib.asynccontextmanager
