@@ -9,6 +9,10 @@ TLS: `tls=True` (the system's roots) or `tls_ca_file=` (a PEM bundle, e.g. a sel
 connect with `grpc.ssl_channel_credentials`; `tls_server_name=` checks the certificate against that
 name instead of the address's host. Unset arguments fall back to LIPLINE_API_KEY, LIPLINE_TLS,
 LIPLINE_TLS_CA_FILE and LIPLINE_TLS_SERVER_NAME (how the chart's `helm test` pod passes them).
+
+Live sessions: `create_session`, `converse` (the bidi stream), `get_session`, `close_session`;
+services.gateway.live_client sends speech in real time and records what comes back, and is this
+module's command line: `python -m services.gateway.client live --avatar ID speech.wav out.mp4`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from lipline.v1 import gateway_pb2, gateway_pb2_grpc
+from lipline.v1 import gateway_pb2, gateway_pb2_grpc, session_pb2
 from services.serving.auth import API_KEY_HEADER
 from services.serving.channels import channel_options
 
@@ -160,6 +165,47 @@ class LiplineClient:
     def delete_avatar(self, avatar_id: str) -> None:
         self.stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar_id), timeout=self.timeout)
 
+    # -- live sessions ----------------------------------------------------------------------------
+    def create_session(
+        self,
+        avatar_id: str,
+        *,
+        sample_rate: int = 16000,
+        codec: int = session_pb2.VIDEO_CODEC_H264,
+        max_height: int = 0,
+        fps: float = 0.0,
+        crf: int = 0,
+        jpeg_quality: int = 0,
+        super_resolution: bool = False,
+        max_session_seconds: float = 0.0,
+        idle_timeout_seconds: float = 0.0,
+    ) -> session_pb2.Session:
+        """A new session (with its resume token: Converse needs it). 0 leaves a field to the gateway."""
+        request = session_pb2.CreateSessionRequest(
+            avatar_id=avatar_id,
+            audio=session_pb2.AudioFormat(sample_rate=sample_rate),
+            video=session_pb2.VideoFormat(
+                codec=codec, max_height=max_height, fps=fps, crf=crf, jpeg_quality=jpeg_quality
+            ),
+            super_resolution=super_resolution,
+            limits=session_pb2.SessionLimits(
+                max_session_seconds=max_session_seconds, idle_timeout_seconds=idle_timeout_seconds
+            ),
+        )
+        return self.stub.CreateSession(request, timeout=self.timeout)
+
+    def converse(self, requests: Iterator[session_pb2.ConverseRequest], timeout: float | None = None):  # type: ignore[no-untyped-def]
+        """The session's stream: `requests` starts with ConverseStart; returns gRPC's response iterator
+        (iterate it for frames, events and stats; `cancel()` ends the stream). No deadline unless given:
+        a session lives as long as its limits."""
+        return self.stub.Converse(requests, timeout=timeout)
+
+    def get_session(self, session_id: str) -> session_pb2.Session:
+        return self.stub.GetSession(session_pb2.GetSessionRequest(session_id=session_id), timeout=self.timeout)
+
+    def close_session(self, session_id: str) -> session_pb2.Session:
+        return self.stub.CloseSession(session_pb2.CloseSessionRequest(session_id=session_id), timeout=self.timeout)
+
     def download(self, job_id: str, path: Path) -> int:
         tmp = path.with_name(path.name + ".part")
         size = 0
@@ -271,3 +317,16 @@ def progress_printer(write: Callable[[str], None], step: float = 0.1) -> Callabl
             )
 
     return show
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m services.gateway.client live ...` (services.gateway.live_client has the commands)."""
+    from services.gateway.live_client import live_command, parse_args
+
+    args = parse_args(argv)
+    with LiplineClient(args.address, api_key=args.api_key) as client:
+        return live_command(client, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The gateway: lipline's public gRPC API (avatars, jobs, outputs). It keeps no state of its own.
+"""The gateway: lipline's public gRPC API (avatars, jobs, outputs, live sessions). It keeps no state of its own.
 
 Avatars, jobs and outputs live in the job store and the blob store, so any gateway replica answers
 any request and a restart loses nothing; render workers do the rendering. The gateway validates,
@@ -16,8 +16,11 @@ every RPC finds only the caller's own; another tenant's id answers NOT_FOUND exa
 never existed (PERMISSION_DENIED would confirm that it exists). Avatar ids are random; the same
 tenant's same upload finds its avatar again through the store's per-tenant content index.
 
-DeleteAvatar hides the avatar at once and purges its data when no QUEUED or RUNNING job uses it
-(services.gateway.janitor), so jobs submitted before the delete finish.
+DeleteAvatar hides the avatar at once and purges its data when no QUEUED or RUNNING job and no live
+session uses it (services.gateway.janitor), so jobs submitted before the delete finish.
+
+Live sessions (services.gateway.sessions, .converse, .live_workers) are rows in the job store placed
+on live workers; the gateway relays each Converse stream to the worker holding its session.
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb2_grpc
+from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb2_grpc, session_pb2
 from services.gateway.avatars import AvatarUpload, add_avatar
+from services.gateway.converse import converse
 from services.gateway.janitor import AvatarJanitor, purge_deleted_avatars
 from services.gateway.jobs import job_to_proto
+from services.gateway.live_workers import LiveWorkers
+from services.gateway.sessions import SessionRequest, check_session_id, close_session, create_session, session_to_proto
 from services.gateway.settings import GatewaySettings
 from services.gateway.submit import Caller, JobRequest, submit_job
 from services.jobs.avatars import is_avatar_id
@@ -282,6 +288,38 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             with contextlib.suppress(Exception):  # ValueError if a cancelled read is still running
                 getattr(chunks, "close", lambda: None)()
 
+    # -- live sessions --------------------------------------------------------------------------
+
+    async def CreateSession(
+        self, request: session_pb2.CreateSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
+        svc = self._svc
+        _check_avatar_id(request.avatar_id)
+        row, token = await create_session(
+            svc.jobs, svc.live, svc.settings, SessionRequest.from_proto(request), _tenant(), REQUEST_ID.get()
+        )
+        return session_to_proto(row, resume_token=token)
+
+    async def Converse(
+        self, request_iterator: AsyncIterator[session_pb2.ConverseRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[session_pb2.ConverseResponse]:
+        async for response in converse(self._svc.jobs, self._svc.live, request_iterator, _tenant(), REQUEST_ID.get()):
+            yield response
+
+    async def GetSession(
+        self, request: session_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
+        check_session_id(request.session_id)
+        return session_to_proto(await self._svc.jobs.get_session(_tenant(), request.session_id))
+
+    async def CloseSession(
+        self, request: session_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
+        svc = self._svc
+        return session_to_proto(
+            await close_session(svc.jobs, svc.live, _tenant(), request.session_id, REQUEST_ID.get())
+        )
+
 
 class GatewayService(Service[GatewaySettings]):
     stage = "gateway"
@@ -304,6 +342,9 @@ class GatewayService(Service[GatewaySettings]):
                 "and every caller is the one tenant %r; set api_keys_file to give each client its own tenant",
                 IMPLICIT_TENANT,
             )
+        self.live = LiveWorkers(
+            self.jobs, s.max_message_bytes, s.live_worker_fresh_s, s.live_open_timeout_s, s.session_retry_after_ms
+        )
         self.janitor = AvatarJanitor(self.jobs, self.blobs, s.avatar_purge_interval_s)
         self.janitor.start()
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
@@ -328,6 +369,8 @@ class GatewayService(Service[GatewaySettings]):
             await self.janitor.close()
         if hasattr(self, "feed"):
             await self.feed.close()
+        if hasattr(self, "live"):
+            await self.live.close()
         if hasattr(self, "clients"):
             await self.clients.close()
         close_stores(getattr(self, "jobs", None), getattr(self, "blobs", None))

@@ -46,6 +46,32 @@ class GatewaySettings(StoreSettings):
         "before they are cut UNAVAILABLE: a day, so clients without resume logic (grpcurl, Node) see a stream end "
         "only when the job ends; new calls move to a new connection at once, which is what rebalances",
     )
+    max_session_seconds: float = setting(
+        3600.0,
+        "the longest a live session may live, and its limit when CreateSession asks for none; asking for more is INVALID_ARGUMENT "
+        "(the live workers' max_session_seconds must be at least this)",
+    )
+    session_idle_timeout_s: float = setting(
+        60.0,
+        "how long a live session may wait with no Converse stream before it ends: its idle timeout when CreateSession asks for none, "
+        "and the longest it may ask for (more is INVALID_ARGUMENT); the live workers' idle_timeout_s must be at least this",
+    )
+    max_sessions_per_tenant: int = setting(
+        0,
+        "live sessions one tenant may hold open at once; more are rejected RESOURCE_EXHAUSTED; 0 = no cap (the live workers' capacity still holds)",
+    )
+    live_worker_fresh_s: float = setting(
+        5.0,
+        "a live worker whose last heartbeat in the job store is older than this is not given sessions (it died or lost the store)",
+    )
+    live_open_timeout_s: float = setting(
+        30.0,
+        "how long a live worker's OpenSession may take (it loads the avatar, which may be its first use on that worker)",
+    )
+    session_retry_after_ms: int = setting(
+        2000,
+        "the retry-after-ms hint of a CreateSession refused because no live worker has room (when the workers gave none)",
+    )
     segment_seconds: float = setting(2.0, "length of a render segment (the unit of work a render worker claims)")
     stage_wait_s: float = setting(60.0, "at start-up, how long to wait for the stages to be SERVING")
 
@@ -62,6 +88,14 @@ class GatewaySettings(StoreSettings):
             problems.append(
                 f"max_active_jobs_per_client must be >= 0 (0 = no cap), got {self.max_active_jobs_per_client}"
             )
+        if not 1 <= self.max_session_seconds <= 7 * 86400:
+            problems.append(f"max_session_seconds must be in 1..604800 (a week), got {self.max_session_seconds}")
+        if not 1 <= self.session_idle_timeout_s <= 86400:
+            problems.append(f"session_idle_timeout_s must be in 1..86400, got {self.session_idle_timeout_s}")
+        if self.max_sessions_per_tenant < 0:
+            problems.append(f"max_sessions_per_tenant must be >= 0 (0 = no cap), got {self.max_sessions_per_tenant}")
+        if self.live_worker_fresh_s <= 0 or self.live_open_timeout_s <= 0 or self.session_retry_after_ms < 0:
+            problems.append("live_worker_fresh_s and live_open_timeout_s must be > 0 and session_retry_after_ms >= 0")
         if self.max_streams_per_client < 0:
             problems.append(f"max_streams_per_client must be >= 0 (0 = no cap), got {self.max_streams_per_client}")
         if self.max_concurrent_streams < 0:

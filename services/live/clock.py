@@ -124,6 +124,21 @@ class FrameClock:
         self._next = due + 1
         return Slot(due, skipped)
 
+    def skip_to_now(self) -> None:
+        """Moves on to the frame due now without counting the frames passed as skipped: no viewer was
+        there to see them (a session with no Converse stream attached makes no frames)."""
+        self._next = max(self._next, self.due_now())
+
+    def continue_from(self, frame: int) -> None:
+        """Makes ``frame`` the frame due now, later ones at the fps from it (never earlier than the
+        clock already is). Why: a session resumed on another worker starts a new clock, and its
+        client's frame indices must go on after the last frame it received, not start again at 0."""
+        if frame <= self._next:
+            return
+        now = self._now()
+        self.t0 = now - -(-frame * NS_PER_S * self.fps.denominator // self.fps.numerator)
+        self._next = frame
+
     def sent(self, kind: FrameKind) -> None:
         """Counts a frame the caller made and sent (speech or idle)."""
         if kind is FrameKind.SPEECH:

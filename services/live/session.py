@@ -11,6 +11,13 @@ on a fake clock (`tests/unit/live/test_session.py`); a live worker drives it fro
   window, it is a speech frame: the face generator (the lipsync stage in a worker, a function here)
   makes the mouth from the window and the compositor pastes it; otherwise the idle frame plays (the
   template's own, nothing computed). Then the frame is encoded (`encoders`).
+* With a lead (`lead_s` > 0, a worker: the face comes from the lipsync stage through the FaceLink),
+  a speech frame is planned as soon as its window exists: it gets the first slot at least `lead_s`
+  ahead (or the slot after the utterance's previous frame, so an utterance plays on consecutive
+  frames) and its face is asked for at once (`FaceSubmitter`, due at the slot's time). At the slot the
+  face is used if it is back, else the frame is skipped (counted; its audio still goes out). A tick
+  is then two steps: `begin_tick` on the thread that owns the session (the worker's event loop: it
+  reads the faces' futures) and `render` (composite and encode: a thread pool), `tick` both at once.
 * Late frames are skipped, never delayed: slots that passed unsent are skipped by the clock, and
   while speech plays, the utterance advances through them too (their audio is still returned, with
   their timestamps, so the audio track has no hole and stays locked to the frames); a frame whose slot
@@ -28,6 +35,7 @@ import collections
 import dataclasses
 import enum
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -42,6 +50,39 @@ from services.serving.errors import InvalidRequest
 #: (template frame, mel window (80, 16) float32) -> the generated face, BGR at the frame's box size, or
 #: None when that template frame has no face (it passes through).
 FaceGenerator = Callable[[int, np.ndarray], np.ndarray | None]
+
+
+class FaceTicket(Protocol):
+    """A face asked for ahead of its slot (an asyncio.Future of the FaceLink is one)."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> np.ndarray | None:
+        """The face (None: the template frame has no face); raises when it failed (late, stage error)."""
+        ...
+
+    def cancel(self) -> bool: ...
+
+
+#: (session frame, template frame, mel window, due time in ns on the session's clock) -> its face's ticket
+FaceSubmitter = Callable[[int, int, np.ndarray, int], FaceTicket]
+
+
+class MadeFace:
+    """A face made at once by a FaceGenerator (no lead: the unit tests' and a plain generator's way)."""
+
+    def __init__(self, face: np.ndarray | None) -> None:
+        self._face = face
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> np.ndarray | None:
+        return self._face
+
+    def cancel(self) -> bool:
+        return False
+
 
 MAX_CHUNK_MS = 100  # the API's chunk limit (10-100 ms): larger chunks make the latency jumpy
 
@@ -80,19 +121,55 @@ class Tick:
     events: list[Event]
     skipped: range  # slots before this one that passed unsent
     latency_s: float | None = None  # speech: the frame's own audio arrived -> the frame made (the latency figure)
+    utterance: int | None = None  # the utterance a speech frame shows
+    slot: int = -1  # the session frame of this tick (sent or not)
+
+
+@dataclasses.dataclass
+class _Planned:
+    """A speech frame given its slot: its audio and events go out with the tick of that slot."""
+
+    frame: int
+    utterance: int
+    index: int  # of the frame within its utterance
+    audio: TimedAudio
+    events: list[Event]
+    arrived_ns: int
+    face: FaceTicket | None  # None: a slot skipped while it played (only its audio goes out)
+
+
+@dataclasses.dataclass
+class FrameWork:
+    """One tick between `begin_tick` and `render`: what to draw for the slot, or that it is skipped."""
+
+    frame: int
+    kind: FrameKind
+    template: int
+    face: np.ndarray | None
+    audio: list[TimedAudio]
+    events: list[Event]
+    skipped: range
+    arrived_ns: int | None
+    utterance: int | None
+    skip: bool = False  # the face was not back in time (or failed): nothing is drawn nor sent
 
 
 class LiveSession:
-    """A session's state and rules; every call is made from one thread (the worker's tick loop).
+    """A session's state and rules; `push_audio`, `end_utterance`, `clear` and `begin_tick` are called
+    from one thread (the worker's event loop), `render` from one thread at a time after `begin_tick`.
 
     Args:
         idle: the avatar's idle loop (its I420 frames and loop mode).
         compositor: pastes a generated face into a template frame (the avatar's boxes).
         encoder: the session's per-frame encoder.
         clock: the session's frame clock (its fps is the session's).
-        generate_face: the face generator (see `FaceGenerator`).
+        generate_face: the face generator (see `FaceGenerator`), used when no `submit_face` is given.
         sample_rate: the input PCM's rate (16000, 24000 or 48000).
         max_queued_seconds: the bound on queued, unplayed speech (backpressure).
+        submit_face: asks for a frame's face ahead of its slot (the worker's FaceLink).
+        lead_s: how far ahead of its slot a speech frame is planned; 0: at its slot (a FaceGenerator).
+        max_chunk_ms: the longest chunk `push_audio` takes.
+        scale: the output frame from the compositor's (the session's size, when it is not the avatar's).
     """
 
     def __init__(
@@ -101,17 +178,29 @@ class LiveSession:
         compositor: Compositor,
         encoder: FrameEncoder,
         clock: FrameClock,
-        generate_face: FaceGenerator,
+        generate_face: FaceGenerator | None,
         sample_rate: int,
         max_queued_seconds: float = 10.0,
+        submit_face: FaceSubmitter | None = None,
+        lead_s: float = 0.0,
+        max_chunk_ms: int = MAX_CHUNK_MS,
+        scale: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.idle = idle
         self.compositor = compositor
         self.encoder = encoder
         self.clock = clock
-        self.generate_face = generate_face
+        if submit_face is None:
+            if generate_face is None:
+                raise ValueError("a session needs a face generator or a face submitter")
+            generator = generate_face
+            submit_face = lambda frame, template, window, due: MadeFace(generator(template, window))  # noqa: E731
+        self.submit_face = submit_face
         self.sample_rate = sample_rate
         check_sample_rate(sample_rate)  # before any audio, not at the first chunk
+        self.lead_ns = round(lead_s * NS_PER_S)
+        self.max_chunk_ms = max_chunk_ms
+        self.scale = scale
         self.queue = SpeechQueue(sample_rate, clock.fps, max_samples=round(max_queued_seconds * sample_rate))
         self._mel: dict[int, MelStream] = {}  # open utterances' mel streams
         self._windows: dict[int, collections.deque[np.ndarray]] = {}  # ready windows of queued utterances
@@ -119,24 +208,33 @@ class LiveSession:
         self._arrivals: dict[int, collections.deque[tuple[int, int]]] = {}
         self._received: dict[int, int] = {}
         self._pending_events: list[Event] = []
+        self._planned: collections.deque[_Planned] = collections.deque()  # speech frames given a slot, in slot order
+        self._plan_next = 0  # the slot after the last planned speech frame
+        self.face_failures = 0  # planned faces that failed (late, a stage error): their frames were skipped
+        self.last_face_error: BaseException | None = None
 
     @property
     def counts(self) -> FrameCounts:
         """Frames so far by kind: speech, idle, skipped."""
         return self.clock.counts
 
+    @property
+    def queued_seconds(self) -> float:
+        """Speech received and not yet given a frame (the backpressure figure)."""
+        return self.queue.queued_samples / self.sample_rate
+
     def push_audio(self, pcm: bytes) -> int:
         """Appends an s16le chunk to the open utterance; returns its id.
 
         Raises:
-            InvalidMedia: an odd byte count. InvalidRequest: a chunk over `MAX_CHUNK_MS`.
+            InvalidMedia: an odd byte count. InvalidRequest: a chunk over `max_chunk_ms`.
             TooLarge: the speech queue's bound (the chunk is dropped whole, nothing else changes).
         """
         samples = pcm_int16(pcm)
-        if len(samples) * 1000 > MAX_CHUNK_MS * self.sample_rate:
+        if len(samples) * 1000 > self.max_chunk_ms * self.sample_rate:
             ms = 1000 * len(samples) / self.sample_rate
             raise InvalidRequest(
-                f"audio chunk of {ms:.0f} ms ({len(pcm)} bytes at {self.sample_rate} Hz): send chunks of 10-{MAX_CHUNK_MS} ms"
+                f"audio chunk of {ms:.0f} ms ({len(pcm)} bytes at {self.sample_rate} Hz): send chunks of 10-{self.max_chunk_ms} ms"
             )
         utterance = self.queue.push(samples)
         mel = self._mel.get(utterance)
@@ -148,6 +246,7 @@ class LiveSession:
         self._received[utterance] += len(samples)
         self._arrivals[utterance].append((self._received[utterance], self.clock.now_ns()))
         self._windows[utterance].extend(mel.push(samples / PCM_SCALE).windows)
+        self.plan_ahead()
         return utterance
 
     def end_utterance(self) -> int | None:
@@ -162,77 +261,185 @@ class LiveSession:
             return utterance
         assert mel is not None
         self._windows[utterance].extend(mel.finish(n_frames=frames).windows)
+        self.plan_ahead()
         return utterance
 
     def clear(self) -> Event | None:
-        """Barge-in: drops every queued utterance and its mel; the next frame is idle.
+        """Barge-in: drops every queued utterance, its mel and the frames planned; the next frame is idle.
 
         Returns PLAYBACK_FINISHED(interrupted) for the utterance that was playing (or next to play),
         None when nothing was queued. The event is also sent with the next tick.
         """
         result = self.queue.clear()
+        planned = list(self._planned)
+        self._planned.clear()
+        for frame in planned:
+            if frame.face is not None:
+                frame.face.cancel()
+        self._plan_next = 0
         self._mel.clear()
         self._windows.clear()
         self._arrivals.clear()
         self._received.clear()
-        if result.utterance is None:
+        if planned:  # the head utterance played up to its first frame not shown
+            head = planned[0]
+            played_ms = 1000.0 * frame_start_sample(head.index, self.sample_rate, self.clock.fps) / self.sample_rate
+            event = Event(
+                EventKind.PLAYBACK_FINISHED, head.utterance, self.clock.next_frame, played_ms, interrupted=True
+            )
+        elif result.utterance is None:
             return None
-        event = Event(
-            EventKind.PLAYBACK_FINISHED,
-            result.utterance,
-            self.clock.next_frame,
-            result.played_ms,
-            interrupted=result.interrupted,
-        )
+        else:
+            event = Event(
+                EventKind.PLAYBACK_FINISHED,
+                result.utterance,
+                self.clock.next_frame,
+                result.played_ms,
+                interrupted=result.interrupted,
+            )
         self._pending_events.append(event)
         return event
 
-    def tick(self) -> Tick | None:
-        """The frame due now (None: none is due yet; wait `clock.seconds_until_next()`)."""
+    def plan_ahead(self) -> None:
+        """With a lead: gives ready speech frames their slots and asks for their faces now.
+
+        A frame gets the slot after the previous speech frame while that slot is still to come (an
+        utterance plays on consecutive frames), else the first slot at least `lead_s` from now; only
+        slots up to one frame past the lead are planned (the faces in flight stay few).
+        """
+        if not self.lead_ns:
+            return
+        now = self.clock.now_ns()
+        due_now = self.clock.frame_at(now)
+        limit = self.clock.frame_at(now + self.lead_ns) + 1
+        while self._speech_ready():
+            if self._plan_next > due_now:
+                frame = self._plan_next
+            else:
+                frame = max(self.clock.next_frame, self.clock.frame_at(now + self.lead_ns - 1) + 1)
+            if frame > limit:
+                return
+            self._planned.append(self._take_speech(frame, submit=True))
+
+    def begin_tick(self) -> FrameWork | None:
+        """The slot due now and what it shows (None: none is due yet; wait `clock.seconds_until_next()`)."""
+        self.plan_ahead()
         slot = self.clock.take()
         if slot is None:
             return None
         events, self._pending_events = self._pending_events, []
         audio: list[TimedAudio] = []
+        while self._planned and self._planned[0].frame < slot.frame:  # planned, and their slots passed unsent
+            passed = self._planned.popleft()
+            if passed.face is not None:
+                passed.face.cancel()
+            audio.append(passed.audio)
+            events += passed.events
         for frame in slot.skipped:  # speech goes on through skipped slots: audio and video stay locked
-            if self._speech_ready():
-                self._take_speech(frame, audio, events)
-        face_window, arrived_ns = self._take_speech(slot.frame, audio, events) if self._speech_ready() else (None, None)
-        kind = FrameKind.IDLE if face_window is None else FrameKind.SPEECH
+            if frame >= self._plan_next and self._speech_ready():
+                passed = self._take_speech(frame, submit=False)
+                audio.append(passed.audio)
+                events += passed.events
+        planned: _Planned | None = None
+        if self._planned and self._planned[0].frame == slot.frame:
+            planned = self._planned.popleft()
+        elif not self.lead_ns and self._speech_ready():
+            planned = self._take_speech(slot.frame, submit=True)
         template = self.idle.template_frame(slot.frame)
-        if face_window is None:
-            picture = self.idle.frame(slot.frame)
+        if planned is None:
+            return FrameWork(slot.frame, FrameKind.IDLE, template, None, audio, events, slot.skipped, None, None)
+        audio.append(planned.audio)
+        events += planned.events
+        face, skip = None, False
+        assert planned.face is not None
+        if not planned.face.done():
+            planned.face.cancel()
+            skip = True
         else:
-            face = self.generate_face(template, face_window)
-            picture = self.compositor.frame(template, face) if face is not None else self.idle.frame(slot.frame)
-        if self.clock.is_late(slot.frame):  # its slot ended while it was made: never send it late
+            try:
+                face = planned.face.result()
+            except BaseException as exc:  # noqa: BLE001 - late, cancelled or a stage error: the frame is skipped, the session goes on
+                self.face_failures += 1
+                self.last_face_error = exc
+                skip = True
+        return FrameWork(
+            slot.frame,
+            FrameKind.SPEECH,
+            template,
+            face,
+            audio,
+            events,
+            slot.skipped,
+            planned.arrived_ns,
+            planned.utterance,
+            skip,
+        )
+
+    def render(self, work: FrameWork) -> Tick:
+        """Composites and encodes the slot's frame (or skips it); safe off the session's thread."""
+        if work.skip:
             self.clock.dropped()
-            return Tick(None, kind, audio, events, slot.skipped)
-        encoded = self.encoder.encode(picture, slot.frame)
-        self.clock.sent(kind)
-        latency = None if arrived_ns is None else (self.clock.now_ns() - arrived_ns) / NS_PER_S
-        return Tick(encoded, kind, audio, events, slot.skipped, latency)
+            return Tick(
+                None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
+            )
+        if work.face is None:
+            picture = self.idle.frame(work.frame)
+        else:
+            picture = self.compositor.frame(work.template, work.face)
+        if self.scale is not None:
+            picture = self.scale(picture)
+        if self.clock.is_late(work.frame):  # its slot ended while it was made: never send it late
+            self.clock.dropped()
+            return Tick(
+                None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
+            )
+        encoded = self.encoder.encode(picture, work.frame)
+        self.clock.sent(work.kind)
+        latency = None if work.arrived_ns is None else (self.clock.now_ns() - work.arrived_ns) / NS_PER_S
+        return Tick(encoded, work.kind, work.audio, work.events, work.skipped, latency, work.utterance, work.frame)
+
+    def tick(self) -> Tick | None:
+        """The frame due now, made and encoded (None: none is due yet; wait `clock.seconds_until_next()`)."""
+        work = self.begin_tick()
+        return None if work is None else self.render(work)
 
     def force_keyframe(self) -> None:
         """The next frame is a keyframe (a resumed stream starts decoding there)."""
         self.encoder.force_keyframe()
+
+    def discard_events(self) -> None:
+        """Forgets the events not yet sent (nobody is there to receive them: the stream went away)."""
+        self._pending_events.clear()
+
+    @property
+    def playing(self) -> bool:
+        """Speech is queued or planned (a half-closed stream ends once it has played)."""
+        return bool(self._planned) or not self.queue.empty
+
+    def close(self) -> None:
+        """Cancels the faces asked for and frees the encoder."""
+        for frame in self._planned:
+            if frame.face is not None:
+                frame.face.cancel()
+        self._planned.clear()
+        self.encoder.close()
 
     def _speech_ready(self) -> bool:
         """The head utterance's next frame has its samples and its mel window."""
         head = self.queue.peek()
         return head is not None and bool(self._windows.get(head[0]))
 
-    def _take_speech(self, frame: int, audio: list[TimedAudio], events: list[Event]) -> tuple[np.ndarray, int]:
-        """Takes the head utterance's next frame for session frame ``frame``: (its window, when its audio arrived)."""
+    def _take_speech(self, frame: int, submit: bool) -> _Planned:
+        """Takes the head utterance's next frame for session frame ``frame`` (and asks for its face)."""
         part = self.queue.take()
         assert part is not None
         window = self._windows[part.utterance].popleft()
-        audio.append(TimedAudio(frame, part.samples))
         end = frame_start_sample(part.index, self.sample_rate, self.clock.fps) + len(part.samples)
         arrivals = self._arrivals[part.utterance]
         while arrivals[0][0] < end:  # chunks that ended before this frame's last sample
             arrivals.popleft()
         arrived_ns = arrivals[0][1]
+        events = []
         if part.first:
             events.append(Event(EventKind.PLAYBACK_STARTED, part.utterance, frame))
         if part.last:
@@ -240,7 +447,13 @@ class LiveSession:
             events.append(
                 Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * end / self.sample_rate)
             )
-        return window, arrived_ns
+        face = (
+            self.submit_face(frame, self.idle.template_frame(frame), window, self.clock.due_ns(frame))
+            if submit
+            else None
+        )
+        self._plan_next = frame + 1
+        return _Planned(frame, part.utterance, part.index, TimedAudio(frame, part.samples), events, arrived_ns, face)
 
     def _forget(self, utterance: int) -> None:
         for table in (self._mel, self._windows, self._arrivals, self._received):

@@ -1,13 +1,14 @@
 """`python -m services.local`: the whole pipeline on this machine, from sample inputs to an MP4.
 
 Starts the services as separate processes on 127.0.0.1 (CPU when there is no GPU): the audio,
-lipsync and superres stages, the gateway and two render workers, on the embedded stores (an SQLite
-file and a folder under --workdir). Then registers the avatar, submits the audio through the public
+lipsync and superres stages, the gateway, two render workers and a live worker (live sessions), on
+the embedded stores (an SQLite file and a folder under --workdir). Then registers the avatar, submits the audio through the public
 gRPC API, follows the job's progress, downloads the MP4 and checks it (H.264 + AAC, duration), and
 shuts the services down with SIGTERM.
 
 `python -m services.local serve` starts the same services and keeps them running (Ctrl-C stops
-them), printing the gateway's address for a product backend or a developer to call.
+them), printing the gateway's address for a product backend or a developer to call (live sessions
+too: `python -m services.gateway.client live --address ADDRESS --avatar ID speech.wav out.mp4`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient, render_file
 from services.local.cluster import REPO_ROOT, LocalCluster
 from services.media.probe import probe_media
+from services.serving.stages import STAGES
+
+#: live workers are started where the registry has them (services.live)
+HAS_LIVE = "live" in STAGES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,6 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="demo: render the sample and stop (default); serve: keep the services running",
     )
     p.add_argument("--workers", type=int, default=2, help="render worker processes")
+    p.add_argument("--live-workers", type=int, default=1, help="live worker processes (live sessions; 0: none)")
     p.add_argument("--gateway-port", type=int, default=0, help="serve: the gateway's port (0 = any free port)")
     p.add_argument("--avatar", type=Path, default=REPO_ROOT / "samples" / "avatar.jpg", help="photo or video")
     p.add_argument("--audio", type=Path, default=REPO_ROOT / "samples" / "speech.wav", help="speech audio file")
@@ -56,13 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.gateway_port:
         extra["gateway"] = [f"--port={args.gateway_port}"]
+    replicas = {"render": args.workers, **({"live": args.live_workers} if HAS_LIVE else {})}
+    live = f" and {args.live_workers} live workers" if HAS_LIVE else ""
     print(
-        f"starting audio, lipsync, superres, gateway and {args.workers} render workers on 127.0.0.1 (logs in {args.workdir})",
+        f"starting audio, lipsync, superres, gateway, {args.workers} render workers{live} on 127.0.0.1 (logs in {args.workdir})",
         flush=True,
     )
     started = time.perf_counter()
-    with LocalCluster(args.workdir, extra_args=extra, replicas={"render": args.workers}) as cluster:
+    with LocalCluster(args.workdir, extra_args=extra, replicas=replicas) as cluster:
         print(f"all services SERVING after {time.perf_counter() - started:.1f} s; gateway at {cluster.gateway_address}")
+        if HAS_LIVE and args.live_workers:
+            print(f"live workers at {', '.join(cluster.processes[n].address for n in cluster.replica_names('live'))}")
         if args.command == "serve":
             print("serving; Ctrl-C (or SIGTERM) stops every service", flush=True)
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

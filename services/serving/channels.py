@@ -18,7 +18,7 @@ import contextvars
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -76,12 +76,19 @@ def grpc_target(address: str) -> str:
 INTERNAL_TOKEN: contextvars.ContextVar[str] = contextvars.ContextVar("internal_token", default="")
 
 
-def open_channel(address: str, max_message_bytes: int, internal_token: str | None = None) -> grpc.aio.Channel:
-    """A channel to a stage; `internal_token` (default: INTERNAL_TOKEN's value) goes on every call."""
+def open_channel(
+    address: str,
+    max_message_bytes: int,
+    internal_token: str | None = None,
+    extra_options: Sequence[tuple[str, int]] = (),
+) -> grpc.aio.Channel:
+    """A channel to a stage; `internal_token` (default: INTERNAL_TOKEN's value) goes on every call;
+    `extra_options` are further gRPC channel options (e.g. a shorter reconnect back-off)."""
     options = channel_options(max_message_bytes) + [
         ("grpc.service_config", _SERVICE_CONFIG),
         ("grpc.enable_retries", 1),
         ("grpc.keepalive_time_ms", 30_000),
+        *extra_options,
     ]
     token = INTERNAL_TOKEN.get() if internal_token is None else internal_token
     interceptors = _metadata_interceptors(((INTERNAL_TOKEN_HEADER, token),)) if token else None

@@ -15,6 +15,10 @@ class LiplineError(Exception):
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        """Metadata the status carries beside its message (a hint such as `retry-after-ms`); none by default."""
+        return ()
+
 
 class InvalidMedia(LiplineError):
     """Input bytes that cannot be decoded or are unusable (empty audio, corrupt image, no face)."""
@@ -38,6 +42,24 @@ class TooLarge(LiplineError):
     """Input over a configured limit (bytes, frames, seconds) or a full queue."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class NoCapacity(TooLarge):
+    """Nothing has room for the request now (every live worker is full): RESOURCE_EXHAUSTED with the
+    trailing metadata `retry-after-ms`, so a client backs off for as long as the server suggests."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = int(retry_after_ms)
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("retry-after-ms", str(self.retry_after_ms)),)
+
+
+class PermissionDenied(LiplineError):
+    """The caller may not use this object: a live session's resume token that does not match."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class NotReady(LiplineError):

@@ -263,7 +263,7 @@ class _Call:
             _LOGGER.info(
                 "%s failed: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name}
             )
-            await self.context.abort(self.code, str(exc))
+            await self.context.abort(self.code, str(exc), trailing_metadata=exc.trailing_metadata())
         if isinstance(exc, grpc.aio.AbortError):
             # The handler aborted by itself (context.abort raises AbortError); keep its status.
             code = self.context.code()

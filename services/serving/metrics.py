@@ -121,6 +121,55 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # Live workers (issue 19; services/live): sessions, frames, latency, admission, the face link.
+        self.live_sessions = Gauge(
+            "lipline_live_sessions",
+            "live sessions held by this worker, by state (active, streaming, draining)",
+            ["state"],
+            registry=r,
+        )
+        self.live_frame_latency_seconds = Histogram(
+            "lipline_live_frame_latency_seconds",
+            "a speech frame's own audio arrived -> the frame sent (the model's 212.5 ms look-ahead is most of it)",
+            buckets=(0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75, 1.0, 2.0),
+            registry=r,
+        )
+        self.live_frames = Counter(
+            "lipline_live_frames",
+            "live frames by kind: speech and idle sent, skipped (late), dropped (the client read too slowly)",
+            ["kind"],
+            registry=r,
+        )
+        self.live_clear_seconds = Histogram(
+            "lipline_live_clear_seconds",
+            "Clear received -> the first idle frame after it sent",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.live_admission_refused = Counter(
+            "lipline_live_admission_refused",
+            "OpenSession refused RESOURCE_EXHAUSTED because the worker was full",
+            registry=r,
+        )
+        self.live_link_messages = Counter(
+            "lipline_live_link_messages",
+            "face link messages with items sent, by stage (lipsync, superres)",
+            ["stage"],
+            registry=r,
+        )
+        self.live_link_items_per_message = Histogram(
+            "lipline_live_link_items_per_message",
+            "items per face link message, by stage: sessions batched per tick",
+            ["stage"],
+            buckets=_BATCH,
+            registry=r,
+        )
+        self.live_link_faces = Counter(
+            "lipline_live_link_faces",
+            "face link items by outcome (face, late, failed, dropped)",
+            ["outcome"],
+            registry=r,
+        )
         r.register(GpuCollector())
 
     def set_backend(self, model: str, backend: str, precision: str) -> None:

@@ -62,6 +62,8 @@ class Service(abc.ABC, Generic[SettingsT]):
         #: the process's health servicer, set by ServiceRunner: a service whose work can stall after
         #: start-up (a render worker's claim loop) reports NOT_SERVING through it
         self.health: health.aio.HealthServicer | None = None
+        #: the gRPC port bound, set by ServiceRunner before `load` (a live worker advertises it)
+        self.bound_port = 0
 
     @property
     @abc.abstractmethod
@@ -75,6 +77,10 @@ class Service(abc.ABC, Generic[SettingsT]):
     @abc.abstractmethod
     async def load(self) -> None:
         """Load models and warm them up. The service reports SERVING only after this returns."""
+
+    async def begin_drain(self) -> None:
+        """SIGTERM, before the server waits for its RPCs: a service whose streams never end by
+        themselves (a live worker's Converse) ends them here, with a status its clients act on."""
 
     async def close(self) -> None:
         """Release resources after the server has stopped."""
@@ -147,6 +153,7 @@ class ServiceRunner:
         )
         # The stage channels that load() opens send the internal token (a context variable: this task only).
         INTERNAL_TOKEN.set(self.internal_token)
+        svc.bound_port = self.port
         await svc.load()
         self.ready.set()
         for name in ["", *names]:
@@ -160,6 +167,7 @@ class ServiceRunner:
     async def stop(self) -> None:
         """Go NOT_SERVING (load balancers stop sending), then drain in-flight RPCs within grace_s."""
         await self.health.enter_graceful_shutdown()
+        await self.service.begin_drain()
         _LOGGER.info("draining in-flight RPCs", extra={"grace_s": self.settings.grace_s})
         await self.server.stop(self.settings.grace_s)
         await self.service.close()

@@ -10,7 +10,7 @@ the Makefile's `images`), the chart's schema (scripts/gen_chart_schema.py); the 
 `stages:` in helm/lipline/values.yaml, and tests/unit/serving/test_stages.py checks the two agree.
 
 Standard library only: the image build reads it before anything is installed, and the torch-free
-images (audio, gateway, render) import it.
+images (audio, gateway, render, live) import it.
 
 `python -m services.serving.stages [--gpu | --cpu]` prints the stage names, one line, space-separated
 (the Makefile's image lists).
@@ -92,6 +92,16 @@ STAGES: Mapping[str, Stage] = _registry(
         port=50064,
         metrics_port=9095,
         settings="services.render.settings:RenderSettings",
+        calls=("lipsync", "superres"),
+        stores=True,
+        cache=True,
+    ),
+    # Live workers hold live sessions: CPU pods pacing frames, the gateway places sessions on them.
+    Stage(
+        "live",
+        port=50066,
+        metrics_port=9097,
+        settings="services.live.settings:LiveSettings",
         calls=("lipsync", "superres"),
         stores=True,
         cache=True,

@@ -43,9 +43,17 @@ OPERATOR_API = "monitoring.coreos.com/v1"
 # The stage registry (values.yaml is checked against it in test_chart_registry.py).
 GPU_STAGES = tuple(gpu_stages())
 STAGES = tuple(STAGE_REGISTRY)
-STORE_STAGES = ("render", "gateway")
+STORE_STAGES = ("render", "live", "gateway")
 # Who may call whom (docs/architecture.md section 1): the NetworkPolicies must say exactly this.
-CALLERS = {"audio": {"gateway"}, "lipsync": {"gateway", "render"}, "superres": {"render"}, "render": set()}
+# (The gateway dials live workers at the addresses they advertise in the job store, not through a
+# `dials` entry; the live NetworkPolicy admitting the gateway comes with the chart's live work.)
+CALLERS = {
+    "audio": {"gateway"},
+    "lipsync": {"gateway", "render", "live"},
+    "superres": {"render", "live"},
+    "render": set(),
+    "live": set(),
+}
 SQLITE = "sqlite:////var/lib/lipline/lipline.db"
 
 
@@ -326,7 +334,7 @@ def test_pods_run_non_root_read_only_with_native_grpc_probes(rendered: list[dict
 def test_callers_dial_exactly_their_stages_through_headless_services(rendered: list[dict[str, Any]]) -> None:
     services = by_kind(rendered, "Service")
     deployments = by_kind(rendered, "Deployment")
-    dialled = {"gateway": ("audio", "lipsync"), "render": ("lipsync", "superres")}
+    dialled = {"gateway": ("audio", "lipsync"), "render": ("lipsync", "superres"), "live": ("lipsync", "superres")}
     for caller, targets in dialled.items():
         env = env_of(deployments[f"lip-lipline-{caller}"])
         addresses = {k for k in env if k.endswith("_ADDRESS")}
@@ -741,7 +749,7 @@ def test_kubernetes_discovery_watches_endpoint_slices_with_the_least_rights() ->
     deployments = by_kind(docs, "Deployment")
     for name, deployment in deployments.items():
         pod = deployment["spec"]["template"]["spec"]
-        callers = name.endswith(("-gateway", "-render"))
+        callers = name.endswith(("-gateway", "-render", "-live"))
         assert pod["automountServiceAccountToken"] is callers, name  # the API token only where it is used
     assert (
         env_of(deployments["lip-lipline-render"])["LIPLINE_LIPSYNC_ADDRESS"] == "k8s:///lip-lipline-lipsync.media:50062"

@@ -3,7 +3,8 @@
 One cluster with API keys: tenant acme with two keys (rotation: `acme/ci`, `acme/rotated`) and tenant
 bob (an old-format `bob:key` line, its own tenant). bob reaches none of acme's objects through any
 public RPC (every one NOT_FOUND, worded as for an id that never existed), and uploading acme's photo
-gets bob an avatar of his own; acme sees the same objects through both keys. Then acme deletes an
+gets bob an avatar of his own; acme sees the same objects through both keys (live sessions too: the
+cluster has a live worker). Then acme deletes an
 avatar while a many-segment job renders from it: the avatar is gone at once, the job succeeds, and
 the janitor purges its blobs after the job. Without keys, the gateway warns that its port is open.
 Every test runs on the SQLite and on the PostgreSQL job store.
@@ -20,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from lipline.v1 import gateway_pb2
+from lipline.v1 import gateway_pb2, session_pb2
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.integration.util import SAMPLES, cut_wav, eventually, start_cluster
@@ -104,6 +105,23 @@ def test_every_public_rpc_finds_only_the_callers_own(tenants: Tenants, tmp_path:
     covered.add("DownloadOutput")
     not_found(lambda: bob.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id), timeout=30))
     assert acme2.download(job.id, tmp_path / "out.mp4") > 1000
+
+    covered.add("CreateSession")
+    assert "does not exist" in not_found(lambda: bob.create_session(avatar.id))
+    session = acme.create_session(avatar.id)
+
+    covered.add("GetSession")
+    assert acme2.get_session(session.id).id == session.id and acme2.get_session(session.id).resume_token == ""
+    assert not_found(lambda: bob.get_session(session.id)) == f"session {session.id!r} does not exist"
+
+    covered.add("Converse")  # with acme's token, even: the session is not bob's
+    start = session_pb2.ConverseStart(session_id=session.id, resume_token=session.resume_token)
+    not_found(lambda: bob.converse(iter([session_pb2.ConverseRequest(start=start)]), timeout=30))
+
+    covered.add("CloseSession")
+    not_found(lambda: bob.close_session(session.id))
+    assert acme2.get_session(session.id).state == session_pb2.SESSION_STATE_ACTIVE  # bob's close did nothing
+    assert acme.close_session(session.id).state == session_pb2.SESSION_STATE_CLOSED
 
     covered.add("DeleteAvatar")
     not_found(lambda: bob.stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar.id)))

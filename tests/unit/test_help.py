@@ -31,6 +31,15 @@ FLAGS = {
     "superres": [*COMMON, "--model", "--checkpoint", "--max-batch", "--pipeline-depth"],
     "gateway": [*COMMON, "--job-store", "--blob-store", "--audio-address", "--lipsync-address"],
     "render": [*COMMON, "--job-store", "--blob-store", "--lipsync-address", "--superres-address"],
+    "live": [
+        *COMMON,
+        "--job-store",
+        "--blob-store",
+        "--lipsync-address",
+        "--superres-address",
+        "--max-sessions",
+        "--advertise-address",
+    ],
 }
 
 

@@ -34,7 +34,7 @@ DOCKERFILE = (REPO / "services" / "Dockerfile").read_text()
 VALUES = yaml.safe_load((REPO / "helm" / "lipline" / "values.yaml").read_text())
 LOCK = REPO / "requirements.lock"
 STAGES = tuple(VALUES["stages"])
-NO_TORCH = ("audio", "gateway", "render")
+NO_TORCH = ("audio", "gateway", "render", "live")
 # What the gateway and render images must never carry (docs/architecture.md section 6, the brief of issue "render workers").
 FORBIDDEN_WITHOUT_MODELS = {
     "torch",
@@ -69,7 +69,7 @@ def _installed(service: str) -> set[str]:
 
 
 def test_stages_are_the_charts_stages() -> None:
-    assert set(STAGES) == {"audio", "lipsync", "superres", "render", "gateway"}
+    assert set(STAGES) == {"audio", "lipsync", "superres", "render", "live", "gateway"}
 
 
 def test_image_runs_as_the_charts_non_root_user() -> None:
@@ -151,7 +151,7 @@ def test_gateway_and_render_images_carry_no_torch_nor_dev_tools() -> None:
         assert {"torch", "numpy"} <= _installed(service) and "pytest" not in _installed(service)
     for service in STAGES:
         assert not _installed(service) & TEST_TOOLS, (service, sorted(_installed(service) & TEST_TOOLS))
-    assert "librosa" in _installed("audio")
+    assert "librosa" in _installed("audio") and "librosa" in _installed("live")  # the live worker's incremental mel
 
 
 def _requires(name: str) -> set[str]:

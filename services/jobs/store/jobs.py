@@ -12,7 +12,9 @@ answer for any job, and render workers on many pods must share out the work. The
   (the worker died) makes the task claimable again; after `max_attempts` claims the job fails.
 - **avatars**: the summary of each avatar (what Get/ListAvatars answer); its data lives in the blob store.
   A deleted avatar is only marked (`deleted_time`): it is gone for its tenant at once, but its row and
-  blobs stay until no QUEUED or RUNNING job uses it (the gateway's janitor then purges them).
+  blobs stay until no QUEUED or RUNNING job and no live session uses it (the gateway's janitor
+  then purges them).
+- **live sessions and live workers** (services.jobs.store.sessions): which worker holds each session.
 
 Every avatar and job belongs to a tenant (services.serving.tenants). The gateway's methods take the
 caller's tenant and find only that tenant's rows (NotFound otherwise, as for an id that never
@@ -34,6 +36,7 @@ import dataclasses
 import enum
 from collections.abc import Sequence
 
+from services.jobs.store.sessions import SessionStore
 from services.serving.tenants import IMPLICIT_TENANT
 
 
@@ -165,8 +168,8 @@ class QueueStats:
     active_jobs: int  # QUEUED + RUNNING jobs
 
 
-class JobStore(abc.ABC):
-    """See the module docstring. Raises services.serving.errors.NotFound for unknown ids,
+class JobStore(SessionStore):
+    """See the module docstring (and services.jobs.store.sessions for live sessions and workers). Raises services.serving.errors.NotFound for unknown ids,
     TooLarge (RESOURCE_EXHAUSTED) when a limit is hit, and StoreUnavailable when the database cannot
     be reached (callers retry with back-off; the gRPC layer maps it to UNAVAILABLE)."""
 
@@ -294,7 +297,7 @@ class JobStore(abc.ABC):
 
     @abc.abstractmethod
     def purgeable_avatars(self, limit: int = 100, avatar_id: str | None = None) -> list[str]:
-        """Ids of deleted avatars that no QUEUED or RUNNING job uses (only `avatar_id`, when given),
+        """Ids of deleted avatars that no QUEUED or RUNNING job and no ACTIVE live session uses (only `avatar_id`, when given),
         longest deleted first: their data may go now (no new job can use a deleted avatar)."""
 
     @abc.abstractmethod

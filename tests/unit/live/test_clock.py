@@ -100,3 +100,18 @@ def test_a_given_t0_and_a_bad_rate() -> None:
         FrameClock(0, fake)
     with pytest.raises(ValueError):
         FrameClock(Fraction(-1), fake)
+
+
+def test_continue_from_moves_the_numbering_on_never_back() -> None:
+    """A session resumed on another worker goes on after the client's last frame."""
+    fake = FakeClock()
+    clock = FrameClock(25, fake)
+    fake.advance(0.5)
+    clock.continue_from(1000)
+    assert clock.due_now() == 1000 and clock.take() == Slot(1000, range(1000, 1000))
+    assert clock.counts.skipped == 0
+    fake.advance(0.04)
+    assert clock.take() == Slot(1001, range(1001, 1001))
+    clock.continue_from(10)  # never back: the encoder's pts only grow
+    fake.advance(0.04)
+    assert clock.take().frame == 1002

@@ -286,3 +286,119 @@ def test_bad_input_is_refused_and_changes_nothing(template) -> None:
             44100,
         )
     assert session.end_utterance() == 0 and session.end_utterance() is None
+
+
+class Ticket:
+    """A face asked for ahead of its slot, answered when the test says (what the FaceLink's future does)."""
+
+    def __init__(self, face: np.ndarray, asked_ns: int, due_ns: int) -> None:
+        self.face, self.asked_ns, self.due_ns = face, asked_ns, due_ns
+        self.answered = False
+        self.cancelled = False
+        self.given_up = False  # the session cancelled it (a done ticket stays done, as a future does)
+
+    def done(self) -> bool:
+        return self.answered or self.cancelled
+
+    def result(self) -> np.ndarray:
+        if self.cancelled:
+            raise RuntimeError("cancelled")
+        return self.face
+
+    def cancel(self) -> bool:
+        self.given_up = True
+        self.cancelled = not self.answered
+        return self.cancelled
+
+
+class Stage:
+    """Answers every ticket `delay_ms` after it was asked for (as the clock advances), except those in `never`."""
+
+    def __init__(self, clock: FakeClock, delay_ms: float = 30.0) -> None:
+        self.clock, self.delay_ns = clock, round(delay_ms * 1e6)
+        self.tickets: dict[int, Ticket] = {}
+        self.never: set[int] = set()
+
+    def submit(self, frame: int, template_frame: int, window: np.ndarray, due_ns: int) -> Ticket:
+        ticket = Ticket(stand_in_face(template_frame, window), self.clock.t, due_ns)
+        self.tickets[frame] = ticket
+        return ticket
+
+    def answer(self) -> None:
+        for frame, ticket in self.tickets.items():
+            if frame not in self.never and not ticket.cancelled and self.clock.t - ticket.asked_ns >= self.delay_ns:
+                ticket.answered = True
+
+
+class StageRecorder(Recorder):
+    def __init__(self, session: LiveSession, clock: FakeClock, stage: Stage) -> None:
+        super().__init__(session, clock)
+        self.stage = stage
+
+    def tick(self) -> None:
+        self.stage.answer()
+        super().tick()
+
+
+def lead_session(template: I420Frames, clock: FakeClock, stage: Stage, codec: str = "h264") -> LiveSession:
+    return make_session(template, clock, codec=codec, generate=None, submit_face=stage.submit, lead_s=0.08)
+
+
+def test_with_a_lead_faces_are_asked_for_ahead_of_their_slots(template, speech_pcm) -> None:
+    """A worker's way: each speech frame's face is asked for >= 80 ms before its slot, and used at the slot."""
+    clock = FakeClock()
+    stage = Stage(clock, delay_ms=30)
+    session = lead_session(template, clock, stage)
+    run = StageRecorder(session, clock, stage)
+    pcm = speech_pcm[RATE][: 2 * RATE]
+    run.speak(pcm)
+    run.wait(600)
+    speech = [t for t in run.ticks if t.kind is FrameKind.SPEECH]
+    assert len(speech) == frames_for_samples(len(pcm), RATE, FPS) and all(t.frame is not None for t in speech)
+    assert [t.frame.pts for t in run.ticks] == list(range(len(run.ticks)))  # consecutive: nothing skipped
+    assert all(ticket.due_ns - ticket.asked_ns >= 80_000_000 for ticket in stage.tickets.values())
+    assert sorted(stage.tickets) == [t.frame.pts for t in speech]  # one face per speech frame, at its own slot
+    assert speech[-1].frame.pts - speech[0].frame.pts == len(speech) - 1  # the utterance on consecutive frames
+    np.testing.assert_array_equal(run.audio_of_frames(), pcm)
+    latencies = {round(t.latency_s, 6) for t in speech}
+    assert min(latencies) >= 0.28  # 200 ms (the mel's look-ahead, as without a lead) + the 80 ms lead
+    pictures = decode_h264(run.ticks)
+    for picture, tick in zip(pictures, run.ticks):
+        own = cv2.cvtColor(IdleLoop(template).frame(tick.frame.pts), cv2.COLOR_YUV2BGR_I420)
+        assert (psnr(picture[MOUTH], own[MOUTH]) < 20) == (tick.kind is FrameKind.SPEECH)
+
+
+def test_a_face_not_back_at_its_slot_skips_that_frame_only(template, speech_pcm) -> None:
+    clock = FakeClock()
+    stage = Stage(clock, delay_ms=30)
+    session = lead_session(template, clock, stage)
+    run = StageRecorder(session, clock, stage)
+    stage.never = {15}
+    pcm = speech_pcm[RATE][:RATE]
+    run.speak(pcm)
+    run.wait(600)
+    (skipped,) = [t for t in run.ticks if t.frame is None]
+    assert skipped.kind is FrameKind.SPEECH and skipped.slot == 15 and skipped.audio
+    assert stage.tickets[15].cancelled and session.counts.skipped == 1
+    np.testing.assert_array_equal(run.audio_of_frames(), pcm)  # its audio still went out
+    assert len(decode_h264(run.ticks)) == len(run.ticks) - 1  # never encoded: the next frames decode
+
+
+def test_clear_drops_the_planned_frames_and_says_what_played(template, speech_pcm) -> None:
+    clock = FakeClock()
+    stage = Stage(clock, delay_ms=30)
+    session = lead_session(template, clock, stage, codec="jpeg")
+    run = StageRecorder(session, clock, stage)
+    pcm = speech_pcm[RATE][: 2 * RATE]
+    for i in range(0, RATE, STEP):
+        run.step(pcm[i : i + STEP])
+    shown = sum(1 for t in run.ticks if t.kind is FrameKind.SPEECH)
+    planned = [ticket for frame, ticket in stage.tickets.items() if frame > run.ticks[-1].slot]
+    assert planned, "with a lead, frames ahead of the clock are planned"
+    event = session.clear()
+    assert event is not None and event.interrupted and event.position_ms == shown * 40.0
+    assert all(ticket.given_up for ticket in planned)
+    run.wait(40)
+    assert run.ticks[-1].kind is FrameKind.IDLE and event in run.ticks[-1].events
+    run.wait(200)
+    assert all(t.kind is FrameKind.IDLE for t in run.ticks[-5:]) and not session.playing

@@ -43,6 +43,10 @@ def test_the_charts_traits_are_the_registrys(name: str) -> None:
     assert list(v["dials"]) == list(s.calls)
 
 
+# A live worker's own address, as the gateway dials it (advertised in the job store): not a stage it dials.
+OWN_ADDRESSES = {"advertise_address"}
+
+
 def test_the_services_default_ports_and_addresses_are_the_registrys() -> None:
     classes = _script("gen_chart_schema").settings_classes()
     assert list(classes) == list(STAGES)
@@ -51,9 +55,12 @@ def test_the_services_default_ports_and_addresses_are_the_registrys() -> None:
         assert (defaults.port, defaults.metrics_port) == (STAGES[name].port, STAGES[name].metrics_port), name
         for called in STAGES[name].calls:  # a caller's default address of each stage it dials
             assert getattr(defaults, f"{called}_address") == STAGES[called].local_address, (name, called)
-        assert {f.name.removesuffix("_address") for f in dataclasses.fields(cls) if f.name.endswith("_address")} == set(
-            STAGES[name].calls
-        ), name
+        dialled = {
+            f.name.removesuffix("_address")
+            for f in dataclasses.fields(cls)
+            if f.name.endswith("_address") and f.name not in OWN_ADDRESSES
+        }
+        assert dialled == set(STAGES[name].calls), name
 
 
 def test_the_dockerfile_exposes_every_port_and_names_every_stage() -> None:
@@ -91,12 +98,16 @@ def test_the_local_cluster_reads_the_registry() -> None:
     from services.local.cluster import STAGES as CLUSTER_STAGES
 
     assert CLUSTER_STAGES == called_stages() == ("audio", "lipsync", "superres")
-    assert CALLS == {"render": ("lipsync", "superres"), "gateway": ("audio", "lipsync")}
+    assert CALLS == {
+        "render": ("lipsync", "superres"),
+        "live": ("lipsync", "superres"),
+        "gateway": ("audio", "lipsync"),
+    }
 
 
 def test_start_order_puts_every_stage_after_what_it_calls() -> None:
     waves = start_order()
-    assert waves == [["audio", "lipsync", "superres"], ["render", "gateway"]]
+    assert waves == [["audio", "lipsync", "superres"], ["render", "live", "gateway"]]
     wave_of = {name: i for i, wave in enumerate(waves) for name in wave}
     for s in STAGES.values():
         assert all(wave_of[c] < wave_of[s.name] for c in s.calls)
@@ -114,7 +125,7 @@ def test_a_stage_added_to_the_registry_joins_the_lists(monkeypatch: pytest.Monke
         calls=("superres",),
     )
     monkeypatch.setattr(registry, "STAGES", MappingProxyType({**STAGES, dummy.name: dummy}))
-    assert start_order()[-1] == ["render", "gateway", "facerestore"]
+    assert start_order()[-1] == ["render", "live", "gateway", "facerestore"]
     assert gpu_stages() == ("lipsync", "superres", "facerestore")
     assert stage("facerestore").image == "lipline-facerestore" and dummy.module == "services.facerestore"
     schema = _script("gen_chart_schema").build()["properties"]["stages"]

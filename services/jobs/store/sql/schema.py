@@ -11,10 +11,12 @@ from services.jobs.store.jobs import TaskKind, TaskState
 from services.jobs.store.sql.tx import Tx
 from services.serving.tenants import IMPLICIT_TENANT
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # The key of the transaction-scoped advisory lock that serializes migrations (PostgreSQL); arbitrary.
 MIGRATE_LOCK = 0x6C69706C696E01
 _TASK_KINDS = ", ".join(f"'{k.value}'" for k in TaskKind)
+#: stands for the dialect's binary type (BLOB or BYTEA) in a migration's statements
+BLOB_TYPE = "{blob_type}"
 
 #: the statements that take the schema from version v - 1 to v (in one transaction with the others)
 MIGRATIONS: dict[int, list[str]] = {
@@ -55,6 +57,37 @@ MIGRATIONS: dict[int, list[str]] = {
         "UPDATE jobs SET segments_total = segments_total - 1, segments_done = segments_done - "
         f"(SELECT count(*) FROM tasks t WHERE t.job_id = jobs.id AND t.kind = '{TaskKind.AUDIO.value}' AND t.state = '{TaskState.DONE.value}') "
         f"WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.job_id = jobs.id AND t.kind = '{TaskKind.AUDIO.value}')",
+    ],
+    # live sessions (issue 19; services.jobs.store.sessions): each live worker's heartbeat row, and
+    # each session's row (its tenant, avatar, the resolved Session, the worker holding its lease)
+    7: [
+        """CREATE TABLE IF NOT EXISTS live_workers (
+            id TEXT PRIMARY KEY,
+            address TEXT NOT NULL,
+            capacity INTEGER NOT NULL,
+            active INTEGER NOT NULL,
+            draining INTEGER NOT NULL DEFAULT 0,
+            heartbeat_time DOUBLE PRECISION NOT NULL
+        )""",
+        f"""CREATE TABLE IF NOT EXISTS live_sessions (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            avatar_id TEXT NOT NULL,
+            state INTEGER NOT NULL,
+            session {BLOB_TYPE} NOT NULL,
+            resume_token_sha256 TEXT NOT NULL,
+            worker_id TEXT NOT NULL DEFAULT '',
+            lease_expires DOUBLE PRECISION NOT NULL,
+            create_time DOUBLE PRECISION NOT NULL,
+            deadline DOUBLE PRECISION NOT NULL,
+            idle_timeout_s DOUBLE PRECISION NOT NULL,
+            end_time DOUBLE PRECISION NOT NULL DEFAULT 0,
+            error TEXT NOT NULL DEFAULT '',
+            error_code INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX IF NOT EXISTS live_sessions_avatar ON live_sessions (avatar_id, state)",
+        "CREATE INDEX IF NOT EXISTS live_sessions_tenant ON live_sessions (tenant, state)",
+        "CREATE INDEX IF NOT EXISTS live_sessions_worker ON live_sessions (worker_id, state)",
     ],
 }
 
@@ -119,6 +152,11 @@ def schema(blob_type: str) -> list[str]:
     ]
 
 
+def migration(version: int, blob_type: str) -> list[str]:
+    """The statements of migration `version` for a dialect whose binary type is `blob_type`."""
+    return [statement.replace(BLOB_TYPE, blob_type) for statement in MIGRATIONS[version]]
+
+
 def migrate(tx: Tx, blob_type: str) -> None:
     """Create the tables if they are missing and run the migrations the database lacks (in `tx`)."""
     tx.lock(MIGRATE_LOCK)
@@ -132,7 +170,7 @@ def migrate(tx: Tx, blob_type: str) -> None:
             f"the job store's schema is version {current}, newer than this lipline's ({SCHEMA_VERSION}): upgrade lipline before pointing it at this database"
         )
     for version in range(current + 1, SCHEMA_VERSION + 1):
-        for statement in MIGRATIONS[version]:
+        for statement in migration(version, blob_type):
             tx.execute(statement)
     if recorded != SCHEMA_VERSION:
         tx.execute("DELETE FROM schema_version")

@@ -43,6 +43,7 @@ from services.jobs.store.sql.rules import (
     too_many_message,
 )
 from services.jobs.store.sql.schema import migrate
+from services.jobs.store.sql.sessions import SqlSessionStore, alive
 from services.jobs.store.sql.tx import Tx
 from services.serving.errors import NotFound, TooLarge
 
@@ -52,8 +53,9 @@ T = TypeVar("T")
 CREATE_LOCK = 0x6C69706C696E02
 
 
-class SqlJobStore(JobStore):
-    """The JobStore over a `Tx`; subclasses supply `_transaction`, the dialect bits and the feed."""
+class SqlJobStore(SqlSessionStore, JobStore):
+    """The JobStore over a `Tx`; subclasses supply `_transaction`, the dialect bits and the feed. Live
+    sessions and workers are SqlSessionStore's."""
 
     blob_type = "BLOB"
     row_lock = ""  # appended to SELECTs of rows the transaction will change (PostgreSQL: FOR UPDATE)
@@ -411,7 +413,11 @@ class SqlJobStore(JobStore):
 
     # -- avatars ------------------------------------------------------------------------------------
     _LIVE = "deleted_time = 0"
-    _UNUSED = f"NOT EXISTS (SELECT 1 FROM jobs j WHERE j.avatar_id = a.id AND j.{ACTIVE})"
+    # An avatar is in use while a QUEUED or RUNNING job or a live session uses it; takes two parameters (now, now).
+    _UNUSED = (
+        f"NOT EXISTS (SELECT 1 FROM jobs j WHERE j.avatar_id = a.id AND j.{ACTIVE}) "
+        f"AND NOT EXISTS (SELECT 1 FROM live_sessions s WHERE s.avatar_id = a.id AND {alive('s.')})"
+    )
 
     def _live_avatar(self, tx: Tx, avatar_id: str, tenant: str | None, lock: str = "") -> AvatarRecord:
         mine = "" if tenant is None else " AND tenant = ?"
@@ -477,11 +483,11 @@ class SqlJobStore(JobStore):
 
     def purgeable_avatars(self, limit: int = 100, avatar_id: str | None = None) -> list[str]:
         one = "" if avatar_id is None else " AND a.id = ?"
-        params = (int(limit),) if avatar_id is None else (avatar_id, int(limit))
+        first = () if avatar_id is None else (avatar_id,)
         rows = self._transaction(
             lambda tx: tx.query(
                 f"SELECT a.id FROM avatars a WHERE a.deleted_time > 0{one} AND {self._UNUSED} ORDER BY a.deleted_time, a.id LIMIT ?",
-                params,
+                (*first, tx.now(), tx.now(), int(limit)),
             ),
             write=False,
         )
@@ -492,7 +498,8 @@ class SqlJobStore(JobStore):
         return bool(
             self._transaction(
                 lambda tx: tx.execute(
-                    f"DELETE FROM avatars WHERE id = ? AND deleted_time > 0 AND {unused}", (avatar_id,)
+                    f"DELETE FROM avatars WHERE id = ? AND deleted_time > 0 AND {unused}",
+                    (avatar_id, tx.now(), tx.now()),
                 )
             )
         )

@@ -1,0 +1,197 @@
+"""Converse through the gateway: the client's stream checked, routed to the live worker that holds the
+session, and relayed both ways; a session whose worker is gone re-placed on another first.
+
+- **The first message** must be ConverseStart (else INVALID_ARGUMENT saying so): the session's id
+  and resume token, checked against the caller's tenant and the token's stored sha256 (constant
+  time). The worker gets the start without the token (it trusts the gateway: the internal token)
+  and the tenant in `x-lipline-tenant`.
+- **Routing**: the row names the worker holding the lease. When that lease has expired (its worker
+  died) or the worker answers UNAVAILABLE or NOT_FOUND before its first message (draining, killed,
+  restarted), the gateway gives the lease up, places the session on another worker with
+  OpenSession(resume=true) (it reloads the avatar from the blob store) and streams from there. A
+  client resumes by sending ConverseStart again on a new stream with the last frame it received.
+- **Relay**: two loops, one per direction, each awaiting the other side before it takes the next
+  message (gRPC's flow control pushes back through them), so the gateway holds at most a message
+  each way per stream: a client that reads slowly stalls the worker's stream, where the worker
+  drops frames (counted) rather than buffering them. When either side ends, both are cancelled.
+  A worker's status reaches the client as it was (its message is written for people), UNAVAILABLE
+  mid-stream with a note that the stream may be resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from lipline.v1 import live_pb2_grpc, session_pb2
+from services.gateway.live_workers import LiveWorkerError, LiveWorkers, call_metadata
+from services.gateway.sessions import require_active, session_to_proto, stream_session
+from services.jobs.store.jobs import JobStore
+from services.jobs.store.sessions import SessionRow
+from services.serving.errors import InvalidRequest
+
+_LOGGER = logging.getLogger(__name__)
+
+# A worker answering these before its first message does not hold the session (any more): re-place it.
+_GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND})
+StreamCall = grpc.aio.StreamStreamCall
+
+
+async def first_start(requests: AsyncIterator[session_pb2.ConverseRequest]) -> session_pb2.ConverseStart:
+    """The stream's ConverseStart; InvalidRequest when the first message is something else or none."""
+    first = await anext(requests, None)
+    kind = first.WhichOneof("request") if first is not None else None
+    if kind != "start":
+        got = f"a {kind} message" if kind else ("an empty message" if first is not None else "no message")
+        raise InvalidRequest(
+            f"the first message of a Converse stream must be ConverseStart (session_id, resume_token), got {got}"
+        )
+    return first.start
+
+
+async def _open_stream(
+    stub: live_pb2_grpc.LiveServiceStub, start: session_pb2.ConverseStart, tenant: str, request_id: str
+):  # type: ignore[no-untyped-def]
+    """Converse on a worker: the start sent, its first response read. AioRpcError when it refuses."""
+    call: StreamCall = stub.Converse(metadata=call_metadata(tenant, request_id))
+    try:
+        await call.write(session_pb2.ConverseRequest(start=start))
+        response = await call.read()
+    except BaseException:
+        call.cancel()
+        raise
+    if response is grpc.aio.EOF:  # ended OK without a word: not a stream anyone can use
+        raise LiveWorkerError(
+            await _status(call), "the live worker ended the stream before it was ready; resume with ConverseStart"
+        )
+    return call, response
+
+
+async def _status(call: StreamCall) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        await call.code(), await call.initial_metadata(), await call.trailing_metadata(), await call.details()
+    )
+
+
+async def attach(
+    jobs: JobStore,
+    workers: LiveWorkers,
+    row: SessionRow,
+    start: session_pb2.ConverseStart,
+    tenant: str,
+    request_id: str = "",
+) -> tuple[StreamCall, session_pb2.ConverseResponse]:
+    """A stream on the worker holding the session, or on the one it was re-placed on."""
+    forward = session_pb2.ConverseStart(
+        session_id=row.id, last_frame=start.last_frame
+    )  # no token: the worker does not need it
+    if row.lease_live and row.worker_address:
+        try:
+            return await _open_stream(workers.stub(row.worker_address), forward, tenant, request_id)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _GONE:
+                raise LiveWorkerError(exc) from exc
+            _LOGGER.info(
+                "session %s: its live worker %s answered %s (%s); placing it on another",
+                row.id,
+                row.worker_id,
+                exc.code().name,
+                exc.details(),
+            )
+        await jobs.release_session(row.id, row.worker_id)
+        row = await jobs.get_session(tenant, row.id)
+        require_active(row)
+    worker = await workers.place(session_to_proto(row), tenant, resume=True, request_id=request_id)
+    _LOGGER.info("session %s resumes on live worker %s", row.id, worker.id, extra={"request_id": request_id})
+    try:
+        return await _open_stream(workers.stub(worker.address), forward, tenant, request_id)
+    except grpc.aio.AioRpcError as exc:
+        raise LiveWorkerError(exc) from exc
+
+
+async def _pump(
+    requests: AsyncIterator[session_pb2.ConverseRequest], call: StreamCall, problems: list[BaseException]
+) -> None:
+    """Client -> worker, one message at a time; a second ConverseStart ends the stream."""
+    try:
+        async for request in requests:
+            if request.WhichOneof("request") == "start":
+                raise InvalidRequest(
+                    "ConverseStart comes once, as the stream's first message; to resume, open a new stream"
+                )
+            await call.write(request)
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+        pass  # the worker's side has ended: the reading loop reports its status
+    except Exception as exc:  # noqa: BLE001 - the client's stream failed or broke a rule: end both sides
+        problems.append(exc)
+        call.cancel()
+
+
+async def relay(
+    call: StreamCall, requests: AsyncIterator[session_pb2.ConverseRequest], session_id: str
+) -> AsyncIterator[session_pb2.ConverseResponse]:
+    """Worker -> client until either side ends; the worker's status as the stream's."""
+    problems: list[BaseException] = []
+    pump = asyncio.create_task(_pump(requests, call, problems))
+    try:
+        while True:
+            try:
+                response = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                if problems:
+                    raise problems[0] from None
+                raise _worker_ended(exc, session_id) from exc
+            except (
+                asyncio.CancelledError
+            ):  # the pump cancelled the call (a local cancel raises this), or we are cancelled
+                task = asyncio.current_task()
+                if problems and task is not None and not task.cancelling():
+                    raise problems[0] from None
+                raise
+            if response is grpc.aio.EOF:
+                break
+            yield response
+        if problems:
+            raise problems[0]
+        if await call.code() is not grpc.StatusCode.OK:
+            raise _worker_ended(await _status(call), session_id)
+    finally:
+        pump.cancel()
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump
+
+
+def _worker_ended(exc: grpc.aio.AioRpcError, session_id: str) -> LiveWorkerError:
+    if exc.code() is grpc.StatusCode.UNAVAILABLE:
+        return LiveWorkerError(
+            exc,
+            f"the live worker of session {session_id} went away ({exc.details()}); resume with ConverseStart and the last frame",
+        )
+    return LiveWorkerError(exc)
+
+
+async def converse(
+    jobs: JobStore,
+    workers: LiveWorkers,
+    requests: AsyncIterator[session_pb2.ConverseRequest],
+    tenant: str,
+    request_id: str = "",
+) -> AsyncIterator[session_pb2.ConverseResponse]:
+    """Converse: the start checked, the stream attached, then relayed (see the module docstring)."""
+    requests = aiter(requests)  # one iterator: the start is read from it, the rest relayed
+    start = await first_start(requests)
+    row = await stream_session(jobs, tenant, start.session_id, start.resume_token)
+    call, first = await attach(jobs, workers, row, start, tenant, request_id)
+    try:
+        yield first
+    except BaseException:
+        call.cancel()
+        raise
+    async for response in relay(call, requests, row.id):
+        yield response

@@ -1,0 +1,158 @@
+"""The live workers as the gateway reaches them: placement by their heartbeats, one channel per worker.
+
+Live workers are found through the job store, not a Service: each writes a heartbeat row (address,
+capacity, active sessions, draining) every second, and the gateway places a new or resumed session
+on the fresh one with the most room (services.jobs.store.sessions); a worker whose live leases fill
+its capacity is not asked, one full only by its heartbeat (a second old) is. A worker can be full by
+the time it is asked (another gateway placed there since its heartbeat): it answers
+RESOURCE_EXHAUSTED and the next is tried; a dead or draining one answers UNAVAILABLE and is skipped the same way. Only
+when every fresh worker has refused does CreateSession fail, RESOURCE_EXHAUSTED with
+`retry-after-ms`: sessions already running are never degraded to make room.
+
+Calls carry the internal token (services.serving.channels.open_channel), the request id and the
+session's tenant in `x-lipline-tenant`, which the worker checks the session against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+
+import grpc
+
+from lipline.v1 import live_pb2, live_pb2_grpc, session_pb2
+from services.jobs.store.jobs import JobStore
+from services.jobs.store.sessions import LiveWorker
+from services.serving.channels import open_channel
+from services.serving.errors import LiplineError, NoCapacity
+from services.serving.tracing import outgoing_metadata
+
+_LOGGER = logging.getLogger(__name__)
+
+TENANT_HEADER = "x-lipline-tenant"
+RETRY_AFTER_HEADER = "retry-after-ms"
+MAX_CHANNELS = 256  # channels kept to live workers; the least recently used beyond it are closed
+# A worker's channel that lost its connection tries again within a second (gRPC's back-off grows to
+# 120 s by default, and a call during the back-off fails UNAVAILABLE at once): a worker restarted on
+# the same address takes sessions again as soon as it is up.
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000))
+CLOSE_TIMEOUT_S = 5.0
+# A worker answering these cannot take the session now; the next worker may.
+_SKIP = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class LiveWorkerError(LiplineError):
+    """A live worker answered with an error that is the caller's to see (its status and message as
+    the worker gave them: the worker's messages are written for people), or went away mid-stream."""
+
+    def __init__(self, exc: grpc.aio.AioRpcError, message: str = "") -> None:
+        super().__init__(message or exc.details() or exc.code().name)
+        self.code = exc.code()
+        self._trailing = tuple(
+            (k, v) for k, v in (exc.trailing_metadata() or ()) if k == RETRY_AFTER_HEADER and isinstance(v, str)
+        )
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._trailing
+
+
+def retry_after_ms(exc: grpc.aio.AioRpcError) -> int | None:
+    """The worker's `retry-after-ms` hint, if it sent a usable one."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == RETRY_AFTER_HEADER:
+            with contextlib.suppress(TypeError, ValueError):
+                return max(0, int(value))
+    return None
+
+
+def call_metadata(tenant: str, request_id: str = "") -> list[tuple[str, str]]:
+    return [(TENANT_HEADER, tenant), *outgoing_metadata(request_id)]
+
+
+class LiveWorkers:
+    """Placement on, and channels to, the live workers the job store lists."""
+
+    def __init__(
+        self, jobs: JobStore, max_message_bytes: int, fresh_s: float, open_timeout_s: float, retry_after_ms: int
+    ) -> None:
+        self.jobs = jobs
+        self.fresh_s, self.open_timeout_s, self.retry_after_ms = fresh_s, open_timeout_s, retry_after_ms
+        self._max_message_bytes = max_message_bytes
+        self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
+        self._closing: set[asyncio.Task] = set()
+
+    def stub(self, address: str) -> live_pb2_grpc.LiveServiceStub:
+        """A stub on the worker's channel (opened on first use, kept for the next call)."""
+        channel = self._channels.pop(address, None) or open_channel(
+            address, self._max_message_bytes, extra_options=RECONNECT_OPTIONS
+        )
+        self._channels[address] = channel
+        while len(self._channels) > MAX_CHANNELS:  # the least recently used: a worker long gone, most likely
+            _, old = self._channels.popitem(last=False)
+            closing = asyncio.get_running_loop().create_task(old.close(grace=CLOSE_TIMEOUT_S))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        return live_pb2_grpc.LiveServiceStub(channel)
+
+    async def place(self, session: session_pb2.Session, tenant: str, resume: bool, request_id: str = "") -> LiveWorker:
+        """OpenSession on the fresh worker with the most room that takes it; NoCapacity (with the
+        workers' retry-after hint, else the deployment's) when none does. Any other error of a
+        worker (the avatar cannot be loaded, a limit it refuses) is the caller's: LiveWorkerError."""
+        workers = await self.jobs.live_workers(self.fresh_s)
+        hint, refused = self.retry_after_ms, []
+        request = live_pb2.OpenSessionRequest(session=session, tenant=tenant, resume=resume)
+        for worker in (w for w in workers if w.free_by_leases > 0):
+            try:
+                await self.stub(worker.address).OpenSession(
+                    request, metadata=call_metadata(tenant, request_id), timeout=self.open_timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _SKIP:
+                    raise LiveWorkerError(exc) from exc
+                refused.append(f"{worker.id} {exc.code().name}")
+                if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    hint = retry_after_ms(exc) or hint
+                else:  # it may have leased the session before it stopped answering: let the next one take it
+                    await self.jobs.release_session(session.id, worker.id)
+                _LOGGER.info(
+                    "live worker refused session %s (%s): %s",
+                    session.id,
+                    exc.code().name,
+                    exc.details(),
+                    extra={"worker": worker.id},
+                )
+                continue
+            return worker
+        full = sum(1 for w in workers if w.free_by_leases <= 0)
+        raise NoCapacity(
+            f"no live worker has room for a session now ({len(workers)} available, {full} full"
+            + (f", refused by {', '.join(refused)}" if refused else "")
+            + f"); retry in {hint} ms",
+            hint,
+        )
+
+    async def close_on_worker(self, address: str, session_id: str, tenant: str, request_id: str = "") -> None:
+        """CloseSession on the worker that holds the session; a worker that does not answer is
+        logged, not raised (the caller marks the row CLOSED anyway: the worker drops it at its next
+        lease renewal)."""
+        try:
+            await self.stub(address).CloseSession(
+                session_pb2.CloseSessionRequest(session_id=session_id),
+                metadata=call_metadata(tenant, request_id),
+                timeout=CLOSE_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            _LOGGER.info(
+                "CloseSession %s on live worker %s: %s (%s); marking it closed",
+                session_id,
+                address,
+                exc.code().name,
+                exc.details(),
+            )
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), OrderedDict()
+        for channel in channels:
+            await channel.close()
