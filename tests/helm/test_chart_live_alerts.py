@@ -40,7 +40,9 @@ def _latency_buckets(namespace: str, per_minute: dict[str, int]) -> list[dict[st
 
 
 def _frames(namespace: str, per_minute: dict[str, int]) -> list[dict[str, str]]:
-    return [{"series": f'lipline_live_frames_total{{namespace="{namespace}",pod="{POD}",kind="{kind}"}}', "values": f"0+{n}x30"} for kind, n in per_minute.items()]
+    return [
+        {"series": f'lipline_live_frames_total{{namespace="{namespace}",pod="{POD}",kind="{kind}"}}', "values": f"0+{n}x30"} for kind, n in per_minute.items()
+    ]
 
 
 def _fired(alert: str, namespace: str, summary: str) -> dict[str, Any]:
@@ -65,9 +67,7 @@ def _tests() -> list[dict[str, Any]]:
                 "eval_time": "15m",
                 "alertname": "LiplineLiveLatencyHigh",
                 "exp_alerts": [
-                    _fired(
-                        "LiplineLiveLatencyHigh", "slow", "lipline live sessions: frame latency p95 425ms (audio in to frame out; the budget is 350 ms)"
-                    )
+                    _fired("LiplineLiveLatencyHigh", "slow", "lipline live sessions: frame latency p95 425ms (audio in to frame out; the budget is 350 ms)")
                 ],
             },
         ],
