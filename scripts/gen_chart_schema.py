@@ -34,6 +34,8 @@ CHART_MANAGED = {
     "job_store",
     "blob_store",
     "cache_dir",
+    # a stage's `advertise`: its pod IP and port
+    "advertise_address",
     # values `auth` and `tls`: files mounted from Secrets
     "api_keys_file",
     "internal_token_file",
@@ -304,6 +306,16 @@ def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
             "items": {"enum": stages},
             "description": "stages this one calls: LIPLINE_<STAGE>_ADDRESS, and who their NetworkPolicy admits",
         },
+        "reaches": {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"enum": stages},
+            "description": "stages this one calls at the addresses their pods advertise in the job store: only who their NetworkPolicy admits",
+        },
+        "advertise": {
+            "type": "boolean",
+            "description": "its callers find it at its pod IP, which it advertises in the job store (LIPLINE_ADVERTISE_ADDRESS=$(POD_IP):<port>)",
+        },
         "cache": {
             "type": "object",
             "additionalProperties": False,
@@ -322,7 +334,7 @@ def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
                 "enabled": {"type": "boolean"},
                 "minReplicas": {"type": "integer", "minimum": 1},
                 "maxReplicas": {"type": "integer", "minimum": 1},
-                "metric": {"enum": ["cpu", "gpu", "queue", "segments"]},
+                "metric": {"enum": ["cpu", "gpu", "queue", "segments", "sessions"]},
                 "target": {"type": "number", "exclusiveMinimum": 0},
                 "cpu": {
                     "type": "integer",

@@ -43,16 +43,15 @@ OPERATOR_API = "monitoring.coreos.com/v1"
 # The stage registry (values.yaml is checked against it in test_chart_registry.py).
 GPU_STAGES = tuple(gpu_stages())
 STAGES = tuple(STAGE_REGISTRY)
-STORE_STAGES = ("render", "live", "gateway")
-# Who may call whom (docs/architecture.md section 1): the NetworkPolicies must say exactly this.
-# (The gateway dials live workers at the addresses they advertise in the job store, not through a
-# `dials` entry; the live NetworkPolicy admitting the gateway comes with the chart's live work.)
+STORE_STAGES = tuple(name for name, s in STAGE_REGISTRY.items() if s.stores)
+# Who may call whom (docs/architecture.md sections 1 and 8a): the NetworkPolicies must say exactly
+# this. The gateway calls the live workers at the pod addresses they advertise in the job store.
 CALLERS = {
     "audio": {"gateway"},
     "lipsync": {"gateway", "render", "live"},
     "superres": {"render", "live"},
     "render": set(),
-    "live": set(),
+    "live": {"gateway"},
 }
 SQLITE = "sqlite:////var/lib/lipline/lipline.db"
 
@@ -162,6 +161,7 @@ VARIANTS = {
         "stages.superres.autoscaling.enabled=false",
         "stages.audio.autoscaling.enabled=false",
         "stages.render.autoscaling.enabled=false",
+        "stages.live.autoscaling.enabled=false",
         "monitoring.serviceMonitor.enabled=false",
         "monitoring.prometheusRule.enabled=false",
         "networkPolicy.enabled=false",
@@ -337,15 +337,18 @@ def test_callers_dial_exactly_their_stages_through_headless_services(rendered: l
     dialled = {"gateway": ("audio", "lipsync"), "render": ("lipsync", "superres"), "live": ("lipsync", "superres")}
     for caller, targets in dialled.items():
         env = env_of(deployments[f"lip-lipline-{caller}"])
-        addresses = {k for k in env if k.endswith("_ADDRESS")}
+        addresses = {k for k in env if k.endswith("_ADDRESS")} - {
+            "LIPLINE_ADVERTISE_ADDRESS"
+        }  # its own, not one it dials
         assert addresses == {f"LIPLINE_{t.upper()}_ADDRESS" for t in targets}, caller
         for stage in targets:
             svc = services[f"lip-lipline-{stage}"]
             assert svc["spec"]["clusterIP"] == "None"  # one address per pod: client-side round-robin
             port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc")
             assert env[f"LIPLINE_{stage.upper()}_ADDRESS"] == f"dns:///lip-lipline-{stage}.media.svc:{port}"
-    # The gateway no longer talks to superres; nothing talks to a render worker.
-    assert "LIPLINE_SUPERRES_ADDRESS" not in env_of(deployments["lip-lipline-gateway"])
+    # The gateway no longer talks to superres; nothing talks to a render worker; the gateway finds the
+    # live workers in the job store, not at an address of the chart's.
+    assert not {"LIPLINE_SUPERRES_ADDRESS", "LIPLINE_LIVE_ADDRESS"} & set(env_of(deployments["lip-lipline-gateway"]))
 
 
 def test_gateway_is_stateless_two_replicas_a_pdb_and_no_affinity(pg_rwx_docs: list[dict[str, Any]]) -> None:
@@ -534,13 +537,13 @@ def test_keda_replaces_the_hpas_of_the_queue_and_gpu_stages() -> None:
     docs = render(*VARIANTS["KEDA, PostgreSQL"])
     scaled = by_kind(docs, "ScaledObject")
     hpas = by_kind(docs, "HorizontalPodAutoscaler")
-    assert set(scaled) == {"lip-lipline-lipsync", "lip-lipline-superres", "lip-lipline-render"}
+    assert set(scaled) == {"lip-lipline-lipsync", "lip-lipline-superres", "lip-lipline-render", "lip-lipline-live"}
     assert set(hpas) == {"lip-lipline-audio"}  # CPU-scaled: a plain HPA, KEDA not needed
     deployments = by_kind(docs, "Deployment")
     for name, obj in scaled.items():
         assert obj["spec"]["scaleTargetRef"]["name"] in deployments and "replicas" not in deployments[name]["spec"]
-        if name.endswith("render"):
-            continue  # below
+        if name.endswith(("render", "live")):
+            continue  # below, and tests/helm/test_chart_live.py
         (trigger,) = obj["spec"]["triggers"]
         assert trigger["type"] == "prometheus" and float(trigger["metadata"]["threshold"]) > 0
         assert (

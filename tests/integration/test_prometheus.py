@@ -169,13 +169,13 @@ def test_every_chart_rule_loads_and_evaluates_cleanly(prometheus: Prometheus) ->
     assert not firing, f"alerts firing on a healthy test cluster: {firing}"
 
 
-def _adapter_query(rule: dict[str, Any]) -> str:
-    """The query prometheus-adapter sends for the HPA of the pods in NAMESPACE (its <<.X>> templating)."""
+def _adapter_query(rule: dict[str, Any], services: tuple[str, ...] = ("lipsync", "superres")) -> str:
+    """The query prometheus-adapter sends for the HPA of the `services`' pods in NAMESPACE (its <<.X>> templating)."""
     series = rule["seriesQuery"].split("{")[0]
     return (
         rule["metricsQuery"]
         .replace("<<.Series>>", series)
-        .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{_pod("lipsync")}|{_pod("superres")}"')
+        .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{"|".join(_pod(s) for s in services)}"')
         .replace("<<.GroupBy>>", "pod")
     )
 
@@ -193,6 +193,10 @@ def test_adapter_queries_give_one_value_per_pod(
     assert len(pods) == len(set(pods)) and set(pods) <= {_pod("lipsync"), _pod("superres")}
     assert all(float(r["value"][1]) >= 0 for r in rows)
     _check_gpu_rows(prometheus.query(_adapter_query(rules["lipline_gpu_utilization_ratio"])))
+    # The live workers' sessions: one value per live worker (none is open here: 0).
+    sessions = _adapter_query(rules["lipline_live_sessions_active"], ("live",))
+    rows = eventually(lambda: prometheus.query(sessions), what=f"a value of {sessions}")
+    assert [r["metric"]["pod"] for r in rows] == [_pod("live")] and float(rows[0]["value"][1]) == 0
 
 
 def _check_gpu_rows(rows: list[dict[str, Any]]) -> None:
@@ -232,7 +236,10 @@ def test_keda_trigger_queries_as_rendered_by_the_chart(
         for d in yaml.safe_load_all(rendered)
         if d and d["kind"] == "ScaledObject"
     }
-    assert set(triggers) == {f"{RELEASE}-lipsync", f"{RELEASE}-superres", f"{RELEASE}-render"}
+    assert set(triggers) == {f"{RELEASE}-lipsync", f"{RELEASE}-superres", f"{RELEASE}-render", f"{RELEASE}-live"}
+    # Live workers scale on their active sessions averaged over their pods: one value (0: none open).
+    rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-live"]), what="the live KEDA query")
+    assert len(rows) == 1 and float(rows[0]["value"][1]) == 0
     # Render workers scale on the segments waiting (the job store is SQLite here: a Prometheus trigger);
     # every worker exports the shared queue, so the query has one value whatever the worker count.
     rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-render"]), what="the render KEDA query")
