@@ -130,7 +130,9 @@ class SessionRunner:
         """A new Converse stream for this session; an older one ends ABORTED. `last_frame`: the last
         frame the client received (a resume): the frames sent go on after it."""
         if self.stream is not None:
-            self.stream.abort(StreamEnded(grpc.StatusCode.ABORTED, f"a newer Converse stream took session {self.session_id}"))
+            self.stream.abort(
+                StreamEnded(grpc.StatusCode.ABORTED, f"a newer Converse stream took session {self.session_id}")
+            )
         self.stream = SendQueue(self.send_queue_frames)
         self.half_closed = False
         self._carried_audio = b""
@@ -152,7 +154,9 @@ class SessionRunner:
             self.live.discard_events()
 
     def ready_message(self) -> session_pb2.ConverseResponse:
-        return session_pb2.ConverseResponse(ready=session_pb2.Ready(session=self.proto, next_frame=self.live.clock.next_frame))
+        return session_pb2.ConverseResponse(
+            ready=session_pb2.Ready(session=self.proto, next_frame=self.live.clock.next_frame)
+        )
 
     # -- input (the reader of the attached stream) --------------------------------------------------
 
@@ -185,19 +189,27 @@ class SessionRunner:
                 if work is None:
                     continue
                 tick = await loop.run_in_executor(self.pool, self.live.render, work)
-                if self.stream is stream:  # a frame made for a stream that went is not the next one's (its first is a keyframe)
+                if (
+                    self.stream is stream
+                ):  # a frame made for a stream that went is not the next one's (its first is a keyframe)
                     self.deliver(tick, stream)
                 self._check_limits()
         except Exception as exc:
             _LOGGER.exception("live session failed", extra={"session_id": self.session_id})
-            self.end(session_pb2.SESSION_STATE_FAILED, f"the live worker failed this session: {exc!r}", grpc.StatusCode.INTERNAL)
+            self.end(
+                session_pb2.SESSION_STATE_FAILED,
+                f"the live worker failed this session: {exc!r}",
+                grpc.StatusCode.INTERNAL,
+            )
         finally:
             self.live.close()
 
     async def _wait_for_stream(self) -> None:
         remaining = self.idle_timeout_s - (time.monotonic() - self.detached_since)
         if remaining <= 0:
-            message = f"session {self.session_id} had no Converse stream for {self.idle_timeout_s:g} s (its idle timeout)"
+            message = (
+                f"session {self.session_id} had no Converse stream for {self.idle_timeout_s:g} s (its idle timeout)"
+            )
             self.end(session_pb2.SESSION_STATE_CLOSED, message, grpc.StatusCode.DEADLINE_EXCEEDED)
             return
         remaining = min(remaining, self.max_session_s - (time.monotonic() - self.started))
@@ -277,7 +289,9 @@ class SessionRunner:
 
     def _stats(self) -> session_pb2.SessionStats:
         latencies, self._latencies = self._latencies, []
-        p50, p95 = (float(np.percentile(latencies, 50)), float(np.percentile(latencies, 95))) if latencies else (0.0, 0.0)
+        p50, p95 = (
+            (float(np.percentile(latencies, 50)), float(np.percentile(latencies, 95))) if latencies else (0.0, 0.0)
+        )
         counts = self.live.counts
         return session_pb2.SessionStats(
             latency_p50_seconds=p50,
@@ -291,7 +305,15 @@ class SessionRunner:
 
 
 def _event_proto(event: Event) -> session_pb2.SessionEvent:
-    kind = session_pb2.SessionEvent.PLAYBACK_STARTED if event.kind is EventKind.PLAYBACK_STARTED else session_pb2.SessionEvent.PLAYBACK_FINISHED
+    kind = (
+        session_pb2.SessionEvent.PLAYBACK_STARTED
+        if event.kind is EventKind.PLAYBACK_STARTED
+        else session_pb2.SessionEvent.PLAYBACK_FINISHED
+    )
     return session_pb2.SessionEvent(
-        kind=kind, utterance=event.utterance + 1, frame=event.frame, position_seconds=event.position_ms / 1000.0, interrupted=event.interrupted
+        kind=kind,
+        utterance=event.utterance + 1,
+        frame=event.frame,
+        position_seconds=event.position_ms / 1000.0,
+        interrupted=event.interrupted,
     )

@@ -233,7 +233,9 @@ class LiveSession:
         samples = pcm_int16(pcm)
         if len(samples) * 1000 > self.max_chunk_ms * self.sample_rate:
             ms = 1000 * len(samples) / self.sample_rate
-            raise InvalidRequest(f"audio chunk of {ms:.0f} ms ({len(pcm)} bytes at {self.sample_rate} Hz): send chunks of 10-{self.max_chunk_ms} ms")
+            raise InvalidRequest(
+                f"audio chunk of {ms:.0f} ms ({len(pcm)} bytes at {self.sample_rate} Hz): send chunks of 10-{self.max_chunk_ms} ms"
+            )
         utterance = self.queue.push(samples)
         mel = self._mel.get(utterance)
         if mel is None:
@@ -282,11 +284,19 @@ class LiveSession:
         if planned:  # the head utterance played up to its first frame not shown
             head = planned[0]
             played_ms = 1000.0 * frame_start_sample(head.index, self.sample_rate, self.clock.fps) / self.sample_rate
-            event = Event(EventKind.PLAYBACK_FINISHED, head.utterance, self.clock.next_frame, played_ms, interrupted=True)
+            event = Event(
+                EventKind.PLAYBACK_FINISHED, head.utterance, self.clock.next_frame, played_ms, interrupted=True
+            )
         elif result.utterance is None:
             return None
         else:
-            event = Event(EventKind.PLAYBACK_FINISHED, result.utterance, self.clock.next_frame, result.played_ms, interrupted=result.interrupted)
+            event = Event(
+                EventKind.PLAYBACK_FINISHED,
+                result.utterance,
+                self.clock.next_frame,
+                result.played_ms,
+                interrupted=result.interrupted,
+            )
         self._pending_events.append(event)
         return event
 
@@ -362,13 +372,26 @@ class LiveSession:
                 self.face_failures += 1
                 self.last_face_error = exc
                 skip = True
-        return FrameWork(slot.frame, FrameKind.SPEECH, template, face, audio, events, slot.skipped, planned.arrived_ns, planned.utterance, skip)
+        return FrameWork(
+            slot.frame,
+            FrameKind.SPEECH,
+            template,
+            face,
+            audio,
+            events,
+            slot.skipped,
+            planned.arrived_ns,
+            planned.utterance,
+            skip,
+        )
 
     def render(self, work: FrameWork) -> Tick:
         """Composites and encodes the slot's frame (or skips it); safe off the session's thread."""
         if work.skip:
             self.clock.dropped()
-            return Tick(None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame)
+            return Tick(
+                None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
+            )
         if work.face is None:
             picture = self.idle.frame(work.frame)
         else:
@@ -377,7 +400,9 @@ class LiveSession:
             picture = self.scale(picture)
         if self.clock.is_late(work.frame):  # its slot ended while it was made: never send it late
             self.clock.dropped()
-            return Tick(None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame)
+            return Tick(
+                None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
+            )
         encoded = self.encoder.encode(picture, work.frame)
         self.clock.sent(work.kind)
         latency = None if work.arrived_ns is None else (self.clock.now_ns() - work.arrived_ns) / NS_PER_S
@@ -434,8 +459,14 @@ class LiveSession:
             events.append(Event(EventKind.PLAYBACK_STARTED, part.utterance, frame))
         if part.last:
             self._forget(part.utterance)
-            events.append(Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * end / self.sample_rate))
-        face = self.submit_face(frame, self.idle.template_frame(frame), window, self.clock.due_ns(frame)) if submit else None
+            events.append(
+                Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * end / self.sample_rate)
+            )
+        face = (
+            self.submit_face(frame, self.idle.template_frame(frame), window, self.clock.due_ns(frame))
+            if submit
+            else None
+        )
         self._plan_next = frame + 1
         return _Planned(frame, part.utterance, part.index, TimedAudio(frame, part.samples), events, arrived_ns, face)
 

@@ -17,7 +17,9 @@ from tests.unit.live.test_session import RATE, STEP, FakeClock, Stage, lead_sess
 
 
 def make_runner(session, queue_frames: int = 100) -> SessionRunner:  # type: ignore[no-untyped-def]
-    proto = session_pb2.Session(id="s1", limits=session_pb2.SessionLimits(max_session_seconds=60, idle_timeout_seconds=60))
+    proto = session_pb2.Session(
+        id="s1", limits=session_pb2.SessionLimits(max_session_seconds=60, idle_timeout_seconds=60)
+    )
     pool = concurrent.futures.ThreadPoolExecutor(1)
     return SessionRunner("s1", "acme", proto, session, pool, Metrics("live"), queue_frames, lambda runner: None)
 
