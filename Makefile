@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-unit test-integration protos bench bench-cpu images chart clean
+.PHONY: help install demo test test-unit test-integration lint fmt protos bench bench-cpu images chart clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -22,6 +22,15 @@ test-unit: install ## unit tests only
 
 test-integration: install ## integration tests only (every service as a process on 127.0.0.1)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+lint: install ## ruff (style, imports, syntax), the formatter's check and the type checker, as the suite runs them
+	.venv/bin/ruff check services tests scripts bench
+	.venv/bin/ruff format --check services tests scripts bench
+	$(PY) -m mypy
+
+fmt: install ## fix what ruff can (imports, syntax) and format the tree
+	.venv/bin/ruff check --fix services tests scripts bench
+	.venv/bin/ruff format services tests scripts bench
 
 protos: install ## regenerate the gRPC stubs from protos/
 	$(PY) scripts/gen_protos.py --force

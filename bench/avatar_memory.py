@@ -33,8 +33,8 @@ import av
 import cv2
 import numpy as np
 
-from services.media.audio import decode_audio
 from services.local.cluster import LocalCluster
+from services.media.audio import decode_audio
 
 SAMPLES = REPO / "samples"
 PROCESSES = ("gateway", "lipsync", "render")
@@ -146,7 +146,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="avatar-memory-") as folder:
-        results = run([int(n) for n in args.frames.split(",")], args.width, args.height, args.audio_seconds, Path(folder))
+        results = run(
+            [int(n) for n in args.frames.split(",")], args.width, args.height, args.audio_seconds, Path(folder)
+        )
     print(table(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))

@@ -41,10 +41,9 @@ if __package__ in (None, ""):
 import cv2
 import numpy as np
 
-from services.render.reference import paste_face
-
-from services.media.video_format import to_yuv420
 from services.media.composite import Compositor, I420Frames, chroma_siting
+from services.media.video_format import to_yuv420
+from services.render.reference import paste_face
 
 
 def avatar_frames(count: int, width: int, height: int) -> np.ndarray:
@@ -103,14 +102,19 @@ def bench_size(width: int, height: int, box_w: int, box_h: int, args: argparse.N
     # The faces share one buffer (contiguous views of its start), so like the pipeline's freshly
     # resized face they are cache-warm; 97 separate 0.4 MB faces would measure DRAM instead.
     face_buffer = rng.integers(0, 256, (box_h + 48) * (box_w + 48) * 3, np.uint8)
-    varying_faces = [face_buffer[: (b[3] - b[1]) * (b[2] - b[0]) * 3].reshape(b[3] - b[1], b[2] - b[0], 3) for b in varying]
+    varying_faces = [
+        face_buffer[: (b[3] - b[1]) * (b[2] - b[0]) * 3].reshape(b[3] - b[1], b[2] - b[0], 3) for b in varying
+    ]
     varying_compositors = [Compositor(frames, [b] * n) for b in varying]
 
     cases: list[tuple[str, Callable[[int], object]]] = [
         ("old: to_yuv420(paste_face(...))", lambda i: to_yuv420(paste_face(bgr[i % n], face, box))),
         ("new: Compositor.frame", lambda i: compositor.frame(i % n, face)),
         ("new, whole box (regenerated_from=0)", lambda i: whole_box.frame(i % n, face)),
-        ("new, box size changes every frame", lambda i: varying_compositors[i % 97].frame(i % n, varying_faces[i % 97])),
+        (
+            "new, box size changes every frame",
+            lambda i: varying_compositors[i % 97].frame(i % n, varying_faces[i % 97]),
+        ),
         ("new, no face (copy)", lambda i: compositor.frame(i % n, None)),
     ]
     rows = []
@@ -143,7 +147,11 @@ def parse_sizes(text: str) -> list[tuple[int, int, int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="1280x720:360x400,1920x1080:520x600", help="comma-separated WxH:BOXWxBOXH (frame size : face box size)")
+    p.add_argument(
+        "--sizes",
+        default="1280x720:360x400,1920x1080:520x600",
+        help="comma-separated WxH:BOXWxBOXH (frame size : face box size)",
+    )
     p.add_argument("--frames", type=int, default=8, help="distinct avatar frames per size")
     p.add_argument("--seconds", type=float, default=2.0, help="time per measurement (all its runs)")
     p.add_argument("--repeats", type=int, default=10, help="runs per measurement: the median is reported, and the best")
@@ -174,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| frame | face box | path | ms/frame (median) | ms/frame (best run) | frames/s |")
     print("|---|---|---|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['size']} | {r['box']} | {r['path']} | {r['ms_per_frame']:.3f} | {r['best_ms_per_frame']:.3f} | {r['frames_per_s']:,.0f} |")
+        print(
+            f"| {r['size']} | {r['box']} | {r['path']} | {r['ms_per_frame']:.3f} | {r['best_ms_per_frame']:.3f} | {r['frames_per_s']:,.0f} |"
+        )
     result = {"environment": env, "args": vars(args), "rows": rows}
     print(json.dumps(result))
     if args.out:

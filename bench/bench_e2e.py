@@ -195,7 +195,11 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
         "audio": [f"--log-level={args.log_level}", *shlex.split(args.audio_flags)],
         "lipsync": lipsync + shlex.split(args.lipsync_flags),
         "superres": superres + shlex.split(args.superres_flags),
-        "gateway": [f"--log-level={args.log_level}", f"--segment-seconds={args.segment_seconds}", *shlex.split(args.gateway_flags)],
+        "gateway": [
+            f"--log-level={args.log_level}",
+            f"--segment-seconds={args.segment_seconds}",
+            *shlex.split(args.gateway_flags),
+        ],
         "render": [f"--log-level={args.log_level}", f"--x264-preset={args.preset}", *shlex.split(args.render_flags)],
     }
 
@@ -203,11 +207,11 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
 def run(args: argparse.Namespace, workdir: Path) -> dict:
     from lipline.v1 import gateway_pb2
     from services.gateway.client import LiplineClient, progress_printer
-    from services.media.probe import probe_media
     from services.local.cluster import LocalCluster
+    from services.media.probe import probe_media
 
     result: dict = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "environment": environment(args.device),
     }
@@ -231,9 +235,16 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     result["stage_flags"] = extra
     t = time.perf_counter()
     counts = [int(c) for c in args.worker_counts.split(",")] if args.worker_counts else [args.workers]
-    replicas = {"lipsync": args.replicas, "superres": args.replicas, "render": max(counts), "audio": args.audio_replicas}
+    replicas = {
+        "lipsync": args.replicas,
+        "superres": args.replicas,
+        "render": max(counts),
+        "audio": args.audio_replicas,
+    }
     gpus = args.gpus.split(",") if args.gpus else []
-    with LocalCluster(workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout, replicas=replicas, gpus=gpus) as cluster:
+    with LocalCluster(
+        workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout, replicas=replicas, gpus=gpus
+    ) as cluster:
         result["startup_seconds"] = time.perf_counter() - t
         log(f"services SERVING after {result['startup_seconds']:.1f} s (logs in {workdir / 'cluster'})")
         try:
@@ -249,14 +260,25 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                     "height": avatar.height,
                     "fps": avatar.fps,
                 }
-                log(f"CreateAvatar: {avatar.frame_count} frames, face in {avatar.faces_found}, {result['create_avatar_seconds']:.2f} s")
+                log(
+                    f"CreateAvatar: {avatar.frame_count} frames, face in {avatar.faces_found}, {result['create_avatar_seconds']:.2f} s"
+                )
                 if avatar.faces_found < avatar.frame_count:
-                    log(f"warning: no face found in {avatar.frame_count - avatar.faces_found} template frames (those frames pass through unchanged)")
+                    log(
+                        f"warning: no face found in {avatar.frame_count - avatar.faces_found} template frames (those frames pass through unchanged)"
+                    )
 
                 sr = args.super_resolution == "on"
                 if args.warmup_seconds > 0:
                     t = time.perf_counter()
-                    warm = client.wait(client.submit(avatar.id, build_speech(args.warmup_seconds, args.audio_rate), super_resolution=sr, crf=args.crf).id)
+                    warm = client.wait(
+                        client.submit(
+                            avatar.id,
+                            build_speech(args.warmup_seconds, args.audio_rate),
+                            super_resolution=sr,
+                            crf=args.crf,
+                        ).id
+                    )
                     if warm.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                         raise SystemExit(f"warm-up job failed: {warm.error}")
                     result["warmup_seconds"] = time.perf_counter() - t
@@ -328,7 +350,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     return result
 
 
-def process_cpu_seconds(cluster) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def process_cpu_seconds(cluster) -> dict[str, float]:
     """CPU seconds (user + system, all threads) of each live service process so far, its live child
     processes included (the audio stage extracts in children), from /proc."""
     import os
@@ -418,7 +440,9 @@ class GpuSampler:
         }
 
 
-def submit_and_wait(client: LiplineClient, avatar_id: str, speech: bytes, sr: bool, crf: int, on_event: Callable | None = None) -> dict:
+def submit_and_wait(
+    client: LiplineClient, avatar_id: str, speech: bytes, sr: bool, crf: int, on_event: Callable | None = None
+) -> dict:
     """One job, SubmitJob to its final WatchJob event, timed on the client (queueing in the gateway included)."""
     submitted_at = time.perf_counter()
     submitted = client.submit(avatar_id, speech, super_resolution=sr, crf=crf)
@@ -531,8 +555,14 @@ def table(result: dict) -> str:
             ("**jobs wall s** (first SubmitJob -> last finished)", f"**{batch['wall_seconds']:.2f}**"),
             ("**jobs/minute**", f"**{batch['jobs_per_minute']:.2f}**"),
             ("audio s rendered / wall s", f"{batch['audio_seconds_per_wall_second']:.2f}"),
-            ("per-job SubmitJob -> MP4 s, p50 / max", f"{batch['submit_to_mp4_p50_seconds']:.2f} / {batch['submit_to_mp4_max_seconds']:.2f}"),
-            ("per-job SubmitJob RPC s (the burst's fill), min / max", f"{min(batch['submit_rpc_seconds']):.2f} / {max(batch['submit_rpc_seconds']):.2f}"),
+            (
+                "per-job SubmitJob -> MP4 s, p50 / max",
+                f"{batch['submit_to_mp4_p50_seconds']:.2f} / {batch['submit_to_mp4_max_seconds']:.2f}",
+            ),
+            (
+                "per-job SubmitJob RPC s (the burst's fill), min / max",
+                f"{min(batch['submit_rpc_seconds']):.2f} / {max(batch['submit_rpc_seconds']):.2f}",
+            ),
         ]
     for run_ in result.get("scaling", []):
         gpu = run_["gpu_utilization"]
@@ -555,13 +585,18 @@ def table(result: dict) -> str:
     lines = ["| | |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows), ""]
     stages = job["stage_seconds"]
     render_total = stages.get("total") or total
-    lines += [f"| stage (Job.stage_seconds{f', {of_first}' if batch else ''}) | seconds | of job total | ms/frame | what |", "|---|---:|---:|---:|---|"]
+    lines += [
+        f"| stage (Job.stage_seconds{f', {of_first}' if batch else ''}) | seconds | of job total | ms/frame | what |",
+        "|---|---:|---:|---:|---|",
+    ]
     for name in [*STAGE_ORDER, *sorted(set(stages) - set(STAGE_ORDER))]:
         if name not in stages:
             continue
         v = stages[name]
         per_frame = f"{1000 * v / frames:.1f}" if frames and name not in ("first_frame", "total") else ""
-        lines.append(f"| {name} | {v:.2f} | {100 * v / render_total:.0f}% | {per_frame} | {STAGE_NOTES.get(name, '')} |")
+        lines.append(
+            f"| {name} | {v:.2f} | {100 * v / render_total:.0f}% | {per_frame} | {STAGE_NOTES.get(name, '')} |"
+        )
     lines.append("")
     lines.append(
         "Segments run on several render workers at once: lipsync, superres, composite and encode are sums over segments, so they can exceed the total."
@@ -574,10 +609,17 @@ def log(message: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="lipsync and superres --device")
     p.add_argument("--replicas", type=int, default=1, help="replicas of lipsync and superres (the gateway balances)")
-    p.add_argument("--audio-replicas", type=int, default=1, help="replicas of the audio stage (a CPU stage: one Python process each, as a pod would be)")
+    p.add_argument(
+        "--audio-replicas",
+        type=int,
+        default=1,
+        help="replicas of the audio stage (a CPU stage: one Python process each, as a pod would be)",
+    )
     p.add_argument("--gpus", default="", help="e.g. 0,1: GPU replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
     p.add_argument("--audio-seconds", type=float, default=60.0, help="length of the speech clip")
     p.add_argument("--audio-rate", type=int, default=16_000, help="sample rate of the uploaded WAV")
@@ -599,14 +641,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--audio-flags", default="", help="more audio flags")
     p.add_argument("--gateway-flags", default="", help="more gateway flags")
     p.add_argument("--render-flags", default="", help="more render worker flags")
-    p.add_argument("--workers", type=int, default=0, help="render worker processes (default: the usable CPUs, at least 2)")
-    p.add_argument("--worker-counts", default="", help="with --jobs > 1: e.g. 16,8,4,2,1 runs the batch once per worker count")
+    p.add_argument(
+        "--workers", type=int, default=0, help="render worker processes (default: the usable CPUs, at least 2)"
+    )
+    p.add_argument(
+        "--worker-counts", default="", help="with --jobs > 1: e.g. 16,8,4,2,1 runs the batch once per worker count"
+    )
     p.add_argument("--segment-seconds", type=float, default=2.0, help="gateway --segment-seconds")
     p.add_argument("--preset", default="veryfast", help="render workers' --x264-preset")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for each service to be SERVING")
     p.add_argument("--timeout", type=float, default=3600.0, help="client deadline of each RPC")
     p.add_argument("--log-level", default="INFO", help="services' log level")
-    p.add_argument("--workdir", type=Path, default=None, help="keep inputs, logs and the MP4 here (default: a temp dir)")
+    p.add_argument(
+        "--workdir", type=Path, default=None, help="keep inputs, logs and the MP4 here (default: a temp dir)"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = p.parse_args(argv)
     if args.width % 2 or args.height % 2:

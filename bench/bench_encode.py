@@ -28,8 +28,8 @@ if __package__ in (None, ""):
 
 import numpy as np
 
-from services.render.mp4 import Mp4Writer
 from services.media.video_format import to_yuv420
+from services.render.mp4 import Mp4Writer
 
 
 def synthetic_frames(count: int, width: int, height: int) -> list[np.ndarray]:
@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                     took = list(pool.map(lambda path: encode(path, frames, args.width, args.height, preset), paths))
                 wall = time.perf_counter() - t0
                 size = sum(path.stat().st_size for path in paths) / parallel / 1e6
-                print(f"| {preset} | {parallel} | {wall:.2f} | {parallel * args.frames / wall:,.0f} | {1000 * np.mean(took) / args.frames:.2f} | {size:.2f} |")
+                print(
+                    f"| {preset} | {parallel} | {wall:.2f} | {parallel * args.frames / wall:,.0f} | {1000 * np.mean(took) / args.frames:.2f} | {size:.2f} |"
+                )
     return 0
 
 

@@ -28,8 +28,8 @@ if __package__ in (None, ""):
 
 import numpy as np
 
-from services.render.mp4 import Mp4Writer
 from services.media.composite import Compositor, I420Frames
+from services.render.mp4 import Mp4Writer
 
 
 def avatar(count: int, width: int, height: int) -> np.ndarray:

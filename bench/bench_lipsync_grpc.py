@@ -52,8 +52,8 @@ import grpc
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 from services.local.process import ServiceProcess, start
+from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 
 # What `python -m services.lipsync` (and services.superres) imports beyond this script's own needs
 # (module -> pip name).
@@ -106,7 +106,9 @@ def serving_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def start_service(args: argparse.Namespace, workdir: Path, replica: int = 0, stage: str = "lipsync", flags: Sequence[str] = ()) -> ServiceProcess:
+def start_service(
+    args: argparse.Namespace, workdir: Path, replica: int = 0, stage: str = "lipsync", flags: Sequence[str] = ()
+) -> ServiceProcess:
     """`python -m services.<stage>` on port 0 with metrics off (services.local.process, as the local cluster
     starts it); `flags` are the stage's own settings.
 
@@ -135,7 +137,14 @@ def start_service(args: argparse.Namespace, workdir: Path, replica: int = 0, sta
         str(max(512, args.items * (args.window + 1))),
     ]
     gpus = args.gpus.split(",") if args.gpus else []  # one replica per GPU: replica i sees only gpus[i % n]
-    return start(f"{stage}-{replica}", stage, flags, workdir, base_args=common, cuda_visible_devices=gpus[replica % len(gpus)] if gpus else None)
+    return start(
+        f"{stage}-{replica}",
+        stage,
+        flags,
+        workdir,
+        base_args=common,
+        cuda_visible_devices=gpus[replica % len(gpus)] if gpus else None,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,13 +164,18 @@ class Stats:
         now = time.perf_counter()
         self.latencies.append((now, now - sent_at))
         self.arrivals.append((now, items))
-        if response.HasField("model") and self.model_info is None:  # type: ignore[attr-defined]
-            self.model_info = response.model  # type: ignore[attr-defined]
+        if response.HasField("model") and self.model_info is None:
+            self.model_info = response.model
 
 
-async def run_stream(stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: argparse.Namespace, stop_at: float, stats: Stats) -> None:
+async def run_stream(
+    stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: argparse.Namespace, stop_at: float, stats: Stats
+) -> None:
     rng = np.random.default_rng(sid)
-    crops = [lipsync_pb2.ReferenceCrop(crop_index=i, image=image_to_proto(rng.integers(0, 256, (96, 96, 3), dtype=np.uint8))) for i in range(args.crops)]
+    crops = [
+        lipsync_pb2.ReferenceCrop(crop_index=i, image=image_to_proto(rng.integers(0, 256, (96, 96, 3), dtype=np.uint8)))
+        for i in range(args.crops)
+    ]
     mels = [mel_to_bytes(rng.uniform(-4, 0, (80, 16)).astype(np.float32)) for _ in range(32)]
     window = asyncio.Semaphore(args.window)
     sent: deque[float] = deque()
@@ -172,7 +186,9 @@ async def run_stream(stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: 
         while time.perf_counter() < stop_at:
             await window.acquire()
             indices = list(range(frame, frame + args.items))
-            items = pack_generate_items(indices, [i % args.crops for i in indices], [mels[i % len(mels)] for i in indices])
+            items = pack_generate_items(
+                indices, [i % args.crops for i in indices], [mels[i % len(mels)] for i in indices]
+            )
             frame += args.items
             sent.append(time.perf_counter())
             yield lipsync_pb2.GenerateRequest(crops=crops if first else [], items=items, raw_size=True)
@@ -228,7 +244,12 @@ async def drive(
         stubs = [stub_cls(c) for c in channels]
         await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
         stop_at = t0 + args.seconds
-        await asyncio.gather(*(stream_fn(stubs[(first_stream + s) % len(stubs)], first_stream + s, args, stop_at, stats) for s in range(streams)))
+        await asyncio.gather(
+            *(
+                stream_fn(stubs[(first_stream + s) % len(stubs)], first_stream + s, args, stop_at, stats)
+                for s in range(streams)
+            )
+        )
     finally:
         for c in channels:
             await c.close()
@@ -236,7 +257,13 @@ async def drive(
 
 
 def _client_process(
-    port: list[int], args: argparse.Namespace, first_stream: int, streams: int, t0: float, stub_cls: Callable[[grpc.aio.Channel], Any], stream_fn: StreamFn
+    port: list[int],
+    args: argparse.Namespace,
+    first_stream: int,
+    streams: int,
+    t0: float,
+    stub_cls: Callable[[grpc.aio.Channel], Any],
+    stream_fn: StreamFn,
 ) -> tuple:
     """Entry point of a client process (--procs > 1): its raw arrivals, latencies and errors."""
     stats = asyncio.run(drive(port, args, first_stream, streams, t0, stub_cls, stream_fn))
@@ -265,7 +292,9 @@ def load(
         per = [args.streams // args.procs + (1 if i < args.streams % args.procs else 0) for i in range(args.procs)]
         starts = [sum(per[:i]) for i in range(args.procs)]
         with multiprocessing.get_context("spawn").Pool(args.procs) as pool:
-            parts = pool.starmap(_client_process, [(port, args, starts[i], per[i], t0, stub_cls, stream_fn) for i in range(args.procs)])
+            parts = pool.starmap(
+                _client_process, [(port, args, starts[i], per[i], t0, stub_cls, stream_fn) for i in range(args.procs)]
+            )
         stats = Stats()
         for arrivals, latencies, errors, info in parts:
             stats.arrivals += arrivals
@@ -292,13 +321,25 @@ def load(
         "est_batch_median": statistics.median(bursts) if bursts else float("nan"),
         "bursts": len(bursts),
         "run_s": t_end - t0,
-        "model": {"name": stats.model_info.name, "backend": stats.model_info.backend, "precision": stats.model_info.precision} if stats.model_info else None,
+        "model": {
+            "name": stats.model_info.name,
+            "backend": stats.model_info.backend,
+            "precision": stats.model_info.precision,
+        }
+        if stats.model_info
+        else None,
         "errors": stats.errors[:10],
     }
 
 
 def serve_and_load(
-    args: argparse.Namespace, workdir: Path, stage: str, flags: Sequence[str], stub_cls: Callable[[grpc.aio.Channel], Any], stream_fn: StreamFn, unit: str
+    args: argparse.Namespace,
+    workdir: Path,
+    stage: str,
+    flags: Sequence[str],
+    stub_cls: Callable[[grpc.aio.Channel], Any],
+    stream_fn: StreamFn,
+    unit: str,
 ) -> tuple[dict, str]:
     """Start args.replicas `services.<stage>` processes, run `load` against them, stop them.
 
@@ -309,7 +350,10 @@ def serve_and_load(
     try:
         startup_s = max(s.wait_ready(args.startup_timeout) for s in services)
         ports = [s.port for s in services]
-        print(f"SERVING on {ports} after {startup_s:.1f}s; {args.streams} streams x {args.items} items for {args.seconds:.0f}s", file=sys.stderr)
+        print(
+            f"SERVING on {ports} after {startup_s:.1f}s; {args.streams} streams x {args.items} items for {args.seconds:.0f}s",
+            file=sys.stderr,
+        )
         result = load(ports, args, stub_cls, stream_fn, unit)
     finally:
         rc = max((s.terminate() or 0) for s in services)
@@ -372,11 +416,15 @@ def add_load_args(p: argparse.ArgumentParser, stage: str) -> None:
     p.add_argument("--backend", default="", help="service --backend (auto, cpu, torch, compile, tensorrt)")
     p.add_argument("--batch-buckets", default="", help="service --batch-buckets, e.g. 8,32,128,256")
     p.add_argument("--pipeline-depth", type=int, default=0, help="service --pipeline-depth (model batches in flight)")
-    p.add_argument("--compile-cache-dir", default="", help="service --compile-cache-dir (share it between runs and replicas)")
+    p.add_argument(
+        "--compile-cache-dir", default="", help="service --compile-cache-dir (share it between runs and replicas)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--max-batch", type=int, default=128, help="service --max-batch")
     p.add_argument("--max-delay-ms", type=float, default=5.0, help="service --max-delay-ms")
@@ -401,10 +449,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.checkpoint and not args.procedural:
             args.checkpoint = str(workdir / "wav2lip-seeded.pth")
             write_seeded_checkpoint(Path(args.checkpoint))
-        result, tail = serve_and_load(args, workdir, "lipsync", lipsync_flags(args), lipsync_pb2_grpc.LipSyncServiceStub, run_stream, "frames")
+        result, tail = serve_and_load(
+            args, workdir, "lipsync", lipsync_flags(args), lipsync_pb2_grpc.LipSyncServiceStub, run_stream, "frames"
+        )
 
     result.update(
-        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         args={k: v for k, v in vars(args).items() if k != "checkpoint"},
         checkpoint="seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural"),
     )

@@ -30,9 +30,9 @@ import torch
 
 from services.inference.backends import make_backend
 from services.inference.checkpoints import seeded_state_dict
-from services.media.wire import image_to_proto, mel_from_bytes, mel_to_bytes
 from services.lipsync import prep
 from services.lipsync.wav2lip import Wav2Lip
+from services.media.wire import image_to_proto, mel_from_bytes, mel_to_bytes
 
 
 def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
@@ -53,7 +53,9 @@ def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float
 def add_stage_args(p: argparse.ArgumentParser, unit: str, gpu_batch: int, cpu_batch: int) -> None:
     """The flags both per-step benchmarks take."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=int, default=None, help=f"{unit} per batch; default {gpu_batch} on GPU, {cpu_batch} on CPU")
+    p.add_argument(
+        "--batch", type=int, default=None, help=f"{unit} per batch; default {gpu_batch} on GPU, {cpu_batch} on CPU"
+    )
     p.add_argument("--backend", default="auto", help="backend kind (auto, cpu, torch, compile)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", default=None)
@@ -65,7 +67,9 @@ def device_and_batch(args: argparse.Namespace, gpu_batch: int, cpu_batch: int) -
     return device, args.batch or (gpu_batch if use_cuda else cpu_batch)
 
 
-def report(title: str, rows: dict[str, float], serial: float, batch: int, unit: str, out: str | None, **extra: object) -> None:
+def report(
+    title: str, rows: dict[str, float], serial: float, batch: int, unit: str, out: str | None, **extra: object
+) -> None:
     """Print the per-step table (ms per batch, `unit`/s if that step ran alone) and write --out JSON."""
     print(title)
     print(f"| step | ms per batch | {unit}/s if alone |")
@@ -119,7 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         rows["device-side alternative: uint8 in, prep + model + uint8 out on GPU"] = timed(device_side, device, r)
         mel_d, face_d = mel_t.to(device), face_t.to(device)
-        rows["model only (forward_device, inputs already on GPU)"] = timed(lambda: backend.forward_device(mel_d, face_d), device, r)
+        rows["model only (forward_device, inputs already on GPU)"] = timed(
+            lambda: backend.forward_device(mel_d, face_d), device, r
+        )
     report(
         f"batch {batch} on {device} ({backend.describe()}), median of {r}:",
         rows,

@@ -36,7 +36,9 @@ from services.media.video_format import to_yuv420
 
 def frames(width: int, height: int, count: int) -> list[np.ndarray]:
     """I420 frames of the sample avatar with a mouth region of fresh noise in each."""
-    base = cv2.resize(cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg")), (width, height), interpolation=cv2.INTER_AREA)
+    base = cv2.resize(
+        cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg")), (width, height), interpolation=cv2.INTER_AREA
+    )
     rng = np.random.default_rng(0)
     y0, y1, x0, x1 = int(height * 0.6), int(height * 0.8), int(width * 0.35), int(width * 0.65)
     out = []
@@ -58,7 +60,10 @@ def main() -> None:
     width, height = (int(v) for v in args.size.split("x"))
     cv2.setNumThreads(1)
     inputs = frames(width, height, args.frames)
-    encoders = {f"h264 {p}": (lambda p=p: H264Encoder(width, height, Fraction(args.fps), preset=p)) for p in args.presets.split(",")}
+    encoders = {
+        f"h264 {p}": (lambda p=p: H264Encoder(width, height, Fraction(args.fps), preset=p))
+        for p in args.presets.split(",")
+    }
     encoders[f"jpeg q{args.jpeg_quality}"] = lambda: JpegEncoder(width, height, args.jpeg_quality)
     rows = []
     for name, make in encoders.items():
@@ -71,7 +76,14 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         encoder.close()
         per_frame = seconds / len(inputs)
-        rows.append({"encoder": name, "ms_per_frame": 1000 * per_frame, "fps_per_core": 1 / per_frame, "bytes_per_frame": float(np.mean(sizes))})
+        rows.append(
+            {
+                "encoder": name,
+                "ms_per_frame": 1000 * per_frame,
+                "fps_per_core": 1 / per_frame,
+                "bytes_per_frame": float(np.mean(sizes)),
+            }
+        )
     print(f"{width}x{height}, {args.frames} frames, one thread, {platform.processor() or platform.machine()}")
     print("| encoder | ms/frame | frames/s per core | bytes/frame |\n| --- | --- | --- | --- |")
     for r in rows:

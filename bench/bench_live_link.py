@@ -95,7 +95,13 @@ async def run_worker(address: str, first_session: int, sessions: int, args: argp
         while next_frame < stop_at:
             await asyncio.sleep(max(0.0, next_frame - loop.time()))
             submitted = loop.time()
-            future = link.submit(key, frame, frame % crops_per_session, mels[(key + frame) % len(mels)], due=submitted + args.due_ms / 1000)
+            future = link.submit(
+                key,
+                frame,
+                frame % crops_per_session,
+                mels[(key + frame) % len(mels)],
+                due=submitted + args.due_ms / 1000,
+            )
             measured = submitted >= measure_from
 
             def done(f: asyncio.Future, submitted: float = submitted, measured: bool = measured) -> None:
@@ -197,10 +203,17 @@ def start_stage(args: argparse.Namespace, workdir: Path):  # -> ServiceProcess
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--address", default="", help="a running lipsync stage; default: start one")
     p.add_argument("--sessions", type=int, default=16, help="fake live sessions, all speaking")
-    p.add_argument("--procs", type=int, default=1, help="live workers (client processes, one link each) the sessions are spread over")
+    p.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="live workers (client processes, one link each) the sessions are spread over",
+    )
     p.add_argument("--fps", type=float, default=25.0)
     p.add_argument("--seconds", type=float, default=20.0, help="how long each session sends")
     p.add_argument("--warmup-seconds", type=float, default=3.0, help="excluded from the statistics")
@@ -240,12 +253,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if process is not None:
                 process.terminate()
     result.update(
-        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         args={k: v for k, v in vars(args).items() if k != "checkpoint"},
-        model="procedural" if args.procedural else ("seeded" if "wav2lip-seeded" in (args.checkpoint or "") else args.checkpoint or "stage's own"),
+        model="procedural"
+        if args.procedural
+        else ("seeded" if "wav2lip-seeded" in (args.checkpoint or "") else args.checkpoint or "stage's own"),
     )
     lat = result["latency_ms"]
-    print("| sessions | workers | messages/s | items/message | faces/s (of) | latency p50 / p95 / p99 ms | skipped late / failed | client CPU ms / session-s |")
+    print(
+        "| sessions | workers | messages/s | items/message | faces/s (of) | latency p50 / p95 / p99 ms | skipped late / failed | client CPU ms / session-s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     print(
         f"| {result['sessions']} | {result['workers']} | {result['messages_per_s']:.1f} | {result['items_per_message_mean']:.1f} | "

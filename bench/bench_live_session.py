@@ -59,7 +59,9 @@ def main() -> None:
     args = parser.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
     cv2.setNumThreads(1)
-    base = cv2.resize(cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg")), (width, height), interpolation=cv2.INTER_AREA)
+    base = cv2.resize(
+        cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg")), (width, height), interpolation=cv2.INTER_AREA
+    )
     frames = I420Frames.from_bgr([np.roll(base, s, axis=1) for s in range(0, 20, 4)])
     box = (width // 3 // 2 * 2, height // 3 // 2 * 2, 2 * width // 3 // 2 * 2, 7 * height // 8 // 2 * 2)
     face = np.full((box[3] - box[1], box[2] - box[0], 3), 128, np.uint8)
@@ -72,9 +74,19 @@ def main() -> None:
         "jpeg q80": lambda: JpegEncoder(width, height, 80),
     }
     rows = []
-    for name, make in [("warm-up", encoders["jpeg q80"]), *encoders.items()]:  # the first run pays one-off costs (caches, imports)
+    for name, make in [
+        ("warm-up", encoders["jpeg q80"]),
+        *encoders.items(),
+    ]:  # the first run pays one-off costs (caches, imports)
         now = [0]
-        session = LiveSession(IdleLoop(frames), Compositor(frames, [box] * frames.count), make(), FrameClock(fps, lambda: now[0]), lambda t, w: face, args.rate)
+        session = LiveSession(
+            IdleLoop(frames),
+            Compositor(frames, [box] * frames.count),
+            make(),
+            FrameClock(fps, lambda: now[0]),
+            lambda t, w: face,
+            args.rate,
+        )
         t0 = time.process_time()
         for i in range(0, len(pcm), chunk):
             now[0] += 20_000_000
@@ -85,7 +97,15 @@ def main() -> None:
         counts = session.counts
         if name == "warm-up":
             continue
-        rows.append({"encoder": name, "cpu_ms_per_session_second": ms, "sessions_per_core": 1000 / ms, "speech": counts.speech, "idle": counts.idle})
+        rows.append(
+            {
+                "encoder": name,
+                "cpu_ms_per_session_second": ms,
+                "sessions_per_core": 1000 / ms,
+                "speech": counts.speech,
+                "idle": counts.idle,
+            }
+        )
     print(f"{width}x{height}, {args.rate} Hz in, {args.fps} fps, {args.seconds:.0f} s of speech, one thread")
     print("| encoder | CPU ms per session-second | sessions per core |\n| --- | --- | --- |")
     for r in rows:

@@ -91,14 +91,29 @@ WAV2LIP_ROWS = [
     Config("fp16 + BN folded + CUDA graph", "fp16", channels_last=True, fold_bn=True, cuda_graphs=True, gpu_only=True),
     Config("bf16 + BN folded + CUDA graph", "bf16", channels_last=True, fold_bn=True, cuda_graphs=True, gpu_only=True),
     Config("torch.compile max-autotune (fp16, folded)", "fp16", channels_last=True, fold_bn=True, compile=True),
-    Config("torch.compile max-autotune + CUDA graph", "fp16", channels_last=True, fold_bn=True, compile=True, cuda_graphs=True, gpu_only=True),
+    Config(
+        "torch.compile max-autotune + CUDA graph",
+        "fp16",
+        channels_last=True,
+        fold_bn=True,
+        compile=True,
+        cuda_graphs=True,
+        gpu_only=True,
+    ),
 ]
 SR_ROWS = [
     Config("fp32", "fp32"),
     Config("fp16", "fp16"),
     Config("fp16 channels_last + CUDA graph", "fp16", channels_last=True, cuda_graphs=True, gpu_only=True),
     Config("torch.compile max-autotune (fp16)", "fp16", channels_last=True, compile=True),
-    Config("torch.compile max-autotune + CUDA graph", "fp16", channels_last=True, compile=True, cuda_graphs=True, gpu_only=True),
+    Config(
+        "torch.compile max-autotune + CUDA graph",
+        "fp16",
+        channels_last=True,
+        compile=True,
+        cuda_graphs=True,
+        gpu_only=True,
+    ),
 ]
 
 
@@ -190,17 +205,34 @@ def time_calls(fn: Callable[[], object], device: torch.device, seconds: float, w
     return statistics.median(samples), calls
 
 
-def make_row_backend(cfg: Config, model: nn.Module, device: torch.device, batches: Sequence[int], args: argparse.Namespace) -> Backend:
-    common = dict(precision=cfg.precision, channels_last=cfg.channels_last, fold_bn=cfg.fold_bn, batch_buckets=tuple(batches))
+def make_row_backend(
+    cfg: Config, model: nn.Module, device: torch.device, batches: Sequence[int], args: argparse.Namespace
+) -> Backend:
+    common = dict(
+        precision=cfg.precision, channels_last=cfg.channels_last, fold_bn=cfg.fold_bn, batch_buckets=tuple(batches)
+    )
     if cfg.compile:
         return make_backend(
-            "compile", copy.deepcopy(model), device, cache_dir=args.cache_dir, compile_mode=args.compile_mode, cuda_graphs=cfg.cuda_graphs, **common
+            "compile",
+            copy.deepcopy(model),
+            device,
+            cache_dir=args.cache_dir,
+            compile_mode=args.compile_mode,
+            cuda_graphs=cfg.cuda_graphs,
+            **common,
         )
     return make_backend("torch", copy.deepcopy(model), device, cuda_graphs=cfg.cuda_graphs, **common)
 
 
 def bench_model(
-    label: str, unit: str, model: nn.Module, inputs_fn: InputsFn, rows: Sequence[Config], batches: Sequence[int], device: torch.device, args: argparse.Namespace
+    label: str,
+    unit: str,
+    model: nn.Module,
+    inputs_fn: InputsFn,
+    rows: Sequence[Config],
+    batches: Sequence[int],
+    device: torch.device,
+    args: argparse.Namespace,
 ) -> list[Row]:
     results: list[Row] = []
     check_batch = min(batches)
@@ -228,7 +260,9 @@ def bench_model(
                 backend = make_row_backend(cfg, model, device, batches, args)
                 setup = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                backend.warmup(inputs_fn)  # every bucket (= the batches): graphs captured / compiled here, largest first
+                backend.warmup(
+                    inputs_fn
+                )  # every bucket (= the batches): graphs captured / compiled here, largest first
                 warm = time.perf_counter() - t0
                 out = backend(*check_inputs)
                 err = relative_error(out, reference)
@@ -237,7 +271,9 @@ def bench_model(
                 for b in batches:
                     cpu_in = inputs_fn(b)
                     dev_in = tuple(x.to(device) for x in cpu_in)
-                    med, calls = time_calls(lambda: backend.forward_device(*dev_in), device, args.seconds, args.warmup_iters)
+                    med, calls = time_calls(
+                        lambda: backend.forward_device(*dev_in), device, args.seconds, args.warmup_iters
+                    )
                     e2e = None
                     if not args.no_e2e:
                         e2e_med, _ = time_calls(lambda: backend(*cpu_in), device, args.seconds / 2, 1)
@@ -280,7 +316,7 @@ def bench_model(
 
 def environment(device: torch.device) -> dict:
     env = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -294,10 +330,13 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(
-            gpu=props.name, capability=f"{props.major}.{props.minor}", gpu_memory_gb=round(props.total_memory / 2**30, 1), sm_count=props.multi_processor_count
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            gpu_memory_gb=round(props.total_memory / 2**30, 1),
+            sm_count=props.multi_processor_count,
         )
     try:
-        import tensorrt  # type: ignore[import-not-found]
+        import tensorrt
 
         env["tensorrt"] = tensorrt.__version__
     except Exception:  # noqa: BLE001
@@ -313,7 +352,9 @@ def markdown(rows: Sequence[Row], env: dict) -> str:
     lines = []
     head = f"{env.get('gpu') or env['cpu']} ({env['device']}), torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}"
     lines.append(f"**{head}**, {env['date']}\n")
-    lines.append("| model | row | batch | model items/s | ms/batch | e2e items/s | rel err | max Δu8 | peak MiB | warm-up s | compile s | note |")
+    lines.append(
+        "| model | row | batch | model items/s | ms/batch | e2e items/s | rel err | max Δu8 | peak MiB | warm-up s | compile s | note |"
+    )
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         lines.append(
@@ -330,10 +371,16 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=_ints, default=None, help="Wav2Lip batch sizes (default 32,128,256 on GPU; 4 on CPU)")
-    p.add_argument("--sr-batch", type=_ints, default=None, help="SR batch sizes (default 32,128 on GPU; the --batch list on CPU)")
+    p.add_argument(
+        "--batch", type=_ints, default=None, help="Wav2Lip batch sizes (default 32,128,256 on GPU; 4 on CPU)"
+    )
+    p.add_argument(
+        "--sr-batch", type=_ints, default=None, help="SR batch sizes (default 32,128 on GPU; the --batch list on CPU)"
+    )
     p.add_argument("--sr-size", type=int, default=96, help="SR input crop side (pixels)")
     p.add_argument("--seconds", type=float, default=3.0, help="timed budget per row and batch size")
     p.add_argument("--warmup-iters", type=int, default=3)
@@ -351,7 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but torch sees no CUDA GPU")
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    device = torch.device(
+        "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    )
     if args.threads:
         torch.set_num_threads(args.threads)
     gpu = device.type == "cuda"
@@ -363,9 +412,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     models = {m.strip() for m in args.models.split(",")}
     if "wav2lip" in models:
-        rows += bench_model("wav2lip", "frames", build_wav2lip(args.wav2lip_checkpoint), wav2lip_inputs, WAV2LIP_ROWS, batches, device, args)
+        rows += bench_model(
+            "wav2lip",
+            "frames",
+            build_wav2lip(args.wav2lip_checkpoint),
+            wav2lip_inputs,
+            WAV2LIP_ROWS,
+            batches,
+            device,
+            args,
+        )
     if "srvgg" in models:
-        rows += bench_model(f"srvgg-x4-c32 {args.sr_size}px", "crops", build_srvgg(), sr_inputs_fn(args.sr_size), SR_ROWS, sr_batches, device, args)
+        rows += bench_model(
+            f"srvgg-x4-c32 {args.sr_size}px",
+            "crops",
+            build_srvgg(),
+            sr_inputs_fn(args.sr_size),
+            SR_ROWS,
+            sr_batches,
+            device,
+            args,
+        )
 
     table = markdown(rows, env)
     print(table)
@@ -373,7 +440,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(
-            json.dumps({"environment": env, "args": {k: v for k, v in vars(args).items()}, "rows": [asdict(r) for r in rows], "markdown": table}, indent=2)
+            json.dumps(
+                {
+                    "environment": env,
+                    "args": {k: v for k, v in vars(args).items()},
+                    "rows": [asdict(r) for r in rows],
+                    "markdown": table,
+                },
+                indent=2,
+            )
         )
         print(f"wrote {out}", file=sys.stderr)
     failed = [r for r in rows if r.note.startswith("FAILED")]

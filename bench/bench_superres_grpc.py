@@ -84,7 +84,9 @@ def parse_size(text: str) -> tuple[int, int]:
     return size
 
 
-async def run_stream(stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args: argparse.Namespace, stop_at: float, stats: Stats) -> None:
+async def run_stream(
+    stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args: argparse.Namespace, stop_at: float, stats: Stats
+) -> None:
     """One Upscale stream: messages of args.items crops until stop_at, args.window in flight."""
     rng = np.random.default_rng(sid)
     pool = [image_to_proto(rng.integers(0, 256, (CROP_SIDE, CROP_SIDE, 3), dtype=np.uint8)) for _ in range(args.pool)]
@@ -96,7 +98,10 @@ async def run_stream(stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args
         index = 0
         while time.perf_counter() < stop_at:
             await window.acquire()
-            items = [superres_pb2.UpscaleItem(index=i, image=pool[i % len(pool)], out_width=out_w, out_height=out_h) for i in range(index, index + args.items)]
+            items = [
+                superres_pb2.UpscaleItem(index=i, image=pool[i % len(pool)], out_width=out_w, out_height=out_h)
+                for i in range(index, index + args.items)
+            ]
             index += args.items
             sent.append(time.perf_counter())
             yield superres_pb2.UpscaleRequest(items=items)
@@ -111,7 +116,9 @@ async def run_stream(stub: superres_pb2_grpc.SuperResServiceStub, sid: int, args
                 checked = True
                 got = {(it.image.width, it.image.height) for it in response.items}
                 if len(response.items) != args.items or (out_w and got != {(out_w, out_h)}):
-                    stats.errors.append(f"stream {sid}: asked {args.items} items at {out_w}x{out_h}, got {len(response.items)} at {sorted(got)}")
+                    stats.errors.append(
+                        f"stream {sid}: asked {args.items} items at {out_w}x{out_h}, got {len(response.items)} at {sorted(got)}"
+                    )
     except grpc.aio.AioRpcError as exc:
         stats.errors.append(f"stream {sid}: {exc.code().name}: {exc.details()}")
 
@@ -126,7 +133,9 @@ def superres_flags(args: argparse.Namespace) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     from services.superres.models import SR_MODELS
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--max-batch", type=int, default=128, help="service --max-batch (crops per forward pass)")
     p.add_argument("--max-delay-ms", type=float, default=5.0, help="service --max-delay-ms")
@@ -136,7 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=16, help="concurrent Upscale streams")
     p.add_argument("--items", type=int, default=32, help="crops per request message (the gateway sends 32)")
     p.add_argument("--pool", type=int, default=8, help="distinct random crops per stream")
-    p.add_argument("--out-size", type=parse_size, default=(192, 192), help="WxH (or N) each crop comes back at; 0 = the model's native size (384 for x4)")
+    p.add_argument(
+        "--out-size",
+        type=parse_size,
+        default=(192, 192),
+        help="WxH (or N) each crop comes back at; 0 = the model's native size (384 for x4)",
+    )
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for SERVING")
     add_load_args(p, "superres")
     args = p.parse_args(argv)
@@ -157,10 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if seeded:
             args.checkpoint = str(workdir / f"{args.model}-seeded.pth")
             write_seeded_checkpoint(Path(args.checkpoint), args.model)
-        result, tail = serve_and_load(args, workdir, "superres", superres_flags(args), superres_pb2_grpc.SuperResServiceStub, run_stream, "crops")
+        result, tail = serve_and_load(
+            args, workdir, "superres", superres_flags(args), superres_pb2_grpc.SuperResServiceStub, run_stream, "crops"
+        )
 
     result.update(
-        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         args={k: v for k, v in vars(args).items() if k != "checkpoint"},
         checkpoint="lanczos" if args.lanczos else ("seeded" if seeded else args.checkpoint),
     )

@@ -35,8 +35,8 @@ from services.inference.backends import make_backend
 from services.media.wire import image_from_proto, image_to_proto
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.models import create_sr_model
-from services.superres.upscaler import ModelUpscaler
 from services.superres.service import upscale_response
+from services.superres.upscaler import ModelUpscaler
 
 ITEMS_PER_MESSAGE = 32  # what the gateway sends
 
@@ -61,13 +61,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests = [
         superres_pb2.UpscaleRequest(
             items=[
-                superres_pb2.UpscaleItem(index=i, image=image_to_proto(crops[i]), out_width=args.out_size[0], out_height=args.out_size[1])
+                superres_pb2.UpscaleItem(
+                    index=i, image=image_to_proto(crops[i]), out_width=args.out_size[0], out_height=args.out_size[1]
+                )
                 for i in range(start, min(start + ITEMS_PER_MESSAGE, batch))
             ]
         ).SerializeToString()
         for start in range(0, batch, ITEMS_PER_MESSAGE)
     ]
-    chunks = [UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE]) for s in range(0, batch, ITEMS_PER_MESSAGE)]
+    chunks = [
+        UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE])
+        for s in range(0, batch, ITEMS_PER_MESSAGE)
+    ]
     results = engine.run(chunks)
     x = torch.rand(batch, 3, 96, 96, generator=torch.Generator().manual_seed(0)).to(device, engine.dtype)
     if engine.channels_last:
@@ -86,11 +91,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: dict[str, float] = {
         "event loop: parse requests + decode images": timed(parse_and_decode, device, r),
         "event loop: UpscaleChunk.from_items": timed(
-            lambda: [UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE]) for s in range(0, batch, ITEMS_PER_MESSAGE)],
+            lambda: [
+                UpscaleChunk.from_items(crops[s : s + ITEMS_PER_MESSAGE], sizes[s : s + ITEMS_PER_MESSAGE])
+                for s in range(0, batch, ITEMS_PER_MESSAGE)
+            ],
             device,
             r,
         ),
-        "model thread: engine.run (upload, network, maths, resize, copy back, bytes)": timed(lambda: engine.run(chunks), device, r),
+        "model thread: engine.run (upload, network, maths, resize, copy back, bytes)": timed(
+            lambda: engine.run(chunks), device, r
+        ),
         "event loop: build + serialise responses": timed(respond, device, r),
     }
     serial = sum(rows.values())

@@ -106,14 +106,27 @@ def main() -> int:
         timeout=500,
     )
     artifacts = sorted(p.name for p in cache.glob("*")) if cache.exists() else []
-    results["warm_cache_only"] = {"rc": done.returncode, "seconds": round(time.monotonic() - t0, 1), "artifacts": artifacts, "log_tail": done.stderr[-1500:]}
+    results["warm_cache_only"] = {
+        "rc": done.returncode,
+        "seconds": round(time.monotonic() - t0, 1),
+        "artifacts": artifacts,
+        "log_tail": done.stderr[-1500:],
+    }
     good = done.returncode == 0 and bool(artifacts)
     ok &= good
-    print(f"[{'ok' if good else 'FAIL'}] --warm-cache-only: rc {done.returncode}, {len(artifacts)} artifact(s), {results['warm_cache_only']['seconds']} s")
+    print(
+        f"[{'ok' if good else 'FAIL'}] --warm-cache-only: rc {done.returncode}, {len(artifacts)} artifact(s), {results['warm_cache_only']['seconds']} s"
+    )
 
     # 3. auto on the warm cache, with a compile that cannot build: falls back to torch and serves
-    env = {"CC": "/bin/false", "TRITON_CACHE_DIR": str(work / "triton-empty"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-empty")}
-    svc = start("lipsync-fallback", "lipsync", [*FLAGS, "--backend=auto", f"--compile-cache-dir={cache}"], work, env=env)
+    env = {
+        "CC": "/bin/false",
+        "TRITON_CACHE_DIR": str(work / "triton-empty"),
+        "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-empty"),
+    }
+    svc = start(
+        "lipsync-fallback", "lipsync", [*FLAGS, "--backend=auto", f"--compile-cache-dir={cache}"], work, env=env
+    )
     try:
         results["fallback_start_s"] = round(svc.wait_ready(500), 1)
         frames = generate_once(svc.address)
@@ -126,7 +139,9 @@ def main() -> int:
         }
         good = fell_back and frames == 8
         ok &= good
-        print(f"[{'ok' if good else 'FAIL'}] auto on a warm cache whose compile fails: fell back {fell_back}, served {frames} frames")
+        print(
+            f"[{'ok' if good else 'FAIL'}] auto on a warm cache whose compile fails: fell back {fell_back}, served {frames} frames"
+        )
     except (RuntimeError, TimeoutError) as exc:
         results["fallback"] = {"error": str(exc)[-2000:]}
         ok = False

@@ -110,7 +110,9 @@ def _type(schema: dict[str, Any], value: Any) -> str:
         return " or ".join(kind)
     if kind:
         return str(kind)
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(type(value), "")
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), ""
+    )
 
 
 def _default(value: Any) -> str:
@@ -156,7 +158,8 @@ def tables(values_text: str, schema: dict[str, Any]) -> str:
     stage = next(iter(props["stages"]["properties"].values()))
     generic = {"config": "`LIPLINE_*` settings of the stage's service (`python -m services.<stage> --help`)"}
     stage_rows = [
-        f"| `{key}` | {_type(node, None)} | {generic.get(key) or _inline([node.get('description', '')])} |" for key, node in sorted(stage["properties"].items())
+        f"| `{key}` | {_type(node, None)} | {generic.get(key) or _inline([node.get('description', '')])} |"
+        for key, node in sorted(stage["properties"].items())
     ]
     parts = [
         "## Values",

@@ -34,6 +34,8 @@ CHART_MANAGED = {
     "job_store",
     "blob_store",
     "cache_dir",
+    # a stage's `advertise`: its pod IP and port
+    "advertise_address",
     # values `auth` and `tls`: files mounted from Secrets
     "api_keys_file",
     "internal_token_file",
@@ -110,8 +112,17 @@ def _pod_keys() -> dict[str, Any]:
         "required": ["name"],
         "properties": {"name": {"type": "string", "minLength": 1}, "optional": {"type": "boolean"}},
     }
-    env_from = {"type": "object", "additionalProperties": False, "properties": {"prefix": {"type": "string"}, "configMapRef": ref, "secretRef": ref}}
-    volume = {"type": "object", "required": ["name"], "minProperties": 2, "properties": {"name": {"type": "string", "minLength": 1}}}
+    env_from = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"prefix": {"type": "string"}, "configMapRef": ref, "secretRef": ref},
+    }
+    volume = {
+        "type": "object",
+        "required": ["name"],
+        "minProperties": 2,
+        "properties": {"name": {"type": "string", "minLength": 1}},
+    }
     mount = {
         "type": "object",
         "additionalProperties": False,
@@ -137,7 +148,11 @@ def _pod_keys() -> dict[str, Any]:
             "tolerationSeconds": {"type": "integer"},
         },
     }
-    affinity = {"type": "object", "additionalProperties": False, "properties": {"nodeAffinity": OBJ, "podAffinity": OBJ, "podAntiAffinity": OBJ}}
+    affinity = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"nodeAffinity": OBJ, "podAffinity": OBJ, "podAntiAffinity": OBJ},
+    }
     spread = {
         "type": "object",
         "additionalProperties": False,
@@ -156,7 +171,9 @@ def _pod_keys() -> dict[str, Any]:
     probe = {
         "type": "object",
         "additionalProperties": False,
-        "properties": {name: {"type": "integer", "minimum": 1} for name in ("periodSeconds", "timeoutSeconds", "failureThreshold")},
+        "properties": {
+            name: {"type": "integer", "minimum": 1} for name in ("periodSeconds", "timeoutSeconds", "failureThreshold")
+        },
     }
     probe["properties"]["initialDelaySeconds"] = {"type": "integer", "minimum": 0}
     strategy = {
@@ -164,22 +181,51 @@ def _pod_keys() -> dict[str, Any]:
         "additionalProperties": False,
         "properties": {
             "type": {"enum": ["RollingUpdate", "Recreate"]},
-            "rollingUpdate": {"type": "object", "additionalProperties": False, "properties": {"maxSurge": INT_OR_STRING, "maxUnavailable": INT_OR_STRING}},
+            "rollingUpdate": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"maxSurge": INT_OR_STRING, "maxUnavailable": INT_OR_STRING},
+            },
         },
     }
     return {
-        "podAnnotations": {**STRING_MAP, "description": "annotations on the pods (merged: the stage's over the chart-wide)"},
-        "podLabels": {**LABELS, "description": "labels on the pods (merged: the stage's over the chart-wide; never the selector labels)"},
+        "podAnnotations": {
+            **STRING_MAP,
+            "description": "annotations on the pods (merged: the stage's over the chart-wide)",
+        },
+        "podLabels": {
+            **LABELS,
+            "description": "labels on the pods (merged: the stage's over the chart-wide; never the selector labels)",
+        },
         "extraEnv": {
             "type": "array",
             "items": env_var,
             "description": "variables added after the chart's (a container's `env` entries); a name set before is replaced",
         },
-        "extraEnvFrom": {"type": "array", "items": env_from, "description": "ConfigMaps or Secrets as variables (a container's `envFrom`)"},
-        "extraVolumes": {"type": "array", "items": volume, "description": "volumes added to the pod (pod `volumes` entries)"},
-        "extraVolumeMounts": {"type": "array", "items": mount, "description": "mounts added to the container (`volumeMounts` entries)"},
-        "nodeSelector": {**STRING_MAP, "description": "node labels the pods require; a stage's replaces the chart-wide (and gpu.*) one"},
-        "tolerations": {"type": "array", "items": toleration, "description": "taints the pods tolerate; a stage's replaces the chart-wide (and gpu.*) list"},
+        "extraEnvFrom": {
+            "type": "array",
+            "items": env_from,
+            "description": "ConfigMaps or Secrets as variables (a container's `envFrom`)",
+        },
+        "extraVolumes": {
+            "type": "array",
+            "items": volume,
+            "description": "volumes added to the pod (pod `volumes` entries)",
+        },
+        "extraVolumeMounts": {
+            "type": "array",
+            "items": mount,
+            "description": "mounts added to the container (`volumeMounts` entries)",
+        },
+        "nodeSelector": {
+            **STRING_MAP,
+            "description": "node labels the pods require; a stage's replaces the chart-wide (and gpu.*) one",
+        },
+        "tolerations": {
+            "type": "array",
+            "items": toleration,
+            "description": "taints the pods tolerate; a stage's replaces the chart-wide (and gpu.*) list",
+        },
         "affinity": {**affinity, "description": "the pods' affinity; a stage's replaces the chart-wide one"},
         "topologySpreadConstraints": {
             "type": "array",
@@ -187,7 +233,10 @@ def _pod_keys() -> dict[str, Any]:
             "description": "spread rules (no labelSelector = the stage's selector labels); a stage's replace the chart-wide",
         },
         "priorityClassName": {"type": "string", "description": "the pods' PriorityClass; empty = the chart-wide one"},
-        "updateStrategy": {**strategy, "description": "the Deployment's strategy; empty = the chart-wide one, else RollingUpdate (maxSurge 0 for GPU stages)"},
+        "updateStrategy": {
+            **strategy,
+            "description": "the Deployment's strategy; empty = the chart-wide one, else RollingUpdate (maxSurge 0 for GPU stages)",
+        },
         "probes": {
             "type": "object",
             "additionalProperties": False,
@@ -198,7 +247,14 @@ def _pod_keys() -> dict[str, Any]:
 
 
 def _tracing_schema() -> dict[str, Any]:
-    samplers = ["always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio"]
+    samplers = [
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    ]
     return {
         "type": "object",
         "additionalProperties": False,
@@ -208,7 +264,10 @@ def _tracing_schema() -> dict[str, Any]:
             "endpoint": {"type": "string", "pattern": "^(https?://.+)?$", "description": "OTEL_EXPORTER_OTLP_ENDPOINT"},
             "protocol": {"enum": ["grpc", "http/protobuf"], "description": "OTEL_EXPORTER_OTLP_PROTOCOL"},
             "sampler": {"enum": samplers, "description": "OTEL_TRACES_SAMPLER"},
-            "samplerArg": {"type": ["string", "number"], "description": "OTEL_TRACES_SAMPLER_ARG; empty = the SDK's default"},
+            "samplerArg": {
+                "type": ["string", "number"],
+                "description": "OTEL_TRACES_SAMPLER_ARG; empty = the SDK's default",
+            },
             "resourceAttributes": {
                 "type": "object",
                 "description": "added to OTEL_RESOURCE_ATTRIBUTES",
@@ -226,17 +285,36 @@ STAGE_NAME = "^[a-z][a-z0-9]*$"
 def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
     props: dict[str, Any] = {
         "port": {**PORT, "description": "the gRPC port (LIPLINE_PORT, the Service's `grpc` port)"},
-        "metricsPort": {**PORT, "description": "the /metrics port (LIPLINE_METRICS_PORT, the Service's `metrics` port)"},
+        "metricsPort": {
+            **PORT,
+            "description": "the /metrics port (LIPLINE_METRICS_PORT, the Service's `metrics` port)",
+        },
         "replicas": {"type": "integer", "minimum": 0, "description": "pods when autoscaling is off"},
         "gpu": {"type": "integer", "minimum": 0, "description": "GPUs per pod (gpu.resourceName); 0 = a CPU stage"},
-        "headless": {"type": "boolean", "description": "a headless Service (callers balance with dns:///); false = service.type"},
-        "public": {"type": "boolean", "description": "the public API: reachable by networkPolicy.gatewayFrom and helm test"},
+        "headless": {
+            "type": "boolean",
+            "description": "a headless Service (callers balance with dns:///); false = service.type",
+        },
+        "public": {
+            "type": "boolean",
+            "description": "the public API: reachable by networkPolicy.gatewayFrom and helm test",
+        },
         "stores": {"type": "boolean", "description": "uses the job and blob stores (values `store`)"},
         "dials": {
             "type": "array",
             "uniqueItems": True,
             "items": {"enum": stages},
             "description": "stages this one calls: LIPLINE_<STAGE>_ADDRESS, and who their NetworkPolicy admits",
+        },
+        "reaches": {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"enum": stages},
+            "description": "stages this one calls at the addresses their pods advertise in the job store: only who their NetworkPolicy admits",
+        },
+        "advertise": {
+            "type": "boolean",
+            "description": "its callers find it at its pod IP, which it advertises in the job store (LIPLINE_ADVERTISE_ADDRESS=$(POD_IP):<port>)",
         },
         "cache": {
             "type": "object",
@@ -256,9 +334,14 @@ def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
                 "enabled": {"type": "boolean"},
                 "minReplicas": {"type": "integer", "minimum": 1},
                 "maxReplicas": {"type": "integer", "minimum": 1},
-                "metric": {"enum": ["cpu", "gpu", "queue", "segments"]},
+                "metric": {"enum": ["cpu", "gpu", "queue", "segments", "sessions"]},
                 "target": {"type": "number", "exclusiveMinimum": 0},
-                "cpu": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "also scale on CPU utilisation (percent of requests)"},
+                "cpu": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 1000,
+                    "description": "also scale on CPU utilisation (percent of requests)",
+                },
                 "behavior": OBJ,
             },
         },
@@ -268,7 +351,11 @@ def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
             "description": "a PodDisruptionBudget, where at least two replicas run; null = none",
             "properties": {"minAvailable": {"type": ["integer", "string"]}},
         },
-        "startupSeconds": {"type": "integer", "minimum": 5, "description": "how long the startup probe waits for SERVING (a cold torch.compile on GPU stages)"},
+        "startupSeconds": {
+            "type": "integer",
+            "minimum": 5,
+            "description": "how long the startup probe waits for SERVING (a cold torch.compile on GPU stages)",
+        },
         "service": {
             "type": "object",
             "additionalProperties": False,
@@ -276,7 +363,10 @@ def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
             "properties": {"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "annotations": OBJ},
         },
         "runtimeClassName": {"type": "string", "description": "GPU stages: replaces gpu.runtimeClassName"},
-        "gpuResourceName": {"type": "string", "description": "GPU stages: replaces gpu.resourceName (a pool with MIG or shared GPUs)"},
+        "gpuResourceName": {
+            "type": "string",
+            "description": "GPU stages: replaces gpu.resourceName (a pool with MIG or shared GPUs)",
+        },
         **_pod_keys(),
     }
     return {
@@ -323,7 +413,10 @@ def _store_schema() -> dict[str, Any]:
                     "persistence": {
                         "type": "object",
                         "additionalProperties": False,
-                        "properties": {"existingClaim": {"type": "string"}, "mountPath": {"type": "string", "pattern": "^/"}},
+                        "properties": {
+                            "existingClaim": {"type": "string"},
+                            "mountPath": {"type": "string", "pattern": "^/"},
+                        },
                     },
                 },
             },
@@ -353,7 +446,10 @@ def _auth_schema() -> dict[str, Any]:
                 "additionalProperties": False,
                 "properties": {
                     "enabled": {"type": "boolean", "description": "the gateway requires an API key on every RPC"},
-                    "existingSecret": {"type": "string", "description": "Secret with the keys file; empty = a generated one"},
+                    "existingSecret": {
+                        "type": "string",
+                        "description": "Secret with the keys file; empty = a generated one",
+                    },
                     "secretKey": key,
                     "testSecretKey": key,
                 },
@@ -363,7 +459,10 @@ def _auth_schema() -> dict[str, Any]:
                 "additionalProperties": False,
                 "properties": {
                     "enabled": {"type": "boolean", "description": "the stages require the internal token"},
-                    "existingSecret": {"type": "string", "description": "Secret with the token; empty = a generated one"},
+                    "existingSecret": {
+                        "type": "string",
+                        "description": "Secret with the token; empty = a generated one",
+                    },
                     "secretKey": key,
                 },
             },
@@ -398,8 +497,16 @@ def _models_schema() -> dict[str, Any]:
         "additionalProperties": False,
         "required": ["name", "url", "sha256"],
         "properties": {
-            "name": {"type": "string", "pattern": f"^{segment}(/{segment})*$", "description": "the file under models.mountPath (a stage's config.checkpoint)"},
-            "url": {"type": "string", "pattern": "^(https?://[^/]+.*|s3://[^/]+/.+)$", "description": "http(s):// or s3://bucket/key"},
+            "name": {
+                "type": "string",
+                "pattern": f"^{segment}(/{segment})*$",
+                "description": "the file under models.mountPath (a stage's config.checkpoint)",
+            },
+            "url": {
+                "type": "string",
+                "pattern": "^(https?://[^/]+.*|s3://[^/]+/.+)$",
+                "description": "http(s):// or s3://bucket/key",
+            },
             "sha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$", "description": "the file's sha256, hex"},
         },
     }
@@ -415,7 +522,10 @@ def _models_schema() -> dict[str, Any]:
                 "type": "object",
                 "additionalProperties": False,
                 "properties": {
-                    "existingSecret": {"type": "string", "description": "Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"},
+                    "existingSecret": {
+                        "type": "string",
+                        "description": "Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                    },
                     "endpoint": {"type": "string", "pattern": "^(https?://.+)?$"},
                     "region": {"type": "string"},
                 },
@@ -435,7 +545,11 @@ def _compile_cache_schema() -> dict[str, Any]:
         "type": "object",
         "additionalProperties": False,
         "description": "one Job per GPU stage and release revision that compiles and saves the cache, then exits",
-        "properties": {"enabled": _BOOL, "backoffLimit": {"type": "integer", "minimum": 0}, "activeDeadlineSeconds": {"type": "integer", "minimum": 1}},
+        "properties": {
+            "enabled": _BOOL,
+            "backoffLimit": {"type": "integer", "minimum": 0},
+            "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
+        },
     }
     return _claim("torch.compile artifacts shared by the GPU pods", {"warmJob": warm})
 
@@ -445,7 +559,10 @@ def _ingress_schema() -> dict[str, Any]:
         "type": "object",
         "additionalProperties": False,
         "required": ["secretName"],
-        "properties": {"secretName": {"type": "string", "minLength": 1}, "hosts": {"type": "array", "items": _HOSTNAME}},
+        "properties": {
+            "secretName": {"type": "string", "minLength": 1},
+            "hosts": {"type": "array", "items": _HOSTNAME},
+        },
     }
     return {
         "type": "object",
@@ -519,9 +636,18 @@ def build() -> dict[str, Any]:
                         "minLength": 1,
                         "description": "the GPU resource GPU stages request (a stage's gpuResourceName replaces it)",
                     },
-                    "runtimeClassName": {"type": "string", "description": "GPU stages' RuntimeClass; empty = the node's default"},
-                    "nodeSelector": {**STRING_MAP, "description": "added to nodeSelector for GPU stages without their own"},
-                    "tolerations": {**_pod_keys()["tolerations"], "description": "added to tolerations for GPU stages without their own"},
+                    "runtimeClassName": {
+                        "type": "string",
+                        "description": "GPU stages' RuntimeClass; empty = the node's default",
+                    },
+                    "nodeSelector": {
+                        **STRING_MAP,
+                        "description": "added to nodeSelector for GPU stages without their own",
+                    },
+                    "tolerations": {
+                        **_pod_keys()["tolerations"],
+                        "description": "added to tolerations for GPU stages without their own",
+                    },
                 },
             },
             "models": _models_schema(),
@@ -538,7 +664,10 @@ def build() -> dict[str, Any]:
             "keda": {
                 "type": "object",
                 "additionalProperties": False,
-                "properties": {"enabled": {"type": "boolean"}, "prometheusAddress": {"type": "string", "pattern": "^https?://"}},
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "prometheusAddress": {"type": "string", "pattern": "^https?://"},
+                },
             },
             "podSecurityContext": OBJ,
             "securityContext": OBJ,
@@ -555,7 +684,12 @@ def build() -> dict[str, Any]:
             "discovery": {
                 "type": "object",
                 "additionalProperties": False,
-                "properties": {"kubernetes": {"type": "boolean", "description": "callers watch EndpointSlices (a Role to list/watch them)"}},
+                "properties": {
+                    "kubernetes": {
+                        "type": "boolean",
+                        "description": "callers watch EndpointSlices (a Role to list/watch them)",
+                    }
+                },
             },
             "serviceAccount": {
                 "type": "object",
@@ -566,11 +700,17 @@ def build() -> dict[str, Any]:
                 "type": "object",
                 "additionalProperties": False,
                 "properties": {
-                    "labels": {**LABELS, "description": "on the ServiceMonitor and PrometheusRule (kube-prometheus-stack: release)"},
+                    "labels": {
+                        **LABELS,
+                        "description": "on the ServiceMonitor and PrometheusRule (kube-prometheus-stack: release)",
+                    },
                     "serviceMonitor": {
                         **enabled,
                         "properties": {
-                            "enabled": {"type": "boolean", "description": "renders only where monitoring.coreos.com/v1 is served"},
+                            "enabled": {
+                                "type": "boolean",
+                                "description": "renders only where monitoring.coreos.com/v1 is served",
+                            },
                             "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
                             "labels": LABELS,
                         },
@@ -578,7 +718,10 @@ def build() -> dict[str, Any]:
                     "prometheusRule": {
                         **enabled,
                         "properties": {
-                            "enabled": {"type": "boolean", "description": "renders only where monitoring.coreos.com/v1 is served"},
+                            "enabled": {
+                                "type": "boolean",
+                                "description": "renders only where monitoring.coreos.com/v1 is served",
+                            },
                             "labels": LABELS,
                             "runbookBaseUrl": {
                                 "type": "string",
@@ -591,23 +734,42 @@ def build() -> dict[str, Any]:
                     "adapterRules": {
                         "type": "object",
                         "additionalProperties": False,
-                        "properties": {"configMap": {"type": "boolean", "description": "also render the prometheus-adapter rules as a ConfigMap"}},
+                        "properties": {
+                            "configMap": {
+                                "type": "boolean",
+                                "description": "also render the prometheus-adapter rules as a ConfigMap",
+                            }
+                        },
                     },
                 },
             },
             "networkPolicy": {
                 "type": "object",
                 "additionalProperties": False,
-                "properties": {"enabled": {"type": "boolean"}, "gatewayFrom": {"type": "array"}, "metricsFrom": {"type": "array"}},
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "gatewayFrom": {"type": "array"},
+                    "metricsFrom": {"type": "array"},
+                },
             },
             "auth": _auth_schema(),
             "tls": {
                 "type": "object",
                 "additionalProperties": False,
                 "properties": {
-                    "existingSecret": {"type": "string", "description": "kubernetes.io/tls Secret of the gateway's port; empty = plaintext"},
-                    "testCaKey": {"type": "string", "minLength": 1, "description": "the key helm test trusts as its CA"},
-                    "testServerName": {"type": "string", "description": "the name helm test checks the certificate against"},
+                    "existingSecret": {
+                        "type": "string",
+                        "description": "kubernetes.io/tls Secret of the gateway's port; empty = plaintext",
+                    },
+                    "testCaKey": {
+                        "type": "string",
+                        "minLength": 1,
+                        "description": "the key helm test trusts as its CA",
+                    },
+                    "testServerName": {
+                        "type": "string",
+                        "description": "the name helm test checks the certificate against",
+                    },
                 },
             },
             "ingress": _ingress_schema(),

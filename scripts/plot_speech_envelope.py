@@ -15,9 +15,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from services.lipsync.procedural import ProceduralLipSync
 from services.media.mel import MelExtractor
 from services.media.speech import speech_envelope
-from services.lipsync.procedural import ProceduralLipSync
 from tests.helpers.speech_signals import FPS, clean_speech, speech_frames, variants
 
 ROW_H, MARGIN, WIDTH = 120, 24, 1400

@@ -28,8 +28,8 @@ from multiprocessing.process import BaseProcess
 
 import numpy as np
 
-from services.media.mel import SAMPLE_RATE, MelExtractor
 from services.media.audio import decode_audio
+from services.media.mel import SAMPLE_RATE, MelExtractor
 from services.serving.errors import InvalidMedia
 from services.serving.native_threads import one_thread_per_process
 
@@ -111,7 +111,9 @@ class ClipExtractor:
 
     @staticmethod
     def _process_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
-        return concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_child)
+        return concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_child
+        )
 
     async def warm(self) -> None:
         """Start the workers and wait until they have run a clip of silence (children are spawned on
@@ -159,7 +161,9 @@ class ClipExtractor:
                     pass
                 await asyncio.to_thread(pool.shutdown, wait=True)  # reaps the child: its exit code is set
                 death = _death(children)
-                _LOGGER.warning("the audio decoder process died on one upload; rejected it", extra={"death": death.strip(" ()")})
+                _LOGGER.warning(
+                    "the audio decoder process died on one upload; rejected it", extra={"death": death.strip(" ()")}
+                )
                 raise InvalidMedia(
                     f"the audio decoder process died on this upload{death}; the file may be corrupt: re-encode it (WAV, MP3, FLAC, OGG or M4A) and retry"
                 )

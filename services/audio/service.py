@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc, common_pb2
-from services.audio.settings import AudioSettings
 from services.audio.extract import SAMPLE_RATE, ClipExtractor, ExtractFn, decode_and_extract
+from services.audio.settings import AudioSettings
 from services.media.wire import MEL_BANDS, MEL_STEP, mel_to_bytes
 from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
 from services.serving.metrics import Metrics
@@ -29,8 +29,12 @@ def checked_options(options: audio_pb2.ExtractOptions, max_audio_seconds: float)
     if not 1.0 <= fps <= 120.0:
         raise InvalidRequest(f"fps {fps} is outside 1..120 (0 = 25)")
     if not options.max_seconds >= 0:  # negative or NaN: a caller's bug, not "no limit"
-        raise InvalidRequest(f"max_seconds {options.max_seconds} is not >= 0 (0 = the stage's max_audio_seconds, {max_audio_seconds:g} s)")
-    limit = min(max_audio_seconds, options.max_seconds) if options.max_seconds > 0 else max_audio_seconds  # the caller's own limit, if lower
+        raise InvalidRequest(
+            f"max_seconds {options.max_seconds} is not >= 0 (0 = the stage's max_audio_seconds, {max_audio_seconds:g} s)"
+        )
+    limit = (
+        min(max_audio_seconds, options.max_seconds) if options.max_seconds > 0 else max_audio_seconds
+    )  # the caller's own limit, if lower
     return fps, limit
 
 
@@ -50,7 +54,9 @@ class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
         async for request in request_iterator:
             if options is None:
                 options = request.options
-                fps, limit = checked_options(options, self._settings.max_audio_seconds)  # before the upload costs anything
+                fps, limit = checked_options(
+                    options, self._settings.max_audio_seconds
+                )  # before the upload costs anything
             size += len(request.data)
             if size > self._settings.max_audio_bytes:
                 raise TooLarge(f"audio is over {self._settings.max_audio_bytes} bytes; send a shorter clip")
@@ -68,7 +74,10 @@ class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
         first = True
         for start in range(0, len(windows), per_message):
             response = audio_pb2.ExtractResponse(
-                windows=[common_pb2.MelWindow(frame_index=i, data=mel_to_bytes(windows[i])) for i in range(start, min(start + per_message, len(windows)))]
+                windows=[
+                    common_pb2.MelWindow(frame_index=i, data=mel_to_bytes(windows[i]))
+                    for i in range(start, min(start + per_message, len(windows)))
+                ]
             )
             if first:
                 response.total_frames = len(windows)

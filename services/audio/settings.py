@@ -18,7 +18,9 @@ class AudioSettings(ServiceSettings):
     """Settings of the audio service."""
 
     port: int = setting(STAGES["audio"].port, "gRPC port")
-    metrics_port: int = setting(STAGES["audio"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    metrics_port: int = setting(
+        STAGES["audio"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)"
+    )
     max_audio_bytes: int = setting(100 * 1024 * 1024, "largest accepted audio file")
     max_audio_seconds: float = setting(900.0, "longest accepted audio")
     extract_processes: int = setting(

@@ -24,14 +24,14 @@ import numpy as np
 from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc
 from services.gateway.settings import GatewaySettings
 from services.jobs.avatars import AvatarMeta, content_hash, new_avatar_id, prefix, save_avatar_files
-from services.serving.channels import StageFailed, stage_error_message
-from services.media.wire import image_to_proto
-from services.media.crops import IMG_SIZE, Box, crop_and_resize
-from services.serving.errors import InvalidMedia, NotReady
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import AvatarRecord, JobStore
-from services.serving.tracing import outgoing_metadata
+from services.media.crops import IMG_SIZE, Box, crop_and_resize
 from services.media.decode import AvatarFrames, open_avatar
+from services.media.wire import image_to_proto
+from services.serving.channels import StageFailed, stage_error_message
+from services.serving.errors import InvalidMedia, NotReady
+from services.serving.tracing import outgoing_metadata
 
 _LOGGER = logging.getLogger(__name__)
 FRAMES_PER_MESSAGE = 8
@@ -62,7 +62,9 @@ async def _chunks(open_frames: OpenFrames) -> AsyncIterator[list[np.ndarray]]:
         frames.close()
 
 
-async def detect_faces(lipsync: lipsync_pb2_grpc.LipSyncServiceStub, open_frames: OpenFrames, request_id: str = "") -> list[Box | None]:
+async def detect_faces(
+    lipsync: lipsync_pb2_grpc.LipSyncServiceStub, open_frames: OpenFrames, request_id: str = ""
+) -> list[Box | None]:
     """Padded, smoothed face boxes for every frame of an avatar, decoding it as it is sent.
 
     The frames are decoded and sent a message at a time (gRPC's flow control paces the decoder), so
@@ -78,7 +80,9 @@ async def detect_faces(lipsync: lipsync_pb2_grpc.LipSyncServiceStub, open_frames
             while True:
                 index = 0
                 async for chunk in _chunks(open_frames):
-                    items = [lipsync_pb2.IndexedFrame(index=index + i, image=image_to_proto(f)) for i, f in enumerate(chunk)]
+                    items = [
+                        lipsync_pb2.IndexedFrame(index=index + i, image=image_to_proto(f)) for i, f in enumerate(chunk)
+                    ]
                     yield lipsync_pb2.DetectFacesRequest(frames=items)
                     index += len(chunk)
                 yield lipsync_pb2.DetectFacesRequest(end_of_frames=True)
@@ -152,7 +156,9 @@ async def create_avatar(
     fps = (await asyncio.to_thread(open_frames)).fps  # the upload's own errors before any stage call
     boxes = await detect_faces(lipsync, open_frames, request_id)
     if not any(b is not None for b in boxes):
-        raise InvalidMedia("no face found in the avatar; use a photo or video with one frontal, well-lit face covering at least 10% of the picture")
+        raise InvalidMedia(
+            "no face found in the avatar; use a photo or video with one frontal, well-lit face covering at least 10% of the picture"
+        )
 
     def cut_and_save() -> AvatarMeta:
         with tempfile.TemporaryDirectory(prefix="lipline-avatar-") as folder:
@@ -200,10 +206,20 @@ async def add_avatar(
     recording = False
     try:
         record = await create_avatar(
-            blobs, lipsync, aid, upload.data, upload.name, upload.photo_fps, settings.max_avatar_frames, settings.max_avatar_pixels, request_id
+            blobs,
+            lipsync,
+            aid,
+            upload.data,
+            upload.name,
+            upload.photo_fps,
+            settings.max_avatar_frames,
+            settings.max_avatar_pixels,
+            request_id,
         )
         recording = True
-        stored = await asyncio.to_thread(jobs.put_avatar, dataclasses.replace(record, tenant=tenant, content_hash=digest))
+        stored = await asyncio.to_thread(
+            jobs.put_avatar, dataclasses.replace(record, tenant=tenant, content_hash=digest)
+        )
     except BaseException as exc:  # a random id is never written again: leave nothing under it...
         # ...unless cancelled while put_avatar may still commit in its thread: deleting the blobs
         # then could leave a recorded avatar without data, so they stay (at worst unreferenced).

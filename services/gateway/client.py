@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -61,12 +62,17 @@ class LiplineClient:
         if tls is None:
             tls = env.get("LIPLINE_TLS", "").lower() in {"1", "true", "yes", "on"}
         # Reconnect within a few seconds of a gateway coming back (gRPC's backoff grows to 120 s).
-        options = [*channel_options(max_message_bytes), ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS)]
+        options: list[tuple[str, int | str]] = [
+            *channel_options(max_message_bytes),
+            ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        ]
         if tls or tls_ca_file:
             roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
             if tls_server_name:
                 options.append(("grpc.ssl_target_name_override", tls_server_name))
-            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
+            self.channel = grpc.secure_channel(
+                address, grpc.ssl_channel_credentials(root_certificates=roots), options=options
+            )
         else:
             self.channel = grpc.insecure_channel(address, options=options)
         if api_key:
@@ -93,10 +99,18 @@ class LiplineClient:
 
     def submit(self, avatar_id: str, audio: bytes, super_resolution: bool = False, crf: int = 0) -> gateway_pb2.Job:
         options = gateway_pb2.JobOptions(super_resolution=super_resolution, crf=crf)
-        return self.stub.SubmitJob(gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=self.timeout)
+        return self.stub.SubmitJob(
+            gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=self.timeout
+        )
 
     def wait(
-        self, job_id: str, on_event: Callable[[gateway_pb2.Job], None] | None = None, *, retries: int = 8, backoff_s: float = 0.25, max_backoff_s: float = 5.0
+        self,
+        job_id: str,
+        on_event: Callable[[gateway_pb2.Job], None] | None = None,
+        *,
+        retries: int = 8,
+        backoff_s: float = 0.25,
+        max_backoff_s: float = 5.0,
     ) -> gateway_pb2.Job:
         """Follow WatchJob until the job is finished; returns its final state.
 
@@ -135,7 +149,14 @@ class LiplineClient:
             delay = min(max_backoff_s, backoff_s * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
             if failures > retries or time.monotonic() + delay >= deadline:
                 raise error
-            _LOGGER.info("WatchJob of %s was cut (%s); resuming in %.2f s (%d/%d)", job_id, error.code().name, delay, failures, retries)
+            _LOGGER.info(
+                "WatchJob of %s was cut (%s); resuming in %.2f s (%d/%d)",
+                job_id,
+                error.code().name,
+                delay,
+                failures,
+                retries,
+            )
             time.sleep(delay)
 
     def avatar_ids(self) -> set[str]:
@@ -163,9 +184,13 @@ class LiplineClient:
         request = session_pb2.CreateSessionRequest(
             avatar_id=avatar_id,
             audio=session_pb2.AudioFormat(sample_rate=sample_rate),
-            video=session_pb2.VideoFormat(codec=codec, max_height=max_height, fps=fps, crf=crf, jpeg_quality=jpeg_quality),
+            video=session_pb2.VideoFormat(
+                codec=codec, max_height=max_height, fps=fps, crf=crf, jpeg_quality=jpeg_quality
+            ),
             super_resolution=super_resolution,
-            limits=session_pb2.SessionLimits(max_session_seconds=max_session_seconds, idle_timeout_seconds=idle_timeout_seconds),
+            limits=session_pb2.SessionLimits(
+                max_session_seconds=max_session_seconds, idle_timeout_seconds=idle_timeout_seconds
+            ),
         )
         return self.stub.CreateSession(request, timeout=self.timeout)
 
@@ -185,7 +210,9 @@ class LiplineClient:
         tmp = path.with_name(path.name + ".part")
         size = 0
         with tmp.open("wb") as f:
-            for chunk in self.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id), timeout=self.timeout):
+            for chunk in self.stub.DownloadOutput(
+                gateway_pb2.DownloadOutputRequest(job_id=job_id), timeout=self.timeout
+            ):
                 f.write(chunk.data)
                 size += len(chunk.data)
         tmp.replace(path)
@@ -211,7 +238,12 @@ class _StreamEnded(grpc.RpcError):
         return self._details
 
 
-class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+class _Metadata(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     """Adds fixed metadata (the API key) to every call."""
 
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
@@ -219,7 +251,12 @@ class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
         return _CallDetails(
-            details.method, details.timeout, (*(details.metadata or ()), *self._metadata), details.credentials, details.wait_for_ready, details.compression
+            details.method,
+            details.timeout,
+            (*(details.metadata or ()), *self._metadata),
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
         )
 
     def intercept_unary_unary(self, continuation, details, request):
@@ -242,7 +279,13 @@ class _CallDetails(grpc.ClientCallDetails):
 
 
 def render_file(
-    client: LiplineClient, avatar: Path, audio: Path, output: Path, *, super_resolution: bool = True, write: Callable[[str], None] = print
+    client: LiplineClient,
+    avatar: Path,
+    audio: Path,
+    output: Path,
+    *,
+    super_resolution: bool = True,
+    write: Callable[[str], None] = print,
 ) -> tuple[gateway_pb2.Avatar, gateway_pb2.Job]:
     """Register `avatar`, render `audio` onto it and download the MP4 to `output` (when the job succeeds).
 
@@ -250,7 +293,9 @@ def render_file(
     Returns the avatar and the job's final state; the caller decides what a failure means.
     """
     registered = client.create_avatar(avatar.read_bytes(), name=avatar.name)
-    write(f"avatar {registered.id}: {registered.width}x{registered.height}, {registered.frame_count} frame(s), face found in {registered.faces_found}")
+    write(
+        f"avatar {registered.id}: {registered.width}x{registered.height}, {registered.frame_count} frame(s), face found in {registered.faces_found}"
+    )
     job = client.submit(registered.id, audio.read_bytes(), super_resolution=super_resolution)
     write(f"job {job.id}: {job.audio_seconds:.2f} s of audio")
     job = client.wait(job.id, progress_printer(write))
@@ -261,7 +306,7 @@ def render_file(
 
 def progress_printer(write: Callable[[str], None], step: float = 0.1) -> Callable[[gateway_pb2.Job], None]:
     """A `wait(on_event=...)` callback that writes one line per `step` of progress and per state change."""
-    last = {"progress": -1.0, "state": None}
+    last: dict[str, Any] = {"progress": -1.0, "state": None}
 
     def show(job: gateway_pb2.Job) -> None:
         if job.progress - last["progress"] >= step or job.state != last["state"]:

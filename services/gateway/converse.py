@@ -47,11 +47,19 @@ async def first_start(requests: AsyncIterator[session_pb2.ConverseRequest]) -> s
     kind = first.WhichOneof("request") if first is not None else None
     if kind != "start":
         got = f"a {kind} message" if kind else ("an empty message" if first is not None else "no message")
-        raise InvalidRequest(f"the first message of a Converse stream must be ConverseStart (session_id, resume_token), got {got}")
+        raise InvalidRequest(
+            f"the first message of a Converse stream must be ConverseStart (session_id, resume_token), got {got}"
+        )
     return first.start
 
 
-async def _open_stream(stub: live_pb2_grpc.LiveServiceStub, start: session_pb2.ConverseStart, tenant: str, request_id: str, timeout_s: float):  # type: ignore[no-untyped-def]
+async def _open_stream(
+    stub: live_pb2_grpc.LiveServiceStub,
+    start: session_pb2.ConverseStart,
+    tenant: str,
+    request_id: str,
+    timeout_s: float,
+):  # type: ignore[no-untyped-def]
     """Converse on a worker: the start sent, its first response read (within `timeout_s`: a worker
     that takes the connection but never answers counts as gone). AioRpcError when it refuses."""
     call: StreamCall = stub.Converse(metadata=call_metadata(tenant, request_id))
@@ -61,7 +69,10 @@ async def _open_stream(stub: live_pb2_grpc.LiveServiceStub, start: session_pb2.C
     except TimeoutError:
         call.cancel()
         raise grpc.aio.AioRpcError(
-            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), f"no answer to ConverseStart within {timeout_s:g} s"
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            f"no answer to ConverseStart within {timeout_s:g} s",
         ) from None
     except BaseException:
         call.cancel()
@@ -70,27 +81,46 @@ async def _open_stream(stub: live_pb2_grpc.LiveServiceStub, start: session_pb2.C
         status = await _status(call)
         if status.code() is not grpc.StatusCode.OK:
             raise status  # as if read() had raised it: the caller decides whether the worker is gone
-        raise LiveWorkerError(status, "the live worker ended the stream before it was ready; resume with ConverseStart")  # OK without a word
+        raise LiveWorkerError(
+            status, "the live worker ended the stream before it was ready; resume with ConverseStart"
+        )  # OK without a word
     return call, response
 
 
 async def _status(call: StreamCall) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(await call.code(), await call.initial_metadata(), await call.trailing_metadata(), await call.details())
+    return grpc.aio.AioRpcError(
+        await call.code(), await call.initial_metadata(), await call.trailing_metadata(), await call.details()
+    )
 
 
 async def attach(
-    jobs: JobStore, workers: LiveWorkers, row: SessionRow, start: session_pb2.ConverseStart, tenant: str, request_id: str = ""
+    jobs: JobStore,
+    workers: LiveWorkers,
+    row: SessionRow,
+    start: session_pb2.ConverseStart,
+    tenant: str,
+    request_id: str = "",
 ) -> tuple[StreamCall, session_pb2.ConverseResponse]:
     """A stream on the worker holding the session, or on the one it was re-placed on."""
-    forward = session_pb2.ConverseStart(session_id=row.id, last_frame=start.last_frame)  # no token: the worker does not need it
+    forward = session_pb2.ConverseStart(
+        session_id=row.id, last_frame=start.last_frame
+    )  # no token: the worker does not need it
     failed: frozenset[str] = frozenset()
     if row.lease_live and row.worker_address:
         try:
-            return await _open_stream(workers.stub(row.worker_address), forward, tenant, request_id, workers.open_timeout_s)
+            return await _open_stream(
+                workers.stub(row.worker_address), forward, tenant, request_id, workers.open_timeout_s
+            )
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in _NOT_THERE:
                 raise LiveWorkerError(exc) from exc
-            _LOGGER.info("session %s: its live worker %s answered %s (%s); placing it on another", row.id, row.worker_id, exc.code().name, exc.details())
+            _LOGGER.info(
+                "session %s: its live worker %s answered %s (%s); placing it on another",
+                row.id,
+                row.worker_id,
+                exc.code().name,
+                exc.details(),
+            )
         await jobs.release_session(row.id, row.worker_id)
         failed = frozenset({row.worker_id})  # asked last: it may be alive and hung
         row = await jobs.get_session(tenant, row.id)
@@ -103,12 +133,16 @@ async def attach(
         raise LiveWorkerError(exc) from exc
 
 
-async def _pump(requests: AsyncIterator[session_pb2.ConverseRequest], call: StreamCall, problems: list[BaseException]) -> None:
+async def _pump(
+    requests: AsyncIterator[session_pb2.ConverseRequest], call: StreamCall, problems: list[BaseException]
+) -> None:
     """Client -> worker, one message at a time; a second ConverseStart ends the stream."""
     try:
         async for request in requests:
             if request.WhichOneof("request") == "start":
-                raise InvalidRequest("ConverseStart comes once, as the stream's first message; to resume, open a new stream")
+                raise InvalidRequest(
+                    "ConverseStart comes once, as the stream's first message; to resume, open a new stream"
+                )
             await call.write(request)
         await call.done_writing()
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
@@ -118,7 +152,9 @@ async def _pump(requests: AsyncIterator[session_pb2.ConverseRequest], call: Stre
         call.cancel()
 
 
-async def relay(call: StreamCall, requests: AsyncIterator[session_pb2.ConverseRequest], session_id: str) -> AsyncIterator[session_pb2.ConverseResponse]:
+async def relay(
+    call: StreamCall, requests: AsyncIterator[session_pb2.ConverseRequest], session_id: str
+) -> AsyncIterator[session_pb2.ConverseResponse]:
     """Worker -> client until either side ends; the worker's status as the stream's."""
     problems: list[BaseException] = []
     pump = asyncio.create_task(_pump(requests, call, problems))
@@ -130,7 +166,9 @@ async def relay(call: StreamCall, requests: AsyncIterator[session_pb2.ConverseRe
                 if problems:
                     raise problems[0] from None
                 raise _worker_ended(exc, session_id) from exc
-            except asyncio.CancelledError:  # the pump cancelled the call (a local cancel raises this), or we are cancelled
+            except (
+                asyncio.CancelledError
+            ):  # the pump cancelled the call (a local cancel raises this), or we are cancelled
                 task = asyncio.current_task()
                 if problems and task is not None and not task.cancelling():
                     raise problems[0] from None
@@ -159,7 +197,11 @@ def _worker_ended(exc: grpc.aio.AioRpcError, session_id: str) -> LiveWorkerError
 
 
 async def converse(
-    jobs: JobStore, workers: LiveWorkers, requests: AsyncIterator[session_pb2.ConverseRequest], tenant: str, request_id: str = ""
+    jobs: JobStore,
+    workers: LiveWorkers,
+    requests: AsyncIterator[session_pb2.ConverseRequest],
+    tenant: str,
+    request_id: str = "",
 ) -> AsyncIterator[session_pb2.ConverseResponse]:
     """Converse: the start checked, the stream attached, then relayed (see the module docstring)."""
     requests = aiter(requests)  # one iterator: the start is read from it, the rest relayed

@@ -12,12 +12,12 @@ a gateway that dies between the two leaves a row the next round finds again, nev
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from services.jobs.avatars import prefix
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import JobStore
+from services.serving.background import cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 PURGE_BATCH = 100  # avatars per round: a backlog is worked off over a few rounds
@@ -50,14 +50,16 @@ class AvatarJanitor:
             try:
                 purged = await asyncio.to_thread(purge_deleted_avatars, self._jobs, self._blobs)
             except Exception as exc:  # noqa: BLE001 - a store that is down now: the next round retries
-                _LOGGER.warning("avatar janitor: purging deleted avatars failed (%s: %s); retrying in %.0f s", type(exc).__name__, exc, self._interval_s)
+                _LOGGER.warning(
+                    "avatar janitor: purging deleted avatars failed (%s: %s); retrying in %.0f s",
+                    type(exc).__name__,
+                    exc,
+                    self._interval_s,
+                )
                 continue
             if purged:
                 _LOGGER.info("avatar janitor: purged deleted avatars", extra={"avatars": purged})
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

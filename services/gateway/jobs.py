@@ -8,8 +8,8 @@ from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import common_pb2, gateway_pb2
-from services.serving.errors import CorruptRecord
 from services.jobs.store.jobs import Job, JobState
+from services.serving.errors import CorruptRecord
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -24,7 +24,9 @@ def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
     try:
         options = gateway_pb2.JobOptions.FromString(job.options)
     except DecodeError as exc:
-        raise CorruptRecord(f"job {job.id!r} has a record this lipline cannot read (its options are not a JobOptions: {exc})") from exc
+        raise CorruptRecord(
+            f"job {job.id!r} has a record this lipline cannot read (its options are not a JobOptions: {exc})"
+        ) from exc
     try:
         models = [common_pb2.ModelInfo(**m) for m in job.models]
     except (TypeError, ValueError) as exc:
@@ -43,7 +45,7 @@ def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
     return gateway_pb2.Job(
         id=job.id,
         avatar_id=job.avatar_id,
-        state=int(job.state),
+        state=int(job.state),  # type: ignore[arg-type]  # protoc's .pyi types an enum field as the enum; it takes the int
         progress=progress,
         frames_done=job.frames_done,
         total_frames=job.total_frames,

@@ -125,11 +125,19 @@ class LiveRecorder:
 
 
 def realtime_requests(
-    session_id: str, token: str, chunks: list[bytes], recorder: LiveRecorder, *, chunk_s: float, finish_wait_s: float = FINISH_GRACE_S
+    session_id: str,
+    token: str,
+    chunks: list[bytes],
+    recorder: LiveRecorder,
+    *,
+    chunk_s: float,
+    finish_wait_s: float = FINISH_GRACE_S,
 ) -> Iterator[session_pb2.ConverseRequest]:
     """ConverseStart, the chunks paced by the wall clock, EndOfUtterance; then the stream is held
     open until playback has finished (or `finish_wait_s`), so the frames can come back."""
-    yield session_pb2.ConverseRequest(start=session_pb2.ConverseStart(session_id=session_id, resume_token=token, last_frame=-1))
+    yield session_pb2.ConverseRequest(
+        start=session_pb2.ConverseStart(session_id=session_id, resume_token=token, last_frame=-1)
+    )
     t0 = time.monotonic()
     for i, chunk in enumerate(chunks):
         delay = t0 + i * chunk_s - time.monotonic()
@@ -196,7 +204,9 @@ def write_mp4(path: Path, recorder: LiveRecorder, codec: int, width: int, height
         else:
             packets = [p for p in source.demux(source.streams.video[0]) if p.size]
             if len(packets) != len(frames):
-                raise ValueError(f"{len(frames)} H.264 frames were received but their stream parses into {len(packets)} access units")
+                raise ValueError(
+                    f"{len(frames)} H.264 frames were received but their stream parses into {len(packets)} access units"
+                )
             for f, packet in zip(frames, packets):
                 packet.stream, packet.time_base = video, tick
                 packet.pts = packet.dts = f.index - first
@@ -225,11 +235,22 @@ def run_session(
     write: Callable[[str], None] = print,
 ) -> tuple[session_pb2.Session, LiveRecorder]:
     """CreateSession, one utterance of `speech` (an audio file) in real time, CloseSession."""
-    session = client.create_session(avatar_id, sample_rate=sample_rate, codec=codec, max_height=max_height, fps=fps, super_resolution=super_resolution)
-    write(f"session {session.id}: {session.width}x{session.height} {session_pb2.VideoCodec.Name(session.video.codec)} at {session.video.fps:g} fps")
+    session = client.create_session(
+        avatar_id,
+        sample_rate=sample_rate,
+        codec=codec,
+        max_height=max_height,
+        fps=fps,
+        super_resolution=super_resolution,
+    )
+    write(
+        f"session {session.id}: {session.width}x{session.height} {session_pb2.VideoCodec.Name(session.video.codec)} at {session.video.fps:g} fps"
+    )
     recorder = LiveRecorder(session.video.fps, session.audio.sample_rate, chunk_ms / 1000)
     chunks = pcm_chunks(pcm_of_audio(speech, session.audio.sample_rate), session.audio.sample_rate, chunk_ms)
-    responses = client.converse(realtime_requests(session.id, session.resume_token, chunks, recorder, chunk_s=chunk_ms / 1000))
+    responses = client.converse(
+        realtime_requests(session.id, session.resume_token, chunks, recorder, chunk_s=chunk_ms / 1000)
+    )
     try:
         for response in responses:
             recorder.take(response)
@@ -244,16 +265,24 @@ def run_session(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m services.gateway.client", description="lipline's command-line client")
     commands = p.add_subparsers(dest="command", required=True)
-    live = commands.add_parser("live", help="stream a speech file through a live session in real time and write what came back to an MP4")
-    live.add_argument("speech", type=Path, help="speech audio (WAV or anything FFmpeg decodes); resampled to the session's rate")
+    live = commands.add_parser(
+        "live", help="stream a speech file through a live session in real time and write what came back to an MP4"
+    )
+    live.add_argument(
+        "speech", type=Path, help="speech audio (WAV or anything FFmpeg decodes); resampled to the session's rate"
+    )
     live.add_argument("output", type=Path, help="the MP4 to write")
     live.add_argument("--avatar", required=True, help="avatar id (CreateAvatar's)")
     address = os.environ.get("LIPLINE_ADDRESS", "127.0.0.1:50051")
-    live.add_argument("--address", default=address, help="the gateway (default: $LIPLINE_ADDRESS, else 127.0.0.1:50051)")
+    live.add_argument(
+        "--address", default=address, help="the gateway (default: $LIPLINE_ADDRESS, else 127.0.0.1:50051)"
+    )
     live.add_argument("--api-key", default=None, help="API key (default $LIPLINE_API_KEY)")
     live.add_argument("--codec", choices=["h264", "jpeg"], default="h264")
     live.add_argument("--sample-rate", type=int, default=16000, choices=[16000, 24000, 48000])
-    live.add_argument("--max-height", type=int, default=0, help="scale the frames down to at most this height (0: the avatar's)")
+    live.add_argument(
+        "--max-height", type=int, default=0, help="scale the frames down to at most this height (0: the avatar's)"
+    )
     live.add_argument("--fps", type=float, default=0.0, help="frame rate (0: the avatar's)")
     live.add_argument("--chunk-ms", type=int, default=CHUNK_MS, help="audio chunk length (10-100 ms)")
     live.add_argument("--super-resolution", action="store_true")

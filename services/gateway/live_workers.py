@@ -43,7 +43,9 @@ CLOSE_TIMEOUT_S = 5.0
 # A call to a worker that is going away (killed, draining, its server stopping) ends with one of
 # these, depending on the moment: gRPC says "Internal error from Core" or CANCELLED for a call cut
 # while its server shuts down. The session does not live there: another worker may take it.
-GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+GONE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+)
 # A worker answering these to OpenSession cannot take the session now; the next worker may.
 _SKIP = GONE | {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
 
@@ -55,7 +57,9 @@ class LiveWorkerError(LiplineError):
     def __init__(self, exc: grpc.aio.AioRpcError, message: str = "", code: grpc.StatusCode | None = None) -> None:
         super().__init__(message or exc.details() or exc.code().name)
         self.code = code or exc.code()
-        self._trailing = tuple((k, v) for k, v in (exc.trailing_metadata() or ()) if k == RETRY_AFTER_HEADER and isinstance(v, str))
+        self._trailing = tuple(
+            (k, v) for k, v in (exc.trailing_metadata() or ()) if k == RETRY_AFTER_HEADER and isinstance(v, str)
+        )
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._trailing
@@ -77,7 +81,9 @@ def call_metadata(tenant: str, request_id: str = "") -> list[tuple[str, str]]:
 class LiveWorkers:
     """Placement on, and channels to, the live workers the job store lists."""
 
-    def __init__(self, jobs: JobStore, max_message_bytes: int, fresh_s: float, open_timeout_s: float, retry_after_ms: int) -> None:
+    def __init__(
+        self, jobs: JobStore, max_message_bytes: int, fresh_s: float, open_timeout_s: float, retry_after_ms: int
+    ) -> None:
         self.jobs = jobs
         self.fresh_s, self.open_timeout_s, self.retry_after_ms = fresh_s, open_timeout_s, retry_after_ms
         self._max_message_bytes = max_message_bytes
@@ -86,7 +92,9 @@ class LiveWorkers:
 
     def stub(self, address: str) -> live_pb2_grpc.LiveServiceStub:
         """A stub on the worker's channel (opened on first use, kept for the next call)."""
-        channel = self._channels.pop(address, None) or open_channel(address, self._max_message_bytes, extra_options=RECONNECT_OPTIONS)
+        channel = self._channels.pop(address, None) or open_channel(
+            address, self._max_message_bytes, extra_options=RECONNECT_OPTIONS
+        )
         self._channels[address] = channel
         while len(self._channels) > MAX_CHANNELS:  # the least recently used: a worker long gone, most likely
             _, old = self._channels.popitem(last=False)
@@ -95,7 +103,14 @@ class LiveWorkers:
             closing.add_done_callback(self._closing.discard)
         return live_pb2_grpc.LiveServiceStub(channel)
 
-    async def place(self, session: session_pb2.Session, tenant: str, resume: bool, request_id: str = "", avoid: frozenset[str] = frozenset()) -> LiveWorker:
+    async def place(
+        self,
+        session: session_pb2.Session,
+        tenant: str,
+        resume: bool,
+        request_id: str = "",
+        avoid: frozenset[str] = frozenset(),
+    ) -> LiveWorker:
         """OpenSession on the fresh worker with the most room that takes it (those in `avoid`, e.g.
         the one that just failed the session, last); NoCapacity (with the workers' retry-after hint,
         else the deployment's) when none does. Any other error of a worker (the avatar cannot be
@@ -103,10 +118,14 @@ class LiveWorkers:
         workers = await self.jobs.live_workers(self.fresh_s)
         hint, refused = self.retry_after_ms, []
         request = live_pb2.OpenSessionRequest(session=session, tenant=tenant, resume=resume)
-        candidates = sorted((w for w in workers if w.free_by_leases > 0), key=lambda w: w.id in avoid)  # stable: room order kept
+        candidates = sorted(
+            (w for w in workers if w.free_by_leases > 0), key=lambda w: w.id in avoid
+        )  # stable: room order kept
         for worker in candidates:
             try:
-                await self.stub(worker.address).OpenSession(request, metadata=call_metadata(tenant, request_id), timeout=self.open_timeout_s)
+                await self.stub(worker.address).OpenSession(
+                    request, metadata=call_metadata(tenant, request_id), timeout=self.open_timeout_s
+                )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _SKIP:
                     raise LiveWorkerError(exc) from exc
@@ -115,7 +134,13 @@ class LiveWorkers:
                     hint = retry_after_ms(exc) or hint
                 else:  # it may have leased the session before it stopped answering: let the next one take it
                     await self.jobs.release_session(session.id, worker.id)
-                _LOGGER.info("live worker refused session %s (%s): %s", session.id, exc.code().name, exc.details(), extra={"worker": worker.id})
+                _LOGGER.info(
+                    "live worker refused session %s (%s): %s",
+                    session.id,
+                    exc.code().name,
+                    exc.details(),
+                    extra={"worker": worker.id},
+                )
                 continue
             return worker
         full = sum(1 for w in workers if w.free_by_leases <= 0)
@@ -132,10 +157,18 @@ class LiveWorkers:
         lease renewal)."""
         try:
             await self.stub(address).CloseSession(
-                session_pb2.CloseSessionRequest(session_id=session_id), metadata=call_metadata(tenant, request_id), timeout=CLOSE_TIMEOUT_S
+                session_pb2.CloseSessionRequest(session_id=session_id),
+                metadata=call_metadata(tenant, request_id),
+                timeout=CLOSE_TIMEOUT_S,
             )
         except grpc.aio.AioRpcError as exc:
-            _LOGGER.info("CloseSession %s on live worker %s: %s (%s); marking it closed", session_id, address, exc.code().name, exc.details())
+            _LOGGER.info(
+                "CloseSession %s on live worker %s: %s (%s); marking it closed",
+                session_id,
+                address,
+                exc.code().name,
+                exc.details(),
+            )
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), OrderedDict()

@@ -34,25 +34,25 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb2_grpc, session_pb2
+from services.gateway.avatars import AvatarUpload, add_avatar
+from services.gateway.converse import converse
+from services.gateway.janitor import AvatarJanitor, purge_deleted_avatars
+from services.gateway.jobs import job_to_proto
+from services.gateway.live_workers import LiveWorkers
+from services.gateway.sessions import SessionRequest, check_session_id, close_session, create_session, session_to_proto
+from services.gateway.settings import GatewaySettings
+from services.gateway.submit import Caller, JobRequest, submit_job
 from services.jobs.avatars import is_avatar_id
+from services.jobs.integrity import OutputCheck, damaged
+from services.jobs.layout import job_prefix, output_key
+from services.jobs.store import close_stores, open_stores
+from services.jobs.store.jobs import AvatarRecord, JobState
 from services.serving.discovery import DiscoveredStageClients
 from services.serving.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
 from services.serving.interceptor import CLIENT_ID, REQUEST_ID, TENANT
-from services.jobs.integrity import OutputCheck, damaged
-from services.jobs.layout import job_prefix, output_key
 from services.serving.server import Service
-from services.jobs.store import close_stores, open_stores
-from services.jobs.store.jobs import AvatarRecord, JobState
 from services.serving.tenants import IMPLICIT_TENANT
 from services.serving.tracing import context_carrier
-from services.gateway.avatars import AvatarUpload, add_avatar
-from services.gateway.converse import converse
-from services.gateway.live_workers import LiveWorkers
-from services.gateway.sessions import SessionRequest, check_session_id, close_session, create_session, session_to_proto
-from services.gateway.janitor import AvatarJanitor, purge_deleted_avatars
-from services.gateway.jobs import job_to_proto
-from services.gateway.settings import GatewaySettings
-from services.gateway.submit import Caller, JobRequest, submit_job
 
 _LOGGER = logging.getLogger(__name__)
 WATCH_HEARTBEAT_S = 5.0  # WatchJob re-sends the job at least this often (progress of long stages, liveness)
@@ -114,7 +114,9 @@ def download_chunk_bytes(requested: int, max_message_bytes: int) -> int:
     return max(DOWNLOAD_CHUNK_MIN, min(chunk, DOWNLOAD_CHUNK_MAX, max_message_bytes // 2))
 
 
-async def _avatar_upload(request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], max_bytes: int) -> AvatarUpload:
+async def _avatar_upload(
+    request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], max_bytes: int
+) -> AvatarUpload:
     """CreateAvatar's stream, decoded: the first non-empty name and photo_fps, every message's name
     bounded, the bytes joined (TooLarge past `max_bytes`, as soon as the stream crosses it)."""
     name, photo_fps, chunks, size = "", 0.0, [], 0
@@ -143,7 +145,9 @@ def _job_request(request: gateway_pb2.SubmitJobRequest, max_audio_bytes: int) ->
     if request.options.crf > 51:
         raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
     # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
-    options = gateway_pb2.JobOptions(super_resolution=request.options.super_resolution, crf=request.options.crf, loop=request.options.loop)
+    options = gateway_pb2.JobOptions(
+        super_resolution=request.options.super_resolution, crf=request.options.crf, loop=request.options.loop
+    )
     if options.loop not in gateway_pb2.JobOptions.LoopMode.values():
         raise InvalidRequest(f"loop {options.loop} is not one of PING_PONG (0) or WRAP (1)")
     _check_avatar_id(request.avatar_id)
@@ -156,17 +160,23 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     # -- avatars ------------------------------------------------------------------------------
 
-    async def CreateAvatar(self, request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], context: grpc.aio.ServicerContext) -> gateway_pb2.Avatar:
+    async def CreateAvatar(
+        self, request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.Avatar:
         svc = self._svc
         upload = await _avatar_upload(request_iterator, svc.settings.max_avatar_bytes)
         record = await add_avatar(svc.jobs, svc.blobs, svc.lipsync, svc.settings, upload, _tenant(), REQUEST_ID.get())
         return _avatar_proto(record)
 
-    async def GetAvatar(self, request: gateway_pb2.GetAvatarRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Avatar:
+    async def GetAvatar(
+        self, request: gateway_pb2.GetAvatarRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.Avatar:
         _check_avatar_id(request.avatar_id)
         return _avatar_proto(await asyncio.to_thread(self._svc.jobs.get_avatar, request.avatar_id, _tenant()))
 
-    async def ListAvatars(self, request: gateway_pb2.ListAvatarsRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListAvatarsResponse:
+    async def ListAvatars(
+        self, request: gateway_pb2.ListAvatarsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListAvatarsResponse:
         """The oldest MAX_LIST_AVATARS avatars, and never more than half the message limit in bytes
         (names are bounded, so 1000 avatars take at most ~1.3 MB; the byte bound matters only when
         max_message_bytes is set near its 1 MiB minimum)."""
@@ -180,7 +190,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             response.avatars.append(avatar)
         return response
 
-    async def DeleteAvatar(self, request: gateway_pb2.DeleteAvatarRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.DeleteAvatarResponse:
+    async def DeleteAvatar(
+        self, request: gateway_pb2.DeleteAvatarRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.DeleteAvatarResponse:
         """Gone for the tenant at once; its data is purged now if no QUEUED or RUNNING job uses it,
         else by the janitor once they have finished (they keep rendering from it)."""
         svc = self._svc
@@ -194,7 +206,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     # -- jobs -----------------------------------------------------------------------------------
 
-    async def SubmitJob(self, request: gateway_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
+    async def SubmitJob(
+        self, request: gateway_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.Job:
         svc = self._svc
         job_request = _job_request(request, svc.settings.max_audio_bytes)
         caller = Caller(_tenant(), CLIENT_ID.get(), REQUEST_ID.get(), context_carrier())
@@ -204,7 +218,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         _check_job_id(request.job_id)
         return job_to_proto(await asyncio.to_thread(self._svc.jobs.get_job, request.job_id, _tenant()))
 
-    async def CancelJob(self, request: gateway_pb2.CancelJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
+    async def CancelJob(
+        self, request: gateway_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.Job:
         svc = self._svc
         _check_job_id(request.job_id)
         tenant = _tenant()
@@ -217,7 +233,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             _LOGGER.info("job cancelled", extra={"job_id": job.id})
         return job_to_proto(job)
 
-    async def WatchJob(self, request: gateway_pb2.WatchJobRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gateway_pb2.JobEvent]:
+    async def WatchJob(
+        self, request: gateway_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.JobEvent]:
         svc = self._svc
         _check_job_id(request.job_id)
         tenant = _tenant()
@@ -245,7 +263,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         _check_job_id(request.job_id)
         job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, _tenant())
         if job.state != JobState.SUCCEEDED:
-            raise FailedPrecondition(f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED")
+            raise FailedPrecondition(
+                f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED"
+            )
         chunk = download_chunk_bytes(request.chunk_bytes, svc.settings.max_message_bytes)
         check = OutputCheck(job.id, job.output_bytes, job.output_sha256)
         try:
@@ -270,10 +290,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     # -- live sessions --------------------------------------------------------------------------
 
-    async def CreateSession(self, request: session_pb2.CreateSessionRequest, context: grpc.aio.ServicerContext) -> session_pb2.Session:
+    async def CreateSession(
+        self, request: session_pb2.CreateSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
         svc = self._svc
         _check_avatar_id(request.avatar_id)
-        row, token = await create_session(svc.jobs, svc.live, svc.settings, SessionRequest.from_proto(request), _tenant(), REQUEST_ID.get())
+        row, token = await create_session(
+            svc.jobs, svc.live, svc.settings, SessionRequest.from_proto(request), _tenant(), REQUEST_ID.get()
+        )
         return session_to_proto(row, resume_token=token)
 
     async def Converse(
@@ -282,13 +306,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         async for response in converse(self._svc.jobs, self._svc.live, request_iterator, _tenant(), REQUEST_ID.get()):
             yield response
 
-    async def GetSession(self, request: session_pb2.GetSessionRequest, context: grpc.aio.ServicerContext) -> session_pb2.Session:
+    async def GetSession(
+        self, request: session_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
         check_session_id(request.session_id)
         return session_to_proto(await self._svc.jobs.get_session(_tenant(), request.session_id))
 
-    async def CloseSession(self, request: session_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext) -> session_pb2.Session:
+    async def CloseSession(
+        self, request: session_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
         svc = self._svc
-        return session_to_proto(await close_session(svc.jobs, svc.live, _tenant(), request.session_id, REQUEST_ID.get()))
+        return session_to_proto(
+            await close_session(svc.jobs, svc.live, _tenant(), request.session_id, REQUEST_ID.get())
+        )
 
 
 class GatewayService(Service[GatewaySettings]):
@@ -312,11 +342,15 @@ class GatewayService(Service[GatewaySettings]):
                 "and every caller is the one tenant %r; set api_keys_file to give each client its own tenant",
                 IMPLICIT_TENANT,
             )
-        self.live = LiveWorkers(self.jobs, s.max_message_bytes, s.live_worker_fresh_s, s.live_open_timeout_s, s.session_retry_after_ms)
+        self.live = LiveWorkers(
+            self.jobs, s.max_message_bytes, s.live_worker_fresh_s, s.live_open_timeout_s, s.session_retry_after_ms
+        )
         self.janitor = AvatarJanitor(self.jobs, self.blobs, s.avatar_purge_interval_s)
         self.janitor.start()
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
-        self.clients = DiscoveredStageClients({"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes)
+        self.clients = DiscoveredStageClients(
+            {"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes
+        )
         await self.clients.start()
         await self.clients.wait_serving(s.stage_wait_s)
 

@@ -85,30 +85,42 @@ def output_size(width: int, height: int, max_height: int) -> tuple[int, int]:
     return max(2, cols), rows
 
 
-def resolve_session(request: SessionRequest, avatar: AvatarRecord, settings: GatewaySettings, session_id: str) -> session_pb2.Session:
+def resolve_session(
+    request: SessionRequest, avatar: AvatarRecord, settings: GatewaySettings, session_id: str
+) -> session_pb2.Session:
     """The session as its live worker runs it: every default filled in, every range checked
     (InvalidRequest naming the field and what it may be)."""
     s = settings
     rate = request.sample_rate or DEFAULT_SAMPLE_RATE
     if rate not in SAMPLE_RATES:
-        raise InvalidRequest(f"audio.sample_rate {rate} is not one of {', '.join(map(str, SAMPLE_RATES))} (PCM s16le mono)")
+        raise InvalidRequest(
+            f"audio.sample_rate {rate} is not one of {', '.join(map(str, SAMPLE_RATES))} (PCM s16le mono)"
+        )
     codec = request.codec or session_pb2.VIDEO_CODEC_H264
     if codec not in CODECS:
         raise InvalidRequest(f"video.codec {codec} is not one of VIDEO_CODEC_H264 (1) or VIDEO_CODEC_JPEG (2)")
     if request.max_height and request.max_height < MIN_HEIGHT:
-        raise InvalidRequest(f"video.max_height {request.max_height} is below {MIN_HEIGHT}; 0 keeps the avatar's size ({avatar.width}x{avatar.height})")
+        raise InvalidRequest(
+            f"video.max_height {request.max_height} is below {MIN_HEIGHT}; 0 keeps the avatar's size ({avatar.width}x{avatar.height})"
+        )
     if request.fps and not 1.0 <= request.fps <= MAX_FPS:
-        raise InvalidRequest(f"video.fps {request.fps:g} is outside 1..{MAX_FPS:g}; 0 keeps the avatar's ({avatar.fps:g})")
+        raise InvalidRequest(
+            f"video.fps {request.fps:g} is outside 1..{MAX_FPS:g}; 0 keeps the avatar's ({avatar.fps:g})"
+        )
     if request.crf > 51:
         raise InvalidRequest(f"video.crf {request.crf} is outside 0..51")
     if request.jpeg_quality > 100:
         raise InvalidRequest(f"video.jpeg_quality {request.jpeg_quality} is outside 1..100")
     limit = request.max_session_seconds or s.max_session_seconds
     if not 0 < limit <= s.max_session_seconds:
-        raise InvalidRequest(f"limits.max_session_seconds {limit:g} is outside 0..{s.max_session_seconds:g} (this deployment's limit; 0 = that limit)")
+        raise InvalidRequest(
+            f"limits.max_session_seconds {limit:g} is outside 0..{s.max_session_seconds:g} (this deployment's limit; 0 = that limit)"
+        )
     idle = request.idle_timeout_seconds or s.session_idle_timeout_s
     if not 0 < idle <= s.session_idle_timeout_s:
-        raise InvalidRequest(f"limits.idle_timeout_seconds {idle:g} is outside 0..{s.session_idle_timeout_s:g} (this deployment's limit; 0 = that limit)")
+        raise InvalidRequest(
+            f"limits.idle_timeout_seconds {idle:g} is outside 0..{s.session_idle_timeout_s:g} (this deployment's limit; 0 = that limit)"
+        )
     width, height = output_size(avatar.width, avatar.height, request.max_height)
     return session_pb2.Session(
         id=session_id,
@@ -172,13 +184,20 @@ async def stream_session(jobs: JobStore, tenant: str, session_id: str, resume_to
     check_session_id(session_id)
     row = await jobs.get_session(tenant, session_id)
     if not token_matches(resume_token, row.resume_token_sha256):
-        raise PermissionDenied(f"the resume token does not match session {session_id}: send the one CreateSession returned")
+        raise PermissionDenied(
+            f"the resume token does not match session {session_id}: send the one CreateSession returned"
+        )
     require_active(row)
     return row
 
 
 async def create_session(
-    jobs: JobStore, workers: LiveWorkers, settings: GatewaySettings, request: SessionRequest, tenant: str, request_id: str = ""
+    jobs: JobStore,
+    workers: LiveWorkers,
+    settings: GatewaySettings,
+    request: SessionRequest,
+    tenant: str,
+    request_id: str = "",
 ) -> tuple[SessionRow, str]:
     """A new session, placed on a live worker: the tenant's avatar (NotFound otherwise), the request
     resolved (InvalidRequest), the row stored (the avatar checked again in its transaction; TooLarge
@@ -205,12 +224,20 @@ async def create_session(
         raise
     _LOGGER.info(
         "session created",
-        extra={"session_id": session_id, "avatar_id": avatar.id, "worker": worker.id, "size": f"{session.width}x{session.height}", "request_id": request_id},
+        extra={
+            "session_id": session_id,
+            "avatar_id": avatar.id,
+            "worker": worker.id,
+            "size": f"{session.width}x{session.height}",
+            "request_id": request_id,
+        },
     )
     return await jobs.get_session(tenant, session_id), token
 
 
-async def close_session(jobs: JobStore, workers: LiveWorkers, tenant: str, session_id: str, request_id: str = "") -> SessionRow:
+async def close_session(
+    jobs: JobStore, workers: LiveWorkers, tenant: str, session_id: str, request_id: str = ""
+) -> SessionRow:
     """CLOSED: its worker told first (it frees the slot and ends the stream), then the row marked,
     whether or not the worker answered (a gone worker's session must end too)."""
     check_session_id(session_id)

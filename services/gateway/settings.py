@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.serving.settings import StoreSettings, setting, address_field
+from services.serving.settings import StoreSettings, address_field, setting
 from services.serving.stages import STAGES
 
 
@@ -13,7 +13,9 @@ class GatewaySettings(StoreSettings):
     """Settings of the gateway: the public API. It keeps no state of its own (jobs and blobs live in the stores)."""
 
     port: int = setting(STAGES["gateway"].port, "gRPC port of the public API")
-    metrics_port: int = setting(STAGES["gateway"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    metrics_port: int = setting(
+        STAGES["gateway"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)"
+    )
     audio_address: str = address_field(STAGES["audio"].local_address, "audio")
     lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync (DetectFaces for CreateAvatar)")
     max_audio_bytes: int = setting(50 * 1024 * 1024, "largest audio file of a job")
@@ -21,7 +23,9 @@ class GatewaySettings(StoreSettings):
     max_avatar_bytes: int = setting(200 * 1024 * 1024, "largest avatar upload")
     max_avatar_frames: int = setting(1500, "most frames of an avatar video (60 s at 25 fps)")
     max_avatar_pixels: int = setting(1920 * 1080, "largest avatar frame size in pixels")
-    max_active_jobs: int = setting(256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED")
+    max_active_jobs: int = setting(
+        256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED"
+    )
     max_active_jobs_per_client: int = setting(
         32,
         "queued + running jobs of one client (the job's owner: its API key's tenant when API keys are on, else its x-api-key "
@@ -53,14 +57,20 @@ class GatewaySettings(StoreSettings):
         "and the longest it may ask for (more is INVALID_ARGUMENT); the live workers' idle_timeout_s must be at least this",
     )
     max_sessions_per_tenant: int = setting(
-        0, "live sessions one tenant may hold open at once; more are rejected RESOURCE_EXHAUSTED; 0 = no cap (the live workers' capacity still holds)"
+        0,
+        "live sessions one tenant may hold open at once; more are rejected RESOURCE_EXHAUSTED; 0 = no cap (the live workers' capacity still holds)",
     )
     live_worker_fresh_s: float = setting(
-        5.0, "a live worker whose last heartbeat in the job store is older than this is not given sessions (it died or lost the store)"
+        5.0,
+        "a live worker whose last heartbeat in the job store is older than this is not given sessions (it died or lost the store)",
     )
-    live_open_timeout_s: float = setting(30.0, "how long a live worker's OpenSession may take (it loads the avatar, which may be its first use on that worker)")
+    live_open_timeout_s: float = setting(
+        30.0,
+        "how long a live worker's OpenSession may take (it loads the avatar, which may be its first use on that worker)",
+    )
     session_retry_after_ms: int = setting(
-        2000, "the retry-after-ms hint of a CreateSession refused because no live worker has room (when the workers gave none)"
+        2000,
+        "the retry-after-ms hint of a CreateSession refused because no live worker has room (when the workers gave none)",
     )
     segment_seconds: float = setting(2.0, "length of a render segment (the unit of work a render worker claims)")
     stage_wait_s: float = setting(60.0, "at start-up, how long to wait for the stages to be SERVING")
@@ -75,7 +85,9 @@ class GatewaySettings(StoreSettings):
         if self.max_active_jobs < 1:
             problems.append(f"max_active_jobs must be >= 1, got {self.max_active_jobs}")
         if self.max_active_jobs_per_client < 0:
-            problems.append(f"max_active_jobs_per_client must be >= 0 (0 = no cap), got {self.max_active_jobs_per_client}")
+            problems.append(
+                f"max_active_jobs_per_client must be >= 0 (0 = no cap), got {self.max_active_jobs_per_client}"
+            )
         if not 1 <= self.max_session_seconds <= 7 * 86400:
             problems.append(f"max_session_seconds must be in 1..604800 (a week), got {self.max_session_seconds}")
         if not 1 <= self.session_idle_timeout_s <= 86400:

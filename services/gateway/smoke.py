@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
             # Avatar ids are content-addressed: a user's avatar made from the same sample must survive.
             existing = client.avatar_ids()
             avatar, job = render_file(
-                client, args.avatar, args.audio, output, super_resolution=not args.no_super_resolution, write=lambda line: print(line, flush=True)
+                client,
+                args.avatar,
+                args.audio,
+                output,
+                super_resolution=not args.no_super_resolution,
+                write=lambda line: print(line, flush=True),
             )
         except grpc.RpcError as exc:
             print(f"smoke: the gateway at {args.address} answered {exc.code().name}: {exc.details()}", file=sys.stderr)

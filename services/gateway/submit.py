@@ -21,23 +21,24 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc
-from services.serving.channels import StageFailed
-from services.media.wire import MEL_BANDS, MEL_BYTES, MEL_STEP
-from services.serving.errors import InvalidMedia, TooLarge
-from services.jobs.layout import job_prefix, mels_key, segment_indices, upload_key
-from services.jobs.segment_audio import pack_segment_audio
-from services.media.speech import speech_envelope
-from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import Job, JobStore, NewJob
-from services.serving.tracing import outgoing_metadata
 from services.gateway.jobs import segment_bounds
 from services.gateway.settings import GatewaySettings
+from services.jobs.layout import job_prefix, mels_key, segment_indices, upload_key
+from services.jobs.segment_audio import pack_segment_audio
+from services.jobs.store.blobs import BlobStore
+from services.jobs.store.jobs import Job, JobStore, NewJob
+from services.media.speech import speech_envelope
+from services.media.wire import MEL_BANDS, MEL_BYTES, MEL_STEP
+from services.serving.channels import StageFailed
+from services.serving.errors import InvalidMedia, TooLarge
+from services.serving.tracing import outgoing_metadata
 
 _LOGGER = logging.getLogger(__name__)
 _CHUNK = 1 << 20
@@ -62,7 +63,7 @@ async def extract_windows(
     """All mel windows of the clip from the audio stage, (frames, 2560) bytes as uint8 (float16
     inside), and the clip's decoded length in seconds. The stage refuses audio over `max_seconds`."""
 
-    async def requests():  # type: ignore[no-untyped-def]
+    async def requests() -> AsyncIterator[audio_pb2.ExtractRequest]:
         options = audio_pb2.ExtractOptions(fps=fps, max_seconds=max_seconds)
         yield audio_pb2.ExtractRequest(options=options, data=data[:_CHUNK])
         for start in range(_CHUNK, len(data), _CHUNK):
@@ -165,7 +166,9 @@ async def submit_job(
         raise TooLarge(f"{stats.active_jobs} jobs are queued or running (limit {s.max_active_jobs}); retry later")
     job_id = uuid.uuid4().hex[:20]
     try:
-        prepared = await prepare_audio(blobs, audio, job_id, request.audio, avatar.fps, s.max_audio_seconds, s.segment_seconds, caller.request_id)
+        prepared = await prepare_audio(
+            blobs, audio, job_id, request.audio, avatar.fps, s.max_audio_seconds, s.segment_seconds, caller.request_id
+        )
         new = NewJob(
             job_id,
             avatar.id,
@@ -187,6 +190,11 @@ async def submit_job(
         raise
     _LOGGER.info(
         "job submitted",
-        extra={"job_id": job.id, "avatar_id": avatar.id, "audio_s": round(job.audio_seconds, 3), "segments": job.segments_total},
+        extra={
+            "job_id": job.id,
+            "avatar_id": avatar.id,
+            "audio_s": round(job.audio_seconds, 3),
+            "segments": job.segments_total,
+        },
     )
     return job

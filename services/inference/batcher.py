@@ -106,6 +106,11 @@ class DynamicBatcher(Generic[In, Out]):
     async def _loop(self) -> None:
         slots = asyncio.Semaphore(self.concurrency)
         running: set[asyncio.Task] = set()
+
+        def finished(task: asyncio.Task) -> None:
+            running.discard(task)
+            slots.release()
+
         try:
             while True:
                 await slots.acquire()  # at most `concurrency` batches in the model at once
@@ -119,7 +124,7 @@ class DynamicBatcher(Generic[In, Out]):
                     continue
                 task = asyncio.create_task(self._dispatch(batch))
                 running.add(task)
-                task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+                task.add_done_callback(finished)
         finally:
             for task in running:
                 task.cancel()

@@ -57,7 +57,9 @@ def read_checkpoint(path: str | Path, entries: Sequence[str]) -> dict[str, torch
             return dict(blob[entry])
     if blob and all(isinstance(v, torch.Tensor) for v in blob.values()):
         return dict(blob)
-    raise CheckpointError(f"checkpoint {path} has none of the entries {list(entries)} (found {sorted(map(str, blob))[:8]})")
+    raise CheckpointError(
+        f"checkpoint {path} has none of the entries {list(entries)} (found {sorted(map(str, blob))[:8]})"
+    )
 
 
 def load_strict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], source: str) -> nn.Module:

@@ -8,8 +8,8 @@ import logging
 
 import torch
 
-from services.serving.settings import Device, ServiceSettings
 from services.serving.metrics import Metrics
+from services.serving.settings import Device, ServiceSettings
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -63,7 +63,9 @@ def prepare_device(settings: ServiceSettings, metrics: Metrics) -> torch.device:
     if device.type == "cuda":
         metrics.cudnn_ok.labels(metrics.stage).set(1 if ok else 0)
         level = logging.INFO if ok else logging.ERROR
-        _LOGGER.log(level, "cuDNN self-check: %s", detail, extra={"cudnn_ok": ok, "gpu": torch.cuda.get_device_name(device)})
+        _LOGGER.log(
+            level, "cuDNN self-check: %s", detail, extra={"cudnn_ok": ok, "gpu": torch.cuda.get_device_name(device)}
+        )
         if not ok and settings.require_cudnn:
             raise RuntimeError(f"cuDNN self-check failed and require_cudnn is set: {detail}")
     return device

@@ -79,7 +79,9 @@ class BatchStreams:
 Size = tuple[int, int]  # (width, height), cv2 order
 
 
-def group_rows_by_size(rows: torch.Tensor, sizes: Sequence[Size], pin: bool) -> tuple[torch.Tensor, list[tuple[Size, list[int]]]]:
+def group_rows_by_size(
+    rows: torch.Tensor, sizes: Sequence[Size], pin: bool
+) -> tuple[torch.Tensor, list[tuple[Size, list[int]]]]:
     """Reorder `rows` (batch first) so that the rows of each output size are one contiguous slice.
 
     Returns the reordered rows and the groups in their order: [(size, positions in `rows`)]. Both
@@ -136,15 +138,15 @@ class DeviceBatchEngine(abc.ABC, Generic[Chunk]):
         sizes: list[tuple[int, int]] = [(0, 0)] * n
         for (positions, images), data in zip(parts, self._to_host(parts)):
             _, h, w, _ = images.shape
-            view, step = memoryview(data), h * w * 3
+            view, step = data.data, h * w * 3  # the array's memoryview
             for j, pos in enumerate(positions):
                 views[pos] = view[j * step : (j + 1) * step]
                 sizes[pos] = (w, h)
         results, pos = [], 0
         for length in lengths:
             chunk = range(pos, pos + length)
-            data = b"".join(views[i] for i in chunk)
-            results.append(PackedImages([sizes[i][0] for i in chunk], [sizes[i][1] for i in chunk], data))
+            joined = b"".join(views[i] for i in chunk)
+            results.append(PackedImages([sizes[i][0] for i in chunk], [sizes[i][1] for i in chunk], joined))
             pos += length
         return results
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from typing import cast
 
 import torch
 from torch import nn
@@ -57,8 +58,11 @@ def _fold_into(conv: _Conv, bn: nn.BatchNorm2d) -> None:
     """Absorb `bn` (eval-mode statistics) into `conv`'s weight and bias, in place."""
     dtype = conv.weight.dtype
     # float64 for the arithmetic: the fold itself should add no error beyond the final rounding.
-    var = bn.running_var.double()
-    mean = bn.running_mean.double()
+    running_var, running_mean = bn.running_var, bn.running_mean
+    if running_var is None or running_mean is None:  # _foldable refuses such a BN
+        raise ValueError("a BatchNorm2d without running statistics cannot be folded")
+    var = running_var.double()
+    mean = running_mean.double()
     gamma = bn.weight.double() if bn.weight is not None else torch.ones_like(var)
     beta = bn.bias.double() if bn.bias is not None else torch.zeros_like(var)
     scale = gamma / torch.sqrt(var + bn.eps)  # (out,)
@@ -93,7 +97,7 @@ def fold_conv_bn(module: nn.Module) -> nn.Module:
     folded = copy.deepcopy(module).eval()
     pairs = _pairs(folded)
     for seq, i in pairs:
-        _fold_into(seq[i - 1], seq[i])
+        _fold_into(cast(_Conv, seq[i - 1]), cast(nn.BatchNorm2d, seq[i]))  # _foldable checked both
         seq[i] = nn.Identity()
     _LOGGER.debug("folded %d conv+BatchNorm2d pairs in %s", len(pairs), type(module).__name__)
     return folded

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,7 +62,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """--checkpoint | --seeded (exactly one), --out, --opset."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", type=Path, help="weights file (.pth)")
-    source.add_argument("--seeded", action="store_true", help="deterministic synthetic weights instead of a checkpoint (tests, benchmarks)")
+    source.add_argument(
+        "--seeded",
+        action="store_true",
+        help="deterministic synthetic weights instead of a checkpoint (tests, benchmarks)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="the .onnx file to write")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})")
 
@@ -72,8 +77,9 @@ def seeded(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
-def _describe(args: Sequence[object]) -> list[str]:
-    return [f"{a.name}[{','.join(str(d) for d in a.shape)}]" for a in args]  # type: ignore[attr-defined]
+def _describe(args: Sequence[Any]) -> list[str]:
+    """`name[dims]` of each of an onnxruntime session's inputs or outputs (its NodeArgs)."""
+    return [f"{a.name}[{','.join(str(d) for d in a.shape)}]" for a in args]
 
 
 def export_verified(
@@ -103,7 +109,13 @@ def export_verified(
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         export_onnx(
-            module.eval(), [x.float().cpu() for x in example], tmp, opset, input_names=input_names, output_names=[output_name], dynamic_axes=dynamic_axes
+            module.eval(),
+            [x.float().cpu() for x in example],
+            tmp,
+            opset,
+            input_names=input_names,
+            output_names=[output_name],
+            dynamic_axes=dynamic_axes,
         )
         with torch.inference_mode():
             want = reference.eval()(*[x.float().cpu() for x in verify_inputs])
@@ -117,11 +129,22 @@ def export_verified(
         max_abs = float((got_t.double() - want.double()).abs().max())
         shapes = " ".join(f"{n}{list(x.shape)}" for n, x in zip(input_names, verify_inputs))
         print(
-            f"verify ({shapes}; onnxruntime CPU vs torch fp32): max abs error {max_abs:.3e}, relative error {rel:.3e} (bound {max_rel_error:.0e})", flush=True
+            f"verify ({shapes}; onnxruntime CPU vs torch fp32): max abs error {max_abs:.3e}, relative error {rel:.3e} (bound {max_rel_error:.0e})",
+            flush=True,
         )
         if not rel <= max_rel_error:  # also catches NaN
-            raise ExportMismatch(f"ONNX output differs from torch: relative error {rel:.3e} > {max_rel_error:.0e} (max abs {max_abs:.3e}); {out} not written")
-        report = ExportReport(out, tmp.stat().st_size / 1e6, opset, _describe(session.get_inputs()), _describe(session.get_outputs()), max_abs, rel)
+            raise ExportMismatch(
+                f"ONNX output differs from torch: relative error {rel:.3e} > {max_rel_error:.0e} (max abs {max_abs:.3e}); {out} not written"
+            )
+        report = ExportReport(
+            out,
+            tmp.stat().st_size / 1e6,
+            opset,
+            _describe(session.get_inputs()),
+            _describe(session.get_outputs()),
+            max_abs,
+            rel,
+        )
         os.replace(tmp, out)
         return report
     finally:
@@ -132,7 +155,10 @@ def run_cli(export: Callable[[argparse.Namespace], ExportReport], args: argparse
     """Run `export(args)`, print the summary line; expected failures become one stderr line + exit code."""
     missing = [m for m in ("onnx", "onnxruntime") if importlib.util.find_spec(m) is None]
     if missing:
-        print(f"error: export needs {' and '.join(missing)} (pip install {' '.join(missing)}, or the dev extra)", file=sys.stderr)
+        print(
+            f"error: export needs {' and '.join(missing)} (pip install {' '.join(missing)}, or the dev extra)",
+            file=sys.stderr,
+        )
         return 2
     try:
         report = export(args)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence, Sized
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
@@ -26,18 +26,18 @@ from torch import nn
 from lipline.v1 import common_pb2
 from services.inference.backends import Backend, CompiledBackend, build_backend, numerics_check, resolve_backend_spec
 from services.inference.batcher import DynamicBatcher
-from services.serving.settings import ModelStageSettings
 from services.inference.device import prepare_device, resolve_pipeline_depth
 from services.media.packed import PackedImages
 from services.serving.metrics import Metrics
 from services.serving.server import Service
-from services.serving.streams import item_count, byte_ranges, message_budget, ordered_stream
+from services.serving.settings import ModelStageSettings
+from services.serving.streams import byte_ranges, item_count, message_budget, ordered_stream
 
 _LOGGER = logging.getLogger(__name__)
 Req = TypeVar("Req")
 Svc = TypeVar("Svc")
 S = TypeVar("S", bound=ModelStageSettings)
-Chunk = TypeVar("Chunk")
+Chunk = TypeVar("Chunk", bound=Sized)  # the batcher counts a chunk's items with len()
 Resp = TypeVar("Resp", bound="_HasModel")
 
 # Per request message: its items' keys (one or more index lists, one entry per item) and their images.
@@ -102,7 +102,13 @@ async def model_stream(
             yield response
 
 
-def finish_backend_start(backend: Backend, reference: nn.Module | None, inputs: Sequence[torch.Tensor], settings: ModelStageSettings, metrics: Metrics) -> None:
+def finish_backend_start(
+    backend: Backend,
+    reference: nn.Module | None,
+    inputs: Sequence[torch.Tensor],
+    settings: ModelStageSettings,
+    metrics: Metrics,
+) -> None:
     """After a model stage's warm-up passes: keep a fresh compile's artifacts, then the numerics guard.
 
     The guard skips an fp32 backend on the CPU (that *is* the reference computation); otherwise
@@ -157,7 +163,9 @@ def stage_backend_builder(
     return build
 
 
-async def start_backend(kind: str, build: Callable[[bool], Backend], warm: Callable[[Backend], Awaitable[None]]) -> Backend:
+async def start_backend(
+    kind: str, build: Callable[[bool], Backend], warm: Callable[[Backend], Awaitable[None]]
+) -> Backend:
     """Build and warm up a stage's backend; `auto`'s compile pick falls back to `torch` if it fails.
 
     `build(allow_compile)` makes the backend (`stage_backend_builder`) and `warm` runs its warm-up

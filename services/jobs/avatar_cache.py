@@ -31,8 +31,8 @@ import numpy as np
 
 from services.jobs.avatars import AvatarMeta, load_crops, load_meta, prefix
 from services.jobs.store.blobs import BlobStore
-from services.media.decode import open_avatar
 from services.media.composite import Compositor, I420Frames
+from services.media.decode import open_avatar
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -96,7 +96,12 @@ class AvatarCache:
         source = self._blobs.get(prefix(avatar_id) + "source")
         # The same decode as CreateAvatar's; the limits are the avatar's own (the source may be one
         # pixel wider and taller than the frames, which are cropped to even sizes).
-        frames = open_avatar(source, photo_fps=meta.photo_fps, max_frames=max(meta.frame_count, 1), max_pixels=(meta.width + 1) * (meta.height + 1))
+        frames = open_avatar(
+            source,
+            photo_fps=meta.photo_fps,
+            max_frames=max(meta.frame_count, 1),
+            max_pixels=(meta.width + 1) * (meta.height + 1),
+        )
         del source
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp.npy")
         try:
@@ -109,12 +114,16 @@ class AvatarCache:
                         )
                     writer.write(frame)
                 if writer.count != meta.frame_count:
-                    raise RuntimeError(f"avatar {avatar_id}: the source decoded to {writer.count} frames, its meta says {meta.frame_count}")
+                    raise RuntimeError(
+                        f"avatar {avatar_id}: the source decoded to {writer.count} frames, its meta says {meta.frame_count}"
+                    )
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _LOGGER.info("avatar cached", extra={"avatar_id": avatar_id, "frames": meta.frame_count, "bytes": path.stat().st_size})
+        _LOGGER.info(
+            "avatar cached", extra={"avatar_id": avatar_id, "frames": meta.frame_count, "bytes": path.stat().st_size}
+        )
 
     def _make_room(self, needed: int, keep: str) -> None:
         """Deletes least recently used cache files of avatars not open until ``needed`` more bytes fit the budget."""
@@ -168,13 +177,17 @@ class I420Writer:
         self._expected = count
         self._height, self._width = height, width
         self._file = open(path, "wb")
-        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False, "shape": (count, height * 3 // 2, width)}
+        header = {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
+            "fortran_order": False,
+            "shape": (count, height * 3 // 2, width),
+        }
         np.lib.format.write_array_header_1_0(self._file, header)
         self._i420 = np.empty((height * 3 // 2, width), np.uint8)
 
     def write(self, frame_bgr: np.ndarray) -> None:
         converted = cv2.cvtColor(np.ascontiguousarray(frame_bgr), cv2.COLOR_BGR2YUV_I420, dst=self._i420)
-        self._file.write(memoryview(np.ascontiguousarray(converted)).cast("B"))
+        self._file.write(np.ascontiguousarray(converted).data.cast("B"))
         self.count += 1
 
     def __enter__(self) -> I420Writer:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from services.media.crops import Box
 from services.jobs.store.blobs import BlobStore
+from services.media.crops import Box
 
 
 def new_avatar_id() -> str:

@@ -54,4 +54,6 @@ class OutputCheck:
         if self.seen != self.expected_bytes:
             raise damaged(self.job_id, f"{self.seen} of {self.expected_bytes} bytes")
         if self._hash is not None and self._hash.hexdigest() != self.expected_sha256:
-            raise damaged(self.job_id, "checksum mismatch (sha256 of the stored bytes differs from the one recorded at the join)")
+            raise damaged(
+                self.job_id, "checksum mismatch (sha256 of the stored bytes differs from the one recorded at the join)"
+            )

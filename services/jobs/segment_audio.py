@@ -37,7 +37,9 @@ def pack_segment_audio(windows: np.ndarray, speech: np.ndarray) -> bytes:
 def unpack_segment_audio(data: bytes, frames: int) -> SegmentAudio:
     windows_only = frames * MEL_BYTES
     if len(data) not in (windows_only, windows_only + frames * ENVELOPE_BYTES):
-        raise ValueError(f"segment audio blob has {len(data)} bytes; {frames} frames need {windows_only + frames * ENVELOPE_BYTES}")
+        raise ValueError(
+            f"segment audio blob has {len(data)} bytes; {frames} frames need {windows_only + frames * ENVELOPE_BYTES}"
+        )
     mels = np.frombuffer(data, dtype="<f2", count=frames * MEL_BANDS * MEL_STEP).reshape(frames, MEL_BANDS, MEL_STEP)
     speech = np.frombuffer(data, dtype="<f2", offset=windows_only) if len(data) > windows_only else None
     return SegmentAudio(mels, speech)

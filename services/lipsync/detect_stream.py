@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from services.media.crops import Box
 from services.lipsync.faces import prepare_boxes
 from services.lipsync.occlusion import (
     OcclusionConfig,
@@ -34,6 +33,7 @@ from services.lipsync.occlusion import (
     scores_from_features,
     second_pass_boxes,
 )
+from services.media.crops import Box
 
 __all__ = ["SETTLE_EVERY", "SETTLE_LAG", "FaceStream"]
 
@@ -136,7 +136,9 @@ class FaceStream:
             if i >= len(self.raw):
                 raise ValueError(f"the frames were sent again with more than the {len(self.raw)} of the first sending")
             if frame.shape != self._shape:
-                raise ValueError(f"frame {i} sent again is {frame.shape[1]}x{frame.shape[0]}, the first sending's was {self._shape[1]}x{self._shape[0]}")  # type: ignore[index]
+                raise ValueError(
+                    f"frame {i} sent again is {frame.shape[1]}x{frame.shape[0]}, the first sending's was {self.size[1]}x{self.size[0]}"
+                )
             if i in self._again:
                 box = self._second[i]
                 assert box is not None
@@ -150,7 +152,10 @@ class FaceStream:
         self._finish()
 
     def _finish(self) -> None:
-        features = [self._again[i] if i in self._again else f if self._second[i] is not None else None for i, f in enumerate(self._features)]
+        features = [
+            self._again[i] if i in self._again else f if self._second[i] is not None else None
+            for i, f in enumerate(self._features)
+        ]
         covered = self._covered(self._second, features)
         height, width = self.size
         self.result = final_boxes(self.raw, self._boxes, covered, height, width, self._pads, self._smooth)

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from services.inference.backends import Backend
-from services.media.wire import MEL_BANDS, MEL_STEP
 from services.inference.engine import DeviceBatchEngine, Part, group_rows_by_size
-from services.serving.errors import InvalidRequest, TooLarge
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
+from services.media.wire import MEL_BANDS, MEL_STEP
+from services.serving.errors import InvalidRequest, TooLarge
 
 MEL_SHAPE = (MEL_BANDS, MEL_STEP)
 
@@ -35,7 +35,9 @@ def _resize(faces: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """(n, 96, 96, 3) uint8 -> (n, height, width, 3) uint8, bilinear like cv2.INTER_LINEAR."""
     if (width, height) == (IMG_SIZE, IMG_SIZE):
         return faces
-    resized = F.interpolate(faces.permute(0, 3, 1, 2).float(), size=(height, width), mode="bilinear", align_corners=False)
+    resized = F.interpolate(
+        faces.permute(0, 3, 1, 2).float(), size=(height, width), mode="bilinear", align_corners=False
+    )
     return resized.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
 
 
@@ -56,7 +58,9 @@ class CropBank:
     def add(self, crop_index: int, face: np.ndarray) -> None:
         """Register crop `crop_index` (a (96, 96, 3) uint8 BGR array); re-sending an index replaces it."""
         if face.shape != (IMG_SIZE, IMG_SIZE, 3):
-            raise InvalidRequest(f"reference crop {crop_index} is {face.shape[1]}x{face.shape[0]}; send {IMG_SIZE}x{IMG_SIZE}")
+            raise InvalidRequest(
+                f"reference crop {crop_index} is {face.shape[1]}x{face.shape[0]}; send {IMG_SIZE}x{IMG_SIZE}"
+            )
         with self._lock:
             if crop_index not in self._rows and len(self._rows) >= self.max_crops:
                 raise TooLarge(f"more than {self.max_crops} reference crops in one stream")
@@ -73,7 +77,9 @@ class CropBank:
         rows = np.fromiter((self._rows.get(int(c), -1) for c in crop_indices), dtype=np.int64, count=len(crop_indices))
         if (rows < 0).any():
             bad = int(np.argmax(rows < 0))
-            raise InvalidRequest(f"item for frame {int(frame_indices[bad])} names crop {int(crop_indices[bad])}, which this stream has not sent")
+            raise InvalidRequest(
+                f"item for frame {int(frame_indices[bad])} names crop {int(crop_indices[bad])}, which this stream has not sent"
+            )
         return rows
 
     def tensor(self) -> torch.Tensor:
@@ -150,7 +156,9 @@ class LipSyncEngine(DeviceBatchEngine[GenerateChunk]):
         x = model_inputs_torch(faces)  # prep.model_inputs' maths, on the device
         inputs = [mel_t, x]
         if self.reads_speech:
-            speech = np.concatenate([np.full(len(c), np.nan, np.float32) if c.speech is None else c.speech for c in chunks])
+            speech = np.concatenate(
+                [np.full(len(c), np.nan, np.float32) if c.speech is None else c.speech for c in chunks]
+            )
             inputs.append(torch.from_numpy(speech).to(self.device))
         with self.streams.compute():
             pred = self.backend.forward_device(*inputs)

@@ -38,7 +38,12 @@ def example_inputs(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tenso
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m services.lipsync.export", description=__doc__.split("\n")[0])
     add_common_arguments(parser)
-    parser.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=True, help="fold BatchNorm into the convolutions (default: on)")
+    parser.add_argument(
+        "--fold-bn",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fold BatchNorm into the convolutions (default: on)",
+    )
     return parser
 
 

@@ -73,7 +73,9 @@ class HaarFaceDetector:
     lipsync service runs concurrent DetectFaces calls on a thread pool).
     """
 
-    def __init__(self, max_side: int = 640, scale_factor: float = 1.1, min_neighbors: int = 5, min_size_frac: float = 0.08) -> None:
+    def __init__(
+        self, max_side: int = 640, scale_factor: float = 1.1, min_neighbors: int = 5, min_size_frac: float = 0.08
+    ) -> None:
         """
         Args:
             max_side: frames are downscaled so their longest side is at most this (speed; faces in
@@ -82,7 +84,7 @@ class HaarFaceDetector:
             min_size_frac: smallest face to accept, as a fraction of the (downscaled) shorter side;
                 rejects small false positives in the background.
         """
-        self._path = cv2.data.haarcascades + "haarcascade_frontalface_default.xml"
+        self._path = cv2.data.haarcascades + "haarcascade_frontalface_default.xml"  # type: ignore[attr-defined]  # cv2.data is missing from OpenCV's stubs
         self._local = threading.local()
         self._classifier()  # fail at start-up, not at the first request
         self.max_side = max_side
@@ -111,7 +113,9 @@ class HaarFaceDetector:
         # Equalising makes the cascade robust to dim or low-contrast footage.
         gray = cv2.equalizeHist(gray)
         min_side = max(24, int(self.min_size_frac * min(gray.shape[:2])))
-        found, votes = self._classifier().detectMultiScale2(gray, scaleFactor=self.scale_factor, minNeighbors=self.min_neighbors, minSize=(min_side, min_side))
+        found, votes = self._classifier().detectMultiScale2(
+            gray, scaleFactor=self.scale_factor, minNeighbors=self.min_neighbors, minSize=(min_side, min_side)
+        )
         if len(found) == 0:
             return None
         # The speaker is the largest face (upstream likewise keeps one face per frame), but only
@@ -189,7 +193,12 @@ def _hysteresis_round(x: np.ndarray, margin: float) -> np.ndarray:
 
 
 def steady_boxes(
-    boxes: np.ndarray, height: int, width: int, half: int = STEADY_HALF, order: int = STEADY_ORDER, hysteresis: float = STEADY_HYSTERESIS
+    boxes: np.ndarray,
+    height: int,
+    width: int,
+    half: int = STEADY_HALF,
+    order: int = STEADY_ORDER,
+    hysteresis: float = STEADY_HYSTERESIS,
 ) -> np.ndarray:
     """Detector jitter removed without lag: (N, 4) int boxes -> (N, 4) int64 boxes inside the frame.
 
@@ -208,7 +217,9 @@ def steady_boxes(
     return out
 
 
-def drop_outlier_boxes(boxes: Sequence[Box | None], half: int = OUTLIER_HALF, fraction: float = OUTLIER_FRACTION) -> list[Box | None]:
+def drop_outlier_boxes(
+    boxes: Sequence[Box | None], half: int = OUTLIER_HALF, fraction: float = OUTLIER_FRACTION
+) -> list[Box | None]:
     """`boxes` with the isolated detector errors set to None (see OUTLIER_FRACTION).
 
     Judged against the detected boxes among the `half` frames on each side; with fewer than
@@ -226,12 +237,17 @@ def drop_outlier_boxes(boxes: Sequence[Box | None], half: int = OUTLIER_HALF, fr
         size = np.median(b[:, 2:] - b[:, :2], axis=0)
         own = np.array(box, dtype=np.float64)
         tolerance = fraction * float(size.mean())
-        if np.abs((own[:2] + own[2:]) / 2 - centre).max() > tolerance or np.abs((own[2:] - own[:2]) - size).max() > tolerance:
+        if (
+            np.abs((own[:2] + own[2:]) / 2 - centre).max() > tolerance
+            or np.abs((own[2:] - own[:2]) - size).max() > tolerance
+        ):
             out[i] = None
     return out
 
 
-def prepare_boxes(raw: Sequence[Box | None], height: int, width: int, pads: Sequence[int] = DEFAULT_PADS, smooth: bool = True) -> list[Box | None]:
+def prepare_boxes(
+    raw: Sequence[Box | None], height: int, width: int, pads: Sequence[int] = DEFAULT_PADS, smooth: bool = True
+) -> list[Box | None]:
     """Pad every detected box, then smooth within each contiguous run of frames that have a face.
 
     The smoothing is `steady_boxes` (centred local polynomial fit, no lag), not upstream's 5-frame
@@ -256,6 +272,6 @@ def prepare_boxes(raw: Sequence[Box | None], height: int, width: int, pads: Sequ
         while j < len(padded) and padded[j] is not None:
             j += 1
         run = steady_boxes(np.array(padded[i:j], dtype=np.int64), height, width)
-        out[i:j] = [tuple(int(v) for v in row) for row in run]
+        out[i:j] = [(int(x1), int(y1), int(x2), int(y2)) for x1, y1, x2, y2 in run]
         i = j
     return out

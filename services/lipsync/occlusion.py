@@ -30,10 +30,18 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from services.media.crops import Box
 from services.lipsync.faces import DEFAULT_PADS, prepare_boxes
+from services.media.crops import Box
 
-__all__ = ["OcclusionConfig", "final_boxes", "lower_face_scores", "mouth_covered", "scores_from_features", "second_pass_boxes", "visible_boxes"]
+__all__ = [
+    "OcclusionConfig",
+    "final_boxes",
+    "lower_face_scores",
+    "mouth_covered",
+    "scores_from_features",
+    "second_pass_boxes",
+    "visible_boxes",
+]
 
 CROP_SIDE = 48
 BLUR_SIGMA = 1.0  # px of the CROP_SIDE crop
@@ -93,7 +101,7 @@ def scores_from_features(features: Sequence[np.ndarray | None]) -> np.ndarray:
     idx = [i for i, f in enumerate(features) if f is not None]
     if not idx:
         return scores
-    feats = np.stack([features[i] for i in idx])  # type: ignore[misc]
+    feats = np.stack([f for f in features if f is not None])  # the frames of `idx`, in order
     typical = np.median(feats, axis=0)
     dist = np.sqrt(((feats - typical) ** 2).sum(axis=-1))
     scores[idx] = np.minimum(dist, PIXEL_CAP).mean(axis=(1, 2))
@@ -122,7 +130,9 @@ def covered_from_scores(scores: np.ndarray, config: OcclusionConfig = OcclusionC
     return covered & valid
 
 
-def mouth_covered(frames: Sequence[np.ndarray], boxes: Sequence[Box | None], config: OcclusionConfig = OcclusionConfig()) -> np.ndarray:
+def mouth_covered(
+    frames: Sequence[np.ndarray], boxes: Sequence[Box | None], config: OcclusionConfig = OcclusionConfig()
+) -> np.ndarray:
     """(N,) bool: True where a face was found but its lower face is hidden (hand, microphone, card).
 
     Args:
@@ -165,7 +175,13 @@ def visible_boxes(
 
 
 def second_pass_boxes(
-    raw: Sequence[Box | None], boxes: Sequence[Box | None], covered: np.ndarray, height: int, width: int, pads: Sequence[int], smooth: bool
+    raw: Sequence[Box | None],
+    boxes: Sequence[Box | None],
+    covered: np.ndarray,
+    height: int,
+    width: int,
+    pads: Sequence[int],
+    smooth: bool,
 ) -> list[Box | None]:
     """The boxes the second check judges: the flagged frames' own, the others' smoothed without the flagged."""
     clean = prepare_boxes([None if c else b for b, c in zip(raw, covered)], height, width, pads, smooth)
@@ -173,7 +189,13 @@ def second_pass_boxes(
 
 
 def final_boxes(
-    raw: Sequence[Box | None], boxes: Sequence[Box | None], covered: np.ndarray, height: int, width: int, pads: Sequence[int], smooth: bool
+    raw: Sequence[Box | None],
+    boxes: Sequence[Box | None],
+    covered: np.ndarray,
+    height: int,
+    width: int,
+    pads: Sequence[int],
+    smooth: bool,
 ) -> tuple[list[Box | None], np.ndarray]:
     """`visible_boxes`' answer once the second check flagged ``covered`` (``boxes``: the first pass's)."""
     if not covered.any():

@@ -88,7 +88,9 @@ class ProceduralLipSync(nn.Module):
         best = (valley + prior).argmin(dim=1)
         return rows[best].float().view(-1, 1, 1)
 
-    def forward(self, audio_sequences: torch.Tensor, face_sequences: torch.Tensor, speech: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, audio_sequences: torch.Tensor, face_sequences: torch.Tensor, speech: torch.Tensor | None = None
+    ) -> torch.Tensor:
         ref = face_sequences[:, 3:6]
         batch, _, height, width = ref.shape
         device = ref.device

@@ -12,20 +12,20 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.lipsync.settings import LipSyncSettings
 from services.inference.backends import Backend
-from services.media.wire import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items, unpack_speech
-from services.serving.errors import FailedPrecondition, InvalidRequest, TooLarge
-from services.inference.stage import Keys, ModelStage, StageServicer, model_stream
-from services.media.packed import PackedImages
 from services.inference.request_bounds import check_items_per_message, check_output_bytes
+from services.inference.stage import Keys, ModelStage, StageServicer, model_stream
 from services.lipsync import prep
-from services.lipsync.engine import MEL_SHAPE, GenerateChunk, LipSyncEngine
 from services.lipsync.detect_stream import FaceStream
+from services.lipsync.engine import MEL_SHAPE, GenerateChunk, LipSyncEngine
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector
 from services.lipsync.occlusion import OcclusionConfig
 from services.lipsync.procedural import ProceduralLipSync
+from services.lipsync.settings import LipSyncSettings
 from services.lipsync.wav2lip import load_wav2lip
+from services.media.packed import PackedImages
+from services.media.wire import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items, unpack_speech
+from services.serving.errors import FailedPrecondition, InvalidRequest, TooLarge
 
 _LOGGER = logging.getLogger(__name__)
 IMG = prep.IMG_SIZE
@@ -36,7 +36,7 @@ def check_pad_count(options: lipsync_pb2.DetectFacesOptions) -> tuple[int, int, 
     pads = tuple(options.pads) if options.pads else DEFAULT_PADS
     if len(pads) != 4:
         raise InvalidRequest(f"pads must be 4 numbers (top, bottom, left, right), got {list(pads)}")
-    return pads  # type: ignore[return-value]
+    return pads
 
 
 def check_pads(pads: tuple[int, int, int, int], height: int, width: int) -> None:
@@ -45,7 +45,9 @@ def check_pads(pads: tuple[int, int, int, int], height: int, width: int) -> None
     Why: a negative pad shrinks the box, and enough of it turns it inside out (pads of -10000 gave a
     degenerate box, not an error); a pad beyond the frame says nothing a clamp to the frame would not.
     """
-    for name, value, side, what in zip(("top", "bottom", "left", "right"), pads, (height, height, width, width), ("height", "height", "width", "width")):
+    for name, value, side, what in zip(
+        ("top", "bottom", "left", "right"), pads, (height, height, width, width), ("height", "height", "width", "width")
+    ):
         if not 0 <= value <= side:
             raise InvalidRequest(f"pads.{name} is {value}; it must be in 0..{side} (the frame's {what}) pixels")
 
@@ -71,16 +73,20 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
             frames = []
             for item in request.frames:
                 if item.index != position:
-                    raise InvalidRequest(f"frame index {item.index} where {position} was expected: frames are numbered 0, 1, 2... in the order sent")
+                    raise InvalidRequest(
+                        f"frame index {item.index} where {position} was expected: frames are numbered 0, 1, 2... in the order sent"
+                    )
                 if not again and position >= limit:
                     raise TooLarge(f"more than {limit} frames in one DetectFaces stream")
                 frame = image_from_proto(item.image, f"frame {item.index}")
                 first_shape = first_shape or frame.shape
                 if frame.shape != first_shape:
-                    raise InvalidRequest(f"all frames of one stream must have the same size, got {sorted({frame.shape, first_shape})}")
+                    raise InvalidRequest(
+                        f"all frames of one stream must have the same size, got {sorted({frame.shape, first_shape})}"
+                    )
                 frames.append(frame)
                 position += 1
-            if frames and stream is None:
+            if frames and first_shape is not None and stream is None:  # a frame sets first_shape
                 check_pads(pads, first_shape[0], first_shape[1])
                 if svc.detector is None:
                     raise FailedPrecondition("this lipsync replica runs without a face detector (--detector none)")
@@ -109,7 +115,9 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
             raise InvalidRequest("DetectFaces received no frames")
         if not ended:
             if again:
-                raise InvalidRequest(f"the stream ended after {position} of the {stream.frame_count} frames sent again, without end_of_frames")
+                raise InvalidRequest(
+                    f"the stream ended after {position} of the {stream.frame_count} frames sent again, without end_of_frames"
+                )
             if await asyncio.to_thread(stream.end):
                 if options is not None and options.resends:
                     raise InvalidRequest("the stream ended before the frames were sent again (send_again)")
@@ -119,17 +127,19 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
         assert stream.result is not None
         boxes, covered = stream.result
         found = sum(b is not None for b in boxes)
-        _LOGGER.info("detected faces", extra={"frames": len(boxes), "found": found, "mouth_covered": int(covered.sum())})
+        _LOGGER.info(
+            "detected faces", extra={"frames": len(boxes), "found": found, "mouth_covered": int(covered.sum())}
+        )
         for start in range(0, len(boxes), 256):
             yield lipsync_pb2.DetectFacesResponse(
                 faces=[
                     lipsync_pb2.FaceDetection(
                         index=i,
-                        found=boxes[i] is not None,
-                        box=common_pb2.Box(**dict(zip(("x1", "y1", "x2", "y2"), boxes[i]))) if boxes[i] else None,
+                        found=box is not None,
+                        box=common_pb2.Box(**dict(zip(("x1", "y1", "x2", "y2"), box))) if box else None,
                         mouth_covered=bool(covered[i]),
                     )
-                    for i in range(start, min(start + 256, len(boxes)))
+                    for i, box in enumerate(boxes[start : start + 256], start)
                 ]
             )
 
@@ -145,7 +155,9 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
             for crop in request.crops:
                 size = (crop.paste_width or IMG, crop.paste_height or IMG)
                 if max(size) > MAX_IMAGE_SIDE:  # at the edge, before it can reach a shared batch
-                    raise InvalidRequest(f"reference crop {crop.crop_index}: paste size {size[0]}x{size[1]} is above {MAX_IMAGE_SIDE} px per side")
+                    raise InvalidRequest(
+                        f"reference crop {crop.crop_index}: paste size {size[0]}x{size[1]} is above {MAX_IMAGE_SIDE} px per side"
+                    )
                 bank.add(crop.crop_index, image_from_proto(crop.image, f"reference crop {crop.crop_index}"))
                 paste[crop.crop_index] = size
             check_items_per_message(len(request.items.frame_indices), svc.settings.max_pending_per_stream)
@@ -195,7 +207,9 @@ class LipSyncService(ModelStage[LipSyncSettings, GenerateChunk]):
     def register(self, server: grpc.aio.Server) -> None:
         self.detector: HaarFaceDetector | None = None
         s = self.settings
-        self.occlusion = OcclusionConfig(s.occlusion_check, s.occlusion_mad_k, s.occlusion_min_score, s.occlusion_dilate)
+        self.occlusion = OcclusionConfig(
+            s.occlusion_check, s.occlusion_mad_k, s.occlusion_min_score, s.occlusion_dilate
+        )
         lipsync_pb2_grpc.add_LipSyncServiceServicer_to_server(LipSyncServicer(self), server)
 
     async def load(self) -> None:
@@ -227,7 +241,12 @@ class LipSyncService(ModelStage[LipSyncSettings, GenerateChunk]):
         guard_inputs = (torch.rand((8, 1, 80, 16), generator=gen) * 8 - 4, torch.rand((8, 6, IMG, IMG), generator=gen))
         # The procedural stand-in builds small host tensors per call: not safe to capture in a CUDA graph.
         self.backend = await self.start_model(
-            device, model, warm, guard_inputs, precision=s.precision or None, cuda_graphs=None if name == "wav2lip" else False
+            device,
+            model,
+            warm,
+            guard_inputs,
+            precision=s.precision or None,
+            cuda_graphs=None if name == "wav2lip" else False,
         )
         if s.detector == "haar":
             self.detector = HaarFaceDetector()

@@ -17,14 +17,20 @@ class LipSyncSettings(ModelStageSettings):
     """Settings of the lipsync service."""
 
     port: int = setting(STAGES["lipsync"].port, "gRPC port")
-    metrics_port: int = setting(STAGES["lipsync"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    metrics_port: int = setting(
+        STAGES["lipsync"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)"
+    )
     checkpoint: str = setting("", "wav2lip.pth / wav2lip_gan.pth; empty = the weight-free 'procedural' model")
     max_batch: int = setting(128, "largest model batch (Wav2Lip's inference default)")
     max_crops_per_stream: int = setting(4096, "reference crops one Generate stream may register")
     max_detect_frames: int = setting(3000, "frames one DetectFaces stream may send")
     detector: str = setting("haar", "face detector for DetectFaces: haar (OpenCV's bundled cascade) or none")
-    occlusion_check: bool = setting(True, "DetectFaces: frames whose lower face is hidden (hand, microphone, card) pass through unchanged")
-    occlusion_mad_k: float = setting(4.0, "a frame's lower face is covered above median + k * MAD of the avatar's scores")
+    occlusion_check: bool = setting(
+        True, "DetectFaces: frames whose lower face is hidden (hand, microphone, card) pass through unchanged"
+    )
+    occlusion_mad_k: float = setting(
+        4.0, "a frame's lower face is covered above median + k * MAD of the avatar's scores"
+    )
     occlusion_min_score: float = setting(0.8, "absolute floor of the covered-mouth threshold (a nearly still avatar)")
     occlusion_dilate: int = setting(2, "frames added on each side of a covered run (no flicker at its edges)")
     precision: str = setting("", "fp32, fp16 or bf16; empty = the backend's default (fp16 on CUDA, fp32 on CPU)")

@@ -39,7 +39,9 @@ class Conv2dBlock(nn.Module):
     The attribute names (`conv_block.0`, `conv_block.1`) are the checkpoint's key names.
     """
 
-    def __init__(self, cin: int, cout: int, kernel_size: _Pair, stride: _Pair, padding: _Pair, residual: bool = False) -> None:
+    def __init__(
+        self, cin: int, cout: int, kernel_size: _Pair, stride: _Pair, padding: _Pair, residual: bool = False
+    ) -> None:
         super().__init__()
         self.conv_block = nn.Sequential(nn.Conv2d(cin, cout, kernel_size, stride, padding), nn.BatchNorm2d(cout))
         self.act = nn.ReLU()
@@ -56,7 +58,9 @@ class Conv2dBlock(nn.Module):
 class ConvTranspose2dBlock(nn.Module):
     """ConvTranspose2d + BatchNorm2d + ReLU (never residual): upstream `models.conv.Conv2dTranspose`."""
 
-    def __init__(self, cin: int, cout: int, kernel_size: int, stride: int, padding: int, output_padding: int = 0) -> None:
+    def __init__(
+        self, cin: int, cout: int, kernel_size: int, stride: int, padding: int, output_padding: int = 0
+    ) -> None:
         super().__init__()
         self.conv_block = nn.Sequential(
             nn.ConvTranspose2d(cin, cout, kernel_size, stride, padding, output_padding),

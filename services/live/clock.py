@@ -72,7 +72,9 @@ class FrameClock:
         t0: when frame 0 is due (ns on ``now``'s scale); default: now, at construction.
     """
 
-    def __init__(self, fps: float | Fraction, now: Callable[[], int] = time.monotonic_ns, t0: int | None = None) -> None:
+    def __init__(
+        self, fps: float | Fraction, now: Callable[[], int] = time.monotonic_ns, t0: int | None = None
+    ) -> None:
         self.fps = exact_fps(fps)
         self._now = now
         self.t0 = now() if t0 is None else t0

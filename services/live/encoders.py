@@ -82,7 +82,9 @@ def _as_i420(frame: np.ndarray, width: int, height: int) -> np.ndarray:
         return to_yuv420(frame)
     if frame.shape != (height * 3 // 2, width) or frame.dtype != np.uint8:
         i420, bgr = (height * 3 // 2, width), (height, width, 3)
-        raise ValueError(f"frame has shape {frame.shape} {frame.dtype}; the session's frames are {width}x{height}: I420 {i420} or BGR {bgr} uint8")
+        raise ValueError(
+            f"frame has shape {frame.shape} {frame.dtype}; the session's frames are {width}x{height}: I420 {i420} or BGR {bgr} uint8"
+        )
     return frame
 
 
@@ -123,7 +125,12 @@ class H264Encoder:
         context.thread_count = threads
         for name, value in COLOR_TAGS.items():  # BT.601 limited range: what the I420 frames are
             setattr(context, name, value)
-        options = {"preset": preset, "tune": "zerolatency", "forced-idr": "1", "x264-params": "keyint=infinite:scenecut=0:bframes=0"}
+        options = {
+            "preset": preset,
+            "tune": "zerolatency",
+            "forced-idr": "1",
+            "x264-params": "keyint=infinite:scenecut=0:bframes=0",
+        }
         if bitrate_kbps is None:
             options["crf"] = str(crf)
         else:
@@ -134,8 +141,10 @@ class H264Encoder:
         self._context = context
         self._frame = av.VideoFrame(width, height, "yuv420p")  # reused: libx264 copies the pixels in encode
         self._planes = [
-            np.frombuffer(plane, np.uint8).reshape(rows, plane.line_size)[:, :cols]
-            for plane, rows, cols in zip(self._frame.planes, (height, height // 2, height // 2), (width, width // 2, width // 2))
+            np.frombuffer(plane, np.uint8).reshape(rows, plane.line_size)[:, :cols]  # type: ignore[call-overload]  # PyAV's stubs: a plane is a buffer
+            for plane, rows, cols in zip(
+                self._frame.planes, (height, height // 2, height // 2), (width, width // 2, width // 2)
+            )
         ]
         self._force = True  # the first frame is an IDR
         self._last_keyframe: int | None = None
@@ -147,17 +156,23 @@ class H264Encoder:
     def encode(self, frame: np.ndarray, pts: int) -> EncodedFrame:
         if self._last_pts is not None and pts <= self._last_pts:
             raise ValueError(f"pts {pts} after {self._last_pts}: frames are encoded in the session's order")
-        for plane, source in zip(self._planes, split_i420(_as_i420(frame, self.width, self.height), self.height, self.width)):
+        for plane, source in zip(
+            self._planes, split_i420(_as_i420(frame, self.width, self.height), self.height, self.width)
+        ):
             plane[:] = source
         keyframe = self._force or self._last_keyframe is None or pts - self._last_keyframe >= self.keyframe_interval
         self._frame.pts = pts
         self._frame.pict_type = av.video.frame.PictureType.I if keyframe else av.video.frame.PictureType.NONE
         packets = self._context.encode(self._frame)
         if len(packets) != 1:  # zerolatency holds nothing back; anything else is a broken build or option
-            raise RuntimeError(f"libx264 returned {len(packets)} access units for one frame (pts {pts}); the live path needs exactly one")
+            raise RuntimeError(
+                f"libx264 returned {len(packets)} access units for one frame (pts {pts}); the live path needs exactly one"
+            )
         packet = packets[0]
         if packet.is_keyframe != keyframe:
-            raise RuntimeError(f"libx264 made frame {pts} {'a' if packet.is_keyframe else 'no'} keyframe against the request")
+            raise RuntimeError(
+                f"libx264 made frame {pts} {'a' if packet.is_keyframe else 'no'} keyframe against the request"
+            )
         self._last_pts = pts
         if keyframe:
             self._force = False
@@ -167,7 +182,7 @@ class H264Encoder:
     def close(self) -> None:
         """Drops the encoder (nothing is pending: every frame came out of its own call; PyAV frees it)."""
         self._planes = []
-        self._context = None  # type: ignore[assignment] - encode after close is a caller bug
+        self._context = None  # type: ignore[assignment]  # encode after close is a caller bug
 
 
 class JpegEncoder:

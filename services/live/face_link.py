@@ -81,7 +81,9 @@ class ReferenceFace:
     paste_height: int
 
 
-def avatar_reference_faces(boxes: Sequence[Sequence[int] | None], crops: np.ndarray, crop_row: Mapping[int, int]) -> tuple[list[ReferenceFace], dict[int, int]]:
+def avatar_reference_faces(
+    boxes: Sequence[Sequence[int] | None], crops: np.ndarray, crop_row: Mapping[int, int]
+) -> tuple[list[ReferenceFace], dict[int, int]]:
     """An avatar's crops as its sessions register them: (the ReferenceFaces, template frame -> crop
     index to `submit` with). Template frames without a face have no crop (they pass through).
 
@@ -207,7 +209,14 @@ class _Item:
     )
 
     def __init__(
-        self, session: _Session, frame_index: int, session_crop: int, mel: bytes, speech: float | None, future: asyncio.Future, submitted: float
+        self,
+        session: _Session,
+        frame_index: int,
+        session_crop: int,
+        mel: bytes,
+        speech: float | None,
+        future: asyncio.Future,
+        submitted: float,
     ) -> None:
         self.session = session
         self.frame_index = frame_index
@@ -229,7 +238,7 @@ class _Item:
 
 def _provider(stub: object) -> StubProvider:
     """A zero-argument stub provider (a DiscoveredChannel's `stub(...)` per stream, or one fixed stub)."""
-    return stub if callable(stub) else (lambda: stub)  # type: ignore[return-value]
+    return stub if callable(stub) else (lambda: stub)
 
 
 def _as_stage_failure(stage: str, errors: Sequence[BaseException]) -> StageFailed:
@@ -244,7 +253,9 @@ def _as_stage_failure(stage: str, errors: Sequence[BaseException]) -> StageFaile
         if not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt, SystemExit
     for exc in errors:
-        if isinstance(exc, asyncio.InvalidStateError):  # a write after the stage ended the stream, and no status to say why
+        if isinstance(
+            exc, asyncio.InvalidStateError
+        ):  # a write after the stage ended the stream, and no status to say why
             return _stream_failure(stage, grpc.StatusCode.UNAVAILABLE, "the stage ended the stream")
     _LOGGER.error("face link stream failed unexpectedly", exc_info=errors[0])
     return _stream_failure(stage, grpc.StatusCode.INTERNAL, f"the face link failed: {errors[0]!r}")
@@ -367,13 +378,17 @@ class _OrderedStream:
         loop = asyncio.get_running_loop()
         max_age = self.link.settings.max_stream_age_s
         while True:
-            timer = asyncio.ensure_future(asyncio.sleep(max(0.0, call.opened + max_age - loop.time()) if max_age else 1e9))
+            timer = asyncio.ensure_future(
+                asyncio.sleep(max(0.0, call.opened + max_age - loop.time()) if max_age else 1e9)
+            )
             try:
                 await asyncio.wait([*call.tasks, timer], return_when=asyncio.FIRST_COMPLETED)
             finally:
                 timer.cancel()
             if any(t.done() for t in call.tasks):
                 return await self._end(call), call.answered
+            if max_age is None:  # no age limit: the timer (1e9 s) fired first, keep the call
+                continue
             try:
                 successor = self._open()
             except StageFailed as error:  # keep the current call; try again in a second
@@ -422,7 +437,11 @@ class _OrderedStream:
         if self.current is call:
             self.current = None
         errors = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
-        error = _as_stage_failure(self.stage, errors) if errors else _stream_failure(self.stage, grpc.StatusCode.UNAVAILABLE, "the stream was stopped")
+        error = (
+            _as_stage_failure(self.stage, errors)
+            if errors
+            else _stream_failure(self.stage, grpc.StatusCode.UNAVAILABLE, "the stream was stopped")
+        )
         if errors or call.in_flight:
             self._count_failure(error)
         for batch in call.in_flight:
@@ -433,7 +452,11 @@ class _OrderedStream:
 
     def _count_failure(self, error: StageFailed) -> None:
         self.link.counters.stream_errors += 1
-        _LOGGER.warning("%s stream failed; its items in flight fail, the link opens it again", self.stage, extra={"error": str(error)})
+        _LOGGER.warning(
+            "%s stream failed; its items in flight fail, the link opens it again",
+            self.stage,
+            extra={"error": str(error)},
+        )
 
     # --- one call's loops ------------------------------------------------------------------------
 
@@ -461,7 +484,9 @@ class _OrderedStream:
                 ticked = loop.time() >= next_tick
                 if ticked:
                     next_tick += self.interval_s
-                    if next_tick < loop.time():  # a late tick (a slow write): keep the cadence, drop the backlog of ticks
+                    if (
+                        next_tick < loop.time()
+                    ):  # a late tick (a slow write): keep the cadence, drop the backlog of ticks
                         next_tick = loop.time() + self.interval_s
             if call.retiring:
                 await call.call.done_writing()
@@ -486,11 +511,15 @@ class _OrderedStream:
                 raise _stream_failure(self.stage, grpc.StatusCode.INTERNAL, f"a malformed response: {exc}") from exc
             for keys, face in faces:
                 if not call.in_flight:
-                    raise _stream_failure(self.stage, grpc.StatusCode.INTERNAL, f"a face came back for {keys} with no item in flight")
+                    raise _stream_failure(
+                        self.stage, grpc.StatusCode.INTERNAL, f"a face came back for {keys} with no item in flight"
+                    )
                 item = call.in_flight[0][call.cursor]
                 expected = self.link.item_keys(self, item)
                 if keys != expected:
-                    raise _stream_failure(self.stage, grpc.StatusCode.INTERNAL, f"a face came back for {keys} where {expected} was next")
+                    raise _stream_failure(
+                        self.stage, grpc.StatusCode.INTERNAL, f"a face came back for {keys} where {expected} was next"
+                    )
                 call.cursor += 1
                 if call.cursor == len(call.in_flight[0]):
                     call.in_flight.popleft()
@@ -566,7 +595,13 @@ class FaceLink:
     def crops_in_use(self) -> int:
         return self._next_crop - len(self._free_crops)
 
-    def register(self, session_key: Hashable, crops: Sequence[ReferenceFace], super_resolution: bool = False, shared_as: Hashable | None = None) -> None:
+    def register(
+        self,
+        session_key: Hashable,
+        crops: Sequence[ReferenceFace],
+        super_resolution: bool = False,
+        shared_as: Hashable | None = None,
+    ) -> None:
         """Register a session's reference crops (its crop i is `crops[i]`); they go out in the next message.
 
         `shared_as` (an avatar's id and version): sessions registered under the same key share one set
@@ -581,26 +616,34 @@ class FaceLink:
             raise InvalidRequest("super-resolution was asked for, but this worker has no superres stage")
         crop_set = self._shared.get(shared_as) if shared_as is not None else None
         if crop_set is not None and len(crops) != len(crop_set.crops):
-            raise InvalidRequest(f"session {session_key!r}: {len(crops)} crops, but {shared_as!r} was registered with {len(crop_set.crops)}")
+            raise InvalidRequest(
+                f"session {session_key!r}: {len(crops)} crops, but {shared_as!r} was registered with {len(crop_set.crops)}"
+            )
         if crop_set is None:
             crop_set = self._new_crop_set(session_key, crops, shared_as)
         crop_set.users += 1
         self._sessions[session_key] = _Session(session_key, crop_set, super_resolution)
 
-    def _new_crop_set(self, session_key: Hashable, crops: Sequence[ReferenceFace], shared_as: Hashable | None) -> _CropSet:
+    def _new_crop_set(
+        self, session_key: Hashable, crops: Sequence[ReferenceFace], shared_as: Hashable | None
+    ) -> _CropSet:
         if not crops:
             raise InvalidRequest(f"session {session_key!r}: no reference crops")
         for i, crop in enumerate(crops):
             image = crop.image
             if image.dtype != np.uint8 or image.shape != (CROP_SIZE, CROP_SIZE, 3):
-                raise InvalidRequest(f"session {session_key!r}: reference crop {i} is {image.dtype} {image.shape}; send (96, 96, 3) uint8 BGR")
+                raise InvalidRequest(
+                    f"session {session_key!r}: reference crop {i} is {image.dtype} {image.shape}; send (96, 96, 3) uint8 BGR"
+                )
             if not (0 < crop.paste_width <= MAX_IMAGE_SIDE and 0 < crop.paste_height <= MAX_IMAGE_SIDE):
                 raise InvalidRequest(
                     f"session {session_key!r}: reference crop {i}: paste size {crop.paste_width}x{crop.paste_height} is not in 1..{MAX_IMAGE_SIDE}"
                 )
         available = len(self._free_crops) + self.settings.max_crops - self._next_crop
         if len(crops) > available:
-            raise TooLarge(f"the face link has {available} crop indices left, session {session_key!r} needs {len(crops)} (max_crops {self.settings.max_crops})")
+            raise TooLarge(
+                f"the face link has {available} crop indices left, session {session_key!r} needs {len(crops)} (max_crops {self.settings.max_crops})"
+            )
         crop_set = _CropSet(shared_as, crops, [self._allocate_crop() for _ in crops])
         self._crop_sets[crop_set] = None
         if shared_as is not None:
@@ -656,14 +699,18 @@ class FaceLink:
         if session is None:
             raise InvalidRequest(f"session {session_key!r} is not registered on the face link")
         if not 0 <= crop_index < len(session.indices):
-            raise InvalidRequest(f"session {session_key!r}: crop {crop_index} is not one of its {len(session.indices)} crops")
+            raise InvalidRequest(
+                f"session {session_key!r}: crop {crop_index} is not one of its {len(session.indices)} crops"
+            )
         if not 0 <= frame_index < UINT32:
             raise InvalidRequest(f"frame index {frame_index} is outside 0..2^32-1")
         if mel_window.shape != (MEL_BANDS, MEL_STEP):
             raise InvalidRequest(f"mel window must be (80, 16), got {mel_window.shape}")
         # Checked here, not by the stage: one bad window there fails the message, every session's items with it.
         if not (np.isfinite(mel_window).all() and np.abs(mel_window).max() <= FLOAT16_MAX):
-            raise InvalidRequest(f"session {session_key!r}: the mel window of frame {frame_index} holds NaN or infinity (or values beyond float16)")
+            raise InvalidRequest(
+                f"session {session_key!r}: the mel window of frame {frame_index} holds NaN or infinity (or values beyond float16)"
+            )
         mel = mel_to_bytes(mel_window)
         if speech is not None and not 0.0 <= speech <= 1.0:
             raise InvalidRequest(f"speech {speech} is outside [0, 1]")
@@ -684,7 +731,11 @@ class FaceLink:
             return
         self.counters.late += 1
         item.session.pending.discard(item)
-        item.future.set_exception(FaceLate(f"the face of frame {item.frame_index} was not back {self.settings.late_frames:g} frames after its due time"))
+        item.future.set_exception(
+            FaceLate(
+                f"the face of frame {item.frame_index} was not back {self.settings.late_frames:g} frames after its due time"
+            )
+        )
 
     def _settle(self, item: _Item) -> None:
         if item.timer is not None:
@@ -718,7 +769,8 @@ class FaceLink:
             return []
         crops = self._crops_to_send(call)
         requests = [
-            lipsync_pb2.GenerateRequest(crops=crops[i : i + self.settings.crops_per_message]) for i in range(0, len(crops), self.settings.crops_per_message)
+            lipsync_pb2.GenerateRequest(crops=crops[i : i + self.settings.crops_per_message])
+            for i in range(0, len(crops), self.settings.crops_per_message)
         ]
         self.counters.crop_messages += len(requests)
         return requests
@@ -762,7 +814,12 @@ class FaceLink:
             call.sent.add(crop_set)
             for index, crop in zip(crop_set.indices, crop_set.crops):
                 crops.append(
-                    lipsync_pb2.ReferenceCrop(crop_index=index, image=image_to_proto(crop.image), paste_width=crop.paste_width, paste_height=crop.paste_height)
+                    lipsync_pb2.ReferenceCrop(
+                        crop_index=index,
+                        image=image_to_proto(crop.image),
+                        paste_width=crop.paste_width,
+                        paste_height=crop.paste_height,
+                    )
                 )
         self.counters.crops_sent += len(crops)
         return crops
@@ -774,7 +831,10 @@ class FaceLink:
             assert item.raw_face is not None
             items.append(
                 superres_pb2.UpscaleItem(
-                    index=item.upscale_index, image=image_to_proto(item.raw_face), out_width=crop.paste_width, out_height=crop.paste_height
+                    index=item.upscale_index,
+                    image=image_to_proto(item.raw_face),
+                    out_width=crop.paste_width,
+                    out_height=crop.paste_height,
                 )
             )
         self.counters.upscale_messages += 1
@@ -786,7 +846,11 @@ class FaceLink:
     def parse_response(self, stream: _OrderedStream, response: Any) -> list[tuple[tuple[int, ...], np.ndarray]]:
         """(keys, face) per face of one response, in order."""
         if response.HasField("model") and stream.stage not in self.models:
-            self.models[stream.stage] = {"name": response.model.name, "backend": response.model.backend, "precision": response.model.precision}
+            self.models[stream.stage] = {
+                "name": response.model.name,
+                "backend": response.model.backend,
+                "precision": response.model.precision,
+            }
         if stream is self._upscale:
             return [((item.index,), image_from_proto(item.image, "restored face")) for item in response.items]
         faces = response.faces

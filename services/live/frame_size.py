@@ -16,12 +16,16 @@ from services.media.video_format import split_i420
 from services.serving.errors import InvalidRequest
 
 
-def output_size(avatar_width: int, avatar_height: int, max_height: int = 0, width: int = 0, height: int = 0) -> tuple[int, int]:
+def output_size(
+    avatar_width: int, avatar_height: int, max_height: int = 0, width: int = 0, height: int = 0
+) -> tuple[int, int]:
     """(width, height) of the frames sent: an explicit even size no larger than the avatar's, else the
     avatar's scaled down (aspect kept, even sides) to at most ``max_height`` (0: no limit)."""
     if width or height:
         if width <= 0 or height <= 0 or width % 2 or height % 2 or width > avatar_width or height > avatar_height:
-            raise InvalidRequest(f"frame size {width}x{height}: give even sides no larger than the avatar's {avatar_width}x{avatar_height}")
+            raise InvalidRequest(
+                f"frame size {width}x{height}: give even sides no larger than the avatar's {avatar_width}x{avatar_height}"
+            )
         return width, height
     if not max_height or max_height >= avatar_height:
         return avatar_width, avatar_height

@@ -27,8 +27,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from services.media.mel import HOP_SIZE, MEL_FPS, MEL_STEP_SIZE, N_FFT, SAMPLE_RATE, SILENCE_LEVEL, frame_count, melspectrogram
 from services.live.resample import StreamResampler
+from services.media.mel import (
+    HOP_SIZE,
+    MEL_FPS,
+    MEL_STEP_SIZE,
+    N_FFT,
+    SAMPLE_RATE,
+    SILENCE_LEVEL,
+    frame_count,
+    melspectrogram,
+)
 from services.serving.errors import InvalidMedia
 
 #: Samples after a frame's start time (k / fps) that its mel window needs, at most: its last column
@@ -51,7 +60,9 @@ def pcm_int16(pcm: bytes) -> np.ndarray:
         InvalidMedia: an odd byte count (a torn sample: the stream is misaligned from there on).
     """
     if len(pcm) % 2:
-        raise InvalidMedia(f"PCM chunk of {len(pcm)} bytes: s16le samples are 2 bytes each, so a chunk has an even byte count")
+        raise InvalidMedia(
+            f"PCM chunk of {len(pcm)} bytes: s16le samples are 2 bytes each, so a chunk has an even byte count"
+        )
     return np.frombuffer(pcm, dtype="<i2")
 
 
@@ -63,7 +74,9 @@ def pcm_samples(pcm: bytes) -> np.ndarray:
 def check_sample_rate(sample_rate: int) -> None:
     """Raises InvalidMedia for an input rate live sessions do not take."""
     if sample_rate not in SUPPORTED_RATES:
-        raise InvalidMedia(f"PCM at {sample_rate} Hz: live sessions take s16le mono at {', '.join(map(str, SUPPORTED_RATES))} Hz")
+        raise InvalidMedia(
+            f"PCM at {sample_rate} Hz: live sessions take s16le mono at {', '.join(map(str, SUPPORTED_RATES))} Hz"
+        )
 
 
 def lookahead_ms(sample_rate: int) -> float:

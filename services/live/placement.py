@@ -35,7 +35,9 @@ class Placement:
     async def lease(self, session_id: str) -> None:
         """Takes the session's lease; FailedPrecondition when another live worker holds it, or it ended."""
         if not await self.store.lease_session(session_id, self.worker_id, self.lease_s):
-            raise FailedPrecondition(f"session {session_id} has ended or is held by another live worker; resume it through the gateway")
+            raise FailedPrecondition(
+                f"session {session_id} has ended or is held by another live worker; resume it through the gateway"
+            )
 
     async def beat(self, session_ids: Iterable[str], active: int, draining: bool) -> set[str]:
         """Upserts this worker's row and renews the leases; returns the sessions whose lease is no longer ours."""

@@ -13,7 +13,8 @@ CloseSession, by its `max_session_seconds`, or after `idle_timeout_s` with no st
 
 Wire conventions (protos/lipline/v1/session.proto): utterances are numbered from 1 on the wire (0 is
 "idle"); a frame's `audio` is its own re-timed input (silence while idle), preceded by the audio of
-the slots skipped right before it, so the audio a client concatenates has no hole.
+the slots skipped right before it, so the audio a client concatenates has no hole (a frame dropped
+for a slow reader goes with its audio: both are counted lost).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class SessionRunner:
         self._latencies: list[float] = []
         self._next_stats = 0.0
         self._skipped_seen = 0
+        self._carried_audio = b""  # audio of slots skipped: it goes with the next frame sent
         self._task: asyncio.Task | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -128,9 +130,12 @@ class SessionRunner:
         """A new Converse stream for this session; an older one ends ABORTED. `last_frame`: the last
         frame the client received (a resume): the frames sent go on after it."""
         if self.stream is not None:
-            self.stream.abort(StreamEnded(grpc.StatusCode.ABORTED, f"a newer Converse stream took session {self.session_id}"))
+            self.stream.abort(
+                StreamEnded(grpc.StatusCode.ABORTED, f"a newer Converse stream took session {self.session_id}")
+            )
         self.stream = SendQueue(self.send_queue_frames)
         self.half_closed = False
+        self._carried_audio = b""
         self.live.clock.skip_to_now()
         self.live.clock.continue_from(last_frame + 1)
         self.live.force_keyframe()  # a new stream starts decoding at its first frame
@@ -149,7 +154,9 @@ class SessionRunner:
             self.live.discard_events()
 
     def ready_message(self) -> session_pb2.ConverseResponse:
-        return session_pb2.ConverseResponse(ready=session_pb2.Ready(session=self.proto, next_frame=self.live.clock.next_frame))
+        return session_pb2.ConverseResponse(
+            ready=session_pb2.Ready(session=self.proto, next_frame=self.live.clock.next_frame)
+        )
 
     # -- input (the reader of the attached stream) --------------------------------------------------
 
@@ -182,19 +189,27 @@ class SessionRunner:
                 if work is None:
                     continue
                 tick = await loop.run_in_executor(self.pool, self.live.render, work)
-                if self.stream is stream:  # a frame made for a stream that went is not the next one's (its first is a keyframe)
-                    self._deliver(tick, stream)
+                if (
+                    self.stream is stream
+                ):  # a frame made for a stream that went is not the next one's (its first is a keyframe)
+                    self.deliver(tick, stream)
                 self._check_limits()
         except Exception as exc:
             _LOGGER.exception("live session failed", extra={"session_id": self.session_id})
-            self.end(session_pb2.SESSION_STATE_FAILED, f"the live worker failed this session: {exc!r}", grpc.StatusCode.INTERNAL)
+            self.end(
+                session_pb2.SESSION_STATE_FAILED,
+                f"the live worker failed this session: {exc!r}",
+                grpc.StatusCode.INTERNAL,
+            )
         finally:
             self.live.close()
 
     async def _wait_for_stream(self) -> None:
         remaining = self.idle_timeout_s - (time.monotonic() - self.detached_since)
         if remaining <= 0:
-            message = f"session {self.session_id} had no Converse stream for {self.idle_timeout_s:g} s (its idle timeout)"
+            message = (
+                f"session {self.session_id} had no Converse stream for {self.idle_timeout_s:g} s (its idle timeout)"
+            )
             self.end(session_pb2.SESSION_STATE_CLOSED, message, grpc.StatusCode.DEADLINE_EXCEEDED)
             return
         remaining = min(remaining, self.max_session_s - (time.monotonic() - self.started))
@@ -208,7 +223,9 @@ class SessionRunner:
             message = f"session {self.session_id} reached its limit of {self.max_session_s:g} s (max_session_seconds); create a new session"
             self.end(session_pb2.SESSION_STATE_CLOSED, message, grpc.StatusCode.DEADLINE_EXCEEDED)
 
-    def _deliver(self, tick: Tick, stream: SendQueue) -> None:
+    def deliver(self, tick: Tick, stream: SendQueue) -> None:
+        """Puts a tick on the stream: its events, its frame (with its audio, and that of the slots
+        skipped before it), the stats once a second; a frame the queue refuses is dropped (counted)."""
         m = self.metrics
         skipped = self.live.counts.skipped
         if skipped > self._skipped_seen:
@@ -216,12 +233,16 @@ class SessionRunner:
             self._skipped_seen = skipped
         for event in tick.events:
             stream.put_control(session_pb2.ConverseResponse(event=_event_proto(event)))
-        if tick.frame is not None:
+        audio = self._carried_audio + self._frame_audio(tick)
+        self._carried_audio = b""
+        if tick.frame is None:  # skipped: its audio goes with the next frame sent
+            self._carried_audio = audio
+        else:
             frame = session_pb2.VideoFrame(
                 index=tick.frame.pts,
                 keyframe=tick.frame.keyframe,
                 data=tick.frame.data,
-                audio=self._frame_audio(tick),
+                audio=audio,
                 speech=tick.kind is FrameKind.SPEECH,
                 utterance=0 if tick.utterance is None else tick.utterance + 1,
             )
@@ -236,7 +257,7 @@ class SessionRunner:
             else:
                 self.dropped += 1
                 m.live_frames.labels("dropped").inc()
-                self.live.force_keyframe()  # the frames after a dropped one decode again
+                self.live.force_keyframe()  # the frames after a dropped one decode again (its audio is lost with it)
         now = time.monotonic()
         if now >= self._next_stats:
             self._next_stats = now + STATS_EVERY_S
@@ -268,7 +289,9 @@ class SessionRunner:
 
     def _stats(self) -> session_pb2.SessionStats:
         latencies, self._latencies = self._latencies, []
-        p50, p95 = (float(np.percentile(latencies, 50)), float(np.percentile(latencies, 95))) if latencies else (0.0, 0.0)
+        p50, p95 = (
+            (float(np.percentile(latencies, 50)), float(np.percentile(latencies, 95))) if latencies else (0.0, 0.0)
+        )
         counts = self.live.counts
         return session_pb2.SessionStats(
             latency_p50_seconds=p50,
@@ -282,7 +305,15 @@ class SessionRunner:
 
 
 def _event_proto(event: Event) -> session_pb2.SessionEvent:
-    kind = session_pb2.SessionEvent.PLAYBACK_STARTED if event.kind is EventKind.PLAYBACK_STARTED else session_pb2.SessionEvent.PLAYBACK_FINISHED
+    kind = (
+        session_pb2.SessionEvent.PLAYBACK_STARTED
+        if event.kind is EventKind.PLAYBACK_STARTED
+        else session_pb2.SessionEvent.PLAYBACK_FINISHED
+    )
     return session_pb2.SessionEvent(
-        kind=kind, utterance=event.utterance + 1, frame=event.frame, position_seconds=event.position_ms / 1000.0, interrupted=event.interrupted
+        kind=kind,
+        utterance=event.utterance + 1,
+        frame=event.frame,
+        position_seconds=event.position_ms / 1000.0,
+        interrupted=event.interrupted,
     )

@@ -24,7 +24,9 @@ class SendQueue:
     def __init__(self, max_frames: int, max_control: int = 256) -> None:
         self.max_frames = max_frames
         self.max_control = max_control
-        self._items: collections.deque[tuple[Any, int | None, bool]] = collections.deque()  # (response, arrived_ns, is_frame)
+        self._items: collections.deque[tuple[Any, int | None, bool]] = (
+            collections.deque()
+        )  # (response, arrived_ns, is_frame)
         self._frames = 0
         self._control = 0
         self._wake = asyncio.Event()

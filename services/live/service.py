@@ -31,6 +31,7 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -61,7 +62,9 @@ SERVICE_NAME = "lipline.v1.LiveService"
 TENANT_HEADER = "x-lipline-tenant"
 RETRY_AFTER_MS = 2000  # the hint when this worker is full: sessions end at human pace
 DEFAULT_JPEG_QUALITY = 85  # session.proto: "85 when unset"
-DRAIN_MESSAGE = "this live worker is shutting down: resume the session with its resume token (it continues on another worker)"
+DRAIN_MESSAGE = (
+    "this live worker is shutting down: resume the session with its resume token (it continues on another worker)"
+)
 
 
 def _tenant_of(context: grpc.aio.ServicerContext) -> str:
@@ -86,7 +89,9 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         self.draining = False
         self._loops: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
-        self._row_updates: dict[str, asyncio.Task] = {}  # a session's end being written to the store (CloseSession waits for it)
+        self._row_updates: dict[
+            str, asyncio.Task
+        ] = {}  # a session's end being written to the store (CloseSession waits for it)
         self._link_seen: dict[str, int] = {}
 
     async def load(self) -> None:
@@ -99,13 +104,18 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         await self.clients.start()
         await self.clients.wait_serving(s.stage_wait_s)
         clients = self.clients
-        superres = (lambda: clients.stub("superres", superres_pb2_grpc.SuperResServiceStub)) if s.superres_address else None
+        superres = (
+            (lambda: clients.stub("superres", superres_pb2_grpc.SuperResServiceStub)) if s.superres_address else None
+        )
         self.link = FaceLink(
-            lambda: clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub), superres, FaceLinkSettings(), on_message=self._on_link_message
+            lambda: clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub),
+            superres,
+            FaceLinkSettings(),
+            on_message=self._on_link_message,
         )
         await self.link.start()
         await asyncio.to_thread(_warm_up)
-        self.cache = AvatarCache(self.blobs, s.cache_dir, max_bytes=s.avatar_cache_bytes)
+        self.cache = AvatarCache(self.blobs, Path(s.cache_dir), max_bytes=s.avatar_cache_bytes)
         threads = s.encode_threads or len(os.sched_getaffinity(0))
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="live-frames")
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -114,16 +124,23 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         await self.placement.beat([], 0, False)
         self._loops = [asyncio.create_task(self._heartbeat(), name="live-heartbeat")]
         self._export_gauges()
-        _LOGGER.info("live worker ready", extra={"worker": self.worker_id, "address": address, "max_sessions": s.max_sessions, "threads": threads})
+        _LOGGER.info(
+            "live worker ready",
+            extra={"worker": self.worker_id, "address": address, "max_sessions": s.max_sessions, "threads": threads},
+        )
 
     # -- OpenSession --------------------------------------------------------------------------------
 
-    async def OpenSession(self, request: live_pb2.OpenSessionRequest, context: grpc.aio.ServicerContext) -> session_pb2.Session:
+    async def OpenSession(
+        self, request: live_pb2.OpenSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
         session_id = request.session.id
         if not session_id:
             raise InvalidRequest("OpenSession needs the session's id (the gateway's CreateSession gives it)")
         if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "this live worker is draining: open the session on another worker")
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "this live worker is draining: open the session on another worker"
+            )
         held = self.sessions.get(session_id)
         if held is not None:  # the gateway asked again (a retry): the same session
             if held.tenant != (request.tenant or IMPLICIT_TENANT):
@@ -149,12 +166,18 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         check_sample_rate(rate)
         limits = asked.limits
         if limits.max_session_seconds < 0 or limits.max_session_seconds > s.max_session_seconds:
-            raise InvalidRequest(f"max_session_seconds {limits.max_session_seconds:g}: this deployment allows up to {s.max_session_seconds:g} s (0: that)")
+            raise InvalidRequest(
+                f"max_session_seconds {limits.max_session_seconds:g}: this deployment allows up to {s.max_session_seconds:g} s (0: that)"
+            )
         if limits.idle_timeout_seconds < 0 or limits.idle_timeout_seconds > s.idle_timeout_s:
-            raise InvalidRequest(f"idle_timeout_seconds {limits.idle_timeout_seconds:g}: this deployment allows up to {s.idle_timeout_s:g} s (0: that)")
+            raise InvalidRequest(
+                f"idle_timeout_seconds {limits.idle_timeout_seconds:g}: this deployment allows up to {s.idle_timeout_s:g} s (0: that)"
+            )
         video = asked.video
         if video.crf > 51 or video.jpeg_quality > 100 or video.fps < 0 or video.fps > 60:
-            raise InvalidRequest(f"video crf {video.crf} (0-51), jpeg_quality {video.jpeg_quality} (1-100) or fps {video.fps:g} (0-60) is out of range")
+            raise InvalidRequest(
+                f"video crf {video.crf} (0-51), jpeg_quality {video.jpeg_quality} (1-100) or fps {video.fps:g} (0-60) is out of range"
+            )
         if asked.super_resolution and not s.superres_address:
             raise InvalidRequest("super-resolution was asked for, but this live worker has no superres stage")
         avatar: LocalAvatar = await asyncio.to_thread(self.cache.get, asked.avatar_id)
@@ -179,61 +202,96 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             proto.video.crf = video.crf or DEFAULT_CRF
             encoder = H264Encoder(width, height, FrameClock(fps).fps, preset=s.x264_preset, crf=proto.video.crf)
         await self.placement.lease(asked.id)
-        faces, crop_of = avatar_reference_faces(meta.boxes, avatar.crops, avatar.crop_row)
-        session_id = asked.id
-        if faces:
-            self.link.register(session_id, faces, super_resolution=asked.super_resolution, shared_as=(meta.id, asked.super_resolution))
-        link, loop = self.link, asyncio.get_running_loop()
-        clock = FrameClock(fps)
+        try:
+            faces, crop_of = avatar_reference_faces(meta.boxes, avatar.crops, avatar.crop_row)
+            session_id = asked.id
+            if faces:
+                self.link.register(
+                    session_id,
+                    faces,
+                    super_resolution=asked.super_resolution,
+                    shared_as=(meta.id, asked.super_resolution),
+                )
+            link, loop = self.link, asyncio.get_running_loop()
+            clock = FrameClock(fps)
 
-        def submit_face(frame: int, template: int, window: Any, due_ns: int) -> Any:
-            crop = crop_of.get(template)
-            if crop is None:  # this template frame has no face: it passes through
-                return MadeFace(None)
-            due = loop.time() + (due_ns - clock.now_ns()) / 1e9
-            future = link.submit(session_id, frame % (1 << 32), crop, window, due=due)
-            future.add_done_callback(_retrieve)
-            return future
+            def submit_face(frame: int, template: int, window: Any, due_ns: int) -> Any:
+                crop = crop_of.get(template)
+                if crop is None:  # this template frame has no face: it passes through
+                    return MadeFace(None)
+                due = loop.time() + (due_ns - clock.now_ns()) / 1e9
+                future = link.submit(session_id, frame % (1 << 32), crop, window, due=due)
+                future.add_done_callback(_retrieve)
+                return future
 
-        live = LiveSession(
-            IdleLoop(avatar.compositor.frames),
-            avatar.compositor,
-            encoder,
-            clock,
-            None,
-            rate,
-            max_queued_seconds=s.max_queued_audio_s,
-            submit_face=submit_face,
-            lead_s=s.face_lead_s,
-            max_chunk_ms=s.max_chunk_ms,
-            scale=i420_scaler(meta.width, meta.height, width, height),
-        )
-        runner = SessionRunner(session_id, request.tenant or IMPLICIT_TENANT, proto, live, self.pool, self.metrics, s.send_queue_frames, self._ended)
-        self.sessions[session_id] = runner
+            live = LiveSession(
+                IdleLoop(avatar.compositor.frames),
+                avatar.compositor,
+                encoder,
+                clock,
+                None,
+                rate,
+                max_queued_seconds=s.max_queued_audio_s,
+                submit_face=submit_face,
+                lead_s=s.face_lead_s,
+                max_chunk_ms=s.max_chunk_ms,
+                scale=i420_scaler(meta.width, meta.height, width, height),
+            )
+            runner = SessionRunner(
+                session_id,
+                request.tenant or IMPLICIT_TENANT,
+                proto,
+                live,
+                self.pool,
+                self.metrics,
+                s.send_queue_frames,
+                self._ended,
+            )
+            self.sessions[session_id] = runner
+        except BaseException:  # nothing of a session that could not open stays behind: its crops, its lease
+            self.link.unregister(asked.id)
+            encoder.close()
+            with contextlib.suppress(Exception):
+                await self.placement.release([asked.id])
+            raise
         runner.start()
         self._export_gauges()
         _LOGGER.info(
             "session opened",
-            extra={"session_id": session_id, "avatar_id": meta.id, "size": f"{width}x{height}", "fps": fps, "resume": request.resume},
+            extra={
+                "session_id": session_id,
+                "avatar_id": meta.id,
+                "size": f"{width}x{height}",
+                "fps": fps,
+                "resume": request.resume,
+            },
         )
         return runner
 
     # -- Converse -----------------------------------------------------------------------------------
 
-    async def Converse(self, request_iterator: AsyncIterator[session_pb2.ConverseRequest], context: grpc.aio.ServicerContext) -> AsyncIterator:
+    async def Converse(
+        self, request_iterator: AsyncIterator[session_pb2.ConverseRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator:
         if self.draining:
             raise StreamEnded(grpc.StatusCode.UNAVAILABLE, DRAIN_MESSAGE)
         iterator = request_iterator.__aiter__()
         try:
             first = await iterator.__anext__()
         except StopAsyncIteration:
-            raise InvalidRequest("Converse ended before its first message: send ConverseStart naming the session first") from None
+            raise InvalidRequest(
+                "Converse ended before its first message: send ConverseStart naming the session first"
+            ) from None
         if first.WhichOneof("request") != "start":
-            raise InvalidRequest(f"the first message of Converse is ConverseStart naming the session, got {first.WhichOneof('request') or 'nothing'}")
+            raise InvalidRequest(
+                f"the first message of Converse is ConverseStart naming the session, got {first.WhichOneof('request') or 'nothing'}"
+            )
         session_id = first.start.session_id
         runner = self.sessions.get(session_id)
         if runner is None or runner.ended or runner.tenant != _tenant_of(context):
-            raise NotFound(f"session {session_id!r} is not held by this live worker (it ended, or moved: resume it through the gateway)")
+            raise NotFound(
+                f"session {session_id!r} is not held by this live worker (it ended, or moved: resume it through the gateway)"
+            )
         # last_frame: unset reads 0, and a client that saw only frame 0 loses nothing by starting anywhere after it
         stream = runner.attach(first.start.last_frame if first.start.last_frame > 0 else -1)
         self._export_gauges()
@@ -257,7 +315,9 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             runner.detach(stream)
             self._export_gauges()
 
-    async def _read(self, runner: SessionRunner, stream: Any, iterator: AsyncIterator[session_pb2.ConverseRequest]) -> None:
+    async def _read(
+        self, runner: SessionRunner, stream: Any, iterator: AsyncIterator[session_pb2.ConverseRequest]
+    ) -> None:
         """The client's messages, in order; a bad one ends the stream with its status (the session lives on)."""
         try:
             async for request in iterator:
@@ -269,7 +329,9 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 elif kind == "clear":
                     runner.clear()
                 elif kind == "start":
-                    raise InvalidRequest("ConverseStart is the first message of a Converse stream only; open a new stream to resume")
+                    raise InvalidRequest(
+                        "ConverseStart is the first message of a Converse stream only; open a new stream to resume"
+                    )
                 else:
                     raise InvalidRequest("an empty ConverseRequest: send audio, end_of_utterance or clear")
             runner.half_closed = True
@@ -281,7 +343,9 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
 
     # -- CloseSession -------------------------------------------------------------------------------
 
-    async def CloseSession(self, request: session_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext) -> session_pb2.Session:
+    async def CloseSession(
+        self, request: session_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
         runner = self.sessions.get(request.session_id)
         if runner is None or runner.tenant != _tenant_of(context):
             raise NotFound(f"session {request.session_id!r} is not held by this live worker")
@@ -307,12 +371,23 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         ending = runner.ending
         assert ending is not None
         code = ending.code.value[0]
-        _LOGGER.info("session ended", extra={"session_id": runner.session_id, "state": session_pb2.SessionState.Name(ending.state), "reason": ending.error})
+        _LOGGER.info(
+            "session ended",
+            extra={
+                "session_id": runner.session_id,
+                "state": session_pb2.SessionState.Name(ending.state),
+                "reason": ending.error,
+            },
+        )
         if ending.state != session_pb2.SESSION_STATE_ACTIVE:  # ACTIVE: it goes on elsewhere (drain, a lost lease)
             session_id = runner.session_id
             update = self._spawn(self.placement.end(session_id, SessionState(ending.state), ending.error, code))
             self._row_updates[session_id] = update
-            update.add_done_callback(lambda task: self._row_updates.pop(session_id, None) if self._row_updates.get(session_id) is task else None)
+            update.add_done_callback(
+                lambda task: (
+                    self._row_updates.pop(session_id, None) if self._row_updates.get(session_id) is task else None
+                )
+            )
 
     def _spawn(self, coroutine: Any) -> asyncio.Task:
         task = asyncio.create_task(coroutine)
@@ -337,7 +412,9 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             value = getattr(counters, outcome)
             seen = self._link_seen.get(outcome, 0)
             if value > seen:
-                self.metrics.live_link_faces.labels(outcome.removesuffix("s") if outcome == "faces" else outcome).inc(value - seen)
+                self.metrics.live_link_faces.labels(outcome.removesuffix("s") if outcome == "faces" else outcome).inc(
+                    value - seen
+                )
                 self._link_seen[outcome] = value
 
     async def _heartbeat(self) -> None:

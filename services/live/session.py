@@ -233,7 +233,9 @@ class LiveSession:
         samples = pcm_int16(pcm)
         if len(samples) * 1000 > self.max_chunk_ms * self.sample_rate:
             ms = 1000 * len(samples) / self.sample_rate
-            raise InvalidRequest(f"audio chunk of {ms:.0f} ms ({len(pcm)} bytes at {self.sample_rate} Hz): send chunks of 10-{self.max_chunk_ms} ms")
+            raise InvalidRequest(
+                f"audio chunk of {ms:.0f} ms ({len(pcm)} bytes at {self.sample_rate} Hz): send chunks of 10-{self.max_chunk_ms} ms"
+            )
         utterance = self.queue.push(samples)
         mel = self._mel.get(utterance)
         if mel is None:
@@ -282,11 +284,19 @@ class LiveSession:
         if planned:  # the head utterance played up to its first frame not shown
             head = planned[0]
             played_ms = 1000.0 * frame_start_sample(head.index, self.sample_rate, self.clock.fps) / self.sample_rate
-            event = Event(EventKind.PLAYBACK_FINISHED, head.utterance, self.clock.next_frame, played_ms, interrupted=True)
+            event = Event(
+                EventKind.PLAYBACK_FINISHED, head.utterance, self.clock.next_frame, played_ms, interrupted=True
+            )
         elif result.utterance is None:
             return None
         else:
-            event = Event(EventKind.PLAYBACK_FINISHED, result.utterance, self.clock.next_frame, result.played_ms, interrupted=result.interrupted)
+            event = Event(
+                EventKind.PLAYBACK_FINISHED,
+                result.utterance,
+                self.clock.next_frame,
+                result.played_ms,
+                interrupted=result.interrupted,
+            )
         self._pending_events.append(event)
         return event
 
@@ -294,8 +304,11 @@ class LiveSession:
         """With a lead: gives ready speech frames their slots and asks for their faces now.
 
         A frame gets the slot after the previous speech frame while that slot is still to come (an
-        utterance plays on consecutive frames), else the first slot at least `lead_s` from now; only
-        slots up to one frame past the lead are planned (the faces in flight stay few).
+        utterance plays on consecutive frames), else the first slot at least `lead_s` from now (an
+        utterance starts, or resumes after its audio came late); only slots up to one frame past the
+        lead are planned (the faces in flight stay few). When the worker stalled past the frames it
+        had planned, the utterance goes on through the slots passed (their audio still goes out, the
+        frames are skipped) rather than pausing: `begin_tick` does that.
         """
         if not self.lead_ns:
             return
@@ -305,6 +318,8 @@ class LiveSession:
         while self._speech_ready():
             if self._plan_next > due_now:
                 frame = self._plan_next
+            elif self._plan_next >= self.clock.next_frame and self.queue.peek()[1] > 0:  # type: ignore[index]
+                return  # the worker stalled mid-utterance: the next tick plays on through the slots passed
             else:
                 frame = max(self.clock.next_frame, self.clock.frame_at(now + self.lead_ns - 1) + 1)
             if frame > limit:
@@ -335,14 +350,19 @@ class LiveSession:
             planned = self._planned.popleft()
         elif not self.lead_ns and self._speech_ready():
             planned = self._take_speech(slot.frame, submit=True)
+        elif self._speech_ready() and self._mid_utterance(slot.frame):
+            # The worker stalled past the frames it had planned: the utterance goes on here (audio
+            # and video stay locked), this slot without a face (skipped), the next ones planned again.
+            planned = self._take_speech(slot.frame, submit=False)
         template = self.idle.template_frame(slot.frame)
         if planned is None:
             return FrameWork(slot.frame, FrameKind.IDLE, template, None, audio, events, slot.skipped, None, None)
         audio.append(planned.audio)
         events += planned.events
         face, skip = None, False
-        assert planned.face is not None
-        if not planned.face.done():
+        if planned.face is None:
+            skip = True
+        elif not planned.face.done():
             planned.face.cancel()
             skip = True
         else:
@@ -352,13 +372,26 @@ class LiveSession:
                 self.face_failures += 1
                 self.last_face_error = exc
                 skip = True
-        return FrameWork(slot.frame, FrameKind.SPEECH, template, face, audio, events, slot.skipped, planned.arrived_ns, planned.utterance, skip)
+        return FrameWork(
+            slot.frame,
+            FrameKind.SPEECH,
+            template,
+            face,
+            audio,
+            events,
+            slot.skipped,
+            planned.arrived_ns,
+            planned.utterance,
+            skip,
+        )
 
     def render(self, work: FrameWork) -> Tick:
         """Composites and encodes the slot's frame (or skips it); safe off the session's thread."""
         if work.skip:
             self.clock.dropped()
-            return Tick(None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame)
+            return Tick(
+                None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
+            )
         if work.face is None:
             picture = self.idle.frame(work.frame)
         else:
@@ -367,7 +400,9 @@ class LiveSession:
             picture = self.scale(picture)
         if self.clock.is_late(work.frame):  # its slot ended while it was made: never send it late
             self.clock.dropped()
-            return Tick(None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame)
+            return Tick(
+                None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
+            )
         encoded = self.encoder.encode(picture, work.frame)
         self.clock.sent(work.kind)
         latency = None if work.arrived_ns is None else (self.clock.now_ns() - work.arrived_ns) / NS_PER_S
@@ -399,6 +434,11 @@ class LiveSession:
         self._planned.clear()
         self.encoder.close()
 
+    def _mid_utterance(self, frame: int) -> bool:
+        """The head utterance has played up to the frame before ``frame`` (it must go on, not wait)."""
+        head = self.queue.peek()
+        return head is not None and head[1] > 0 and frame == self._plan_next
+
     def _speech_ready(self) -> bool:
         """The head utterance's next frame has its samples and its mel window."""
         head = self.queue.peek()
@@ -419,8 +459,14 @@ class LiveSession:
             events.append(Event(EventKind.PLAYBACK_STARTED, part.utterance, frame))
         if part.last:
             self._forget(part.utterance)
-            events.append(Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * end / self.sample_rate))
-        face = self.submit_face(frame, self.idle.template_frame(frame), window, self.clock.due_ns(frame)) if submit else None
+            events.append(
+                Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * end / self.sample_rate)
+            )
+        face = (
+            self.submit_face(frame, self.idle.template_frame(frame), window, self.clock.due_ns(frame))
+            if submit
+            else None
+        )
         self._plan_next = frame + 1
         return _Planned(frame, part.utterance, part.index, TimedAudio(frame, part.samples), events, arrived_ns, face)
 

@@ -14,12 +14,17 @@ class LiveSettings(StoreSettings):
     """Settings of a live worker: holds live sessions, paces their frames, calls lipsync (and superres)."""
 
     port: int = setting(STAGES["live"].port, "gRPC port of LiveService (the gateway dials it)")
-    metrics_port: int = setting(STAGES["live"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    metrics_port: int = setting(
+        STAGES["live"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)"
+    )
     lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync")
     superres_address: str = address_field(STAGES["superres"].local_address, "superres")
-    cache_dir: str = setting("var/live-cache", "local cache of avatars converted for compositing (per worker; safe to lose)")
+    cache_dir: str = setting(
+        "var/live-cache", "local cache of avatars converted for compositing (per worker; safe to lose)"
+    )
     avatar_cache_bytes: int = setting(
-        8 * 1024**3, "disk budget of the avatar cache in cache_dir; the least recently used avatars not in use are deleted to stay within it"
+        8 * 1024**3,
+        "disk budget of the avatar cache in cache_dir; the least recently used avatars not in use are deleted to stay within it",
     )
     # Why 16: a 512x512 session costs ~40 ms of CPU per second of speech at x264 ultrafast (mel,
     # compositor and encoder; bench/bench_live_session.py), so a fully used core holds ~25. One worker
@@ -31,12 +36,19 @@ class LiveSettings(StoreSettings):
         "(~40 ms CPU per session-second at 512x512 ultrafast: 16 use ~0.65 of a core)",
     )
     advertise_address: str = setting(
-        "", "host:port the gateway dials for this worker's sessions (the chart sets the pod IP); empty = 127.0.0.1:<the bound port>"
+        "",
+        "host:port the gateway dials for this worker's sessions (the chart sets the pod IP); empty = 127.0.0.1:<the bound port>",
     )
-    x264_preset: str = setting("ultrafast", "x264 preset of H.264 sessions (ultrafast: 0.97 ms a 512x512 frame against veryfast's 2.16 ms)")
-    max_session_seconds: float = setting(3600.0, "the longest a session may live; a session asking for more is INVALID_ARGUMENT")
+    x264_preset: str = setting(
+        "ultrafast", "x264 preset of H.264 sessions (ultrafast: 0.97 ms a 512x512 frame against veryfast's 2.16 ms)"
+    )
+    max_session_seconds: float = setting(
+        3600.0, "the longest a session may live; a session asking for more is INVALID_ARGUMENT"
+    )
     idle_timeout_s: float = setting(60.0, "a session with no Converse stream attached for this long ends (CLOSED)")
-    max_queued_audio_s: float = setting(10.0, "speech queued and not yet played, per session; audio beyond it is RESOURCE_EXHAUSTED")
+    max_queued_audio_s: float = setting(
+        10.0, "speech queued and not yet played, per session; audio beyond it is RESOURCE_EXHAUSTED"
+    )
     max_chunk_ms: int = setting(100, "the longest audio chunk accepted (10 ms is the shortest)")
     face_lead_s: float = setting(
         0.08,
@@ -44,9 +56,12 @@ class LiveSettings(StoreSettings):
         "two frames at 25 fps, one for the face link's tick and one for the stage",
     )
     send_queue_frames: int = setting(
-        50, "frames queued per Converse stream for a client that reads slowly (2 s at 25 fps); beyond it frames are dropped (counted)"
+        50,
+        "frames queued per Converse stream for a client that reads slowly (2 s at 25 fps); beyond it frames are dropped (counted)",
     )
-    lease_s: float = setting(10.0, "a session's lease in the job store; a worker that stops renewing it loses its sessions after this long")
+    lease_s: float = setting(
+        10.0, "a session's lease in the job store; a worker that stops renewing it loses its sessions after this long"
+    )
     heartbeat_s: float = setting(1.0, "how often the worker renews its sessions' leases and its row in the job store")
     encode_threads: int = setting(0, "threads compositing and encoding frames; 0 = the CPUs this process may use")
     stage_wait_s: float = setting(60.0, "at start-up, how long to wait for the stages to be SERVING")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient, render_file
-from services.media.probe import probe_media
 from services.local.cluster import REPO_ROOT, LocalCluster
+from services.media.probe import probe_media
 from services.serving.stages import STAGES
 
 #: live workers are started where the registry has them (services.live)
@@ -32,7 +32,11 @@ HAS_LIVE = "live" in STAGES
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m services.local", description=__doc__.splitlines()[0])
     p.add_argument(
-        "command", nargs="?", choices=["demo", "serve"], default="demo", help="demo: render the sample and stop (default); serve: keep the services running"
+        "command",
+        nargs="?",
+        choices=["demo", "serve"],
+        default="demo",
+        help="demo: render the sample and stop (default); serve: keep the services running",
     )
     p.add_argument("--workers", type=int, default=2, help="render worker processes")
     p.add_argument("--live-workers", type=int, default=1, help="live worker processes (live sessions; 0: none)")
@@ -53,13 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     extra = {
         "lipsync": [f"--checkpoint={args.checkpoint}"] if args.checkpoint else [],
-        "superres": [f"--model={args.sr_model}"] + ([f"--checkpoint={args.sr_checkpoint}"] if args.sr_checkpoint else []),
+        "superres": [f"--model={args.sr_model}"]
+        + ([f"--checkpoint={args.sr_checkpoint}"] if args.sr_checkpoint else []),
     }
     if args.gateway_port:
         extra["gateway"] = [f"--port={args.gateway_port}"]
     replicas = {"render": args.workers, **({"live": args.live_workers} if HAS_LIVE else {})}
     live = f" and {args.live_workers} live workers" if HAS_LIVE else ""
-    print(f"starting audio, lipsync, superres, gateway, {args.workers} render workers{live} on 127.0.0.1 (logs in {args.workdir})", flush=True)
+    print(
+        f"starting audio, lipsync, superres, gateway, {args.workers} render workers{live} on 127.0.0.1 (logs in {args.workdir})",
+        flush=True,
+    )
     started = time.perf_counter()
     with LocalCluster(args.workdir, extra_args=extra, replicas=replicas) as cluster:
         print(f"all services SERVING after {time.perf_counter() - started:.1f} s; gateway at {cluster.gateway_address}")
@@ -75,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         with LiplineClient(cluster.gateway_address) as client:
             _, job = render_file(
-                client, args.avatar, args.audio, args.output, super_resolution=not args.no_super_resolution, write=lambda line: print(line, flush=True)
+                client,
+                args.avatar,
+                args.audio,
+                args.output,
+                super_resolution=not args.no_super_resolution,
+                write=lambda line: print(line, flush=True),
             )
             if job.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                 print(f"job failed: {job.error}", file=sys.stderr)

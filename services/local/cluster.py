@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.local.process import REPO_ROOT, ServiceProcess, start
 from services.serving.stages import STAGES as REGISTRY
 from services.serving.stages import called_stages, start_order
-from services.local.process import REPO_ROOT, ServiceProcess, start
 
 __all__ = ["CALLS", "REPO_ROOT", "STAGES", "LocalCluster", "ServiceProcess"]
 
@@ -92,7 +92,10 @@ class LocalCluster:
         """The flags a stage gets from the cluster: the stores, its stages' addresses (all replicas)."""
         s = REGISTRY[service]
         args = [f"--job-store={self.job_store}", f"--blob-store={self.blob_store}"] if s.stores else []
-        args += [f"--{stage}-address={','.join(self.processes[n].address for n in self.replica_names(stage))}" for stage in s.calls]
+        args += [
+            f"--{stage}-address={','.join(self.processes[n].address for n in self.replica_names(stage))}"
+            for stage in s.calls
+        ]
         return args
 
     def start_service(self, name: str, wait: bool = False) -> None:
@@ -123,7 +126,9 @@ class LocalCluster:
         if self.gpus and REGISTRY[module].gpu:
             replica = int(name.rsplit("-", 1)[1]) if name != module else 0
             gpu = self.gpus[replica % len(self.gpus)]
-        self.processes[name] = start(name, module, args, self.workdir, base_args=LOCAL_FLAGS, env=self.env, cuda_visible_devices=gpu)
+        self.processes[name] = start(
+            name, module, args, self.workdir, base_args=LOCAL_FLAGS, env=self.env, cuda_visible_devices=gpu
+        )
 
     def _wait_ready(self, name: str) -> None:
         self.processes[name].wait_ready(self.start_timeout_s)

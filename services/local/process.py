@@ -56,7 +56,9 @@ class ServiceProcess:
         deadline = time.monotonic() + timeout
         while not self.port_file.exists():
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode} during start-up:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.process.returncode} during start-up:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} not SERVING after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(0.05)

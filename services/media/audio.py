@@ -78,7 +78,7 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
                 for out in resampler.resample(frame):
                     pieces.append(_mono(out))
                     total += out.samples
-                if limit is not None and total > limit:
+                if limit is not None and max_seconds is not None and total > limit:
                     raise TooLarge(_too_long_message(container, max_seconds))
             if resampler is not None:
                 # The resampler holds back a few samples of filter delay; flushing returns them.
@@ -90,7 +90,7 @@ def decode_audio(data: bytes, sample_rate: int = 16000, max_seconds: float | Non
 
     if total == 0:
         raise InvalidMedia(f"the audio decoded to zero samples (empty or truncated file); {_FORMATS_HINT}")
-    if limit is not None and total > limit:  # the flush can push a clip just over the limit
+    if limit is not None and max_seconds is not None and total > limit:  # the flush can push a clip just over the limit
         raise TooLarge(_too_long_message(None, max_seconds, total / sample_rate))
     signal = np.concatenate(pieces).astype(np.float32, copy=False)
     # Float sources and resampler ringing can overshoot slightly; the contract is [-1, 1].
@@ -114,7 +114,9 @@ def _open(data: bytes) -> Iterator[tuple[av.container.InputContainer, av.audio.s
             raise InvalidMedia(f"the audio's codec is not one this service can decode; {_FORMATS_HINT}")
         channels = stream.codec_context.channels
         if channels > MAX_CHANNELS:
-            raise InvalidMedia(f"audio has {channels} channels; the limit is {MAX_CHANNELS}: send mono or stereo speech")
+            raise InvalidMedia(
+                f"audio has {channels} channels; the limit is {MAX_CHANNELS}: send mono or stereo speech"
+            )
         if stream.codec_context.sample_rate:  # 0 where only decoding tells: then checked on the first frame
             _check_rate(stream.codec_context.sample_rate)
         yield container, stream
@@ -132,7 +134,9 @@ def _decoded(container: av.container.InputContainer, stream: av.audio.stream.Aud
 
 def _check_rate(rate: int) -> None:
     if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        raise InvalidMedia(f"audio sample rate is {rate} Hz; it must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} Hz: send speech sampled at 8 to 48 kHz")
+        raise InvalidMedia(
+            f"audio sample rate is {rate} Hz; it must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} Hz: send speech sampled at 8 to 48 kHz"
+        )
 
 
 def _mono(frame: av.AudioFrame) -> np.ndarray:
@@ -141,7 +145,9 @@ def _mono(frame: av.AudioFrame) -> np.ndarray:
     return frame.to_ndarray().reshape(-1, channels).mean(axis=1)
 
 
-def _too_long_message(container: av.container.InputContainer | None, max_seconds: float, seconds: float | None = None) -> str:
+def _too_long_message(
+    container: av.container.InputContainer | None, max_seconds: float, seconds: float | None = None
+) -> str:
     """'audio is N s long; the limit is M s', with N from the header when decoding stopped early."""
     if seconds is None and container is not None and container.duration:
         seconds = container.duration / av.time_base

@@ -87,7 +87,9 @@ class I420Frames:
             )
         count, rows, width = data.shape
         if count < 1 or rows == 0 or width == 0 or rows % 3 or (rows * 2 // 3) % 2 or width % 2:
-            raise ValueError(f"I420 frames of shape {data.shape}: need count >= 1, rows = height * 3 / 2 and even height and width")
+            raise ValueError(
+                f"I420 frames of shape {data.shape}: need count >= 1, rows = height * 3 / 2 and even height and width"
+            )
         if not data.flags.c_contiguous:
             data = np.ascontiguousarray(data)
         if data.flags.writeable:
@@ -109,7 +111,9 @@ class I420Frames:
         count = len(frames)
         first = np.asarray(frames[0])
         if count == 0 or first.ndim != 3 or first.shape[2] != 3 or first.dtype != np.uint8:
-            raise ValueError(f"BGR frames must be (count, H, W, 3) uint8, got {count} frames of {first.shape} {first.dtype}")
+            raise ValueError(
+                f"BGR frames must be (count, H, W, 3) uint8, got {count} frames of {first.shape} {first.dtype}"
+            )
         height, width = first.shape[:2]
         if height % 2 or width % 2:
             raise ValueError(f"I420 needs an even frame size, got {width}x{height}")
@@ -214,7 +218,11 @@ def _profiles(height: int, width: int, feather: float, start: int = 0) -> tuple[
     if start <= 0:
         return ry, rx
     ramp = top_ramp(height, feather)
-    t = np.clip(np.arange(height - start, dtype=np.float64) / ramp, 0.0, 1.0) if ramp >= 1.0 else np.ones(height - start)
+    t = (
+        np.clip(np.arange(height - start, dtype=np.float64) / ramp, 0.0, 1.0)
+        if ramp >= 1.0
+        else np.ones(height - start)
+    )
     if ramp >= 1.0:
         t = t * t * (3.0 - 2.0 * t)
     ry = (ry[start:].astype(np.float64) * t).astype(np.float32)
@@ -257,7 +265,7 @@ def _outer(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out[i, j] = a[i] * b[j] (float32). cv2.gemm: bit-identical to np.multiply.outer and 2.5x faster."""
     if out.size == 0:
         return
-    result = cv2.gemm(np.ascontiguousarray(a)[:, None], np.ascontiguousarray(b)[None, :], 1.0, None, 0.0, dst=out)
+    result = cv2.gemm(np.ascontiguousarray(a)[:, None], np.ascontiguousarray(b)[None, :], 1.0, None, 0.0, dst=out)  # type: ignore[call-overload]  # stubs: src3 may be None
     if result is not out:  # pragma: no cover - cv2 reallocated dst
         out[...] = result
 
@@ -267,7 +275,16 @@ class _Weights:
 
     __slots__ = ("buffer", "wy", "wy_inv", "wc", "wc_inv", "rows", "cols")
 
-    def __init__(self, buffer: np.ndarray, ry: np.ndarray, rx: np.ndarray, cy: np.ndarray, cx: np.ndarray, rows: slice, cols: slice) -> None:
+    def __init__(
+        self,
+        buffer: np.ndarray,
+        ry: np.ndarray,
+        rx: np.ndarray,
+        cy: np.ndarray,
+        cx: np.ndarray,
+        rows: slice,
+        cols: slice,
+    ) -> None:
         self.buffer = buffer
         self.rows, self.cols = rows, cols
         views = []
@@ -310,7 +327,9 @@ class _ThreadWeights(threading.local):
 _THREAD_WEIGHTS = _ThreadWeights()
 
 
-def _weights(height: int, width: int, top: int, left: int, bottom: int, right: int, feather: float, siting: str, start: int = 0) -> _Weights:
+def _weights(
+    height: int, width: int, top: int, left: int, bottom: int, right: int, feather: float, siting: str, start: int = 0
+) -> _Weights:
     """The blend weights of one box geometry, from this thread's cache.
 
     ``wy`` is the feather mask over the box's rows ``[start, height)`` (``height - start``, width)
@@ -374,7 +393,13 @@ class Compositor:
     threads scales.
     """
 
-    def __init__(self, frames: I420Frames, boxes: Sequence[Box | None], feather: float = 0.15, regenerated_from: float = REGENERATED_FROM) -> None:
+    def __init__(
+        self,
+        frames: I420Frames,
+        boxes: Sequence[Box | None],
+        feather: float = 0.15,
+        regenerated_from: float = REGENERATED_FROM,
+    ) -> None:
         """
         Args:
             frames: The avatar's frames in I420.
@@ -407,7 +432,9 @@ class Compositor:
                 continue
             x1, y1, x2, y2 = (int(v) for v in box)
             if not (0 <= x1 < x2 <= self._width and 0 <= y1 < y2 <= self._height):
-                raise ValueError(f"box {tuple(box)} of frame {i} is empty or outside the {self._width}x{self._height} frame")
+                raise ValueError(
+                    f"box {tuple(box)} of frame {i} is empty or outside the {self._width}x{self._height} frame"
+                )
             self._boxes.append((x1, y1, x2, y2))
 
     @property
@@ -447,7 +474,9 @@ class Compositor:
         self.frame_into(frame_index, face, split_i420(out, self._height, self._width))
         return out
 
-    def frame_into(self, frame_index: int, face: np.ndarray | None, planes: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    def frame_into(
+        self, frame_index: int, face: np.ndarray | None, planes: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ) -> None:
         """`frame`, written into ``planes``: writable Y (height, width), U and V (height/2, width/2)
         arrays, such as the encoder's own frame (`Mp4Writer.i420_planes`), so an output frame is
         copied once (cached frame -> encoder frame) and blended there. Same arguments and errors."""
@@ -483,7 +512,9 @@ class Compositor:
         x1, y1, x2, y2 = box
         h, w = y2 - y1, x2 - x1
         if not isinstance(face, np.ndarray) or face.shape != (h, w, 3) or face.dtype != np.uint8:
-            raise ValueError(f"face is {getattr(face, 'shape', type(face))} {getattr(face, 'dtype', '')}, the box {box} needs {(h, w, 3)} uint8")
+            raise ValueError(
+                f"face is {getattr(face, 'shape', type(face))} {getattr(face, 'dtype', '')}, the box {box} needs {(h, w, 3)} uint8"
+            )
 
         # Only the regenerated region (box rows from `start` on) is blended; above it the frame keeps
         # the cached bytes (Y rows and the chroma blocks whose top-left pixel is above `start`).

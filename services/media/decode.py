@@ -16,8 +16,8 @@ import cv2
 import numpy as np
 
 from services.media import av_limits  # noqa: F401 - caps FFmpeg allocations on import
-from services.serving.errors import InvalidMedia, TooLarge
 from services.media.image_header import ImageHeaderError, ImageSize, read_image_size
+from services.serving.errors import InvalidMedia, TooLarge
 
 DEFAULT_VIDEO_FPS = 25.0
 _SUPPORTED_HINT = "send JPEG, PNG or an MP4/WebM/MOV video"
@@ -79,7 +79,9 @@ def decode_avatar(
             mid-stream.
         TooLarge: The avatar has more than ``max_frames`` frames or more than ``max_pixels`` pixels.
     """
-    with open_avatar(data, photo_fps=photo_fps, max_frames=max_frames, max_pixels=max_pixels, min_side=min_side) as frames:
+    with open_avatar(
+        data, photo_fps=photo_fps, max_frames=max_frames, max_pixels=max_pixels, min_side=min_side
+    ) as frames:
         return _collect(frames, frames.count_hint, max_frames), frames.fps
 
 
@@ -100,22 +102,28 @@ def _decode_still(data: bytes, header: ImageSize, *, max_pixels: int, min_side: 
     # applies the EXIF orientation (which swaps width and height, not their product).
     image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if image is None:
-        raise InvalidMedia(f"could not decode the avatar as a {header.format} image (corrupt or truncated data); {_SUPPORTED_HINT}")
+        raise InvalidMedia(
+            f"could not decode the avatar as a {header.format} image (corrupt or truncated data); {_SUPPORTED_HINT}"
+        )
     _check_size(image.shape[1], image.shape[0], max_pixels, min_side)
     return _even(image[None])
 
 
 def _demux_checked(
     container: av.container.InputContainer, *, max_frames: int, max_pixels: int, min_side: int
-) -> tuple[av.video.stream.VideoStream, list[av.Packet], int, float]:
+) -> tuple[av.video.stream.VideoStream, list[av.Packet | None], int, float]:
     """The first video stream's compressed packets, after the header checks of `decode_avatar`.
 
     Returns ``(stream, packets, count, fps)``; count is the number of frame-carrying packets.
     """
     if not container.streams.video:
-        raise InvalidMedia(f"could not decode the avatar as an image or a video: it has no video stream; {_SUPPORTED_HINT}")
+        raise InvalidMedia(
+            f"could not decode the avatar as an image or a video: it has no video stream; {_SUPPORTED_HINT}"
+        )
     if container.format.name.endswith("_pipe") or container.format.name in _IMAGE_DEMUXERS:
-        raise InvalidMedia(f"the avatar is a still image in a format that is not supported ({container.format.name}); {_SUPPORTED_HINT}")
+        raise InvalidMedia(
+            f"the avatar is a still image in a format that is not supported ({container.format.name}); {_SUPPORTED_HINT}"
+        )
     stream = container.streams.video[0]
     context = stream.codec_context
     if context is None:
@@ -135,7 +143,7 @@ def _demux_checked(
     # 3. The decoder refuses to allocate a frame above max_pixels, whatever the headers said (a
     #    later SPS may switch to 16000x16000): FFmpeg checks it in every frame allocation.
     context.options = {**(context.options or {}), "max_pixels": str(max_pixels)}
-    packets = []
+    packets: list[av.Packet | None] = []  # None once decoded (_iter_packets)
     count = 0
     for packet in container.demux(stream):  # the last packet (size 0) is the decoder's flush
         if packet.size and not packet.is_discard:
@@ -167,7 +175,7 @@ def _open_video(data: bytes) -> av.container.InputContainer:
 
 def _iter_packets(
     stream: av.video.stream.VideoStream,
-    packets: list[av.Packet],
+    packets: list[av.Packet | None],
     max_frames: int,
     max_pixels: int,
     min_side: int,
@@ -181,7 +189,7 @@ def _iter_packets(
     n = 0
     try:
         for i, packet in enumerate(packets):
-            packets[i] = None  # type: ignore[call-overload] # each packet is freed once decoded
+            packets[i] = None  # each packet is freed once decoded
             for frame in stream.decode(packet):
                 key = (frame.width, frame.height, frame.rotation)
                 if first is None:
@@ -247,7 +255,13 @@ class AvatarFrames:
     (copy to keep one). It can be iterated once; `open_avatar` again for a second pass.
     """
 
-    def __init__(self, fps: float, frames: Iterator[np.ndarray], count_hint: int, closer: av.container.InputContainer | None = None) -> None:
+    def __init__(
+        self,
+        fps: float,
+        frames: Iterator[np.ndarray],
+        count_hint: int,
+        closer: av.container.InputContainer | None = None,
+    ) -> None:
         self.fps = fps
         #: Frames the headers or the compressed packets announce (the decoded count may differ).
         self.count_hint = count_hint
@@ -275,7 +289,9 @@ class AvatarFrames:
     def __enter__(self) -> AvatarFrames:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -304,18 +320,24 @@ def open_avatar(
     container = None
     try:
         container = _open_video(data)
-        stream, packets, count, fps = _demux_checked(container, max_frames=max_frames, max_pixels=max_pixels, min_side=min_side)
+        stream, packets, count, fps = _demux_checked(
+            container, max_frames=max_frames, max_pixels=max_pixels, min_side=min_side
+        )
     except _DECODE_ERRORS as exc:
         if container is not None:
             container.close()
-        raise InvalidMedia(f"could not decode the avatar as an image or a video: {_reason(exc)}; {_SUPPORTED_HINT}") from exc
+        raise InvalidMedia(
+            f"could not decode the avatar as an image or a video: {_reason(exc)}; {_SUPPORTED_HINT}"
+        ) from exc
     except BaseException:
         if container is not None:
             container.close()
         raise
     # An AVIF photo (ISO-BMFF, major brand "avif") is a one-frame AV1 video to FFmpeg; it is a photo.
     fps = float(photo_fps) if data[8:12] == b"avif" else fps
-    return AvatarFrames(fps, _iter_packets(stream, packets, max_frames, max_pixels, min_side), min(count, max_frames), container)
+    return AvatarFrames(
+        fps, _iter_packets(stream, packets, max_frames, max_pixels, min_side), min(count, max_frames), container
+    )
 
 
 def _rate(stream: av.video.stream.VideoStream) -> float:
@@ -336,7 +358,9 @@ def _check_size(width: int, height: int, max_pixels: int, min_side: int) -> None
     """TooLarge above ``max_pixels``, InvalidMedia below ``min_side`` on either side."""
     _check_pixels(width, height, max_pixels)
     if min(width, height) < min_side:
-        raise InvalidMedia(f"the avatar is {width}x{height} px; send at least {min_side}x{min_side} (a photo or video in which the face is clearly visible)")
+        raise InvalidMedia(
+            f"the avatar is {width}x{height} px; send at least {min_side}x{min_side} (a photo or video in which the face is clearly visible)"
+        )
 
 
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:

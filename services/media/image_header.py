@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["ImageHeaderError", "ImageSize", "read_image_size", "sniff_image_format"]
 
@@ -99,7 +100,7 @@ def read_image_size(data: bytes) -> ImageSize | None:
     return ImageSize(fmt, width, height)
 
 
-def _unpack(fmt: str, data: memoryview, offset: int, what: str) -> tuple[int, ...]:
+def _unpack(fmt: str, data: memoryview, offset: int, what: str) -> tuple[Any, ...]:
     size = struct.calcsize(fmt)
     if offset < 0 or offset + size > len(data):
         raise ImageHeaderError(f"the {what} header is truncated")
@@ -137,7 +138,9 @@ def _check_png_chunks(data: memoryview) -> None:
             raise ImageHeaderError("the PNG is truncated (it ends before its IEND chunk)")
         length, kind = _PNG_CHUNK.unpack_from(data, offset)
         if length > end - offset - 12:
-            raise ImageHeaderError(f"the PNG is truncated or corrupt: its {bytes(kind)!r} chunk claims {length} bytes, {end - offset - 12} remain")
+            raise ImageHeaderError(
+                f"the PNG is truncated or corrupt: its {bytes(kind)!r} chunk claims {length} bytes, {end - offset - 12} remain"
+            )
         if kind == b"IEND":
             return
         offset += 12 + length

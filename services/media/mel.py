@@ -81,7 +81,9 @@ def melspectrogram(signal: np.ndarray) -> np.ndarray:
     mel = mel_basis() @ np.abs(stft)
     min_level = np.exp(MIN_LEVEL_DB / 20 * np.log(10))  # 1e-5, the -100 dB floor
     db = 20 * np.log10(np.maximum(min_level, mel)) - REF_LEVEL_DB
-    out = np.clip(2 * MAX_ABS_VALUE * (db - MIN_LEVEL_DB) / -MIN_LEVEL_DB - MAX_ABS_VALUE, -MAX_ABS_VALUE, MAX_ABS_VALUE).astype(np.float32)
+    out = np.clip(
+        2 * MAX_ABS_VALUE * (db - MIN_LEVEL_DB) / -MIN_LEVEL_DB - MAX_ABS_VALUE, -MAX_ABS_VALUE, MAX_ABS_VALUE
+    ).astype(np.float32)
     if np.isnan(out).any():
         raise InvalidMedia("audio produced NaN in the mel spectrogram (non-finite samples?)")
     return out

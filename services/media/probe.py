@@ -1,8 +1,11 @@
 """Describe an MP4 by decoding it: what the demo, the smoke test and the tests check outputs with."""
 
 from __future__ import annotations
+
 from pathlib import Path
+
 import av
+
 from services.media import av_limits  # noqa: F401 - caps FFmpeg allocations on import
 from services.media.decode import DEFAULT_VIDEO_FPS
 
@@ -30,12 +33,12 @@ def probe_media(path: Path) -> dict:
         for frame in container.decode(*(s for s in (video, audio) if s is not None)):
             if isinstance(frame, av.VideoFrame):
                 frames += 1
-            else:
+            elif isinstance(frame, av.AudioFrame):  # the only other stream decoded
                 samples += frame.samples
         fps = float(video.average_rate) if video.average_rate else DEFAULT_VIDEO_FPS
         audio_rate = audio.codec_context.sample_rate if audio is not None else None
         audio_duration = samples / audio_rate if audio_rate else 0.0
-        if audio is not None and audio.duration:
+        if audio is not None and audio.duration and audio.time_base is not None:
             audio_duration = min(audio_duration, float(audio.duration * audio.time_base))
         return {
             "video_codec": video.codec_context.name,

@@ -49,7 +49,18 @@ def exact_rate(fps: float) -> Fraction:
     return Fraction(fps).limit_denominator(1001)
 
 
-X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
+X264_PRESETS = (
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+)
 
 
 #: The colour tags of every H.264 stream lipline writes (render's `Mp4Writer`, live's encoder) (AVCodecContext values; docs/quality.md).

@@ -11,8 +11,8 @@ import cv2
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2
-from services.serving.errors import InvalidMedia
 from services.media.image_header import JPEG, PNG, ImageHeaderError, read_image_size
+from services.serving.errors import InvalidMedia
 
 MEL_BANDS = 80
 MEL_STEP = 16
@@ -27,7 +27,9 @@ def image_to_proto(image: np.ndarray) -> common_pb2.Image:
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected (H, W, 3) uint8, got {image.shape} {image.dtype}")
     h, w = image.shape[:2]
-    return common_pb2.Image(width=w, height=h, format=common_pb2.PIXEL_FORMAT_BGR24, data=np.ascontiguousarray(image).tobytes())
+    return common_pb2.Image(
+        width=w, height=h, format=common_pb2.PIXEL_FORMAT_BGR24, data=np.ascontiguousarray(image).tobytes()
+    )
 
 
 def image_from_proto(msg: common_pb2.Image, what: str = "image") -> np.ndarray:
@@ -52,7 +54,9 @@ def image_from_proto(msg: common_pb2.Image, what: str = "image") -> np.ndarray:
             found = "empty" if not data else f"a {header.format} image" if header else "not an image"
             raise InvalidMedia(f"{what}: could not decode {name} data: the bytes are {found}, not PNG or JPEG")
         if max(header.width, header.height) > MAX_IMAGE_SIDE:
-            raise InvalidMedia(f"{what}: the {header.format} is {header.width}x{header.height} px, above the limit of {MAX_IMAGE_SIDE} px per side")
+            raise InvalidMedia(
+                f"{what}: the {header.format} is {header.width}x{header.height} px, above the limit of {MAX_IMAGE_SIDE} px per side"
+            )
         decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
         if decoded is None:
             raise InvalidMedia(f"{what}: could not decode {name} data (corrupt or truncated)")
@@ -96,7 +100,9 @@ def unpack_speech(items: lipsync_pb2.GenerateItems) -> np.ndarray | None:
         return None
     speech = np.asarray(items.speech, dtype=np.float32)
     if len(speech) != len(items.frame_indices):
-        raise InvalidMedia(f"items: {len(items.frame_indices)} items but {len(speech)} speech values (one each, or none)")
+        raise InvalidMedia(
+            f"items: {len(items.frame_indices)} items but {len(speech)} speech values (one each, or none)"
+        )
     if not (np.isfinite(speech).all() and (speech >= 0).all() and (speech <= 1).all()):
         raise InvalidMedia("items: speech values must lie in [0, 1]")
     return speech
@@ -111,7 +117,9 @@ def unpack_generate_items(items: lipsync_pb2.GenerateItems) -> tuple[np.ndarray,
         raise InvalidMedia(f"items: {n} frame indices but {len(crops)} crop indices")
     raw = items.mels  # read a bytes field once: each read copies it out of the message
     if len(raw) != n * MEL_BYTES:
-        raise InvalidMedia(f"items: {n} items need {n * MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(raw)}")
+        raise InvalidMedia(
+            f"items: {n} items need {n * MEL_BYTES} bytes of mel windows (80x16 float16 each), got {len(raw)}"
+        )
     mels = np.frombuffer(raw, dtype="<f2").reshape(n, MEL_BANDS, MEL_STEP)
     if not np.isfinite(mels).all():
         bad = int(np.argmax(~np.isfinite(mels).reshape(n, -1).all(axis=1)))

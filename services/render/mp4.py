@@ -4,17 +4,19 @@ the join that stream-copies the segments and muxes the audio into one MP4 that p
 encoder are in `services.media.video_format`."""
 
 from __future__ import annotations
+
 import os
 import uuid
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
-from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+
 import av
 import numpy as np
+
 from services.media import av_limits  # noqa: F401 - caps FFmpeg allocations on import
 from services.media.video_format import COLOR_TAGS, X264_PRESETS, exact_rate, split_i420, to_yuv420
-
 
 MUX_AUDIO_RATE = 48_000  # the output's AAC track: the original audio resampled, mono
 
@@ -37,7 +39,10 @@ class _AacTrack:
         # audio on one core), plenty for speech; the AAC track is on every job's critical path.
         self._stream.options = {"aac_coder": "fast"}
         # The native aac encoder accepts only planar float ("fltp"); ask it rather than assume.
-        self._format = self._stream.codec_context.codec.audio_formats[0].name
+        formats = self._stream.codec_context.codec.audio_formats
+        if not formats:
+            raise RuntimeError("FFmpeg's aac encoder lists no sample formats")
+        self._format = formats[0].name
 
     def encode(self, until: int | None) -> None:
         """Encodes 1024-sample frames up to sample ``until`` (None: to the end, the last frame short)."""
@@ -176,7 +181,8 @@ class Mp4Writer:
             self._frame = av.VideoFrame(w, h, "yuv420p")
             views = []
             for plane, rows, cols in zip(self._frame.planes, (h, h // 2, h // 2), (w, w // 2, w // 2)):
-                views.append(np.frombuffer(plane, np.uint8).reshape(rows, plane.line_size)[:, :cols])
+                buffer = np.frombuffer(plane, np.uint8)  # type: ignore[call-overload]  # PyAV's stubs: a plane is a buffer
+                views.append(buffer.reshape(rows, plane.line_size)[:, :cols])
             self._planes = (views[0], views[1], views[2])
         return self._planes
 
@@ -199,7 +205,9 @@ class Mp4Writer:
         h, w = self._video.height, self._video.width
         expected = (h * 3 // 2, w)
         if frame_i420.shape != expected or frame_i420.dtype != np.uint8:
-            raise ValueError(f"I420 frame has shape {frame_i420.shape} {frame_i420.dtype}, the video needs {expected} uint8")
+            raise ValueError(
+                f"I420 frame has shape {frame_i420.shape} {frame_i420.dtype}, the video needs {expected} uint8"
+            )
         for plane, source in zip(self.i420_planes(), split_i420(frame_i420, h, w)):
             plane[:] = source
         self.write_planes()
@@ -276,7 +284,7 @@ def join_segments(parts: Sequence[Path], path: Path, fps: float, audio: Path | N
         with av.open(str(parts[0])) as first:
             video = out.container.add_stream_from_template(first.streams.video[0])
         audio_out = None
-        audio_packets = iter(())
+        audio_packets: Iterator[av.Packet] = iter(())
         if audio_in is not None:
             source_audio = audio_in.streams.audio[0]
             audio_out = out.container.add_stream_from_template(source_audio)
@@ -286,18 +294,23 @@ def join_segments(parts: Sequence[Path], path: Path, fps: float, audio: Path | N
         for part in parts:
             with av.open(str(part)) as source:
                 stream = source.streams.video[0]
+                if stream.time_base is None:  # a demuxed stream has one
+                    raise ValueError(f"{part}: the video stream has no time base")
                 shift = round(frames / rate / stream.time_base)  # this part's start, in its time base
                 count = 0
                 for packet in source.demux(stream):
                     if packet.dts is None:  # the demuxer's end-of-stream marker
                         continue
+                    if packet.pts is None:  # the segments' packets all carry one
+                        raise ValueError(f"{part}: a video packet has no pts")
                     packet.pts += shift
                     packet.dts += shift
                     packet.stream = video
                     out.container.mux(packet)
                     count += 1
                     now = (frames + count) / rate
-                    while pending_audio is not None and pending_audio.dts * pending_audio.time_base <= now:
+                    # `or 0`: for mypy only, audio_packets holds packets with a dts
+                    while pending_audio is not None and (pending_audio.dts or 0) * pending_audio.time_base <= now:
                         pending_audio.stream = audio_out
                         out.container.mux(pending_audio)
                         pending_audio = next(audio_packets, None)

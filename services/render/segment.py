@@ -20,21 +20,24 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
-from services.media.timeline import LOOP_PING_PONG, loop_frame
-from services.serving.channels import stage_errors
-from services.media.wire import image_from_proto, image_to_proto, pack_generate_items
-from services.serving.metrics import Metrics
-from services.render.mp4 import Mp4Writer
-from services.media.packed import PackedImages
-from services.jobs.segment_audio import SegmentAudio
 from services.jobs.avatar_cache import LocalAvatar
+from services.jobs.avatars import AvatarMeta
+from services.jobs.segment_audio import SegmentAudio
+from services.media.crops import Box
+from services.media.packed import PackedImages
+from services.media.timeline import LOOP_PING_PONG, loop_frame
+from services.media.wire import image_from_proto, image_to_proto, pack_generate_items
+from services.render.mp4 import Mp4Writer
+from services.serving.channels import stage_errors
+from services.serving.metrics import Metrics
 
 # Small messages keep a segment's stages overlapped (lipsync of message k+1 while superres does k and
 # x264 encodes k-1); a 2 s segment is 50 frames, so 10 per message gives 5 steps of that pipeline.
@@ -75,7 +78,9 @@ class SegmentRenderer:
         self._metrics = metrics
         self._preset = preset
         self._threads = threads
-        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="encode", initializer=_lower_priority, initargs=(nice,))
+        self._encoder = ThreadPoolExecutor(
+            1, thread_name_prefix="encode", initializer=_lower_priority, initargs=(nice,)
+        )
 
     def close(self) -> None:
         self._encoder.shutdown(wait=True, cancel_futures=True)
@@ -89,7 +94,7 @@ class SegmentRenderer:
         super_resolution: bool,
         crf: int,
         output: Path,
-        metadata: tuple = (),
+        metadata: Sequence[tuple[str, str]] = (),
         template_loop: str = LOOP_PING_PONG,
     ) -> SegmentResult:
         """Frames [start, end) into `output` (an H.264 MP4 without audio, frame 0 = `start`).
@@ -102,11 +107,23 @@ class SegmentRenderer:
         meta = avatar.meta
         times: dict[str, float] = {"lipsync": 0.0, "composite": 0.0, "encode": 0.0}
         models: list[dict] = []
-        face_frames = [i for i in range(start, end) if meta.boxes[loop_frame(i, meta.frame_count, template_loop)] is not None]
+        face_frames = [
+            i for i in range(start, end) if meta.boxes[loop_frame(i, meta.frame_count, template_loop)] is not None
+        ]
         loop = asyncio.get_running_loop()
         writer = await loop.run_in_executor(
             self._encoder,
-            lambda: Mp4Writer(output, meta.width, meta.height, meta.fps, None, 48000, crf=crf, preset=self._preset, threads=self._threads),
+            lambda: Mp4Writer(
+                output,
+                meta.width,
+                meta.height,
+                meta.fps,
+                None,
+                48000,
+                crf=crf,
+                preset=self._preset,
+                threads=self._threads,
+            ),
         )
         pending: list[asyncio.Future] = []
         next_frame = start
@@ -114,7 +131,9 @@ class SegmentRenderer:
         def write(frame_index: int, face: np.ndarray | None) -> None:  # on the encoder thread, in order
             t0 = time.perf_counter()
             # Composed straight into the encoder's own frame: one copy of the cached frame, no other.
-            avatar.compositor.frame_into(loop_frame(frame_index, meta.frame_count, template_loop), face, writer.i420_planes())
+            avatar.compositor.frame_into(
+                loop_frame(frame_index, meta.frame_count, template_loop), face, writer.i420_planes()
+            )
             t1 = time.perf_counter()
             writer.write_planes()
             t2 = time.perf_counter()
@@ -139,7 +158,9 @@ class SegmentRenderer:
                     pending.pop(0).result()
 
         try:
-            faces = self._generated(avatar, face_frames, start, audio, super_resolution, times, models, metadata, template_loop)
+            faces = self._generated(
+                avatar, face_frames, start, audio, super_resolution, times, models, metadata, template_loop
+            )
             if super_resolution and face_frames:
                 faces = self._restored(avatar, faces, times, models, metadata, template_loop)
             async for frame_index, face in faces:
@@ -170,7 +191,7 @@ class SegmentRenderer:
         raw_size: bool,
         times: dict[str, float],
         models: list[dict],
-        metadata: tuple,
+        metadata: Sequence[tuple[str, str]],
         template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         """(frame index, face) from lipsync, in order: 96x96 with `raw_size`, else at paste size."""
@@ -183,7 +204,7 @@ class SegmentRenderer:
             for k in range(0, len(used), ITEMS_PER_MESSAGE):
                 crops = []
                 for f in used[k : k + ITEMS_PER_MESSAGE]:
-                    x1, y1, x2, y2 = meta.boxes[f]  # type: ignore[misc]
+                    x1, y1, x2, y2 = _face_box(meta, f)
                     crops.append(
                         lipsync_pb2.ReferenceCrop(
                             crop_index=f,
@@ -221,7 +242,7 @@ class SegmentRenderer:
         faces: AsyncIterator[tuple[int, np.ndarray]],
         times: dict[str, float],
         models: list[dict],
-        metadata: tuple,
+        metadata: Sequence[tuple[str, str]],
         template_loop: str = LOOP_PING_PONG,
     ) -> AsyncIterator[tuple[int, np.ndarray]]:
         meta = avatar.meta
@@ -229,8 +250,12 @@ class SegmentRenderer:
         async def requests() -> AsyncIterator[superres_pb2.UpscaleRequest]:
             items: list[superres_pb2.UpscaleItem] = []
             async for index, face in faces:
-                x1, y1, x2, y2 = meta.boxes[loop_frame(index, meta.frame_count, template_loop)]  # type: ignore[misc]
-                items.append(superres_pb2.UpscaleItem(index=index, image=image_to_proto(face), out_width=x2 - x1, out_height=y2 - y1))
+                x1, y1, x2, y2 = _face_box(meta, loop_frame(index, meta.frame_count, template_loop))
+                items.append(
+                    superres_pb2.UpscaleItem(
+                        index=index, image=image_to_proto(face), out_width=x2 - x1, out_height=y2 - y1
+                    )
+                )
                 if len(items) == ITEMS_PER_MESSAGE:
                     yield superres_pb2.UpscaleRequest(items=items)
                     items = []
@@ -247,9 +272,17 @@ class SegmentRenderer:
                 times["superres"] = time.perf_counter() - t0
 
 
-def _provider(stub: object) -> Callable[[], object]:
+def _face_box(meta: AvatarMeta, frame: int) -> Box:
+    """The face box of an avatar frame that has one (the renderer sends only face frames to the stages)."""
+    box = meta.boxes[frame]
+    if box is None:
+        raise ValueError(f"avatar frame {frame} has no face box")
+    return box
+
+
+def _provider(stub: object) -> Callable[[], Any]:
     """A zero-argument stub provider for `stub` (a provider already, or one stub to return every time)."""
-    return stub if callable(stub) else (lambda: stub)  # type: ignore[return-value]
+    return stub if callable(stub) else (lambda: stub)
 
 
 def _lower_priority(nice: int) -> None:

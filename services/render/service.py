@@ -22,15 +22,15 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from lipline.v1 import lipsync_pb2_grpc, superres_pb2_grpc
-from services.serving.discovery import DiscoveredStageClients
-from services.render.encoder_threads import x264_threads
-from services.serving.server import Service
-from services.jobs.store import close_stores, open_stores
 from services.jobs.avatar_cache import AvatarCache
+from services.jobs.store import close_stores, open_stores
+from services.render.encoder_threads import x264_threads
 from services.render.segment import SegmentRenderer
 from services.render.settings import RenderSettings
 from services.render.tasks import RenderTasks
 from services.render.worker import RenderWorker
+from services.serving.discovery import DiscoveredStageClients
+from services.serving.server import Service
 
 _LOGGER = logging.getLogger(__name__)
 QUEUE_STATS_EVERY_S = 2.0
@@ -51,7 +51,9 @@ class RenderService(Service[RenderSettings]):
         s = self.settings
         self.jobs, self.blobs = await open_stores(s)
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
-        self.clients = DiscoveredStageClients({"lipsync": s.lipsync_address, "superres": s.superres_address}, s.max_message_bytes)
+        self.clients = DiscoveredStageClients(
+            {"lipsync": s.lipsync_address, "superres": s.superres_address}, s.max_message_bytes
+        )
         await self.clients.start()
         await self.clients.wait_serving(s.stage_wait_s)
         clients = self.clients
@@ -65,7 +67,7 @@ class RenderService(Service[RenderSettings]):
             s.encode_nice,
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        cache = AvatarCache(self.blobs, s.cache_dir, max_bytes=s.avatar_cache_bytes)
+        cache = AvatarCache(self.blobs, Path(s.cache_dir), max_bytes=s.avatar_cache_bytes)
         tasks = RenderTasks(self.metrics, self.jobs, self.blobs, cache, self.renderer, Path(s.cache_dir) / "scratch")
         self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, tasks, name)
         self._loops = [
@@ -101,11 +103,17 @@ class RenderService(Service[RenderSettings]):
             healthy = not problem
             m.render_loop_healthy.set(1 if healthy else 0)
             if problem:
-                _LOGGER.error("render worker unhealthy: %s; health reports NOT_SERVING", problem, extra={"worker": worker.name})
+                _LOGGER.error(
+                    "render worker unhealthy: %s; health reports NOT_SERVING", problem, extra={"worker": worker.name}
+                )
             else:
-                _LOGGER.info("render worker's claim loop moves again; health reports SERVING", extra={"worker": worker.name})
+                _LOGGER.info(
+                    "render worker's claim loop moves again; health reports SERVING", extra={"worker": worker.name}
+                )
             if self.health is not None:
-                status = health_pb2.HealthCheckResponse.SERVING if healthy else health_pb2.HealthCheckResponse.NOT_SERVING
+                status = (
+                    health_pb2.HealthCheckResponse.SERVING if healthy else health_pb2.HealthCheckResponse.NOT_SERVING
+                )
                 await self.health.set("", status)
 
     async def close(self) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.serving.settings import StoreSettings, setting, address_field
 from services.media.video_format import X264_PRESETS
+from services.serving.settings import StoreSettings, address_field, setting
 from services.serving.stages import STAGES
 
 
@@ -14,10 +14,14 @@ class RenderSettings(StoreSettings):
     """Settings of a render worker: claims segments from the job store, renders them through the stages."""
 
     port: int = setting(STAGES["render"].port, "gRPC port (health and reflection only: a worker serves no API)")
-    metrics_port: int = setting(STAGES["render"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    metrics_port: int = setting(
+        STAGES["render"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)"
+    )
     lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync")
     superres_address: str = address_field(STAGES["superres"].local_address, "superres")
-    cache_dir: str = setting("var/render-cache", "local cache of avatars converted for compositing (per worker; safe to lose)")
+    cache_dir: str = setting(
+        "var/render-cache", "local cache of avatars converted for compositing (per worker; safe to lose)"
+    )
     avatar_cache_bytes: int = setting(
         8 * 1024**3,
         "disk budget of the avatar cache in cache_dir (frames in I420: 3.1 MB per 1080p frame); "
@@ -30,8 +34,12 @@ class RenderSettings(StoreSettings):
         "claims of one task that ended in a crash (the worker died or lost the lease, or an unexpected error) before its job fails; "
         "retryable failures (a stage or store unavailable, a full blob store) are bounded by retry_window_s instead",
     )
-    retry_window_s: float = setting(60.0, "how long a task may keep failing with retryable errors (retried with back-off) before its job fails")
-    retry_backoff_s: float = setting(0.5, "first delay before a failed task is claimable again; doubles per failure, with jitter")
+    retry_window_s: float = setting(
+        60.0, "how long a task may keep failing with retryable errors (retried with back-off) before its job fails"
+    )
+    retry_backoff_s: float = setting(
+        0.5, "first delay before a failed task is claimable again; doubles per failure, with jitter"
+    )
     retry_backoff_max_s: float = setting(8.0, "the longest delay between two attempts of a failing task")
     loop_stall_s: float = setting(
         60.0,
@@ -46,9 +54,12 @@ class RenderSettings(StoreSettings):
         "claims already take turns across clients, then jobs (a short job waits only for running tasks)",
     )
     x264_preset: str = setting(
-        "veryfast", "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf"
+        "veryfast",
+        "x264 speed preset of the output (ultrafast ... veryslow): faster presets cost file size, not quality at a given crf",
     )
-    x264_threads: int = setting(0, "x264 threads per segment encoder; 0 = auto (the cores this process may use, at most 4)")
+    x264_threads: int = setting(
+        0, "x264 threads per segment encoder; 0 = auto (the cores this process may use, at most 4)"
+    )
     encode_nice: int = setting(
         5,
         "nice value (0-19) of the x264 threads: encoding is bulk work with slack, so a job's audio task, "

@@ -21,16 +21,16 @@ import uuid
 from pathlib import Path
 
 from lipline.v1 import gateway_pb2
+from services.jobs.avatar_cache import AvatarCache
 from services.jobs.integrity import file_sha256
 from services.jobs.layout import audio_key, job_prefix, mels_key, output_key, segment_indices, segment_key, upload_key
-from services.jobs.segment_audio import unpack_segment_audio
+from services.jobs.segment_audio import SegmentAudio, unpack_segment_audio
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import Job, JobStore, Task, TaskKind
 from services.media.audio import decode_audio
-from services.jobs.avatar_cache import AvatarCache
+from services.media.timeline import loop_mode
 from services.render.mp4 import MUX_AUDIO_RATE, encode_aac, join_segments
 from services.render.segment import SegmentRenderer
-from services.media.timeline import loop_mode
 from services.render.worker import LeaseLost
 from services.serving.errors import CorruptRecord, NotFound
 from services.serving.metrics import Metrics
@@ -42,7 +42,15 @@ _LOGGER = logging.getLogger(__name__)
 class RenderTasks:
     """The task bodies of one worker (a `worker.TaskRunner`)."""
 
-    def __init__(self, metrics: Metrics, jobs: JobStore, blobs: BlobStore, cache: AvatarCache, renderer: SegmentRenderer, scratch: Path) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        jobs: JobStore,
+        blobs: BlobStore,
+        cache: AvatarCache,
+        renderer: SegmentRenderer,
+        scratch: Path,
+    ) -> None:
         self.metrics = metrics
         self.jobs = jobs
         self.blobs = blobs
@@ -54,7 +62,14 @@ class RenderTasks:
     async def run(self, task: Task) -> None:
         """Do the task its kind names, inside a span of the job's trace."""
         job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
-        with job_span(f"render {task.kind.value}", job.id, job.trace_context, task=task.index, attempt=task.attempts, frames=task.end_frame - task.start_frame):
+        with job_span(
+            f"render {task.kind.value}",
+            job.id,
+            job.trace_context,
+            task=task.index,
+            attempt=task.attempts,
+            frames=task.end_frame - task.start_frame,
+        ):
             if task.kind is TaskKind.JOIN:
                 await self._join(task, job)
             elif task.kind is TaskKind.AUDIO:
@@ -68,7 +83,9 @@ class RenderTasks:
         try:
             data = await asyncio.to_thread(self.blobs.get, upload_key(job.id))
         except NotFound as exc:
-            raise CorruptRecord(f"the audio of job {job.id} cannot be encoded: its upload ({upload_key(job.id)}) is missing from the blob store") from exc
+            raise CorruptRecord(
+                f"the audio of job {job.id} cannot be encoded: its upload ({upload_key(job.id)}) is missing from the blob store"
+            ) from exc
         local = self._scratch / f"{job.id}-audio-{uuid.uuid4().hex[:8]}.m4a"
         try:
 
@@ -108,20 +125,26 @@ class RenderTasks:
             await asyncio.to_thread(self.blobs.put_file, key, local)
         finally:
             local.unlink(missing_ok=True)
-        if not await asyncio.to_thread(self.jobs.complete_segment, task, result.frames, result.stage_seconds, result.models):
+        if not await asyncio.to_thread(
+            self.jobs.complete_segment, task, result.frames, result.stage_seconds, result.models
+        ):
             await asyncio.to_thread(self.blobs.delete, key)  # cancelled meanwhile: leave nothing behind
             raise LeaseLost()
 
-    async def _segment_audio(self, job: Job, task: Task, frames: int):  # type: ignore[no-untyped-def]
+    async def _segment_audio(self, job: Job, task: Task, frames: int) -> SegmentAudio:
         """The segment's mel windows from the blob store; CorruptRecord when missing or malformed
         (SubmitJob wrote them before the job existed: without them the segment can never render)."""
         key = mels_key(job.id, task.index)
         try:
             return unpack_segment_audio(await asyncio.to_thread(self.blobs.get, key), frames)
         except NotFound as exc:
-            raise CorruptRecord(f"segment {task.index} of job {job.id} cannot render: its audio windows ({key}) are missing from the blob store") from exc
+            raise CorruptRecord(
+                f"segment {task.index} of job {job.id} cannot render: its audio windows ({key}) are missing from the blob store"
+            ) from exc
         except ValueError as exc:
-            raise CorruptRecord(f"segment {task.index} of job {job.id} cannot render: its audio windows ({key}) are damaged ({exc})") from exc
+            raise CorruptRecord(
+                f"segment {task.index} of job {job.id} cannot render: its audio windows ({key}) are damaged ({exc})"
+            ) from exc
 
     async def _join(self, task: Task, job: Job) -> None:
         t0 = time.perf_counter()
@@ -144,7 +167,9 @@ class RenderTasks:
             await asyncio.to_thread(self.blobs.put_file, key, output)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        if not await asyncio.to_thread(self.jobs.complete_join, task, key, size, {"join": time.perf_counter() - t0}, digest):
+        if not await asyncio.to_thread(
+            self.jobs.complete_join, task, key, size, {"join": time.perf_counter() - t0}, digest
+        ):
             await asyncio.to_thread(self.blobs.delete, key)
             raise LeaseLost()
         m = self.metrics
@@ -153,7 +178,15 @@ class RenderTasks:
         elapsed = max(1e-6, done.finish_time - done.create_time)
         m.job_seconds.observe(elapsed)
         m.job_realtime_factor.observe(done.audio_seconds / elapsed)
-        record_job_span(job.id, job.trace_context, done.create_time, "succeeded", frames=frames, audio_seconds=done.audio_seconds, segments=done.segments_total)
+        record_job_span(
+            job.id,
+            job.trace_context,
+            done.create_time,
+            "succeeded",
+            frames=frames,
+            audio_seconds=done.audio_seconds,
+            segments=done.segments_total,
+        )
         try:
             await asyncio.to_thread(self.blobs.delete_prefix, job_prefix(job.id))
         except Exception:

@@ -28,7 +28,8 @@ import contextlib
 import logging
 import random
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeGuard
 
 import grpc
 
@@ -37,7 +38,14 @@ from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import JobStore, Task, TaskKind
 from services.render.settings import RenderSettings
 from services.serving.channels import StageFailed
-from services.serving.errors import RETRYABLE_STORE_ERRORS, CorruptRecord, LiplineError, NotFound, NotReady, StoreUnavailable
+from services.serving.errors import (
+    RETRYABLE_STORE_ERRORS,
+    CorruptRecord,
+    LiplineError,
+    NotFound,
+    NotReady,
+    StoreUnavailable,
+)
 from services.serving.metrics import Metrics
 from services.serving.tracing import record_job_span
 
@@ -72,7 +80,7 @@ def task_label(task: Task) -> str:
     return {TaskKind.JOIN: "the join", TaskKind.AUDIO: "the audio track"}.get(task.kind, f"segment {task.index}")
 
 
-def is_retryable(exc: BaseException) -> bool:
+def is_retryable(exc: BaseException) -> TypeGuard[LiplineError]:
     """A failure that may pass by itself: a stage's retryable status, a store unavailable or full."""
     if isinstance(exc, StageFailed):
         return exc.retryable
@@ -115,7 +123,11 @@ class RenderWorker:
             return self.loop_ended
         idle = time.monotonic() - self.last_beat
         if idle > self.settings.loop_stall_s:
-            where = f"inside {self._current_task.job_id} segment {self._current_task.index}" if self._current_task else "claiming a task"
+            where = (
+                f"inside {self._current_task.job_id} segment {self._current_task.index}"
+                if self._current_task
+                else "claiming a task"
+            )
             return f"the claim loop has not moved for {idle:.0f} s (limit {self.settings.loop_stall_s:g} s), {where}"
         return ""
 
@@ -142,7 +154,9 @@ class RenderWorker:
             self.last_beat = time.monotonic()
             try:
                 await self._purge_orphans()
-                task = await asyncio.to_thread(self.jobs.claim, self.name, s.lease_s, s.max_attempts, s.max_tenant_share)
+                task = await asyncio.to_thread(
+                    self.jobs.claim, self.name, s.lease_s, s.max_attempts, s.max_tenant_share
+                )
             except StoreUnavailable as exc:
                 _LOGGER.warning("job store unavailable; retrying", extra={"error": str(exc)})
                 await self._pause(1.0)
@@ -150,7 +164,12 @@ class RenderWorker:
             except Exception as exc:  # never let one bad row end the loop
                 errors += 1
                 pause = backoff_delay(errors - 1, *LOOP_ERROR_PAUSE_S)
-                _LOGGER.error("claiming a task failed; retrying in %.1f s", pause, exc_info=True, extra={"error": f"{type(exc).__name__}: {exc}"})
+                _LOGGER.error(
+                    "claiming a task failed; retrying in %.1f s",
+                    pause,
+                    exc_info=True,
+                    extra={"error": f"{type(exc).__name__}: {exc}"},
+                )
                 await self._pause(pause)
                 continue
             errors = 0
@@ -265,15 +284,21 @@ class RenderWorker:
                 return
             code = exc.code
             message = (
-                f"{where} kept failing for {failing_for:.0f} s ({task.failures + 1} attempts; the retry window is {s.retry_window_s:g} s); last error: {error}"
+                f"{where} kept failing for {failing_for:.0f} s ({task.failures + 1} attempts; "
+                f"the retry window is {s.retry_window_s:g} s); last error: {error}"
             )
         elif isinstance(exc, CorruptRecord):
             m.quarantined.labels("corrupt_record").inc()
-            _LOGGER.error("job quarantined: a record it needs cannot be read", extra={"job_id": task.job_id, "segment": task.index, "error": error})
+            _LOGGER.error(
+                "job quarantined: a record it needs cannot be read",
+                extra={"job_id": task.job_id, "segment": task.index, "error": error},
+            )
             code, message = exc.code, str(exc)
         elif isinstance(exc, NotFound) and not await self._quietly(self.jobs.job_versions, [task.job_id]):
             m.quarantined.labels("orphan_task").inc()
-            _LOGGER.warning("the task's job no longer exists; task deleted", extra={"job_id": task.job_id, "segment": task.index})
+            _LOGGER.warning(
+                "the task's job no longer exists; task deleted", extra={"job_id": task.job_id, "segment": task.index}
+            )
             await self._quietly(self.jobs.purge_orphan_tasks)
             return
         elif isinstance(exc, LiplineError):
@@ -285,7 +310,10 @@ class RenderWorker:
                 delay = backoff_delay(task.attempts - 1, s.retry_backoff_s, s.retry_backoff_max_s)
                 await self._quietly(self.jobs.release, task, True, delay, error)
                 return
-            code, message = grpc.StatusCode.INTERNAL, f"internal error in a render worker ({type(exc).__name__}); its log has details"
+            code, message = (
+                grpc.StatusCode.INTERNAL,
+                f"internal error in a render worker ({type(exc).__name__}); its log has details",
+            )
         m.segments.labels("failed").inc()
         if isinstance(exc, StageFailed) and not is_retryable(exc):
             message = f"{where} failed after {task.attempts} attempt(s): {message}"
@@ -297,7 +325,7 @@ class RenderWorker:
                 record_job_span(job.id, job.trace_context, job.create_time, "failed", error=message)
         _LOGGER.warning("job failed", extra={"job_id": task.job_id, "segment": task.index, "error": message})
 
-    async def _quietly(self, fn, *args):  # type: ignore[no-untyped-def]
+    async def _quietly(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return await asyncio.to_thread(fn, *args)
         except Exception:

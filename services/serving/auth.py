@@ -63,14 +63,18 @@ def parse_api_keys(text: str, source: str = "the API keys file") -> dict[str, st
                 f"{where}: a key name is `tenant/name` or `name`, each 1-64 of A-Z a-z 0-9 _ . @ - (the line is `tenant/name:key`, `name:key` or `key`)"
             )
         if not (MIN_API_KEY_CHARS <= len(key) <= MAX_API_KEY_CHARS and _KEY_CHARS.match(key)):
-            raise ValueError(f"{where} ({name}): a key is {MIN_API_KEY_CHARS}..{MAX_API_KEY_CHARS} printable ASCII characters without spaces")
+            raise ValueError(
+                f"{where} ({name}): a key is {MIN_API_KEY_CHARS}..{MAX_API_KEY_CHARS} printable ASCII characters without spaces"
+            )
         if name in keys:
             raise ValueError(f"{where}: the key name {name!r} appears twice")
         if any(hmac.compare_digest(key, other) for other in keys.values()):
             raise ValueError(f"{where} ({name}): the same key appears twice")
         keys[name] = key
     if not keys:
-        raise ValueError(f"{source} holds no key: every call would be refused (leave api_keys_file empty to turn keys off)")
+        raise ValueError(
+            f"{source} holds no key: every call would be refused (leave api_keys_file empty to turn keys off)"
+        )
     return keys
 
 
@@ -79,7 +83,9 @@ def read_secret_file(path: str, what: str) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read the {what} {path}: {exc.__class__.__name__}: {getattr(exc, 'strerror', '') or exc}") from None
+        raise ValueError(
+            f"cannot read the {what} {path}: {exc.__class__.__name__}: {getattr(exc, 'strerror', '') or exc}"
+        ) from None
 
 
 def _text(value: Any) -> str:
@@ -101,7 +107,9 @@ class Auth:
         if internal_token_file:
             token = read_secret_file(internal_token_file, "internal token file").strip()
             if not (MIN_API_KEY_CHARS <= len(token) <= 4096 and _KEY_CHARS.match(token)):
-                raise ValueError(f"the internal token in {internal_token_file} must be {MIN_API_KEY_CHARS}..4096 printable ASCII characters without spaces")
+                raise ValueError(
+                    f"the internal token in {internal_token_file} must be {MIN_API_KEY_CHARS}..4096 printable ASCII characters without spaces"
+                )
         return cls(dict(keys), token)
 
     @property
@@ -123,7 +131,9 @@ class Auth:
                     f"token in the {INTERNAL_TOKEN_HEADER} metadata (internal_token_file)"
                 )
             if not hmac.compare_digest(_text(sent).encode(), self.internal_token.encode()):
-                raise PermissionError(f"the {INTERNAL_TOKEN_HEADER} metadata does not hold this deployment's internal token")
+                raise PermissionError(
+                    f"the {INTERNAL_TOKEN_HEADER} metadata does not hold this deployment's internal token"
+                )
         if not self.api_keys:
             return ""
         key = metadata.get(API_KEY_HEADER)
@@ -132,7 +142,9 @@ class Auth:
             scheme, _, rest = bearer.partition(" ")
             key = rest.strip() if scheme.lower() == "bearer" and rest.strip() else None
         if key is None:
-            raise PermissionError(f"this API needs an API key: send an API key in the {API_KEY_HEADER} metadata (or {AUTHORIZATION_HEADER}: Bearer <key>)")
+            raise PermissionError(
+                f"this API needs an API key: send an API key in the {API_KEY_HEADER} metadata (or {AUTHORIZATION_HEADER}: Bearer <key>)"
+            )
         sent = _text(key).encode()
         found = ""
         for name, secret in self.api_keys.items():  # every key compared: the time does not tell which matched

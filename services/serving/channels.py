@@ -76,7 +76,12 @@ def grpc_target(address: str) -> str:
 INTERNAL_TOKEN: contextvars.ContextVar[str] = contextvars.ContextVar("internal_token", default="")
 
 
-def open_channel(address: str, max_message_bytes: int, internal_token: str | None = None, extra_options: Sequence[tuple[str, int]] = ()) -> grpc.aio.Channel:
+def open_channel(
+    address: str,
+    max_message_bytes: int,
+    internal_token: str | None = None,
+    extra_options: Sequence[tuple[str, int]] = (),
+) -> grpc.aio.Channel:
     """A channel to a stage; `internal_token` (default: INTERNAL_TOKEN's value) goes on every call;
     `extra_options` are further gRPC channel options (e.g. a shorter reconnect back-off)."""
     options = channel_options(max_message_bytes) + [
@@ -90,9 +95,13 @@ def open_channel(address: str, max_message_bytes: int, internal_token: str | Non
     return grpc.aio.insecure_channel(grpc_target(address), options=options, interceptors=interceptors)
 
 
-def _add_metadata(details: grpc.aio.ClientCallDetails, extra: tuple[tuple[str, str], ...]) -> grpc.aio.ClientCallDetails:
+def _add_metadata(
+    details: grpc.aio.ClientCallDetails, extra: tuple[tuple[str, str], ...]
+) -> grpc.aio.ClientCallDetails:
     metadata = grpc.aio.Metadata(*(details.metadata or ()), *extra)
-    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials, details.wait_for_ready)
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
 
 
 def _metadata_interceptors(extra: tuple[tuple[str, str], ...]) -> list[grpc.aio.ClientInterceptor]:

@@ -106,7 +106,9 @@ class FileDiscovery(Discovery):
         try:
             addresses = read_address_file(self.path)
         except OSError as exc:
-            _LOGGER.warning("address file unreadable; keeping the last set", extra={"path": str(self.path), "error": str(exc)})
+            _LOGGER.warning(
+                "address file unreadable; keeping the last set", extra={"path": str(self.path), "error": str(exc)}
+            )
             return
         self._set(addresses)
 
@@ -158,7 +160,9 @@ class KubernetesDiscovery(Discovery):
 
     WATCH_TIMEOUT_S = 300
 
-    def __init__(self, service: str, namespace: str, port: int, api: Any = None, first_list_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, service: str, namespace: str, port: int, api: Any = None, first_list_timeout_s: float = 10.0
+    ) -> None:
         super().__init__()
         self.service, self.namespace, self.port = service, namespace, port
         self._api = api
@@ -228,7 +232,10 @@ class KubernetesDiscovery(Discovery):
                 if self._stop.is_set():
                     break
                 if exc.status != 410:  # 410 Gone: the watch's version expired; list again now
-                    _LOGGER.warning("endpointslice watch failed", extra={"service": self.service, "status": exc.status, "reason": exc.reason})
+                    _LOGGER.warning(
+                        "endpointslice watch failed",
+                        extra={"service": self.service, "status": exc.status, "reason": exc.reason},
+                    )
                     self._stop.wait(backoff)
                     backoff = min(10.0, backoff * 2)
             except Exception as exc:  # noqa: BLE001 - the API server going away must not end discovery
@@ -274,13 +281,17 @@ class NoAddresses(grpc.aio.AioRpcError):
     """No ready address yet: UNAVAILABLE, so callers treat it like any unreachable stage (retryable)."""
 
     def __init__(self, what: str) -> None:
-        super().__init__(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), f"{what}: no ready address")
+        super().__init__(
+            grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), f"{what}: no ready address"
+        )
 
 
 class DiscoveredChannel:
     """One channel for the current address set of a Discovery, swapped when the set changes."""
 
-    def __init__(self, discovery: Discovery, max_message_bytes: int, grace_s: float = DEFAULT_GRACE_S, name: str = "") -> None:
+    def __init__(
+        self, discovery: Discovery, max_message_bytes: int, grace_s: float = DEFAULT_GRACE_S, name: str = ""
+    ) -> None:
         self.discovery = discovery
         self.max_message_bytes = max_message_bytes
         self.grace_s = grace_s
@@ -321,7 +332,9 @@ class DiscoveredChannel:
         if target == self._target:
             return
         if not addresses:  # every replica gone or unready: keep the last channel (its calls fail or wait)
-            _LOGGER.warning("no ready addresses; keeping the last channel", extra={"stage": self.name, "target": self._target})
+            _LOGGER.warning(
+                "no ready addresses; keeping the last channel", extra={"stage": self.name, "target": self._target}
+            )
             return
         old = self._channel
         self._channel = self._context.run(open_channel, target, self.max_message_bytes)
@@ -358,10 +371,13 @@ class DiscoveredStageClients(StageClients):
     def __init__(self, addresses: dict[str, str], max_message_bytes: int, grace_s: float = DEFAULT_GRACE_S) -> None:
         # StageClients.__init__ would open channels on the raw settings (`k8s:///`, `file://` are not gRPC targets).
         self.addresses = dict(addresses)
-        self.providers = {name: DiscoveredChannel(discovery_for(address), max_message_bytes, grace_s, name) for name, address in self.addresses.items()}
+        self.providers = {
+            name: DiscoveredChannel(discovery_for(address), max_message_bytes, grace_s, name)
+            for name, address in self.addresses.items()
+        }
 
-    @property  # type: ignore[override]
-    def channels(self) -> dict[str, grpc.aio.Channel | None]:
+    @property
+    def channels(self) -> dict[str, grpc.aio.Channel | None]:  # type: ignore[override]  # read-only, None until discovered; check/close are overridden
         return {name: p.channel for name, p in self.providers.items()}
 
     async def start(self) -> None:

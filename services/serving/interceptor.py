@@ -106,7 +106,9 @@ class RpcLimits:
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, metrics: Metrics, ready: asyncio.Event, limits: RpcLimits | None = None, auth: Auth | None = None) -> None:
+    def __init__(
+        self, metrics: Metrics, ready: asyncio.Event, limits: RpcLimits | None = None, auth: Auth | None = None
+    ) -> None:
         self._metrics = metrics
         self._ready = ready
         self.limits = limits or RpcLimits(0, 0)
@@ -173,7 +175,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 class _Call:
     """Book-keeping of one RPC: request id, span, timing and the final status code."""
 
-    def __init__(self, owner: ServerInterceptor, method: str, metadata: dict[str, Any], context: grpc.aio.ServicerContext) -> None:
+    def __init__(
+        self, owner: ServerInterceptor, method: str, metadata: dict[str, Any], context: grpc.aio.ServicerContext
+    ) -> None:
         self.owner, self.method, self.context = owner, method, context
         self.code = grpc.StatusCode.OK
         self.request_id = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
@@ -208,7 +212,9 @@ class _Call:
     async def check_ready(self) -> None:
         if not self.owner._ready.is_set():
             self.code = grpc.StatusCode.UNAVAILABLE
-            await self.context.abort(self.code, f"{self.owner._metrics.stage} is still loading its models; retry shortly")
+            await self.context.abort(
+                self.code, f"{self.owner._metrics.stage} is still loading its models; retry shortly"
+            )
 
     async def authenticate(self) -> None:
         """End the call UNAUTHENTICATED unless its metadata passes the service's Auth."""
@@ -218,7 +224,12 @@ class _Call:
             self.key_name = self.owner.auth.authenticate(self.metadata)
         except PermissionError as exc:
             self.code = grpc.StatusCode.UNAUTHENTICATED
-            _LOGGER.info("%s refused: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name, "peer": self.context.peer()})
+            _LOGGER.info(
+                "%s refused: %s",
+                self.method,
+                exc,
+                extra={"request_id": self.request_id, "code": self.code.name, "peer": self.context.peer()},
+            )
             await self.context.abort(self.code, str(exc))
 
     async def admit(self) -> None:
@@ -226,7 +237,9 @@ class _Call:
         RESOURCE_EXHAUSTED. With API keys the client is the key's tenant (its keys share its caps)."""
         self.tenant = tenant_of_key(self.key_name) if self.key_name else IMPLICIT_TENANT
         try:
-            self.client = f"tenant:{self.tenant}" if self.key_name else client_identity(self.metadata, self.context.peer())
+            self.client = (
+                f"tenant:{self.tenant}" if self.key_name else client_identity(self.metadata, self.context.peer())
+            )
         except ValueError as exc:
             self.code = grpc.StatusCode.UNAUTHENTICATED
             await self.context.abort(self.code, str(exc))
@@ -235,7 +248,9 @@ class _Call:
         refusal = self.owner.limits.acquire(self.client)
         if refusal is not None:
             self.code = grpc.StatusCode.RESOURCE_EXHAUSTED
-            _LOGGER.info("%s refused: %s", self.method, refusal, extra={"request_id": self.request_id, "code": self.code.name})
+            _LOGGER.info(
+                "%s refused: %s", self.method, refusal, extra={"request_id": self.request_id, "code": self.code.name}
+            )
             await self.context.abort(self.code, refusal, trailing_metadata=(("retry-after-ms", str(RETRY_AFTER_MS)),))
         self._admitted = True
 
@@ -245,7 +260,9 @@ class _Call:
             raise exc
         if isinstance(exc, LiplineError):
             self.code = exc.code
-            _LOGGER.info("%s failed: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name})
+            _LOGGER.info(
+                "%s failed: %s", self.method, exc, extra={"request_id": self.request_id, "code": self.code.name}
+            )
             await self.context.abort(self.code, str(exc), trailing_metadata=exc.trailing_metadata())
         if isinstance(exc, grpc.aio.AbortError):
             # The handler aborted by itself (context.abort raises AbortError); keep its status.
@@ -254,4 +271,6 @@ class _Call:
             raise exc
         self.code = grpc.StatusCode.INTERNAL
         _LOGGER.exception("%s crashed", self.method, extra={"request_id": self.request_id})
-        await self.context.abort(self.code, f"internal error in {self.method} (request id {self.request_id}); the server log has details")
+        await self.context.abort(
+            self.code, f"internal error in {self.method} (request id {self.request_id}); the server log has details"
+        )

@@ -28,13 +28,28 @@ class Metrics:
         self.stage = stage
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("lipline_stage_requests", "RPCs finished, by method and status code", ["stage", "method", "code"], registry=r)
-        self.request_seconds = Histogram("lipline_stage_request_seconds", "RPC duration", ["stage", "method"], buckets=_SECONDS, registry=r)
+        self.requests = Counter(
+            "lipline_stage_requests",
+            "RPCs finished, by method and status code",
+            ["stage", "method", "code"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "lipline_stage_request_seconds", "RPC duration", ["stage", "method"], buckets=_SECONDS, registry=r
+        )
         self.items = Counter("lipline_stage_items", "items processed (frames, windows, crops)", ["stage"], registry=r)
-        self.queue_seconds = Histogram("lipline_stage_queue_seconds", "time an item waits for a batch", ["stage"], buckets=_SECONDS, registry=r)
-        self.compute_seconds = Histogram("lipline_stage_compute_seconds", "model time per batch", ["stage"], buckets=_SECONDS, registry=r)
-        self.batch_size = Histogram("lipline_stage_batch_size", "items per batch", ["stage"], buckets=_BATCH, registry=r)
-        self.inflight = Gauge("lipline_stage_inflight_items", "items accepted and not yet answered", ["stage"], registry=r)
+        self.queue_seconds = Histogram(
+            "lipline_stage_queue_seconds", "time an item waits for a batch", ["stage"], buckets=_SECONDS, registry=r
+        )
+        self.compute_seconds = Histogram(
+            "lipline_stage_compute_seconds", "model time per batch", ["stage"], buckets=_SECONDS, registry=r
+        )
+        self.batch_size = Histogram(
+            "lipline_stage_batch_size", "items per batch", ["stage"], buckets=_BATCH, registry=r
+        )
+        self.inflight = Gauge(
+            "lipline_stage_inflight_items", "items accepted and not yet answered", ["stage"], registry=r
+        )
         self.queue_depth = Gauge("lipline_stage_queue_depth", "items waiting for a batch", ["stage"], registry=r)
         self.backend_info = Gauge(
             "lipline_backend_info",
@@ -43,7 +58,12 @@ class Metrics:
             registry=r,
         )
         self.cudnn_ok = Gauge("lipline_cudnn_ok", "1 if the cuDNN self-check passed (GPU only)", ["stage"], registry=r)
-        self.numerics_error = Gauge("lipline_numerics_relative_error", "start-up relative error of the backend vs fp32 (GPU only)", ["stage"], registry=r)
+        self.numerics_error = Gauge(
+            "lipline_numerics_relative_error",
+            "start-up relative error of the backend vs fp32 (GPU only)",
+            ["stage"],
+            registry=r,
+        )
         # Gateway job metrics live on the same registry so the gateway has one /metrics too.
         self.jobs = Counter("lipline_jobs", "jobs finished, by final status", ["status"], registry=r)
         self.job_seconds = Histogram("lipline_job_seconds", "SubmitJob to finished MP4", buckets=_SECONDS, registry=r)
@@ -54,24 +74,47 @@ class Metrics:
             registry=r,
         )
         self.render_first_frame_seconds = Histogram(
-            "lipline_render_first_frame_seconds", "start of a job to its first encoded frame", buckets=_SECONDS, registry=r
+            "lipline_render_first_frame_seconds",
+            "start of a job to its first encoded frame",
+            buckets=_SECONDS,
+            registry=r,
         )
         # Render workers and the job store (docs/architecture.md section 5). The queue gauges describe the one
         # shared queue, so every worker exports the same value: aggregate with max(), not sum().
-        self.segments = Counter("lipline_segments", "tasks (segments and joins) ended by this worker, by status", ["status"], registry=r)
-        self.queue_tasks = Gauge("lipline_queue_depth", "tasks waiting to be claimed, by kind (segment, join)", ["kind"], registry=r)
+        self.segments = Counter(
+            "lipline_segments", "tasks (segments and joins) ended by this worker, by status", ["status"], registry=r
+        )
+        self.queue_tasks = Gauge(
+            "lipline_queue_depth", "tasks waiting to be claimed, by kind (segment, join)", ["kind"], registry=r
+        )
         self.queue_leased = Gauge("lipline_queue_leased", "tasks held by a live lease", registry=r)
-        self.queue_oldest_seconds = Gauge("lipline_queue_oldest_seconds", "age of the oldest claimable task", registry=r)
-        self.queue_wait_seconds = Histogram("lipline_queue_wait_seconds", "task creation (or last release) to its claim", buckets=_SECONDS, registry=r)
-        self.lease_lost = Counter("lipline_lease_lost", "leases lost while working (expired, or the job was cancelled)", registry=r)
+        self.queue_oldest_seconds = Gauge(
+            "lipline_queue_oldest_seconds", "age of the oldest claimable task", registry=r
+        )
+        self.queue_wait_seconds = Histogram(
+            "lipline_queue_wait_seconds", "task creation (or last release) to its claim", buckets=_SECONDS, registry=r
+        )
+        self.lease_lost = Counter(
+            "lipline_lease_lost", "leases lost while working (expired, or the job was cancelled)", registry=r
+        )
         self.render_frames = Counter("lipline_render_frames", "frames composited and encoded", registry=r)
-        self.render_composite_seconds = Histogram("lipline_render_composite_seconds", "compositing time per frame", buckets=_FRAME_SECONDS, registry=r)
-        self.render_encode_seconds = Histogram("lipline_render_encode_seconds", "x264 time per frame", buckets=_FRAME_SECONDS, registry=r)
+        self.render_composite_seconds = Histogram(
+            "lipline_render_composite_seconds", "compositing time per frame", buckets=_FRAME_SECONDS, registry=r
+        )
+        self.render_encode_seconds = Histogram(
+            "lipline_render_encode_seconds", "x264 time per frame", buckets=_FRAME_SECONDS, registry=r
+        )
         self.render_busy = Gauge("lipline_render_busy", "1 while this worker holds a task", registry=r)
         self.render_loop_healthy = Gauge(
-            "lipline_render_loop_healthy", "1 while this worker's claim loop runs (0: it ended or stalled; health says NOT_SERVING)", registry=r
+            "lipline_render_loop_healthy",
+            "1 while this worker's claim loop runs (0: it ended or stalled; health says NOT_SERVING)",
+            registry=r,
         )
-        self.render_loop_age_seconds = Gauge("lipline_render_loop_age_seconds", "seconds since the claim loop's last iteration or lease renewal", registry=r)
+        self.render_loop_age_seconds = Gauge(
+            "lipline_render_loop_age_seconds",
+            "seconds since the claim loop's last iteration or lease renewal",
+            registry=r,
+        )
         self.quarantined = Counter(
             "lipline_quarantined",
             "rows and blobs a worker could not interpret, set aside (job failed or task deleted), by reason",
@@ -79,7 +122,12 @@ class Metrics:
             registry=r,
         )
         # Live workers (issue 19; services/live): sessions, frames, latency, admission, the face link.
-        self.live_sessions = Gauge("lipline_live_sessions", "live sessions held by this worker, by state (active, streaming, draining)", ["state"], registry=r)
+        self.live_sessions = Gauge(
+            "lipline_live_sessions",
+            "live sessions held by this worker, by state (active, streaming, draining)",
+            ["state"],
+            registry=r,
+        )
         self.live_frame_latency_seconds = Histogram(
             "lipline_live_frame_latency_seconds",
             "a speech frame's own audio arrived -> the frame sent (the model's 212.5 ms look-ahead is most of it)",
@@ -87,19 +135,41 @@ class Metrics:
             registry=r,
         )
         self.live_frames = Counter(
-            "lipline_live_frames", "live frames by kind: speech and idle sent, skipped (late), dropped (the client read too slowly)", ["kind"], registry=r
+            "lipline_live_frames",
+            "live frames by kind: speech and idle sent, skipped (late), dropped (the client read too slowly)",
+            ["kind"],
+            registry=r,
         )
-        self.live_clear_seconds = Histogram("lipline_live_clear_seconds", "Clear received -> the first idle frame after it sent", buckets=_SECONDS, registry=r)
+        self.live_clear_seconds = Histogram(
+            "lipline_live_clear_seconds",
+            "Clear received -> the first idle frame after it sent",
+            buckets=_SECONDS,
+            registry=r,
+        )
         self.live_admission_refused = Counter(
-            "lipline_live_admission_refused", "OpenSession refused RESOURCE_EXHAUSTED because the worker was full", registry=r
+            "lipline_live_admission_refused",
+            "OpenSession refused RESOURCE_EXHAUSTED because the worker was full",
+            registry=r,
         )
         self.live_link_messages = Counter(
-            "lipline_live_link_messages", "face link messages with items sent, by stage (lipsync, superres)", ["stage"], registry=r
+            "lipline_live_link_messages",
+            "face link messages with items sent, by stage (lipsync, superres)",
+            ["stage"],
+            registry=r,
         )
         self.live_link_items_per_message = Histogram(
-            "lipline_live_link_items_per_message", "items per face link message, by stage: sessions batched per tick", ["stage"], buckets=_BATCH, registry=r
+            "lipline_live_link_items_per_message",
+            "items per face link message, by stage: sessions batched per tick",
+            ["stage"],
+            buckets=_BATCH,
+            registry=r,
         )
-        self.live_link_faces = Counter("lipline_live_link_faces", "face link items by outcome (face, late, failed, dropped)", ["outcome"], registry=r)
+        self.live_link_faces = Counter(
+            "lipline_live_link_faces",
+            "face link items by outcome (face, late, failed, dropped)",
+            ["outcome"],
+            registry=r,
+        )
         r.register(GpuCollector())
 
     def set_backend(self, model: str, backend: str, precision: str) -> None:
@@ -113,7 +183,7 @@ class Metrics:
             torch_version, cuda = torch.__version__, torch.version.cuda or ""
             cudnn = str(torch.backends.cudnn.version() or "") if torch.backends.cudnn.is_available() else ""
         try:
-            import tensorrt  # type: ignore[import-not-found]
+            import tensorrt
 
             trt = tensorrt.__version__
         except Exception:  # noqa: BLE001 - not installed is the normal case off-GPU
@@ -129,14 +199,14 @@ class GpuCollector(Collector):
         self._lock = threading.Lock()
         self._nvml = None
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
 
             pynvml.nvmlInit()
             self._nvml = pynvml
         except Exception:  # noqa: BLE001 - no NVML library or no GPU: export nothing
             self._nvml = None
 
-    def collect(self):  # type: ignore[override]
+    def collect(self):
         families = {
             "util": GaugeMetricFamily("lipline_gpu_utilization_ratio", "GPU busy fraction (NVML)", labels=["gpu"]),
             "used": GaugeMetricFamily("lipline_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"]),

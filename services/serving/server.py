@@ -28,12 +28,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.serving import native_threads, tracing
-from services.serving.settings import ServiceSettings, parse_settings
 from services.serving.auth import Auth, read_secret_file
 from services.serving.channels import INTERNAL_TOKEN, channel_options
 from services.serving.interceptor import RpcLimits, ServerInterceptor
 from services.serving.logs import configure_logging
 from services.serving.metrics import Metrics, start_metrics_server
+from services.serving.settings import ServiceSettings, parse_settings
 from services.serving.stages import public_stages
 
 _LOGGER = logging.getLogger(__name__)
@@ -179,7 +179,10 @@ async def warm_cache_only(service: Service) -> None:
     without binding a port or reading credentials: what the chart's compile-cache Job runs."""
     await service.load()
     await service.close()
-    _LOGGER.info("model loaded and warmed; compile cache filled", extra={"dir": getattr(service.settings, "compile_cache_dir", "")})
+    _LOGGER.info(
+        "model loaded and warmed; compile cache filled",
+        extra={"dir": getattr(service.settings, "compile_cache_dir", "")},
+    )
 
 
 async def serve(service: Service) -> None:

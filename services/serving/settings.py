@@ -90,7 +90,9 @@ class ServiceSettings:
         "a file holding the token between services: the stages refuse calls without it in x-lipline-internal "
         "metadata (health and reflection exempt); the gateway and render workers send it on every stage call; empty = off",
     )
-    tls_cert_file: str = setting("", "PEM certificate (chain) of the gRPC port; with tls_key_file: TLS; empty = plaintext")
+    tls_cert_file: str = setting(
+        "", "PEM certificate (chain) of the gRPC port; with tls_key_file: TLS; empty = plaintext"
+    )
     tls_key_file: str = setting("", "PEM private key of tls_cert_file")
 
     def validate(self) -> None:
@@ -103,7 +105,9 @@ class ServiceSettings:
         if self.grace_s < 0:
             problems.append("grace_s must be >= 0")
         if self.max_connection_age_grace_s < 0:
-            problems.append(f"max_connection_age_grace_s must be >= 0 (0 = grace_s), got {self.max_connection_age_grace_s}")
+            problems.append(
+                f"max_connection_age_grace_s must be >= 0 (0 = grace_s), got {self.max_connection_age_grace_s}"
+            )
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             problems.append(f"log_level {self.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
@@ -130,14 +134,17 @@ class ModelStageSettings(ServiceSettings):
         "fp16 + folded BN + CUDA graphs; CPU: cpu), cpu, torch, compile, tensorrt",
     )
     batch_buckets: tuple[int, ...] = setting(
-        (), "batch sizes a model batch is padded up to (static shapes for CUDA graphs/compile); empty = default up to max_batch"
+        (),
+        "batch sizes a model batch is padded up to (static shapes for CUDA graphs/compile); empty = default up to max_batch",
     )
     compile_cache_dir: str = setting(
         "var/compile-cache",
         "compiled-kernel caches, keyed by model/torch/GPU/options (a shared volume: the first backend=compile "
         "pod fills it, later pods start warm and backend=auto then uses it)",
     )
-    max_rel_error: float = setting(1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this")
+    max_rel_error: float = setting(
+        1e-2, "on a GPU, refuse to serve if the backend's relative error vs fp32 exceeds this"
+    )
     warm_cache_only: bool = setting(
         False,
         "load and warm the model (backend=compile: fill compile_cache_dir), then exit 0 without serving (the chart's compile-cache Job); exit 1 if that fails",
@@ -167,7 +174,10 @@ class StoreSettings(ServiceSettings):
     of one machine.
     """
 
-    job_store: str = setting("sqlite:///var/lipline.db", "job store: sqlite:///path.db (embedded, one machine) or postgresql://user:password@host:port/db")
+    job_store: str = setting(
+        "sqlite:///var/lipline.db",
+        "job store: sqlite:///path.db (embedded, one machine) or postgresql://user:password@host:port/db",
+    )
     blob_store: str = setting(
         "var/blobs",
         "blob store: a folder (file:///path or a path; a ReadWriteMany volume in a cluster) or s3://bucket/prefix "
@@ -205,7 +215,9 @@ def _convert(tp: Any, raw: str) -> Any:
     return tp(raw)
 
 
-def parse_settings(cls: type[SettingsT], argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> SettingsT:
+def parse_settings(
+    cls: type[SettingsT], argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> SettingsT:
     """Build `cls` from defaults, then `LIPLINE_*` variables, then flags; then validate.
 
     Raises:

@@ -87,10 +87,34 @@ STAGES: Mapping[str, Stage] = _registry(
     Stage("lipsync", port=50062, metrics_port=9092, settings="services.lipsync.settings:LipSyncSettings", gpu=True),
     Stage("superres", port=50063, metrics_port=9093, settings="services.superres.settings:SuperResSettings", gpu=True),
     # Render workers claim segments from the job store; their gRPC port serves health and reflection only.
-    Stage("render", port=50064, metrics_port=9095, settings="services.render.settings:RenderSettings", calls=("lipsync", "superres"), stores=True, cache=True),
+    Stage(
+        "render",
+        port=50064,
+        metrics_port=9095,
+        settings="services.render.settings:RenderSettings",
+        calls=("lipsync", "superres"),
+        stores=True,
+        cache=True,
+    ),
     # Live workers hold live sessions: CPU pods pacing frames, the gateway places sessions on them.
-    Stage("live", port=50066, metrics_port=9097, settings="services.live.settings:LiveSettings", calls=("lipsync", "superres"), stores=True, cache=True),
-    Stage("gateway", port=50051, metrics_port=9094, settings="services.gateway.settings:GatewaySettings", public=True, calls=("audio", "lipsync"), stores=True),
+    Stage(
+        "live",
+        port=50066,
+        metrics_port=9097,
+        settings="services.live.settings:LiveSettings",
+        calls=("lipsync", "superres"),
+        stores=True,
+        cache=True,
+    ),
+    Stage(
+        "gateway",
+        port=50051,
+        metrics_port=9094,
+        settings="services.gateway.settings:GatewaySettings",
+        public=True,
+        calls=("audio", "lipsync"),
+        stores=True,
+    ),
 )
 
 

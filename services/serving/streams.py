@@ -46,7 +46,7 @@ def byte_ranges(sizes: Sequence[int], budget: int, overhead: int = 0) -> list[tu
 
 def item_count(request: Any) -> int:
     """Default `size_of`: the length of a repeated `items` field (1 for other messages)."""
-    items = getattr(request, "items", None)
+    items: Any = getattr(request, "items", None)
     try:
         return max(1, len(items))
     except TypeError:  # not a repeated field

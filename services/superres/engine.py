@@ -38,7 +38,6 @@ from services.inference.engine import DeviceBatchEngine, Part, Size, group_rows_
 from services.superres.lanczos import lanczos4_resize, round_like_opencv
 from services.superres.upscaler import LanczosUpscaler, ModelUpscaler, pad_multiple, reflect_pad
 
-
 __all__ = ["SuperResEngine", "UpscaleChunk"]
 
 
@@ -144,7 +143,7 @@ class SuperResEngine(DeviceBatchEngine[UpscaleChunk]):
             channels_last = backend.spec.channels_last if backend is not None else self.device.type == "cuda"
         self.channels_last = bool(channels_last)
         if self.model is not None and self.channels_last and backend is None:
-            self.model.to(memory_format=torch.channels_last)  # a backend lays out its own copy
+            self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format; a backend lays out its own copy
         self.resize = resize or ("cv2" if self.device.type == "cpu" else "torch")
         if self.resize not in ("torch", "cv2") or (self.resize == "cv2" and self.device.type != "cpu"):
             raise ValueError(f"resize must be 'torch', or 'cv2' on the CPU; got {resize!r} on {self.device}")
@@ -167,11 +166,11 @@ class SuperResEngine(DeviceBatchEngine[UpscaleChunk]):
         parts: list[Part] = []
         for group in by_shape.values():
             items = np.concatenate([p for p, _ in group])
-            crops = self._upload([c for _, cs in group for c in cs])
+            uploaded = self._upload([c for _, cs in group for c in cs])
             step = self.max_batch or len(items)
             for start in range(0, len(items), step):
                 idx = items[start : start + step].tolist()
-                for ks, images in self._process(crops[start : start + step], [sizes[i] for i in idx]):
+                for ks, images in self._process(uploaded[start : start + step], [sizes[i] for i in idx]):
                     parts.append(([idx[k] for k in ks], images))
         return parts
 
@@ -195,7 +194,7 @@ class SuperResEngine(DeviceBatchEngine[UpscaleChunk]):
             x = x.contiguous(memory_format=torch.channels_last)
         net = self.backend.forward_device if self.backend is not None else self.model
         with self.streams.compute():
-            y = net(x)[:, :, : h * s, : w * s]  # type: ignore[misc]
+            y = net(x)[:, :, : h * s, : w * s]
             # process.from_model_output in float32: clamp, *255, round half to even, RGB->BGR. These
             # are the exact uint8 values the CPU path hands to cv2, still as floats for the resize.
             # On the compute stream: `y` may be a CUDA graph's output, reused by the next replay.
@@ -234,7 +233,9 @@ class SuperResEngine(DeviceBatchEngine[UpscaleChunk]):
         in_h, in_w = hwc.shape[1:3]
         out = []
         for k, (ow, oh) in enumerate(sizes):
-            item = hwc[k] if (oh, ow) == (in_h, in_w) else cv2.resize(hwc[k], (ow, oh), interpolation=cv2.INTER_LANCZOS4)
+            item = (
+                hwc[k] if (oh, ow) == (in_h, in_w) else cv2.resize(hwc[k], (ow, oh), interpolation=cv2.INTER_LANCZOS4)
+            )
             out.append(([k], torch.from_numpy(np.ascontiguousarray(item))[None]))
         return out
 

@@ -38,7 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def export(args: argparse.Namespace) -> ExportReport:
     model = seeded(create_sr_model(args.model)) if args.seeded else create_sr_model(args.model, args.checkpoint)
-    axes = {INPUT_NAME: {0: "batch", 2: "height", 3: "width"}, OUTPUT_NAME: {0: "batch", 2: "out_height", 3: "out_width"}}
+    axes = {
+        INPUT_NAME: {0: "batch", 2: "height", 3: "width"},
+        OUTPUT_NAME: {0: "batch", 2: "out_height", 3: "out_width"},
+    }
     return export_verified(
         model,
         model,

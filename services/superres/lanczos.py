@@ -99,7 +99,9 @@ def lanczos4_matrix(in_size: int, out_size: int, fixed_point: bool = False) -> n
 # Paste sizes vary from frame to frame: keep plenty of device matrices (a 384 -> 400 one is 0.6 MB
 # in float32; the 2,048 px cap bounds one at 16 MB). A miss costs ~0.1 ms of numpy and one upload.
 @functools.lru_cache(maxsize=512)
-def _cached_matrix(in_size: int, out_size: int, fixed_point: bool, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+def _cached_matrix(
+    in_size: int, out_size: int, fixed_point: bool, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """The device matrix and, on CUDA, an event recorded after its upload on the current stream."""
     host = torch.from_numpy(_matrix_np(in_size, out_size, fixed_point).copy())
     if device.type == "cuda":  # through pinned memory: a pageable upload would wait for the stream

@@ -17,14 +17,14 @@ import numpy as np
 import torch
 
 from lipline.v1 import common_pb2, superres_pb2, superres_pb2_grpc
-from services.superres.settings import SuperResSettings
 from services.inference.backends import Backend
-from services.media.wire import MAX_IMAGE_SIDE, image_from_proto
-from services.serving.errors import InvalidRequest
+from services.inference.request_bounds import check_items_per_message, check_output_bytes
 from services.inference.stage import Keys, ModelStage, StageServicer, model_stream
 from services.media.packed import PackedImages
-from services.inference.request_bounds import check_items_per_message, check_output_bytes
+from services.media.wire import MAX_IMAGE_SIDE, image_from_proto
+from services.serving.errors import InvalidRequest
 from services.superres.engine import SuperResEngine, UpscaleChunk
+from services.superres.settings import SuperResSettings
 from services.superres.upscaler import ModelUpscaler, create_upscaler
 
 _LOGGER = logging.getLogger(__name__)

@@ -17,7 +17,9 @@ class SuperResSettings(ModelStageSettings):
     """Settings of the superres service."""
 
     port: int = setting(STAGES["superres"].port, "gRPC port")
-    metrics_port: int = setting(STAGES["superres"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
+    metrics_port: int = setting(
+        STAGES["superres"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)"
+    )
     model: str = setting("realesr-general-x4v3", "SR model name, or 'lanczos' for the weight-free resize")
     checkpoint: str = setting("", "Real-ESRGAN .pth file; empty = the weight-free 'lanczos' fallback")
     max_batch: int = setting(64, "largest model batch")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import cast
 
 import cv2
 import numpy as np
@@ -38,7 +39,9 @@ def _check_crops(crops: np.ndarray) -> np.ndarray:
     return crops
 
 
-def to_model_input(crops_bgr: np.ndarray, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def to_model_input(
+    crops_bgr: np.ndarray, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """uint8 BGR crops -> the network's input.
 
     Args:
@@ -93,9 +96,10 @@ def from_model_output(t: torch.Tensor) -> np.ndarray:
 def _per_item_sizes(out_size: Size | Sequence[Size], batch: int) -> list[Size]:
     """Normalize `out_size` (one (w, h) for all, or one per item) to a list of `batch` sizes."""
     if len(out_size) == 2 and all(isinstance(v, (int, np.integer)) for v in out_size):
-        sizes = [(int(out_size[0]), int(out_size[1]))] * batch  # type: ignore[arg-type]
+        w, h = cast(Size, out_size)  # one (w, h): checked just above
+        sizes = [(int(w), int(h))] * batch
     else:
-        sizes = [(int(w), int(h)) for w, h in out_size]  # type: ignore[misc]
+        sizes = [(int(w), int(h)) for w, h in cast(Sequence[Size], out_size)]
     if len(sizes) != batch:
         raise ValueError(f"got {len(sizes)} output sizes for a batch of {batch}")
     if any(w <= 0 or h <= 0 for w, h in sizes):

@@ -97,7 +97,9 @@ class Item:
         if parts.scheme not in SCHEMES:
             raise ValueError(f"item {name}: url {display_url(url)!r} is not http://, https:// or s3://")
         if not parts.netloc or (parts.scheme == "s3" and not parts.path.strip("/")):
-            raise ValueError(f"item {name}: url {display_url(url)!r} needs a host (s3://bucket/key: a bucket and a key)")
+            raise ValueError(
+                f"item {name}: url {display_url(url)!r} needs a host (s3://bucket/key: a bucket and a key)"
+            )
         digest = sha256.strip().lower()
         if not _SHA256.match(digest):
             raise ValueError(f"item {name}: sha256 {sha256!r} is not 64 hex digits")
@@ -147,8 +149,8 @@ def _http_chunks(url: str, timeout: float) -> Iterator[bytes]:
 
 def _s3_chunks(url: str, timeout: float) -> Iterator[bytes]:
     # Imported here: http(s)-only runs never load obstore. The blob store's client reads the AWS_* variables.
-    from services.serving.errors import NotFound, StoreUnavailable
     from services.jobs.store.s3 import S3BlobStore
+    from services.serving.errors import NotFound, StoreUnavailable
 
     parts = urllib.parse.urlsplit(url)
     key = parts.path.lstrip("/")
@@ -207,7 +209,13 @@ def _download(item: Item, final: Path, opener: Opener, timeout: float) -> int:
 
 
 def fetch_item(
-    item: Item, dest: Path, *, opener: Opener = open_source, retries: int = 3, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep
+    item: Item,
+    dest: Path,
+    *,
+    opener: Opener = open_source,
+    retries: int = 3,
+    timeout: float = 60.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """Make `dest/item.name` hold the item: "present" (already had the hash) or "downloaded".
 
@@ -238,12 +246,16 @@ def fetch_item(
             sleep(wait)
             continue
         took = time.monotonic() - start
-        _LOGGER.info("%s: downloaded %d bytes from %s in %.1f s, sha256 matches", item.name, size, display_url(item.url), took)
+        _LOGGER.info(
+            "%s: downloaded %d bytes from %s in %.1f s, sha256 matches", item.name, size, display_url(item.url), took
+        )
         return "downloaded"
     raise AssertionError("unreachable")
 
 
-def main(argv: Sequence[str] | None = None, *, opener: Opener = open_source, sleep: Callable[[float], None] = time.sleep) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, opener: Opener = open_source, sleep: Callable[[float], None] = time.sleep
+) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m services.tools.fetch_models",
         description="Download model checkpoints from http(s):// or s3:// into a folder, each checked against its sha256.",
@@ -258,10 +270,14 @@ def main(argv: Sequence[str] | None = None, *, opener: Opener = open_source, sle
         help="one checkpoint: its file name under --dest, http(s):// or s3://bucket/key, its sha256; repeat",
     )
     parser.add_argument("--retries", type=int, default=3, help="more attempts after a transient failure (default 3)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a connection or a read may wait (default 60)")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds a connection or a read may wait (default 60)"
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     try:
         items = parse_items(args.item)
     except ValueError as exc:
@@ -285,7 +301,9 @@ def main(argv: Sequence[str] | None = None, *, opener: Opener = open_source, sle
     outcomes: dict[str, int] = {"present": 0, "downloaded": 0, "failed": 0}
     for item in items:
         try:
-            outcomes[fetch_item(item, dest, opener=opener, retries=args.retries, timeout=args.timeout, sleep=sleep)] += 1
+            outcomes[
+                fetch_item(item, dest, opener=opener, retries=args.retries, timeout=args.timeout, sleep=sleep)
+            ] += 1
             continue
         except HashMismatch as exc:
             _LOGGER.error("%s", exc)
@@ -297,7 +315,13 @@ def main(argv: Sequence[str] | None = None, *, opener: Opener = open_source, sle
             _LOGGER.error("%s: cannot write under %s: %s", item.name, dest, exc)
             worst = max(worst, EXIT_FETCH_FAILED)
         outcomes["failed"] += 1
-    _LOGGER.info("models in %s: %d present, %d downloaded, %d failed", dest, outcomes["present"], outcomes["downloaded"], outcomes["failed"])
+    _LOGGER.info(
+        "models in %s: %d present, %d downloaded, %d failed",
+        dest,
+        outcomes["present"],
+        outcomes["downloaded"],
+        outcomes["failed"],
+    )
     return worst
 
 

@@ -43,11 +43,16 @@ OPERATOR_API = "monitoring.coreos.com/v1"
 # The stage registry (values.yaml is checked against it in test_chart_registry.py).
 GPU_STAGES = tuple(gpu_stages())
 STAGES = tuple(STAGE_REGISTRY)
-STORE_STAGES = ("render", "live", "gateway")
-# Who may call whom (docs/architecture.md section 1): the NetworkPolicies must say exactly this.
-# (The gateway dials live workers at the addresses they advertise in the job store, not through a
-# `dials` entry; the live NetworkPolicy admitting the gateway comes with the chart's live work.)
-CALLERS = {"audio": {"gateway"}, "lipsync": {"gateway", "render", "live"}, "superres": {"render", "live"}, "render": set(), "live": set()}
+STORE_STAGES = tuple(name for name, s in STAGE_REGISTRY.items() if s.stores)
+# Who may call whom (docs/architecture.md sections 1 and 8a): the NetworkPolicies must say exactly
+# this. The gateway calls the live workers at the pod addresses they advertise in the job store.
+CALLERS = {
+    "audio": {"gateway"},
+    "lipsync": {"gateway", "render", "live"},
+    "superres": {"render", "live"},
+    "render": set(),
+    "live": {"gateway"},
+}
 SQLITE = "sqlite:////var/lib/lipline/lipline.db"
 
 
@@ -79,7 +84,11 @@ def _set_args(sets: tuple[str, ...]) -> list[str]:
 
 
 def render(
-    *sets: str, release: str = "lip", api_versions: tuple[str, ...] = (OPERATOR_API,), values: tuple[Path, ...] = (), kube_version: str = KUBE_VERSION
+    *sets: str,
+    release: str = "lip",
+    api_versions: tuple[str, ...] = (OPERATOR_API,),
+    values: tuple[Path, ...] = (),
+    kube_version: str = KUBE_VERSION,
 ) -> list[dict[str, Any]]:
     """`helm template` of the chart: `values` files first, then the --set/--set-json `sets`."""
     args = ["template", release, str(CHART), "--namespace", "media", "--kube-version", kube_version]
@@ -152,6 +161,7 @@ VARIANTS = {
         "stages.superres.autoscaling.enabled=false",
         "stages.audio.autoscaling.enabled=false",
         "stages.render.autoscaling.enabled=false",
+        "stages.live.autoscaling.enabled=false",
         "monitoring.serviceMonitor.enabled=false",
         "monitoring.prometheusRule.enabled=false",
         "networkPolicy.enabled=false",
@@ -201,7 +211,11 @@ def s3_docs() -> list[dict[str, Any]]:
     return render(*VARIANTS["S3 with a credentials Secret, dev DSN"])
 
 
-@pytest.mark.parametrize("sets", [(), (*PG_SECRET, *S3, "store.local.enabled=false", "keda.enabled=true")], ids=["defaults", "production stores, KEDA"])
+@pytest.mark.parametrize(
+    "sets",
+    [(), (*PG_SECRET, *S3, "store.local.enabled=false", "keda.enabled=true")],
+    ids=["defaults", "production stores, KEDA"],
+)
 def test_helm_lint_passes_strict(sets: tuple[str, ...]) -> None:
     result = helm("lint", "--strict", str(CHART), *_set_args(sets), check=False)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -227,7 +241,9 @@ def test_the_newest_kubernetes_schema_is_bundled() -> None:
 
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
-def test_every_builtin_manifest_matches_the_kubernetes_schema(rendered: list[dict[str, Any]], kube_version: str) -> None:
+def test_every_builtin_manifest_matches_the_kubernetes_schema(
+    rendered: list[dict[str, Any]], kube_version: str
+) -> None:
     assert validate_builtin(rendered, kube_version) >= 12
 
 
@@ -266,10 +282,16 @@ def test_values_schema_rejects_bad_values() -> None:
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        ((*PG_SECRET, "store.jobStore.url=postgresql://a@b/c"), "existingSecret (a Secret with the PostgreSQL DSN) or url, not both"),
+        (
+            (*PG_SECRET, "store.jobStore.url=postgresql://a@b/c"),
+            "existingSecret (a Secret with the PostgreSQL DSN) or url, not both",
+        ),
         ((*S3, *RWX), "not both"),
         (("store.blobStore.s3.existingSecret=lipline-s3",), "store.blobStore.url is empty"),
-        (("store.local.enabled=false", *PG_SECRET), "store.blobStore.url (s3://...) or store.blobStore.persistence.existingClaim"),
+        (
+            ("store.local.enabled=false", *PG_SECRET),
+            "store.blobStore.url (s3://...) or store.blobStore.persistence.existingClaim",
+        ),
         (("store.local.enabled=false", *S3), "store.jobStore.existingSecret (a Secret with a PostgreSQL DSN)"),
     ],
 )
@@ -315,15 +337,18 @@ def test_callers_dial_exactly_their_stages_through_headless_services(rendered: l
     dialled = {"gateway": ("audio", "lipsync"), "render": ("lipsync", "superres"), "live": ("lipsync", "superres")}
     for caller, targets in dialled.items():
         env = env_of(deployments[f"lip-lipline-{caller}"])
-        addresses = {k for k in env if k.endswith("_ADDRESS")}
+        addresses = {k for k in env if k.endswith("_ADDRESS")} - {
+            "LIPLINE_ADVERTISE_ADDRESS"
+        }  # its own, not one it dials
         assert addresses == {f"LIPLINE_{t.upper()}_ADDRESS" for t in targets}, caller
         for stage in targets:
             svc = services[f"lip-lipline-{stage}"]
             assert svc["spec"]["clusterIP"] == "None"  # one address per pod: client-side round-robin
             port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc")
             assert env[f"LIPLINE_{stage.upper()}_ADDRESS"] == f"dns:///lip-lipline-{stage}.media.svc:{port}"
-    # The gateway no longer talks to superres; nothing talks to a render worker.
-    assert "LIPLINE_SUPERRES_ADDRESS" not in env_of(deployments["lip-lipline-gateway"])
+    # The gateway no longer talks to superres; nothing talks to a render worker; the gateway finds the
+    # live workers in the job store, not at an address of the chart's.
+    assert not {"LIPLINE_SUPERRES_ADDRESS", "LIPLINE_LIVE_ADDRESS"} & set(env_of(deployments["lip-lipline-gateway"]))
 
 
 def test_gateway_is_stateless_two_replicas_a_pdb_and_no_affinity(pg_rwx_docs: list[dict[str, Any]]) -> None:
@@ -361,7 +386,9 @@ def test_render_workers_run_on_the_cpu_with_the_stores_a_cache_and_probes(pg_rwx
     assert "emptyDir" in volumes_of(render_d)["cache"] and mounts_of(render_d)["cache"] == env["LIPLINE_CACHE_DIR"]
     # The gateway reads the same stores.
     gateway_env = env_of(by_kind(pg_rwx_docs, "Deployment")["lip-lipline-gateway"])
-    assert {k: gateway_env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")} == {k: env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")}
+    assert {k: gateway_env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")} == {
+        k: env[k] for k in ("LIPLINE_JOB_STORE", "LIPLINE_BLOB_STORE")
+    }
     # No try-out volume with shared stores, and no stage without `stores` sees them.
     assert "PersistentVolumeClaim" not in {d["kind"] for d in pg_rwx_docs}
     for name, d in by_kind(pg_rwx_docs, "Deployment").items():
@@ -471,10 +498,15 @@ def test_render_workers_scale_on_segments_waiting_per_worker_and_cpu(default_doc
     # AverageValue: the HPA divides the queue (one value for the whole queue) by the number of workers.
     assert external["external"]["target"] == {"type": "AverageValue", "averageValue": "2000m"}
     assert external["external"]["metric"]["selector"]["matchLabels"] == {"service": "lip-lipline-render"}
-    assert cpu == {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}
+    assert cpu == {
+        "type": "Resource",
+        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}},
+    }
     assert hpa["spec"]["minReplicas"] == 2
     # The adapter's rule: the one shared queue, so max() of what the workers report, segments only.
-    (rule,) = [r for r in _adapter_rules()["externalRules"] if r["name"]["as"] == external["external"]["metric"]["name"]]
+    (rule,) = [
+        r for r in _adapter_rules()["externalRules"] if r["name"]["as"] == external["external"]["metric"]["name"]
+    ]
     assert rule["seriesQuery"].startswith("lipline_queue_depth{")
     assert rule["metricsQuery"].startswith("max(") and 'kind="segment"' in rule["metricsQuery"]
     assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
@@ -505,17 +537,21 @@ def test_keda_replaces_the_hpas_of_the_queue_and_gpu_stages() -> None:
     docs = render(*VARIANTS["KEDA, PostgreSQL"])
     scaled = by_kind(docs, "ScaledObject")
     hpas = by_kind(docs, "HorizontalPodAutoscaler")
-    assert set(scaled) == {"lip-lipline-lipsync", "lip-lipline-superres", "lip-lipline-render"}
+    assert set(scaled) == {"lip-lipline-lipsync", "lip-lipline-superres", "lip-lipline-render", "lip-lipline-live"}
     assert set(hpas) == {"lip-lipline-audio"}  # CPU-scaled: a plain HPA, KEDA not needed
     deployments = by_kind(docs, "Deployment")
     for name, obj in scaled.items():
         assert obj["spec"]["scaleTargetRef"]["name"] in deployments and "replicas" not in deployments[name]["spec"]
-        if name.endswith("render"):
-            continue  # below
+        if name.endswith(("render", "live")):
+            continue  # below, and tests/helm/test_chart_live.py
         (trigger,) = obj["spec"]["triggers"]
         assert trigger["type"] == "prometheus" and float(trigger["metadata"]["threshold"]) > 0
-        assert f'pod=~"{name}-.*"' in trigger["metadata"]["query"] and 'namespace="media"' in trigger["metadata"]["query"]
-    assert "lipline_stage_queue_seconds_sum" in scaled["lip-lipline-superres"]["spec"]["triggers"][0]["metadata"]["query"]
+        assert (
+            f'pod=~"{name}-.*"' in trigger["metadata"]["query"] and 'namespace="media"' in trigger["metadata"]["query"]
+        )
+    assert (
+        "lipline_stage_queue_seconds_sum" in scaled["lip-lipline-superres"]["spec"]["triggers"][0]["metadata"]["query"]
+    )
     assert "PodDisruptionBudget" in {d["kind"] for d in docs}  # lipsync keeps 2 replicas: it gets a PDB
 
 
@@ -533,7 +569,10 @@ def test_keda_scales_render_workers_with_the_postgresql_scaler_on_the_job_stores
     # The very Secret and key the workers read their DSN from.
     env = env_of(by_kind(docs, "Deployment")["lip-lipline-render"])
     assert env["LIPLINE_JOB_STORE"] == f"secret:{ref['name']}/{ref['key']}" == "secret:lipline-pg/dsn"
-    assert obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
+    assert (
+        obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"]
+        >= 300
+    )
 
 
 def test_keda_without_postgresql_scales_render_workers_on_the_prometheus_queue_metric() -> None:
@@ -541,7 +580,10 @@ def test_keda_without_postgresql_scales_render_workers_on_the_prometheus_queue_m
     obj = by_kind(docs, "ScaledObject")["lip-lipline-render"]
     queue, cpu = obj["spec"]["triggers"]
     assert queue["type"] == "prometheus" and queue["metricType"] == "AverageValue"
-    assert queue["metadata"]["query"] == 'max(lipline_queue_depth{kind="segment",namespace="media",pod=~"lip-lipline-render-.*"})'
+    assert (
+        queue["metadata"]["query"]
+        == 'max(lipline_queue_depth{kind="segment",namespace="media",pod=~"lip-lipline-render-.*"})'
+    )
     assert cpu["type"] == "cpu"
     assert "TriggerAuthentication" not in {d["kind"] for d in docs}
 
@@ -554,7 +596,11 @@ def _grpc_callers(policy: dict[str, Any]) -> set[str] | None:
     (rule,) = rules
     if "from" not in rule:
         return None
-    return {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rule["from"] if "podSelector" in peer}
+    return {
+        peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        for peer in rule["from"]
+        if "podSelector" in peer
+    }
 
 
 def test_stages_accept_grpc_only_from_their_callers(default_docs: list[dict[str, Any]]) -> None:
@@ -582,7 +628,11 @@ def test_servicemonitor_scrapes_every_stage_metrics_port(default_docs: list[dict
     (monitor,) = by_kind(default_docs, "ServiceMonitor").values()
     selector = monitor["spec"]["selector"]["matchLabels"]
     (endpoint,) = monitor["spec"]["endpoints"]
-    matched = {s["metadata"]["name"]: s for s in by_kind(default_docs, "Service").values() if selector.items() <= s["metadata"]["labels"].items()}
+    matched = {
+        s["metadata"]["name"]: s
+        for s in by_kind(default_docs, "Service").values()
+        if selector.items() <= s["metadata"]["labels"].items()
+    }
     assert set(matched) == {f"lip-lipline-{s}" for s in STAGES}  # render workers included
     for svc in matched.values():
         assert endpoint["port"] in {p["name"] for p in svc["spec"]["ports"]}
@@ -615,9 +665,18 @@ def test_alerts_and_dashboards_use_metrics_the_services_export(default_docs: lis
     from services.serving.metrics import Metrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-    exported = {family.name + suffix for family in Metrics("any").registry.collect() for suffix in suffixes.get(family.type, ("",))}
+    exported = {
+        family.name + suffix
+        for family in Metrics("any").registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
     # GpuCollector's families exist only where NVML sees a GPU.
-    exported |= {"lipline_gpu_utilization_ratio", "lipline_gpu_memory_used_bytes", "lipline_gpu_memory_total_bytes", "lipline_gpu_power_watts"}
+    exported |= {
+        "lipline_gpu_utilization_ratio",
+        "lipline_gpu_memory_used_bytes",
+        "lipline_gpu_memory_total_bytes",
+        "lipline_gpu_power_watts",
+    }
     (rule,) = by_kind(default_docs, "PrometheusRule").values()
     assert rule["spec"]["groups"]
     texts = [*_rule_expressions(), _dashboard(default_docs)]
@@ -642,9 +701,16 @@ def test_the_render_workers_are_on_the_dashboard_and_alerted_on(default_docs: li
     ):
         assert metric in exprs, metric
     assert "sum(lipline_queue_depth" not in exprs.replace(" ", "")  # one shared queue: max, never sum
-    rules = {r.get("alert"): r for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"] for r in g["rules"]}
+    rules = {
+        r.get("alert"): r
+        for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
+        for r in g["rules"]
+    }
     assert rules["LiplineRenderQueueWaitHigh"]["for"] == "10m" and "> 30" in rules["LiplineRenderQueueWaitHigh"]["expr"]
-    assert "lipline_lease_lost_total" in rules["LiplineRenderLeasesLost"]["expr"] and rules["LiplineRenderLeasesLost"]["for"] == "10m"
+    assert (
+        "lipline_lease_lost_total" in rules["LiplineRenderLeasesLost"]["expr"]
+        and rules["LiplineRenderLeasesLost"]["for"] == "10m"
+    )
 
 
 def test_helm_test_hook_runs_the_smoke_check_against_the_gateway(default_docs: list[dict[str, Any]]) -> None:
@@ -656,7 +722,9 @@ def test_helm_test_hook_runs_the_smoke_check_against_the_gateway(default_docs: l
 
 
 def test_values_schema_is_generated_from_the_services_settings() -> None:
-    assert (CHART / "values.schema.json").read_text() == _gen_chart_schema().render(), "values.schema.json is stale: run `python scripts/gen_chart_schema.py`"
+    assert (CHART / "values.schema.json").read_text() == _gen_chart_schema().render(), (
+        "values.schema.json is stale: run `python scripts/gen_chart_schema.py`"
+    )
 
 
 def test_promtool_accepts_the_chart_rules() -> None:
@@ -674,7 +742,9 @@ def test_kubernetes_discovery_watches_endpoint_slices_with_the_least_rights() ->
     docs = render("discovery.kubernetes=true")
     assert validate_builtin(docs, "1.29.0") > 0
     (role,) = by_kind(docs, "Role").values()
-    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}
+    ]
     (binding,) = by_kind(docs, "RoleBinding").values()
     account = by_kind(docs, "ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -684,8 +754,13 @@ def test_kubernetes_discovery_watches_endpoint_slices_with_the_least_rights() ->
         pod = deployment["spec"]["template"]["spec"]
         callers = name.endswith(("-gateway", "-render", "-live"))
         assert pod["automountServiceAccountToken"] is callers, name  # the API token only where it is used
-    assert env_of(deployments["lip-lipline-render"])["LIPLINE_LIPSYNC_ADDRESS"] == "k8s:///lip-lipline-lipsync.media:50062"
+    assert (
+        env_of(deployments["lip-lipline-render"])["LIPLINE_LIPSYNC_ADDRESS"] == "k8s:///lip-lipline-lipsync.media:50062"
+    )
     # Off by default: no Role, DNS addresses, no token in any pod.
     default = render()
     assert not by_kind(default, "Role")
-    assert all(d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False for d in by_kind(default, "Deployment").values())
+    assert all(
+        d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+        for d in by_kind(default, "Deployment").values()
+    )

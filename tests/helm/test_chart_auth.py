@@ -30,9 +30,19 @@ from tests.helm.test_chart_values import notes
 KEYS_FILE = "/etc/lipline/api-keys/keys"
 TOKEN_FILE = "/etc/lipline/internal/token"
 TLS = ("tls.existingSecret=gw-tls",)
-OWN = ("auth.apiKeys.existingSecret=my-keys", "auth.apiKeys.secretKey=file", "auth.internalToken.existingSecret=my-token", "auth.internalToken.secretKey=t")
+OWN = (
+    "auth.apiKeys.existingSecret=my-keys",
+    "auth.apiKeys.secretKey=file",
+    "auth.internalToken.existingSecret=my-token",
+    "auth.internalToken.secretKey=t",
+)
 OFF = ("auth.apiKeys.enabled=false", "auth.internalToken.enabled=false")
-VARIANTS = {"defaults": (), "tls": TLS, "own-secrets+tls": (*OWN, *TLS, "tls.testCaKey=tls.crt", "tls.testServerName=api.example.com"), "off": OFF}
+VARIANTS = {
+    "defaults": (),
+    "tls": TLS,
+    "own-secrets+tls": (*OWN, *TLS, "tls.testCaKey=tls.crt", "tls.testServerName=api.example.com"),
+    "off": OFF,
+}
 
 
 def deployments(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -80,7 +90,9 @@ def test_default_install_generates_a_key_secret_that_the_gateway_and_the_test_po
     assert env_of(gateway)["LIPLINE_API_KEYS_FILE"] == KEYS_FILE
     assert mounts_of(gateway)["api-keys"] == str(Path(KEYS_FILE).parent)
     assert volumes_of(gateway)["api-keys"]["secret"]["secretName"] == "lip-lipline-api-keys"
-    assert all(m.get("readOnly") for m in container(gateway)["volumeMounts"] if m["name"] in ("api-keys", "internal-token"))
+    assert all(
+        m.get("readOnly") for m in container(gateway)["volumeMounts"] if m["name"] in ("api-keys", "internal-token")
+    )
     for stage in STAGES:  # every pod has the token; only the gateway has the keys
         env = env_of(deps[stage])
         assert env["LIPLINE_INTERNAL_TOKEN_FILE"] == TOKEN_FILE, stage

@@ -54,7 +54,12 @@ INGRESS = (
     "ingress.hosts={api.example.com}",
     'ingress.tls:=[{"secretName": "api-tls", "hosts": ["api.example.com"]}]',
 )
-ROUTE = ("grpcRoute.enabled=true", f"grpcRoute.parentRefs:=[{PARENT}]", "grpcRoute.hostnames={api.example.com}", "grpcRoute.annotations.team=media")
+ROUTE = (
+    "grpcRoute.enabled=true",
+    f"grpcRoute.parentRefs:=[{PARENT}]",
+    "grpcRoute.hostnames={api.example.com}",
+    "grpcRoute.annotations.team=media",
+)
 
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[Path, ...]]] = {
     "ingress (ci)": ((), (CI / "ingress-values.yaml",)),
@@ -78,7 +83,11 @@ def _closed(schema: Any) -> Any:
     them silently; a typo would be lost), as kubernetes-validate's strict mode does for built-in kinds."""
     if isinstance(schema, dict):
         out = {k: _closed(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -117,7 +126,10 @@ def all_docs() -> list[dict[str, Any]]:
 
 
 def test_the_grpcroute_schemas_are_vendored() -> None:
-    assert [p.name for p in GRPCROUTE_SCHEMAS] == ["gateway-api-v1.1.0-grpcroute.json", "gateway-api-v1.6.1-grpcroute.json"]
+    assert [p.name for p in GRPCROUTE_SCHEMAS] == [
+        "gateway-api-v1.1.0-grpcroute.json",
+        "gateway-api-v1.6.1-grpcroute.json",
+    ]
 
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
@@ -208,7 +220,9 @@ def test_ingress_to_a_tls_gateway_speaks_grpcs() -> None:
 
 
 def test_the_users_backend_protocol_wins() -> None:
-    ing = _ingress(render("ingress.enabled=true", "ingress.annotations.nginx\\.ingress\\.kubernetes\\.io/backend-protocol=GRPCS"))
+    ing = _ingress(
+        render("ingress.enabled=true", "ingress.annotations.nginx\\.ingress\\.kubernetes\\.io/backend-protocol=GRPCS")
+    )
     assert ing["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPCS"
 
 
@@ -239,7 +253,9 @@ def test_grpcroute_attaches_the_gateway_service(all_docs: list[dict[str, Any]]) 
     assert route["metadata"]["annotations"] == {"team": "media"}
     assert route["spec"]["parentRefs"] == [json.loads(PARENT)]
     assert route["spec"]["hostnames"] == ["api.example.com"]
-    assert route["spec"]["rules"] == [{"backendRefs": [{"name": "lip-lipline-gateway", "port": VALUES["stages"]["gateway"]["port"]}]}]
+    assert route["spec"]["rules"] == [
+        {"backendRefs": [{"name": "lip-lipline-gateway", "port": VALUES["stages"]["gateway"]["port"]}]}
+    ]
 
 
 # ---- the models-download Job ----
@@ -255,7 +271,7 @@ def _items_of(job: dict[str, Any]) -> list[tuple[str, str, str]]:
     assert args[:5] == ["python", "-m", "services.tools.fetch_models", "--dest", "/models"]
     rest = args[5:]
     assert rest[::4] == ["--item"] * (len(rest) // 4) and len(rest) % 4 == 0
-    return [tuple(rest[i + 1 : i + 4]) for i in range(0, len(rest), 4)]  # type: ignore[misc]
+    return [tuple(rest[i + 1 : i + 4]) for i in range(0, len(rest), 4)]
 
 
 def test_the_download_job_carries_every_item_and_its_sha256(all_docs: list[dict[str, Any]]) -> None:
@@ -299,7 +315,10 @@ def test_the_download_job_from_the_ci_file_gets_s3_settings_and_its_own_identity
     assert env["AWS_ENDPOINT_URL"] == "https://minio.storage.svc:9000" and env["AWS_REGION"] == "eu-west-1"
     assert container(job)["image"] == "registry.internal/lipline/lipline-gateway:0.1.0"
     pod = job["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == "lipline-weights" and pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+    assert (
+        pod["serviceAccountName"] == "lipline-weights"
+        and pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+    )
     assert job["spec"]["backoffLimit"] == 3 and job["spec"]["activeDeadlineSeconds"] == 1800
     assert container(job)["resources"]["limits"] == {"memory": "256Mi"}
     assert [i[2] for i in _items_of(job)] == ["0123456789abcdef" * 4, "fedcba9876543210" * 4]
@@ -381,7 +400,9 @@ def test_the_compile_job_runs_the_stage_image_in_warm_only_mode(all_docs: list[d
         assert not {k for k in env if k.endswith("_FILE")}  # serves nothing: no keys, token nor TLS files
         assert c["resources"] == d["resources"]  # the GPU request of the stage
         mounts = {m["name"]: m for m in c["volumeMounts"]}
-        assert mounts["compile-cache"]["mountPath"] == "/var/cache/lipline" and not mounts["compile-cache"].get("readOnly")
+        assert mounts["compile-cache"]["mountPath"] == "/var/cache/lipline" and not mounts["compile-cache"].get(
+            "readOnly"
+        )
         assert mounts["models"]["readOnly"] is True
         volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
         assert volumes["compile-cache"]["persistentVolumeClaim"] == {"claimName": "lipline-cc"}
@@ -414,7 +435,9 @@ def test_the_compile_jobs_go_where_their_stage_goes() -> None:
 
 def test_compile_job_names_stay_within_63_characters() -> None:
     jobs = _warm_jobs(render(*WARM, *MODELS, "fullnameOverride=" + "x" * 50))
-    assert jobs and all(len(j["metadata"]["name"]) <= 63 and j["metadata"]["name"].endswith("-warm-1") for j in jobs.values())
+    assert jobs and all(
+        len(j["metadata"]["name"]) <= 63 and j["metadata"]["name"].endswith("-warm-1") for j in jobs.values()
+    )
     download = render(*MODELS, "fullnameOverride=" + "x" * 50)
     assert all(len(j["metadata"]["name"]) <= 63 for j in by_kind(download, "Job").values())
 
@@ -446,5 +469,14 @@ def test_notes_name_the_way_in_and_the_jobs(tmp_path: Path) -> None:
 
 def test_the_chart_readme_explains_access_modes_and_the_jobs() -> None:
     readme = (CHART / "README.md").read_text()
-    for words in ("ReadWriteMany", "ReadOnlyMany", "fsGroupChangePolicy", "models.download", "compileCache.warmJob", "--warm-cache-only", "GRPCS", "GRPCRoute"):
+    for words in (
+        "ReadWriteMany",
+        "ReadOnlyMany",
+        "fsGroupChangePolicy",
+        "models.download",
+        "compileCache.warmJob",
+        "--warm-cache-only",
+        "GRPCS",
+        "GRPCRoute",
+    ):
         assert words in readme, words

@@ -27,7 +27,14 @@ from tests.helm.test_chart import (
     validate_builtin,
 )
 
-DUMMY = Stage("facerestore", port=50065, metrics_port=9096, settings="services.serving.settings:ModelStageSettings", gpu=True, calls=("lipsync",))
+DUMMY = Stage(
+    "facerestore",
+    port=50065,
+    metrics_port=9096,
+    settings="services.serving.settings:ModelStageSettings",
+    gpu=True,
+    calls=("lipsync",),
+)
 NAME = f"lip-lipline-{DUMMY.name}"
 
 

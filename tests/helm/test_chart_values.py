@@ -171,7 +171,9 @@ def test_the_release_label_reaches_both_monitoring_objects() -> None:
     (monitor,) = by_kind(docs, "ServiceMonitor").values()
     (rule,) = by_kind(docs, "PrometheusRule").values()
     assert monitor["metadata"]["labels"]["release"] == rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert monitor["metadata"]["labels"]["scrape-tier"] == "standard" and "scrape-tier" not in rule["metadata"]["labels"]
+    assert (
+        monitor["metadata"]["labels"]["scrape-tier"] == "standard" and "scrape-tier" not in rule["metadata"]["labels"]
+    )
     assert rule["metadata"]["labels"]["alerting"] == "pager" and "alerting" not in monitor["metadata"]["labels"]
     assert monitor["spec"]["endpoints"][0]["interval"] == "30s"
 
@@ -189,7 +191,12 @@ def _runbook_sections() -> dict[str, str]:
 
 def test_every_alert_has_a_runbook_url_to_its_section_of_docs_runbooks(default_docs: list[dict[str, Any]]) -> None:
     alerts = _alerts(default_docs)
-    file_alerts = {r["alert"] for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"] for r in g["rules"] if "alert" in r}
+    file_alerts = {
+        r["alert"]
+        for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
     assert set(alerts) == file_alerts and len(alerts) >= 8
     sections = _runbook_sections()
     base = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["prometheusRule"]["runbookBaseUrl"]
@@ -204,11 +211,18 @@ def test_every_alert_has_a_runbook_url_to_its_section_of_docs_runbooks(default_d
         # The annotations of the rules file are kept as they are.
         assert alert["annotations"]["summary"] and "{{ $labels" in json.dumps(alerts) and alert["expr"]
     custom = _alerts(render(values=(CHART / "ci" / "monitoring-values.yaml",)))
-    assert all(a["annotations"]["runbook_url"].startswith("https://wiki.example.com/lipline/runbooks.md#") for a in custom.values())
+    assert all(
+        a["annotations"]["runbook_url"].startswith("https://wiki.example.com/lipline/runbooks.md#")
+        for a in custom.values()
+    )
 
 
 def test_the_gpu_metrics_alert_fires_for_gpu_pods_without_nvml() -> None:
-    rules = {r.get("alert"): r for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"] for r in g["rules"]}
+    rules = {
+        r.get("alert"): r
+        for g in yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
+        for r in g["rules"]
+    }
     expr = rules["LiplineGpuMetricsMissing"]["expr"]
     assert "lipline_cudnn_ok" in expr and "unless on (namespace, pod) lipline_gpu_utilization_ratio" in expr
 
@@ -226,7 +240,9 @@ def test_the_adapter_rules_configmap_is_opt_in() -> None:
     assert not any(name.endswith("adapter-rules") for name in by_kind(render(), "ConfigMap"))
     docs = render("monitoring.adapterRules.configMap=true")
     (cm,) = [c for name, c in by_kind(docs, "ConfigMap").items() if name.endswith("adapter-rules")]
-    assert yaml.safe_load(cm["data"]["config.yaml"]) == yaml.safe_load((CHART / "files" / "adapter-rules.yaml").read_text())
+    assert yaml.safe_load(cm["data"]["config.yaml"]) == yaml.safe_load(
+        (CHART / "files" / "adapter-rules.yaml").read_text()
+    )
 
 
 # ---- NOTES ----
@@ -248,7 +264,10 @@ def notes(tmp_path: Path, *sets: str, api_versions: tuple[str, ...] = ()) -> str
 
 def test_notes_say_when_the_monitoring_objects_were_skipped(tmp_path: Path) -> None:
     text = notes(tmp_path)
-    assert "does not serve monitoring.coreos.com/v1" in text and "ServiceMonitor and PrometheusRule were not created" in text
+    assert (
+        "does not serve monitoring.coreos.com/v1" in text
+        and "ServiceMonitor and PrometheusRule were not created" in text
+    )
     assert "prometheus-adapter-values.yaml" in text
 
 
@@ -267,7 +286,10 @@ def pools_docs() -> list[dict[str, Any]]:
 
 
 def test_an_extra_env_entry_reaches_every_container_of_every_workload() -> None:
-    docs = render('extraEnv:=[{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]', 'extraEnvFrom:=[{"secretRef": {"name": "site"}}]')
+    docs = render(
+        'extraEnv:=[{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]',
+        'extraEnvFrom:=[{"secretRef": {"name": "site"}}]',
+    )
     workloads = [d for d in docs if d["kind"] in {"Deployment", "StatefulSet", "DaemonSet", "Job"}]
     assert len(workloads) == len(STAGES)
     for d in workloads:
@@ -276,21 +298,30 @@ def test_an_extra_env_entry_reaches_every_container_of_every_workload() -> None:
             assert {"secretRef": {"name": "site"}} in c["envFrom"]
 
 
-def test_extra_env_replaces_a_variable_of_the_same_name_and_a_stage_adds_its_own(pools_docs: list[dict[str, Any]]) -> None:
+def test_extra_env_replaces_a_variable_of_the_same_name_and_a_stage_adds_its_own(
+    pools_docs: list[dict[str, Any]],
+) -> None:
     stages = deployments(pools_docs)
     assert env_of(stages["audio"])["HTTPS_PROXY"] == "http://proxy.internal:3128"
     assert env_of(stages["render"])["HTTPS_PROXY"] == "http://render-proxy.internal:3128"  # the stage's wins
-    assert env_of(stages["lipsync"])["CUDA_MODULE_LOADING"] == "LAZY" and "CUDA_MODULE_LOADING" not in env_of(stages["superres"])
+    assert env_of(stages["lipsync"])["CUDA_MODULE_LOADING"] == "LAZY" and "CUDA_MODULE_LOADING" not in env_of(
+        stages["superres"]
+    )
     # A chart variable replaced by the user's: one entry, the user's value.
     docs = render('stages.gateway.extraEnv:=[{"name": "LIPLINE_LOG_LEVEL", "value": "DEBUG"}]')
     assert env_of(deployments(docs)["gateway"])["LIPLINE_LOG_LEVEL"] == "DEBUG"
     assert env_of(deployments(docs)["audio"])["LIPLINE_LOG_LEVEL"] == "INFO"
     # envFrom, volumes and mounts: chart-wide then the stage's.
     render_c = container(stages["render"])
-    assert [e.get("configMapRef", e.get("secretRef"))["name"] for e in render_c["envFrom"]] == ["lipline-site", "lipline-render-extra"]
+    assert [e.get("configMapRef", e.get("secretRef"))["name"] for e in render_c["envFrom"]] == [
+        "lipline-site",
+        "lipline-render-extra",
+    ]
     assert {"name": "fonts", "mountPath": "/usr/share/fonts/extra"} in render_c["volumeMounts"]
     for stage, d in stages.items():
-        assert {"name": "ca-bundle", "mountPath": "/etc/ssl/corporate", "readOnly": True} in container(d)["volumeMounts"], stage
+        assert {"name": "ca-bundle", "mountPath": "/etc/ssl/corporate", "readOnly": True} in container(d)[
+            "volumeMounts"
+        ], stage
         assert {"name": "ca-bundle", "configMap": {"name": "corporate-ca"}} in pod_spec(d)["volumes"], stage
         assert ("fonts" in {v["name"] for v in pod_spec(d)["volumes"]}) == (stage == "render")
 
@@ -299,13 +330,20 @@ def test_a_stages_node_selector_and_tolerations_replace_the_gpu_ones(pools_docs:
     stages = deployments(pools_docs)
     assert pod_spec(stages["lipsync"])["nodeSelector"] == {"gpu-pool": "h200"}
     assert pod_spec(stages["superres"])["nodeSelector"] == {"gpu-pool": "l4"}
-    assert pod_spec(stages["lipsync"])["tolerations"] == [{"key": "gpu-pool", "operator": "Equal", "value": "h200", "effect": "NoSchedule"}]
+    assert pod_spec(stages["lipsync"])["tolerations"] == [
+        {"key": "gpu-pool", "operator": "Equal", "value": "h200", "effect": "NoSchedule"}
+    ]
     assert pod_spec(stages["superres"])["tolerations"][0]["value"] == "l4"
     # The CPU stages keep the chart-wide ones, without the GPU ones.
     assert pod_spec(stages["audio"])["nodeSelector"] == {"kubernetes.io/os": "linux"}
-    assert pod_spec(stages["audio"])["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "media", "effect": "NoSchedule"}]
+    assert pod_spec(stages["audio"])["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "media", "effect": "NoSchedule"}
+    ]
     # Runtime class and GPU resource per pool.
-    assert pod_spec(stages["lipsync"])["runtimeClassName"] == "nvidia-cdi" and pod_spec(stages["superres"])["runtimeClassName"] == "nvidia"
+    assert (
+        pod_spec(stages["lipsync"])["runtimeClassName"] == "nvidia-cdi"
+        and pod_spec(stages["superres"])["runtimeClassName"] == "nvidia"
+    )
     assert container(stages["superres"])["resources"]["limits"]["nvidia.com/gpu.shared"] == 1
     assert "nvidia.com/gpu.shared" not in container(stages["superres"])["resources"].get("requests", {})
     assert container(stages["lipsync"])["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -313,7 +351,9 @@ def test_a_stages_node_selector_and_tolerations_replace_the_gpu_ones(pools_docs:
 
 
 def test_without_stage_values_gpu_stages_get_the_chart_wide_and_gpu_placement() -> None:
-    docs = render("nodeSelector.zone=a", "gpu.nodeSelector.gpu=yes", 'tolerations:=[{"key": "x", "operator": "Exists"}]')
+    docs = render(
+        "nodeSelector.zone=a", "gpu.nodeSelector.gpu=yes", 'tolerations:=[{"key": "x", "operator": "Exists"}]'
+    )
     stages = deployments(docs)
     for stage in GPU_STAGES:
         assert pod_spec(stages[stage])["nodeSelector"] == {"zone": "a", "gpu": "yes"}
@@ -348,10 +388,23 @@ def test_probes_and_update_strategy(pools_docs: list[dict[str, Any]]) -> None:
     lipsync, audio = container(stages["lipsync"]), container(stages["audio"])
     assert lipsync["startupProbe"]["periodSeconds"] == 10 and lipsync["startupProbe"]["failureThreshold"] == 90
     assert audio["startupProbe"]["failureThreshold"] == 120 // 5  # startupSeconds / periodSeconds
-    assert audio["readinessProbe"] == {"grpc": {"port": 50061}, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2}
-    assert audio["livenessProbe"] == {"grpc": {"port": 50061}, "periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 3}
+    assert audio["readinessProbe"] == {
+        "grpc": {"port": 50061},
+        "periodSeconds": 5,
+        "timeoutSeconds": 2,
+        "failureThreshold": 2,
+    }
+    assert audio["livenessProbe"] == {
+        "grpc": {"port": 50061},
+        "periodSeconds": 10,
+        "timeoutSeconds": 10,
+        "failureThreshold": 3,
+    }
     assert stages["lipsync"]["spec"]["strategy"] == {"type": "Recreate"}
-    assert stages["audio"]["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}}
+    assert stages["audio"]["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0},
+    }
     defaults = deployments(render())
     assert defaults["lipsync"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert defaults["audio"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 1}
@@ -372,7 +425,9 @@ def test_name_overrides_and_common_labels() -> None:
     for doc in docs:
         assert doc["metadata"]["labels"]["team"] == "media", (doc["kind"], doc["metadata"]["name"])
     gateway = deployments(docs)["gateway"]
-    assert env_of(deployments(docs)["render"])["LIPLINE_LIPSYNC_ADDRESS"] == "dns:///media-lipsync-lipsync.media.svc:50062"
+    assert (
+        env_of(deployments(docs)["render"])["LIPLINE_LIPSYNC_ADDRESS"] == "dns:///media-lipsync-lipsync.media.svc:50062"
+    )
     assert "team" not in gateway["spec"]["selector"]["matchLabels"]
     named = render("nameOverride=talkinghead")
     assert {d["metadata"]["labels"]["app.kubernetes.io/name"] for d in named} == {"talkinghead"}
@@ -472,7 +527,9 @@ def test_a_typo_in_a_new_value_fails_the_schema(bad: str) -> None:
 
 def test_values_yaml_comments_generate_the_readme() -> None:
     readme = (CHART / "README.md").read_text()
-    assert readme == _gen_chart_readme().render(readme), "helm/lipline/README.md is stale: run `python scripts/gen_chart_readme.py`"
+    assert readme == _gen_chart_readme().render(readme), (
+        "helm/lipline/README.md is stale: run `python scripts/gen_chart_readme.py`"
+    )
 
 
 def test_the_readme_documents_every_value_and_every_stage_key() -> None:
@@ -495,7 +552,13 @@ def test_the_readme_generator_reads_comment_blocks_not_list_items() -> None:
         "  # After.\n  after: x\n\n# Spaced.\n\nlone: 2\n"
     )
     found = gen.comments(text)
-    assert found == {"block": ["The block.", "Two lines."], "block.leaf": ["A leaf."], "block.items": [], "block.after": ["After."], "lone": []}
+    assert found == {
+        "block": ["The block.", "Two lines."],
+        "block.leaf": ["A leaf."],
+        "block.items": [],
+        "block.after": ["After."],
+        "lone": [],
+    }
 
 
 def test_helm_package_includes_the_readme_and_the_adapter_values(tmp_path: Path) -> None:

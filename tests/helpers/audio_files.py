@@ -57,7 +57,9 @@ def encode_tone(fmt: str, seconds: float, rate: int = 44100, channels: int = 2, 
         # PyAV's encode() converts each frame to the codec's sample format and frame size, so
         # planar float frames work for every encoder above.
         for start in range(0, samples.shape[1], _FRAME_SAMPLES):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[:, start : start + _FRAME_SAMPLES]), format="fltp", layout=layout)
+            frame = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(samples[:, start : start + _FRAME_SAMPLES]), format="fltp", layout=layout
+            )
             frame.sample_rate = rate
             frame.pts = start
             out.mux(stream.encode(frame))

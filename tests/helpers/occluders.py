@@ -6,7 +6,9 @@ import cv2
 import numpy as np
 
 
-def hand(frame: np.ndarray, box: tuple[int, int, int, int], top: float = 0.58, bottom: float = 0.1, right: float = 0.05) -> np.ndarray:
+def hand(
+    frame: np.ndarray, box: tuple[int, int, int, int], top: float = 0.58, bottom: float = 0.1, right: float = 0.05
+) -> np.ndarray:
     """A skin-coloured hand over the mouth and chin: three fingers across, shaded from left to right.
 
     It spans the box's rows from `top` (a fraction of the box height) to `bottom` below the box, and

@@ -23,7 +23,8 @@ from pathlib import Path
 import psycopg
 
 MISSING_REASON = (
-    "needs the PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb and postgres): install the Debian package postgresql (bash scripts/install.sh does)"
+    "needs the PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb and postgres): "
+    "install the Debian package postgresql (bash scripts/install.sh does)"
 )
 
 
@@ -34,7 +35,9 @@ def find_postgres_bin() -> Path | None:
         m = re.search(r"/postgresql/([\d.]+)/bin", path)
         return tuple(int(p) for p in m.group(1).split(".")) if m else (0,)
 
-    found = [p for p in glob.glob("/usr/lib/postgresql/*/bin") if Path(p, "initdb").exists() and Path(p, "postgres").exists()]
+    found = [
+        p for p in glob.glob("/usr/lib/postgresql/*/bin") if Path(p, "initdb").exists() and Path(p, "postgres").exists()
+    ]
     if found:
         return Path(max(found, key=version))
     initdb = shutil.which("initdb")
@@ -178,7 +181,9 @@ class PostgresServer:
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
                     self._terminate()
-                    raise RuntimeError(f"postgres did not accept connections in {self.start_timeout} s:\n{self.log_tail()}") from None
+                    raise RuntimeError(
+                        f"postgres did not accept connections in {self.start_timeout} s:\n{self.log_tail()}"
+                    ) from None
                 time.sleep(0.05)
 
     def _terminate(self) -> None:

@@ -63,7 +63,9 @@ class Secured:
         self.cluster, self.cert, self.keys, self.token = cluster, cert, keys, token
 
     def channel(self) -> grpc.Channel:
-        return grpc.secure_channel(self.cluster.gateway_address, grpc.ssl_channel_credentials(root_certificates=self.cert.read_bytes()))
+        return grpc.secure_channel(
+            self.cluster.gateway_address, grpc.ssl_channel_credentials(root_certificates=self.cert.read_bytes())
+        )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,13 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     (workdir / "token").write_text(token + "\n")
     internal = [f"--internal-token-file={workdir / 'token'}"]
     extra = {stage: internal for stage in (*STAGES, "render")}
-    extra["gateway"] = [*internal, f"--api-keys-file={workdir / 'api-keys'}", f"--tls-cert-file={cert}", f"--tls-key-file={key}", "--segment-seconds=0.8"]
+    extra["gateway"] = [
+        *internal,
+        f"--api-keys-file={workdir / 'api-keys'}",
+        f"--tls-cert-file={cert}",
+        f"--tls-key-file={key}",
+        "--segment-seconds=0.8",
+    ]
     with start_cluster(workdir / "cluster", extra_args=extra) as cluster:
         yield Secured(cluster, cert, keys, token)
 
@@ -89,10 +97,15 @@ def _call(channel: grpc.Channel, method_name: str, metadata: tuple[tuple[str, st
 
     request = message_factory.GetMessageClass(method.input_type)()
     response_class = message_factory.GetMessageClass(method.output_type)
-    kind = {(False, False): channel.unary_unary, (False, True): channel.unary_stream, (True, False): channel.stream_unary, (True, True): channel.stream_stream}[
-        (method.client_streaming, method.server_streaming)
-    ]
-    stub = kind(path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=response_class.FromString)
+    kind = {
+        (False, False): channel.unary_unary,
+        (False, True): channel.unary_stream,
+        (True, False): channel.stream_unary,
+        (True, True): channel.stream_stream,
+    }[(method.client_streaming, method.server_streaming)]
+    stub = kind(
+        path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=response_class.FromString
+    )
     answer = stub(iter([request]) if method.client_streaming else request, timeout=10, metadata=metadata)
     if method.server_streaming:
         list(answer)
@@ -121,7 +134,10 @@ def test_the_right_key_passes_on_every_public_rpc(secured: Secured) -> None:
     """Past authentication every RPC gets to its handler (which finds nothing for an empty request)."""
     with secured.channel() as channel:
         for method in GATEWAY.methods:
-            for metadata in ((("x-api-key", secured.keys["alice"]),), (("authorization", f"Bearer {secured.keys['bob']}"),)):
+            for metadata in (
+                (("x-api-key", secured.keys["alice"]),),
+                (("authorization", f"Bearer {secured.keys['bob']}"),),
+            ):
                 try:
                     _call(channel, method.name, metadata)
                 except grpc.RpcError as exc:
@@ -129,8 +145,17 @@ def test_the_right_key_passes_on_every_public_rpc(secured: Secured) -> None:
 
 
 def test_a_job_completes_over_tls_with_the_key(secured: Secured, tmp_path: Path) -> None:
-    with LiplineClient(secured.cluster.gateway_address, timeout=120, api_key=secured.keys["alice"], tls_ca_file=str(secured.cert)) as client:
-        avatar, job = render_file(client, SAMPLES / "avatar.jpg", SAMPLES / "speech.wav", tmp_path / "out.mp4", super_resolution=True, write=lambda _line: None)
+    with LiplineClient(
+        secured.cluster.gateway_address, timeout=120, api_key=secured.keys["alice"], tls_ca_file=str(secured.cert)
+    ) as client:
+        avatar, job = render_file(
+            client,
+            SAMPLES / "avatar.jpg",
+            SAMPLES / "speech.wav",
+            tmp_path / "out.mp4",
+            super_resolution=True,
+            write=lambda _line: None,
+        )
         assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
         assert (tmp_path / "out.mp4").stat().st_size > 1000
         client.delete_avatar(avatar.id)
@@ -138,7 +163,9 @@ def test_a_job_completes_over_tls_with_the_key(secured: Secured, tmp_path: Path)
 
 def test_plaintext_to_the_tls_port_fails(secured: Secured) -> None:
     with (
-        LiplineClient(secured.cluster.gateway_address, timeout=5, api_key=secured.keys["alice"], tls=False, tls_ca_file="") as client,
+        LiplineClient(
+            secured.cluster.gateway_address, timeout=5, api_key=secured.keys["alice"], tls=False, tls_ca_file=""
+        ) as client,
         pytest.raises(grpc.RpcError) as caught,
     ):
         client.avatar_ids()
@@ -153,7 +180,9 @@ def test_health_answers_without_credentials(secured: Secured) -> None:
         assert health_status(secured.cluster.processes[stage].address) == health_pb2.HealthCheckResponse.SERVING
 
 
-@pytest.mark.parametrize("metadata", [(), (("x-lipline-internal", "a-wrong-token-of-enough-length"),)], ids=["no-token", "wrong-token"])
+@pytest.mark.parametrize(
+    "metadata", [(), (("x-lipline-internal", "a-wrong-token-of-enough-length"),)], ids=["no-token", "wrong-token"]
+)
 def test_a_stage_called_without_the_internal_token_refuses(secured: Secured, metadata: tuple) -> None:
     with grpc.insecure_channel(secured.cluster.processes["audio"].address) as channel:
         extract = channel.stream_stream(
@@ -175,14 +204,24 @@ def test_the_stage_accepts_the_internal_token(secured: Secured) -> None:
             response_deserializer=audio_pb2.ExtractResponse.FromString,
         )
         try:
-            list(extract(iter([audio_pb2.ExtractRequest()]), timeout=10, metadata=(("x-lipline-internal", secured.token),)))
+            list(
+                extract(
+                    iter([audio_pb2.ExtractRequest()]), timeout=10, metadata=(("x-lipline-internal", secured.token),)
+                )
+            )
         except grpc.RpcError as exc:  # an empty request may be refused, but not for want of the token
             assert exc.code() != grpc.StatusCode.UNAUTHENTICATED, exc.details()
 
 
 def test_the_helm_test_smoke_check_passes_with_the_key_and_ca_from_the_environment(secured: Secured) -> None:
     """As the chart's test pod runs it: LIPLINE_API_KEY and LIPLINE_TLS_CA_FILE, no flags."""
-    command = [sys.executable, "-m", "services.gateway.smoke", f"--address={secured.cluster.gateway_address}", "--timeout=120"]
+    command = [
+        sys.executable,
+        "-m",
+        "services.gateway.smoke",
+        f"--address={secured.cluster.gateway_address}",
+        "--timeout=120",
+    ]
     env = {**os.environ, "LIPLINE_TLS_CA_FILE": str(secured.cert), "LIPLINE_TLS_SERVER_NAME": "localhost"}
     refused = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr, refused.stdout + refused.stderr

@@ -27,7 +27,9 @@ def items(cluster: LocalCluster, name: str) -> float:
 @pytest.fixture
 def discovered(tmp_path: Path) -> Iterator[tuple[LocalCluster, Path]]:
     # Render replicas 0 at first: the worker starts once the lipsync addresses are in the file.
-    with start_cluster(tmp_path, replicas={"lipsync": 2, "render": 0}, extra_args={"gateway": ["--segment-seconds=0.4"]}) as cluster:
+    with start_cluster(
+        tmp_path, replicas={"lipsync": 2, "render": 0}, extra_args={"gateway": ["--segment-seconds=0.4"]}
+    ) as cluster:
         path = tmp_path / "lipsync-addresses.txt"
         path.write_text("".join(cluster.processes[n].address + "\n" for n in cluster.replica_names("lipsync")))
         cluster.replicas["render"] = 1
@@ -54,7 +56,9 @@ def test_replicas_follow_the_address_file(discovered: tuple[LocalCluster, Path])
         jobs = threading.Thread(target=submit_jobs, daemon=True)
         jobs.start()
         try:
-            eventually(lambda: items(cluster, "lipsync") > 0 and items(cluster, "lipsync-1") > 0, 60, "both replicas used")
+            eventually(
+                lambda: items(cluster, "lipsync") > 0 and items(cluster, "lipsync-1") > 0, 60, "both replicas used"
+            )
 
             # A third replica: started, then added to the file while jobs run.
             cluster.replicas["lipsync"] = 3

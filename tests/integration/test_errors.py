@@ -6,7 +6,6 @@ still answer a real call, so a request that crashed or wedged a server fails the
 
 from __future__ import annotations
 
-
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,9 +25,9 @@ from lipline.v1 import (
     superres_pb2,
     superres_pb2_grpc,
 )
-from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
+from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 from tests.helpers.audio_files import encode_tone, multichannel_wav
 from tests.integration.util import assert_all_serving, eventually, rss_mb
 
@@ -102,7 +101,9 @@ def test_truncated_audio(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> 
 
 def test_audio_over_max_audio_bytes(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
     too_big = bytes(DEFAULT_MAX_AUDIO + 1)  # fits in one message, over the audio limit
-    expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, submit(mclient, avatar.id, too_big), "audio", str(DEFAULT_MAX_AUDIO))
+    expect_status(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, submit(mclient, avatar.id, too_big), "audio", str(DEFAULT_MAX_AUDIO)
+    )
 
 
 def test_audio_over_max_audio_seconds(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
@@ -125,7 +126,9 @@ def test_multichannel_wav_renders(mclient: LiplineClient, avatar: gateway_pb2.Av
 
 
 def test_too_many_channels_is_refused(mclient: LiplineClient, avatar: gateway_pb2.Avatar) -> None:
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, submit(mclient, avatar.id, multichannel_wav(0.5, 64)), "64 channels")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT, submit(mclient, avatar.id, multichannel_wav(0.5, 64)), "64 channels"
+    )
 
 
 def test_bad_crf(mclient: LiplineClient, avatar: gateway_pb2.Avatar, speech_bytes: bytes) -> None:
@@ -160,14 +163,20 @@ def test_empty_avatar(mclient: LiplineClient) -> None:
 
 
 def test_avatar_photo_fps_out_of_range(mclient: LiplineClient, avatar_bytes: bytes) -> None:
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: mclient.create_avatar(avatar_bytes, photo_fps=100), "photo_fps")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT, lambda: mclient.create_avatar(avatar_bytes, photo_fps=100), "photo_fps"
+    )
 
 
 @pytest.mark.parametrize("avatar_id", ["0123456789abcdef01234567", "../../etc", ""])
 def test_unknown_avatar(mclient: LiplineClient, speech_bytes: bytes, avatar_id: str) -> None:
     stub = mclient.stub
-    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=avatar_id)), "avatar")
-    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar_id)))
+    expect_status(
+        grpc.StatusCode.NOT_FOUND, lambda: stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=avatar_id)), "avatar"
+    )
+    expect_status(
+        grpc.StatusCode.NOT_FOUND, lambda: stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar_id))
+    )
     expect_status(grpc.StatusCode.NOT_FOUND, submit(mclient, avatar_id, speech_bytes), "avatar")
 
 
@@ -179,9 +188,13 @@ def test_unknown_avatar(mclient: LiplineClient, speech_bytes: bytes, avatar_id: 
 def test_unknown_job(mclient: LiplineClient) -> None:
     stub, job_id = mclient.stub, "doesnotexist0000"
     expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.GetJob(gateway_pb2.GetJobRequest(job_id=job_id)), job_id)
-    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job_id)), job_id)
+    expect_status(
+        grpc.StatusCode.NOT_FOUND, lambda: stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job_id)), job_id
+    )
     expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=job_id)), job_id)
-    expect_status(grpc.StatusCode.NOT_FOUND, lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id)), job_id)
+    expect_status(
+        grpc.StatusCode.NOT_FOUND, lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id)), job_id
+    )
 
 
 def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.Avatar, cluster: LocalCluster) -> None:
@@ -205,7 +218,11 @@ def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "CANCELLED")
     # Workers drop the job's segments within a heartbeat; nothing of it is left in the blob store.
     job_blobs = cluster.blob_dir / "jobs" / job.id
-    eventually(lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")), timeout=10, what=f"the blobs of job {job.id} to be removed")
+    eventually(
+        lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")),
+        timeout=10,
+        what=f"the blobs of job {job.id} to be removed",
+    )
     assert not (cluster.blob_dir / "outputs" / f"{job.id}.mp4").exists()
 
 
@@ -215,7 +232,11 @@ def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.
 
 
 def extract(stub: audio_pb2_grpc.AudioServiceStub, audio: bytes, fps: float) -> list[audio_pb2.ExtractResponse]:
-    return list(stub.Extract(iter([audio_pb2.ExtractRequest(options=audio_pb2.ExtractOptions(fps=fps), data=audio)]), timeout=60))
+    return list(
+        stub.Extract(
+            iter([audio_pb2.ExtractRequest(options=audio_pb2.ExtractOptions(fps=fps), data=audio)]), timeout=60
+        )
+    )
 
 
 def test_audio_stage_fps(audio_stub: audio_pb2_grpc.AudioServiceStub) -> None:
@@ -276,13 +297,23 @@ def test_lipsync_item_names_unsent_crop(lipsync_stub: lipsync_pb2_grpc.LipSyncSe
 def test_lipsync_bad_images(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
     good = image_to_proto(FACE)
     short = common_pb2.Image(width=96, height=96, format=common_pb2.PIXEL_FORMAT_BGR24, data=good.data[:-1])
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(short), item_request()), "BGR24")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(short), item_request()), "BGR24"
+    )
     small = image_to_proto(FACE[:64, :64])
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(small), item_request()), "96x96")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(small), item_request()), "96x96"
+    )
     bad_png = common_pb2.Image(width=96, height=96, format=common_pb2.PIXEL_FORMAT_PNG, data=b"not a png")
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(bad_png), item_request()), "PNG")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(bad_png), item_request()), "PNG"
+    )
     unknown = common_pb2.Image(width=96, height=96, format=99, data=good.data)
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, crop_request(unknown), item_request()), "format")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: generate(lipsync_stub, crop_request(unknown), item_request()),
+        "format",
+    )
 
 
 def test_poisoned_generate_stream_fails_alone(
@@ -297,7 +328,9 @@ def test_poisoned_generate_stream_fails_alone(
     poisoned = crop_request(image_to_proto(FACE))
     poisoned.crops[0].paste_width = poisoned.crops[0].paste_height = 65535
     for _ in range(3):
-        expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, poisoned, item_request()), "paste size")
+        expect_status(
+            grpc.StatusCode.INVALID_ARGUMENT, lambda: generate(lipsync_stub, poisoned, item_request()), "paste size"
+        )
         nan_mel = np.zeros((80, 16), np.float32)
         nan_mel[3, 4] = np.nan
         expect_status(
@@ -325,7 +358,10 @@ def test_lipsync_detect_faces_bad_streams(lipsync_stub: lipsync_pb2_grpc.LipSync
 
     def frames(*shapes: tuple[int, int]) -> lipsync_pb2.DetectFacesRequest:
         return lipsync_pb2.DetectFacesRequest(
-            frames=[lipsync_pb2.IndexedFrame(index=i, image=image_to_proto(np.zeros((h, w, 3), np.uint8))) for i, (h, w) in enumerate(shapes)]
+            frames=[
+                lipsync_pb2.IndexedFrame(index=i, image=image_to_proto(np.zeros((h, w, 3), np.uint8)))
+                for i, (h, w) in enumerate(shapes)
+            ]
         )
 
     expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: detect(), "no frames")
@@ -346,17 +382,33 @@ def test_lipsync_detect_faces_bad_streams(lipsync_stub: lipsync_pb2_grpc.LipSync
         ([0, 0, 0, 81], "pads.right", "0..80"),
     ],
 )
-def test_lipsync_detect_faces_pads_out_of_range(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub, pads: list[int], field: str, bound: str) -> None:
+def test_lipsync_detect_faces_pads_out_of_range(
+    lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub, pads: list[int], field: str, bound: str
+) -> None:
     # On main pads of -10000 answered OK with a degenerate box (issue 17, item 9).
-    request = lipsync_pb2.DetectFacesRequest(frames=[lipsync_pb2.IndexedFrame(index=0, image=image_to_proto(np.zeros((64, 80, 3), np.uint8)))])
+    request = lipsync_pb2.DetectFacesRequest(
+        frames=[lipsync_pb2.IndexedFrame(index=0, image=image_to_proto(np.zeros((64, 80, 3), np.uint8)))]
+    )
     request.options.pads.extend(pads)
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: list(lipsync_stub.DetectFaces(iter([request]), timeout=60)), field, bound)
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: list(lipsync_stub.DetectFaces(iter([request]), timeout=60)),
+        field,
+        bound,
+    )
 
 
 def test_lipsync_detect_faces_frame_indices_in_order(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
     image = image_to_proto(np.zeros((64, 64, 3), np.uint8))
-    request = lipsync_pb2.DetectFacesRequest(frames=[lipsync_pb2.IndexedFrame(index=0, image=image), lipsync_pb2.IndexedFrame(index=4000000000, image=image)])
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: list(lipsync_stub.DetectFaces(iter([request]), timeout=60)), "frame index 4000000000", "1")
+    request = lipsync_pb2.DetectFacesRequest(
+        frames=[lipsync_pb2.IndexedFrame(index=0, image=image), lipsync_pb2.IndexedFrame(index=4000000000, image=image)]
+    )
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: list(lipsync_stub.DetectFaces(iter([request]), timeout=60)),
+        "frame index 4000000000",
+        "1",
+    )
 
 
 def upscale(stub: superres_pb2_grpc.SuperResServiceStub, *items: superres_pb2.UpscaleItem) -> list:
@@ -369,14 +421,23 @@ def test_superres_bad_items(superres_stub: superres_pb2_grpc.SuperResServiceStub
     assert ok.model.name == "lanczos"
     assert [(i.index, i.image.width, i.image.height) for i in ok.items] == [(3, 120, 130)]
     wrong = common_pb2.Image(width=97, height=96, format=common_pb2.PIXEL_FORMAT_BGR24, data=good.data)
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: upscale(superres_stub, superres_pb2.UpscaleItem(index=5, image=wrong)), "item 5", "bytes")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: upscale(superres_stub, superres_pb2.UpscaleItem(index=5, image=wrong)),
+        "item 5",
+        "bytes",
+    )
     expect_status(
         grpc.StatusCode.INVALID_ARGUMENT,
         lambda: upscale(superres_stub, superres_pb2.UpscaleItem(index=6, image=good, out_width=5000, out_height=96)),
         "item 6",
     )
     empty = common_pb2.Image(width=0, height=0, format=common_pb2.PIXEL_FORMAT_BGR24)
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: upscale(superres_stub, superres_pb2.UpscaleItem(index=7, image=empty)), "item 7")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: upscale(superres_stub, superres_pb2.UpscaleItem(index=7, image=empty)),
+        "item 7",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -396,15 +457,22 @@ def test_png_bomb_avatar_is_refused_fast_and_costs_no_memory(mclient: LiplineCli
     assert rss_mb(pid) - before < 100
 
 
-def test_png_bomb_item_to_upscale_is_refused_from_its_header(superres_stub: superres_pb2_grpc.SuperResServiceStub, cluster: LocalCluster) -> None:
+def test_png_bomb_item_to_upscale_is_refused_from_its_header(
+    superres_stub: superres_pb2_grpc.SuperResServiceStub, cluster: LocalCluster
+) -> None:
     from tests.helpers.bombs import png_claiming
 
     item = superres_pb2.UpscaleItem(
-        index=9, image=common_pb2.Image(width=16000, height=16000, format=common_pb2.PIXEL_FORMAT_PNG, data=png_claiming(16000, 16000))
+        index=9,
+        image=common_pb2.Image(
+            width=16000, height=16000, format=common_pb2.PIXEL_FORMAT_PNG, data=png_claiming(16000, 16000)
+        ),
     )
     pid = cluster.processes["superres"].process.pid
     before = rss_mb(pid)
     started = time.monotonic()
-    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: upscale(superres_stub, item), "item 9", "16000x16000", "2048")
+    expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT, lambda: upscale(superres_stub, item), "item 9", "16000x16000", "2048"
+    )
     assert time.monotonic() - started < 1.0
     assert rss_mb(pid) - before < 100

@@ -22,10 +22,10 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from lipline.v1 import gateway_pb2, gateway_pb2_grpc
+from services.gateway.client import LiplineClient
 from services.jobs.layout import output_key
 from services.jobs.store import open_blob_store, open_job_store
 from services.jobs.store.jobs import AvatarRecord, JobStore, NewJob
-from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from tests.integration.util import SAMPLES, cut_wav, eventually, health_status, rss_mb, start_cluster
 
@@ -66,8 +66,14 @@ def finish(store: JobStore, job_id: str, output: bytes, blob_store: str) -> None
 
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
-    gateway = [f"--max-streams-per-client={PER_CLIENT}", f"--max-concurrent-streams={IN_ALL}", f"--max-active-jobs-per-client={JOBS_PER_CLIENT}"]
-    with start_cluster(tmp_path_factory.mktemp("fairness"), extra_args={"gateway": gateway}, replicas={"render": 0}) as cluster:
+    gateway = [
+        f"--max-streams-per-client={PER_CLIENT}",
+        f"--max-concurrent-streams={IN_ALL}",
+        f"--max-active-jobs-per-client={JOBS_PER_CLIENT}",
+    ]
+    with start_cluster(
+        tmp_path_factory.mktemp("fairness"), extra_args={"gateway": gateway}, replicas={"render": 0}
+    ) as cluster:
         store = open_job_store(cluster.job_store)
         try:
             finished = new_job(store)  # first, while no other job has claimable tasks
@@ -96,7 +102,9 @@ class Watches:
 
     def add(self, n: int) -> Watches:
         for _ in range(n):
-            call = self.gateway.WatchJob(gateway_pb2.WatchJobRequest(job_id=self.job_id), timeout=300, metadata=self.metadata)
+            call = self.gateway.WatchJob(
+                gateway_pb2.WatchJobRequest(job_id=self.job_id), timeout=300, metadata=self.metadata
+            )
             try:
                 assert next(call).job.state == gateway_pb2.JOB_STATE_QUEUED
                 self.open.append(call)
@@ -156,7 +164,11 @@ def test_one_clients_idle_streams_starve_neither_health_nor_other_clients(fx: Fi
             # Up to the cap in all: two more clients' streams fill it (40 = 16 + 16 + 8).
             c.add(PER_CLIENT)
             d.add(PER_CLIENT)
-            assert (len(c.open), len(d.open), len(d.refused)) == (PER_CLIENT, IN_ALL - 2 * PER_CLIENT, 3 * PER_CLIENT - IN_ALL)
+            assert (len(c.open), len(d.open), len(d.refused)) == (
+                PER_CLIENT,
+                IN_ALL - 2 * PER_CLIENT,
+                3 * PER_CLIENT - IN_ALL,
+            )
             assert_refused(d.refused, f"max_concurrent_streams {IN_ALL}")
             # Now every other call waits its turn, except health checks, which are never refused.
             with grpc.insecure_channel(address) as channel:
@@ -239,14 +251,18 @@ def test_downloads_nobody_reads_hold_little_memory(fx: Fixture) -> None:
             assert all(f.total_bytes == OUTPUT_BYTES and len(f.data) == 1 << 20 for f in firsts)
             growth = settled_rss(pid) - before
             print(f"gateway RSS growth with 8 unread downloads: {growth / MiB:.1f} MiB")
-            assert growth < 8 * STREAM_BUDGET, f"the gateway grew by {growth / MiB:.0f} MiB for 8 downloads nobody reads"
+            assert growth < 8 * STREAM_BUDGET, (
+                f"the gateway grew by {growth / MiB:.0f} MiB for 8 downloads nobody reads"
+            )
             assert all(call.is_active() for call in calls)
         finally:
             for call in calls:
                 call.cancel()
         # Chunks are 64 KiB..1 MiB whatever the client asks.
         for asked, size in [(1, 64 * 1024), (200_000, 200_000), (1 << 30, MiB)]:
-            call = gateway.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=fx.finished, chunk_bytes=asked), timeout=60)
+            call = gateway.DownloadOutput(
+                gateway_pb2.DownloadOutputRequest(job_id=fx.finished, chunk_bytes=asked), timeout=60
+            )
             assert len(next(call).data) == size
             call.cancel()
 
@@ -281,8 +297,12 @@ def test_every_request_field_is_bounded(fx: Fixture) -> None:
     # Options are stored as their known fields only: unknown fields sent along are dropped.
     with LiplineClient(address, timeout=60, api_key="fields") as client:
         avatar = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
-        options = gateway_pb2.JobOptions.FromString(gateway_pb2.JobOptions(crf=20).SerializeToString() + b"\xfa\x01\x05hello")  # + field 31, unknown
-        request = gateway_pb2.SubmitJobRequest(avatar_id=avatar.id, options=options, audio=cut_wav((SAMPLES / "speech.wav").read_bytes(), 0.5))
+        options = gateway_pb2.JobOptions.FromString(
+            gateway_pb2.JobOptions(crf=20).SerializeToString() + b"\xfa\x01\x05hello"
+        )  # + field 31, unknown
+        request = gateway_pb2.SubmitJobRequest(
+            avatar_id=avatar.id, options=options, audio=cut_wav((SAMPLES / "speech.wav").read_bytes(), 0.5)
+        )
         assert b"hello" in request.SerializeToString()
         job = client.stub.SubmitJob(request, timeout=60)
         assert fx.store.get_job(job.id).options == gateway_pb2.JobOptions(crf=20).SerializeToString()
@@ -325,5 +345,5 @@ def test_wait_survives_a_gateway_restart(fx: Fixture) -> None:
         thread.join(60)
     assert not thread.is_alive()
     assert "error" not in result, result.get("error")
-    assert result["job"].state == gateway_pb2.JOB_STATE_CANCELLED  # type: ignore[attr-defined]
+    assert result["job"].state == gateway_pb2.JOB_STATE_CANCELLED
     assert events[0] == gateway_pb2.JOB_STATE_QUEUED and events[-1] == gateway_pb2.JOB_STATE_CANCELLED

@@ -33,7 +33,14 @@ from tests.helpers.mounts import fill, set_read_only, try_mount_tmpfs, unmount
 from tests.integration.test_stage_drain import speech
 from tests.integration.util import SAMPLES, eventually, health_status, logs_of, start_cluster
 
-WORKER = ["--lease-s=2", "--heartbeat-s=0.25", "--poll-s=0.05", "--loop-stall-s=3", "--retry-window-s=60", "--retry-backoff-max-s=2"]
+WORKER = [
+    "--lease-s=2",
+    "--heartbeat-s=0.25",
+    "--poll-s=0.05",
+    "--loop-stall-s=3",
+    "--retry-window-s=60",
+    "--retry-backoff-max-s=2",
+]
 SUCCEEDED, FAILED = gateway_pb2.JOB_STATE_SUCCEEDED, gateway_pb2.JOB_STATE_FAILED
 RENDERERS = ("render", "render-1")
 
@@ -43,8 +50,10 @@ def fcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
     workdir = tmp_path_factory.mktemp("faults")
     blobs = workdir / "blobs"
     no_mount = try_mount_tmpfs(blobs, "64m")
-    cluster = LocalCluster(workdir, blob_store=str(blobs), extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER})
-    cluster.no_mount = no_mount  # type: ignore[attr-defined]
+    cluster = LocalCluster(
+        workdir, blob_store=str(blobs), extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER}
+    )
+    cluster.no_mount = no_mount
     try:
         cluster.__enter__()
     except BaseException:
@@ -125,7 +134,11 @@ def other_photo(seed: str) -> bytes:
 def avatar_leftovers(root: Path) -> list[str]:
     """Avatar folders with no meta.json: what a CreateAvatar that failed midway left."""
     folder = root / "avatars"
-    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not (p / "meta.json").exists()) if folder.exists() else []
+    return (
+        sorted(p.name for p in folder.iterdir() if p.is_dir() and not (p / "meta.json").exists())
+        if folder.exists()
+        else []
+    )
 
 
 def no_temporary_files(root: Path) -> list[str]:
@@ -159,8 +172,8 @@ def test_the_only_lipsync_replica_away_for_seconds_mid_job_fails_nothing(
 def test_a_blob_store_spell_mid_job_is_ridden_out_and_answered_clearly(
     fcluster: LocalCluster, avatar: gateway_pb2.Avatar, client: LiplineClient, spell: str
 ) -> None:
-    if fcluster.no_mount:  # type: ignore[attr-defined]
-        pytest.skip(fcluster.no_mount)  # type: ignore[attr-defined]
+    if fcluster.no_mount:
+        pytest.skip(fcluster.no_mount)
     root = fcluster.blob_dir
     job = client.submit(avatar.id, speech(20.0))
     wait_mid_job(client, job.id)
@@ -203,14 +216,16 @@ def avatar_files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in folder.rglob("*") if not p.is_dir()} if folder.exists() else set()
 
 
-def test_a_store_that_fills_during_create_avatar_keeps_nothing_of_it(fcluster: LocalCluster, client: LiplineClient) -> None:
+def test_a_store_that_fills_during_create_avatar_keeps_nothing_of_it(
+    fcluster: LocalCluster, client: LiplineClient
+) -> None:
     """The upload (a 100-frame video, ~50 KB) fits in what is left of the store, its 2.8 MB of crops do
     not: CreateAvatar answers RESOURCE_EXHAUSTED naming the store, and the source it had already
     written is gone again, with no temporary file; once there is room, the same upload succeeds."""
     from bench.avatar_memory import static_video
 
-    if fcluster.no_mount:  # type: ignore[attr-defined]
-        pytest.skip(fcluster.no_mount)  # type: ignore[attr-defined]
+    if fcluster.no_mount:
+        pytest.skip(fcluster.no_mount)
     root = fcluster.blob_dir
     frames = 100
     video = static_video(frames, 256, 256)
@@ -256,8 +271,12 @@ def task_row(job_id: str, index: int = 0, state: str = "waiting") -> tuple[str, 
     )
 
 
-def test_rows_that_cannot_run_are_quarantined_and_never_stop_the_workers(fcluster: LocalCluster, avatar: gateway_pb2.Avatar, client: LiplineClient) -> None:
-    unknown, no_audio, no_upload, ghost, idle = (f"{what}{uuid.uuid4().hex[:8]}" for what in ("unknown", "noaudio", "noupload", "ghost", "idle"))
+def test_rows_that_cannot_run_are_quarantined_and_never_stop_the_workers(
+    fcluster: LocalCluster, avatar: gateway_pb2.Avatar, client: LiplineClient
+) -> None:
+    unknown, no_audio, no_upload, ghost, idle = (
+        f"{what}{uuid.uuid4().hex[:8]}" for what in ("unknown", "noaudio", "noupload", "ghost", "idle")
+    )
     plant(
         fcluster,
         job_row(unknown, avatar.id, 99),  # a state this lipline does not know, with a waiting segment
@@ -278,13 +297,27 @@ def test_rows_that_cannot_run_are_quarantined_and_never_stop_the_workers(fcluste
     normal = client.submit(avatar.id, speech(2.0))
     done = client.wait(normal.id)
     assert done.state == SUCCEEDED, done.error
-    quarantined = eventually(lambda: (j := _job(client, unknown)).state == FAILED and j, timeout=60, what="the unknown-state job quarantined")
-    assert "state 99 is not one of" in quarantined.error and quarantined.error_code == grpc.StatusCode.DATA_LOSS.value[0]
-    missing = eventually(lambda: (j := _job(client, no_audio)).state == FAILED and j, timeout=60, what="the job without audio failed")
+    quarantined = eventually(
+        lambda: (j := _job(client, unknown)).state == FAILED and j, timeout=60, what="the unknown-state job quarantined"
+    )
+    assert (
+        "state 99 is not one of" in quarantined.error and quarantined.error_code == grpc.StatusCode.DATA_LOSS.value[0]
+    )
+    missing = eventually(
+        lambda: (j := _job(client, no_audio)).state == FAILED and j, timeout=60, what="the job without audio failed"
+    )
     assert "audio windows" in missing.error and "missing" in missing.error
     assert missing.error_code == grpc.StatusCode.DATA_LOSS.value[0]
-    upload = eventually(lambda: (j := _job(client, no_upload)).state == FAILED and j, timeout=60, what="the job without its upload failed")
-    assert "upload" in upload.error and "missing" in upload.error and upload.error_code == grpc.StatusCode.DATA_LOSS.value[0]
+    upload = eventually(
+        lambda: (j := _job(client, no_upload)).state == FAILED and j,
+        timeout=60,
+        what="the job without its upload failed",
+    )
+    assert (
+        "upload" in upload.error
+        and "missing" in upload.error
+        and upload.error_code == grpc.StatusCode.DATA_LOSS.value[0]
+    )
 
     def ghost_gone() -> bool:
         db = Path(fcluster.job_store[len("sqlite:///") :])
@@ -319,7 +352,11 @@ def test_a_stalled_claim_loop_reports_not_serving_and_recovers(fcluster: LocalCl
     try:
         assert held.wait(30)
         address = fcluster.processes["render"].address
-        eventually(lambda: health_status(address) == health_pb2.HealthCheckResponse.NOT_SERVING, timeout=30, what="NOT_SERVING while stalled")
+        eventually(
+            lambda: health_status(address) == health_pb2.HealthCheckResponse.NOT_SERVING,
+            timeout=30,
+            what="NOT_SERVING while stalled",
+        )
         assert metric(fcluster, "render", "lipline_render_loop_healthy") == 0
         assert metric(fcluster, "render", "lipline_render_loop_age_seconds") >= 3
         assert "render worker unhealthy: the claim loop has not moved" in fcluster.processes["render"].log()
@@ -328,7 +365,11 @@ def test_a_stalled_claim_loop_reports_not_serving_and_recovers(fcluster: LocalCl
         holder.join(60)
     for name in RENDERERS:
         address = fcluster.processes[name].address
-        eventually(lambda: health_status(address) == health_pb2.HealthCheckResponse.SERVING, timeout=60, what=f"{name} SERVING again")
+        eventually(
+            lambda: health_status(address) == health_pb2.HealthCheckResponse.SERVING,
+            timeout=60,
+            what=f"{name} SERVING again",
+        )
     assert metric(fcluster, "render", "lipline_render_loop_healthy") == 1
 
 
@@ -341,7 +382,12 @@ def test_postgres_down_mid_job_answers_unavailable_fast_and_the_job_finishes(tmp
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
-    with PostgresServer() as pg, start_cluster(tmp_path, job_store=pg.url, extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER}) as cluster:
+    with (
+        PostgresServer() as pg,
+        start_cluster(
+            tmp_path, job_store=pg.url, extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER}
+        ) as cluster,
+    ):
         try:
             with LiplineClient(cluster.gateway_address, timeout=240) as client:
                 photo = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes())

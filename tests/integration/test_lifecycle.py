@@ -17,9 +17,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from lipline.v1 import audio_pb2, gateway_pb2, lipsync_pb2, superres_pb2, superres_pb2_grpc
-from services.media.wire import image_from_proto, image_to_proto
 from services.gateway.client import LiplineClient
 from services.local.cluster import STAGES, LocalCluster
+from services.media.wire import image_from_proto, image_to_proto
 from tests.helpers.audio_files import encode_tone
 from tests.integration.util import health_status, logs_of
 
@@ -102,7 +102,9 @@ def test_metrics_endpoint(cluster: LocalCluster, name: str) -> None:
 def test_metrics_after_a_job(cluster: LocalCluster, client: LiplineClient, avatar_bytes: bytes) -> None:
     before = {name: scrape(cluster, name) for name in ALL + WORKERS}
     avatar = client.create_avatar(avatar_bytes)
-    job = client.wait(client.submit(avatar.id, encode_tone("wav", 1.0, rate=16000, channels=1), super_resolution=True).id)
+    job = client.wait(
+        client.submit(avatar.id, encode_tone("wav", 1.0, rate=16000, channels=1), super_resolution=True).id
+    )
     assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
     after = {name: scrape(cluster, name) for name in ALL + WORKERS}
 
@@ -151,7 +153,9 @@ def lone_superres(tmp_path: Path) -> Iterator[LocalCluster]:
 
 def _request(i: int) -> superres_pb2.UpscaleRequest:
     face = np.full((96, 96, 3), i * 20 % 256, np.uint8)
-    return superres_pb2.UpscaleRequest(items=[superres_pb2.UpscaleItem(index=i, image=image_to_proto(face), out_width=128, out_height=128)])
+    return superres_pb2.UpscaleRequest(
+        items=[superres_pb2.UpscaleItem(index=i, image=image_to_proto(face), out_width=128, out_height=128)]
+    )
 
 
 def _wait_for_log(proc, text: str, timeout: float) -> None:

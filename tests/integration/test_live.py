@@ -57,7 +57,9 @@ class Live:
 def live(job_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     workdir = tmp_path_factory.mktemp("live")
     extra = {"live": ["--max-sessions=2", "--superres-address="]}
-    with start_cluster(workdir / "cluster", job_store=job_store_url, replicas={"render": 0, "live": 2}, extra_args=extra) as cluster:
+    with start_cluster(
+        workdir / "cluster", job_store=job_store_url, replicas={"render": 0, "live": 2}, extra_args=extra
+    ) as cluster:
         client = LiplineClient(cluster.gateway_address, timeout=120)
         jobs = open_job_store(job_store_url)
         try:
@@ -74,7 +76,9 @@ class Stream:
 
     def __init__(self, client: LiplineClient, session: session_pb2.Session, last_frame: int = -1) -> None:
         self.requests: queue.Queue = queue.Queue()
-        start = session_pb2.ConverseStart(session_id=session.id, resume_token=session.resume_token, last_frame=last_frame)
+        start = session_pb2.ConverseStart(
+            session_id=session.id, resume_token=session.resume_token, last_frame=last_frame
+        )
         self.requests.put(session_pb2.ConverseRequest(start=start))
         self.call = client.converse(iter(self.requests.get, None))
         self.frames: list[session_pb2.VideoFrame] = []
@@ -127,14 +131,23 @@ def steady(frames: list[session_pb2.VideoFrame]) -> bool:
 
 
 def test_a_session_end_to_end_through_the_gateway(live: Live, tmp_path: Path) -> None:
-    session, recorder = run_session(live.client, live.avatar_id, cut_wav((SAMPLES / "speech.wav").read_bytes(), 2.0), write=print)
-    assert (session.width, session.height, session.video.fps, session.state) == (512, 512, 25.0, session_pb2.SESSION_STATE_ACTIVE)
+    session, recorder = run_session(
+        live.client, live.avatar_id, cut_wav((SAMPLES / "speech.wav").read_bytes(), 2.0), write=print
+    )
+    assert (session.width, session.height, session.video.fps, session.state) == (
+        512,
+        512,
+        25.0,
+        session_pb2.SESSION_STATE_ACTIVE,
+    )
     assert len(session.resume_token) >= 40
     frames = recorder.frames
     assert recorder.ready is not None and recorder.ready.session.id == session.id
     assert frames and steady(frames) and frames[0].keyframe
     gaps = frames[-1].index - frames[0].index + 1 - len(frames)
-    assert gaps <= recorder.stats[-1].frames_skipped + recorder.stats[-1].frames_dropped + 1  # every gap counted (the last stats may precede one)
+    assert (
+        gaps <= recorder.stats[-1].frames_skipped + recorder.stats[-1].frames_dropped + 1
+    )  # every gap counted (the last stats may precede one)
     # The re-timed audio is the input, sample for sample, from the frame the utterance started at.
     (started,) = [e.frame for e in recorder.events if e.kind == session_pb2.SessionEvent.PLAYBACK_STARTED]
     track, span = frame_audio(recorder), 2 * RATE // FPS
@@ -147,10 +160,18 @@ def test_a_session_end_to_end_through_the_gateway(live: Live, tmp_path: Path) ->
     info = probe_media(path)
     assert (info["video_codec"], info["audio_codec"], info["frames"]) == ("h264", "aac", len(frames))
     closed = live.client.get_session(session.id)  # run_session closed it
-    assert (closed.state, closed.error, closed.resume_token) == (session_pb2.SESSION_STATE_CLOSED, "closed by CloseSession", "")
+    assert (closed.state, closed.error, closed.resume_token) == (
+        session_pb2.SESSION_STATE_CLOSED,
+        "closed by CloseSession",
+        "",
+    )
     ended = Stream(live.client, session)
     ended.thread.join(10)
-    assert ended.error is not None and ended.error.code() == grpc.StatusCode.FAILED_PRECONDITION and "CLOSED" in ended.error.details()
+    assert (
+        ended.error is not None
+        and ended.error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "CLOSED" in ended.error.details()
+    )
     with pytest.raises(grpc.RpcError) as empty:
         list(live.client.converse(iter([])))
     assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ConverseStart" in empty.value.details()
@@ -197,16 +218,26 @@ def test_a_killed_worker_loses_its_session_to_the_other(live: Live) -> None:
 
 def test_admission_refuses_a_third_session_and_leaves_the_two_alone(live: Live) -> None:
     for name in LIVE[1:]:  # one worker of capacity 2 (the previous test killed one; any order works)
-        if live.cluster.processes[name].process.poll() is None and sum(live.cluster.processes[n].process.poll() is None for n in LIVE) > 1:
+        if (
+            live.cluster.processes[name].process.poll() is None
+            and sum(live.cluster.processes[n].process.poll() is None for n in LIVE) > 1
+        ):
             live.cluster.kill(name)
-    eventually(lambda: len(asyncio.run(live.jobs.live_workers(5.0))) == 1, timeout=15, what="the dead worker's heartbeat to go stale")
+    eventually(
+        lambda: len(asyncio.run(live.jobs.live_workers(5.0))) == 1,
+        timeout=15,
+        what="the dead worker's heartbeat to go stale",
+    )
     first, second = live.client.create_session(live.avatar_id), live.client.create_session(live.avatar_id)
     streams = [Stream(live.client, s) for s in (first, second)]
     for s in streams:
         s.wait(lambda s=s: len(s.frames) > 5, "frames of the two sessions")
     with pytest.raises(grpc.RpcError) as refused:
         live.client.create_session(live.avatar_id)
-    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "no live worker has room" in refused.value.details()
+    assert (
+        refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        and "no live worker has room" in refused.value.details()
+    )
     assert int(dict(refused.value.trailing_metadata())["retry-after-ms"]) > 0
     seen = [len(s.frames) for s in streams]
     time.sleep(0.5)
@@ -232,7 +263,9 @@ def test_a_draining_worker_hands_its_session_to_another(live: Live) -> None:
     stopper = threading.Thread(target=live.cluster.terminate, args=(draining,))
     stopper.start()
     talk.thread.join(20)
-    assert talk.error is not None and talk.error.code() == grpc.StatusCode.UNAVAILABLE and "resume" in talk.error.details(), talk.error
+    assert (
+        talk.error is not None and talk.error.code() == grpc.StatusCode.UNAVAILABLE and "resume" in talk.error.details()
+    ), talk.error
     resumed = Stream(live.client, session, last_frame=talk.frames[-1].index)
     resumed.wait(lambda: len(resumed.frames) > 5, "frames from the other worker")
     assert live.worker_of(session.id) != draining and resumed.frames[0].keyframe

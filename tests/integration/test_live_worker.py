@@ -19,6 +19,7 @@ import hashlib
 import queue
 import threading
 import time
+import urllib.request
 import uuid
 import wave
 from collections.abc import Iterator
@@ -81,7 +82,11 @@ class Worker:
         self.stub = live_pb2_grpc.LiveServiceStub(self.channel)
 
     def open(
-        self, codec: int = session_pb2.VIDEO_CODEC_H264, tenant: str = "acme", limits: session_pb2.SessionLimits | None = None, **video: int
+        self,
+        codec: int = session_pb2.VIDEO_CODEC_H264,
+        tenant: str = "acme",
+        limits: session_pb2.SessionLimits | None = None,
+        **video: int,
     ) -> session_pb2.Session:
         session = session_pb2.Session(
             id=uuid.uuid4().hex,
@@ -94,6 +99,19 @@ class Worker:
         asyncio.run(self.jobs.create_session("acme", session.id, self.avatar.id, session.SerializeToString(), token))
         self.opened.append(session.id)
         return self.stub.OpenSession(live_pb2.OpenSessionRequest(session=session, tenant=tenant), timeout=60)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the worker's /metrics (0 when it has none yet)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = (
+            urllib.request.urlopen(f"http://127.0.0.1:{self.process.metrics_port}/metrics", timeout=5).read().decode()
+        )
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return sample.value
+        return 0.0
 
     def row(self, session_id: str):  # type: ignore[no-untyped-def]
         return asyncio.run(self.jobs.get_session_row(session_id))
@@ -159,10 +177,16 @@ def close_the_tests_sessions(request: pytest.FixtureRequest) -> Iterator[None]:
 class Conversation:
     """A Converse stream driven from a thread: `send` queues requests, the responses are collected."""
 
-    def __init__(self, worker: Worker, session_id: str | None, read: bool = True, metadata: tuple = TENANT, last_frame: int = -1) -> None:
+    def __init__(
+        self, worker: Worker, session_id: str | None, read: bool = True, metadata: tuple = TENANT, last_frame: int = -1
+    ) -> None:
         self.requests: queue.Queue = queue.Queue()
         if session_id is not None:
-            self.requests.put(session_pb2.ConverseRequest(start=session_pb2.ConverseStart(session_id=session_id, last_frame=last_frame)))
+            self.requests.put(
+                session_pb2.ConverseRequest(
+                    start=session_pb2.ConverseStart(session_id=session_id, last_frame=last_frame)
+                )
+            )
         self.call = worker.stub.Converse(iter(self.requests.get, None), metadata=metadata)
         self.frames: list[tuple[float, session_pb2.VideoFrame]] = []
         self.events: list[session_pb2.SessionEvent] = []
@@ -194,7 +218,9 @@ class Conversation:
     def send_audio(self, pcm: np.ndarray, real_time: bool = True, chunk: int = CHUNK) -> None:
         started = time.monotonic()
         for i in range(0, len(pcm), chunk):
-            self.requests.put(session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=pcm[i : i + chunk].tobytes())))
+            self.requests.put(
+                session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=pcm[i : i + chunk].tobytes()))
+            )
             if real_time:
                 time.sleep(max(0.0, started + (i + chunk) / RATE - time.monotonic()))
 
@@ -243,7 +269,10 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     time.sleep(2.0)
     talk.send_audio(second)
     talk.end_utterance()
-    talk.wait_for(lambda: sum(e.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED for e in talk.events) == 2, what="both utterances played")
+    talk.wait_for(
+        lambda: sum(e.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED for e in talk.events) == 2,
+        what="both utterances played",
+    )
     time.sleep(0.3)
     talk.finish()
     assert talk.error is None, talk.error
@@ -253,8 +282,12 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     # Consecutive indices, but for slots skipped (counted) when the worker was descheduled: on a loaded
     # 2-core machine a 120 ms stall happens (3 slots, once in a few runs); a gap is never a delay.
     gaps = sum(b - a - 1 for a, b in zip(indices, indices[1:]))
-    assert indices[0] == 0 and all(b > a for a, b in zip(indices, indices[1:])) and gaps <= 0.03 * len(indices), f"{gaps} slots skipped"
-    assert gaps == talk.stats[-1].frames_skipped or gaps >= talk.stats[-1].frames_skipped  # every gap counted (the last stats may precede one)
+    assert indices[0] == 0 and all(b > a for a, b in zip(indices, indices[1:])) and gaps <= 0.03 * len(indices), (
+        f"{gaps} slots skipped"
+    )
+    assert (
+        gaps == talk.stats[-1].frames_skipped or gaps >= talk.stats[-1].frames_skipped
+    )  # every gap counted (the last stats may precede one)
     near_speech = sum(1 for a, b in zip(frames, frames[1:]) if b.index - a.index > 1 and (a.speech or b.speech))
     print(f"slots skipped: {gaps} of {indices[-1] + 1} ({near_speech} gaps next to a speech frame)")
     assert frames[0].keyframe
@@ -269,8 +302,13 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     assert len(starts) == 2 and starts[1] - starts[0] >= 5 * FPS - 1
     for frame, pcm in zip(starts, (first, second)):
         np.testing.assert_array_equal(track[frame * RATE // FPS : frame * RATE // FPS + len(pcm)], pcm)
-    assert not track[: starts[0] * RATE // FPS].any() and not track[(starts[0] + 3 * FPS) * RATE // FPS : starts[1] * RATE // FPS].any()
-    assert {f.utterance for f in frames if f.speech} == {1, 2} and all((f.utterance == 1) == (f.index < starts[1]) for f in frames if f.speech)
+    assert (
+        not track[: starts[0] * RATE // FPS].any()
+        and not track[(starts[0] + 3 * FPS) * RATE // FPS : starts[1] * RATE // FPS].any()
+    )
+    assert {f.utterance for f in frames if f.speech} == {1, 2} and all(
+        (f.utterance == 1) == (f.index < starts[1]) for f in frames if f.speech
+    )
     assert all(f.utterance == 0 for f in frames if not f.speech)
     # The stream decodes; the mouth moves in speech and is the template's own in silence.
     lumas = decode_h264(frames)
@@ -279,16 +317,29 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     speaking = [d for d, f in zip(distances, frames) if f.speech]
     idle = [d for d, f in zip(distances, frames) if not f.speech]
     assert len(speaking) >= 5 * FPS - gaps
-    assert sum(d > OPEN_BELOW for d in speaking) > 0.3 * len(speaking), f"the mouth hardly moved: {np.percentile(speaking, [10, 50, 90])}"
+    assert sum(d > OPEN_BELOW for d in speaking) > 0.3 * len(speaking), (
+        f"the mouth hardly moved: {np.percentile(speaking, [10, 50, 90])}"
+    )
     assert np.median(idle) < IDLE_BELOW, f"idle frames are not the template's: {np.percentile(idle, [10, 50, 90])}"
     finished = [e for e in talk.events if e.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED]
     assert [(e.utterance, e.interrupted) for e in finished] == [(1, False), (2, False)]
-    assert talk.stats and 3 * FPS <= talk.stats[-1].frames_speech <= 5 * FPS  # once a second: the last may precede the last frames
+    assert (
+        talk.stats and 3 * FPS <= talk.stats[-1].frames_speech <= 5 * FPS
+    )  # once a second: the last may precede the last frames
     assert all(s.frames_dropped == 0 for s in talk.stats)
     latencies = [s.latency_p50_seconds for s in talk.stats if s.latency_p50_seconds]
     print(f"latency p50 per second of speech: {[round(v, 3) for v in latencies]}")
+    assert worker.metric("lipline_live_frames_total", kind="speech") >= 5 * FPS - gaps
+    assert worker.metric("lipline_live_frame_latency_seconds_count") >= 5 * FPS - gaps
+    assert (
+        worker.metric("lipline_live_sessions", state="streaming") == 0
+        and worker.metric("lipline_live_sessions", state="active") == 1
+    )
+    assert worker.metric("lipline_live_link_messages_total", stage="lipsync") > 0
     row = worker.row(session.id)
-    assert row.lease_live and row.worker_address == worker.process.address  # leased, and the worker's row says where it is
+    assert (
+        row.lease_live and row.worker_address == worker.process.address
+    )  # leased, and the worker's row says where it is
     worker.close(session.id)
     closed = worker.row(session.id)
     assert (closed.state, closed.error) == (SessionState.CLOSED, "closed by CloseSession")
@@ -305,6 +356,7 @@ def test_clear_mid_speech_returns_to_idle(worker: Worker, speech: np.ndarray) ->
     talk.wait_for(lambda: any(t > cleared_at and not f.speech for t, f in talk.frames), what="an idle frame")
     first_idle = next(t for t, f in talk.frames if t > cleared_at and not f.speech)
     print(f"Clear -> first idle frame received: {1000 * (first_idle - cleared_at):.0f} ms")
+    assert worker.metric("lipline_live_clear_seconds_count") >= 1
     time.sleep(0.4)
     after = [f for t, f in talk.frames if t > first_idle]
     assert after and not any(f.speech for f in after), "stale speech frames after Clear"
@@ -325,15 +377,27 @@ def test_capacity_and_bad_input_leave_the_running_sessions_alone(worker: Worker,
         worker.open()
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert int(dict(refused.value.trailing_metadata())["retry-after-ms"]) > 0
-    for pcm, words in ((b"\x00\x01\x02", "even byte count"), (speech[: RATE // 5].tobytes(), "10-100 ms")):  # odd bytes, 200 ms
+    assert worker.metric("lipline_live_admission_refused_total") >= 1
+    for pcm, words in (
+        (b"\x00\x01\x02", "even byte count"),
+        (speech[: RATE // 5].tobytes(), "10-100 ms"),
+    ):  # odd bytes, 200 ms
         talk = Conversation(worker, a.id)
         talk.requests.put(session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=pcm)))
         talk.thread.join(10)
-        assert talk.error is not None and talk.error.code() == grpc.StatusCode.INVALID_ARGUMENT and words in talk.error.details(), talk.error
+        assert (
+            talk.error is not None
+            and talk.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and words in talk.error.details()
+        ), talk.error
     no_start = Conversation(worker, None)
     no_start.send_audio(speech[:CHUNK], real_time=False)
     no_start.thread.join(10)
-    assert no_start.error is not None and no_start.error.code() == grpc.StatusCode.INVALID_ARGUMENT and "ConverseStart" in no_start.error.details()
+    assert (
+        no_start.error is not None
+        and no_start.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and "ConverseStart" in no_start.error.details()
+    )
     for session_id, metadata in ((uuid.uuid4().hex, TENANT), (a.id, (("x-lipline-tenant", "someone-else"),))):
         stranger = Conversation(worker, session_id, metadata=metadata)
         stranger.thread.join(10)
@@ -342,7 +406,10 @@ def test_capacity_and_bad_input_leave_the_running_sessions_alone(worker: Worker,
     talk = Conversation(worker, a.id)
     talk.send_audio(speech[: RATE // 2])
     talk.end_utterance()
-    talk.wait_for(lambda: any(e.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED for e in talk.events), what="session a's speech")
+    talk.wait_for(
+        lambda: any(e.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED for e in talk.events),
+        what="session a's speech",
+    )
     talk.finish()
     # Session b streamed throughout, at the fps, with nothing skipped.
     seen = len(watch.frames)
@@ -350,7 +417,9 @@ def test_capacity_and_bad_input_leave_the_running_sessions_alone(worker: Worker,
     assert watch.error is None and len(watch.frames) > seen
     indices = [f.index for _, f in watch.frames]
     gaps = sum(b - a - 1 for a, b in zip(indices, indices[1:]))
-    assert all(b > a for a, b in zip(indices, indices[1:])) and gaps <= 0.03 * len(indices), f"session b skipped {gaps} slots"
+    assert all(b > a for a, b in zip(indices, indices[1:])) and gaps <= 0.03 * len(indices), (
+        f"session b skipped {gaps} slots"
+    )
     watch.finish()
     worker.close(a.id)
     worker.close(b.id)
@@ -380,7 +449,11 @@ def test_a_client_sending_faster_than_real_time_is_refused(worker: Worker, speec
         talk.send_audio(speech[: 5 * RATE], real_time=False, chunk=RATE // 10)
         time.sleep(0.5)
     talk.thread.join(10)
-    assert talk.error is not None and talk.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "real time" in talk.error.details()
+    assert (
+        talk.error is not None
+        and talk.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        and "real time" in talk.error.details()
+    )
     worker.close(session.id)
 
 
@@ -405,7 +478,11 @@ def test_the_session_limits_end_it_with_a_clear_status(worker: Worker) -> None:
     short = worker.open(limits=session_pb2.SessionLimits(max_session_seconds=1.5))
     talk = Conversation(worker, short.id)
     talk.thread.join(10)
-    assert talk.error is not None and talk.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "max_session_seconds" in talk.error.details()
+    assert (
+        talk.error is not None
+        and talk.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        and "max_session_seconds" in talk.error.details()
+    )
     forgotten = worker.open(limits=session_pb2.SessionLimits(idle_timeout_seconds=1.0))
     time.sleep(1.5)
     late = Conversation(worker, forgotten.id)
@@ -416,6 +493,25 @@ def test_the_session_limits_end_it_with_a_clear_status(worker: Worker) -> None:
         assert row.state is SessionState.CLOSED and words in row.error, row
 
 
+def test_a_lease_taken_by_another_worker_ends_the_session_here(worker: Worker) -> None:
+    session = worker.open()
+    talk = Conversation(worker, session.id)
+    talk.wait_for(lambda: len(talk.frames) > 3, what="frames")
+    (me,) = asyncio.run(worker.jobs.live_workers(60.0))
+    assert asyncio.run(worker.jobs.release_session(session.id, me.id))  # as a gateway re-placing it does
+    assert asyncio.run(worker.jobs.lease_session(session.id, "another-worker", 30.0))
+    talk.thread.join(10)
+    assert (
+        talk.error is not None
+        and talk.error.code() == grpc.StatusCode.ABORTED
+        and "another live worker" in talk.error.details()
+    )
+    again = Conversation(worker, session.id)
+    again.thread.join(10)
+    assert again.error is not None and again.error.code() == grpc.StatusCode.NOT_FOUND  # it is not held here any more
+    assert worker.row(session.id).state is SessionState.ACTIVE  # it goes on where it moved
+
+
 def test_sigterm_ends_the_streams_with_a_status_to_resume_on(worker: Worker, speech: np.ndarray) -> None:
     """Runs last in the module: it stops the worker."""
     session = worker.open()
@@ -424,7 +520,9 @@ def test_sigterm_ends_the_streams_with_a_status_to_resume_on(worker: Worker, spe
     started = time.monotonic()
     worker.process.signal_stop()
     talk.thread.join(15)
-    assert talk.error is not None and talk.error.code() == grpc.StatusCode.UNAVAILABLE and "resume" in talk.error.details()
+    assert (
+        talk.error is not None and talk.error.code() == grpc.StatusCode.UNAVAILABLE and "resume" in talk.error.details()
+    )
     with contextlib.suppress(grpc.RpcError):  # draining (UNAVAILABLE) or already gone
         worker.open()
     assert worker.process.process.wait(15) == 0
@@ -440,5 +538,9 @@ def test_the_live_service_imports_no_torch() -> None:
     import sys
 
     repo = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", "import services.live.service, sys; sys.exit('torch' in sys.modules)"], cwd=repo, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "import services.live.service, sys; sys.exit('torch' in sys.modules)"],
+        cwd=repo,
+        timeout=120,
+    )
     assert done.returncode == 0

@@ -23,8 +23,8 @@ import grpc
 import pytest
 
 from lipline.v1 import gateway_pb2, gateway_pb2_grpc
-from services.jobs.layout import output_key
 from services.gateway.client import LiplineClient
+from services.jobs.layout import output_key
 from services.local.cluster import LocalCluster
 from tests.integration.util import SAMPLES, eventually, start_cluster
 
@@ -48,7 +48,9 @@ def speech(seconds: float) -> bytes:
 def long_cluster(job_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     gateway = ["--segment-seconds=1.0", f"--max-connection-age-s={CONNECTION_AGE_S}", f"--grace-s={GRACE_S}"]
     render = ["--poll-s=0.05"]
-    with start_cluster(tmp_path_factory.mktemp("long"), job_store=job_store_url, extra_args={"gateway": gateway, "render": render}) as cluster:
+    with start_cluster(
+        tmp_path_factory.mktemp("long"), job_store=job_store_url, extra_args={"gateway": gateway, "render": render}
+    ) as cluster:
         yield cluster
 
 
@@ -66,7 +68,9 @@ def client_of(cluster: LocalCluster, name: str) -> LiplineClient:
     return LiplineClient(cluster.gateway_address, timeout=600, api_key=name)
 
 
-def test_a_short_job_submitted_after_a_long_one_is_not_queued_behind_it(long_cluster: LocalCluster, small_avatar: gateway_pb2.Avatar) -> None:
+def test_a_short_job_submitted_after_a_long_one_is_not_queued_behind_it(
+    long_cluster: LocalCluster, small_avatar: gateway_pb2.Avatar
+) -> None:
     with client_of(long_cluster, "alice") as alice, client_of(long_cluster, "bob") as bob:
         long_job = alice.submit(small_avatar.id, speech(30.0))
         assert long_job.total_frames == 750  # 30 segments of 25 frames
@@ -94,28 +98,38 @@ def test_watchjob_outlives_the_connection_age(long_cluster: LocalCluster, small_
     cancel_after = OLD_STREAM_LIMIT_S + 2.0
     with client_of(long_cluster, "carol") as carol:
         job = carol.submit(small_avatar.id, speech(300.0))
-        cancel = threading.Timer(cancel_after, lambda: carol.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=30))
+        cancel = threading.Timer(
+            cancel_after, lambda: carol.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=30)
+        )
         events: list[gateway_pb2.Job] = []
         with grpc.insecure_channel(long_cluster.gateway_address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             opened = time.monotonic()
             cancel.start()
             try:
-                for event in stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=job.id), timeout=600, metadata=(("x-api-key", "carol"),)):
+                for event in stub.WatchJob(
+                    gateway_pb2.WatchJobRequest(job_id=job.id), timeout=600, metadata=(("x-api-key", "carol"),)
+                ):
                     events.append(event.job)
             except grpc.RpcError as exc:
-                pytest.fail(f"WatchJob was cut after {time.monotonic() - opened:.1f} s: {exc.code().name} {exc.details()}")
+                pytest.fail(
+                    f"WatchJob was cut after {time.monotonic() - opened:.1f} s: {exc.code().name} {exc.details()}"
+                )
             finally:
                 cancel.cancel()  # not yet fired (the stream failed): never; fired: wait for its answer
                 cancel.join()
             lasted = time.monotonic() - opened
     assert events, "no events"
-    assert events[-1].state == gateway_pb2.JOB_STATE_CANCELLED, f"the job ended {events[-1].state} before the test could cancel it: render a longer one"
+    assert events[-1].state == gateway_pb2.JOB_STATE_CANCELLED, (
+        f"the job ended {events[-1].state} before the test could cancel it: render a longer one"
+    )
     assert lasted >= cancel_after
     assert len(events) >= 2 and any(e.frames_done for e in events)  # progress kept coming on the aged connection
 
 
-def test_a_damaged_output_ends_the_download_with_data_loss(long_cluster: LocalCluster, small_avatar: gateway_pb2.Avatar) -> None:
+def test_a_damaged_output_ends_the_download_with_data_loss(
+    long_cluster: LocalCluster, small_avatar: gateway_pb2.Avatar
+) -> None:
     with client_of(long_cluster, "dave") as dave:
         job = dave.wait(dave.submit(small_avatar.id, speech(2.0)).id)
         assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
@@ -123,7 +137,9 @@ def test_a_damaged_output_ends_the_download_with_data_loss(long_cluster: LocalCl
         def download() -> tuple[bytes, grpc.RpcError | None]:
             got = []
             try:
-                for response in dave.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id, chunk_bytes=64 * 1024), timeout=60):
+                for response in dave.stub.DownloadOutput(
+                    gateway_pb2.DownloadOutputRequest(job_id=job.id, chunk_bytes=64 * 1024), timeout=60
+                ):
                     got.append(response.data)
             except grpc.RpcError as exc:
                 return b"".join(got), exc
@@ -157,4 +173,7 @@ def test_a_damaged_output_ends_the_download_with_data_loss(long_cluster: LocalCl
 
         path.write_bytes(whole)  # repaired: served whole again
         assert download() == (whole, None)
-        assert dave.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id), timeout=30).state == gateway_pb2.JOB_STATE_SUCCEEDED
+        assert (
+            dave.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id), timeout=30).state
+            == gateway_pb2.JOB_STATE_SUCCEEDED
+        )

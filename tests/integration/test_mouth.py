@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from lipline.v1 import gateway_pb2
+from services.gateway.client import LiplineClient
+from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from services.media.audio import decode_audio
 from services.media.decode import decode_avatar
 from services.render.mp4 import Mp4Writer
-from services.gateway.client import LiplineClient
-from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from tests.helpers.audio_files import pcm_wav
 from tests.helpers.speech_signals import FPS, RATE, SAMPLE, far_from, pink_noise, speech_frames
 from tests.integration.util import SAMPLES
@@ -49,7 +49,7 @@ def avatar() -> tuple[np.ndarray, tuple[int, int, int, int]]:
 
 
 @pytest.fixture(scope="module")
-def mouth_distances(cluster, avatar, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+def mouth_distances(cluster, avatar, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     """Per variant, per output frame: the mouth region's distance from the shut mouth."""
     folder = tmp_path_factory.mktemp("mouth")
     image, (x1, y1, x2, y2) = avatar

@@ -17,17 +17,17 @@ import numpy as np
 import pytest
 
 from lipline.v1 import gateway_pb2
-from services.media.mel import MelExtractor
+from services.gateway.client import LiplineClient
+from services.lipsync.faces import HaarFaceDetector, prepare_boxes
+from services.local.cluster import LocalCluster
 from services.media.audio import decode_audio
+from services.media.decode import decode_avatar
+from services.media.mel import MelExtractor
+from services.media.probe import probe_media
+from services.media.speech import speech_envelope
 from services.media.timeline import loop_frame
 from services.media.wire import mel_from_bytes, mel_to_bytes
-from services.gateway.client import LiplineClient
-from services.media.decode import decode_avatar
-from services.media.probe import probe_media
 from services.render.mp4 import Mp4Writer
-from services.lipsync.faces import HaarFaceDetector, prepare_boxes
-from services.media.speech import speech_envelope
-from services.local.cluster import LocalCluster
 
 FPS = 25
 STAGE_ORDER = ["queued", "render", "join", "done"]
@@ -47,9 +47,13 @@ def decode_frames(path: Path) -> list[np.ndarray]:
         return [f.to_ndarray(format="bgr24") for f in container.decode(video=0)]
 
 
-def render_job(client: LiplineClient, avatar_id: str, audio: bytes, out: Path, super_resolution: bool, loop: int = 0) -> Rendered:
+def render_job(
+    client: LiplineClient, avatar_id: str, audio: bytes, out: Path, super_resolution: bool, loop: int = 0
+) -> Rendered:
     options = gateway_pb2.JobOptions(super_resolution=super_resolution, loop=loop)
-    submitted = client.stub.SubmitJob(gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=60)
+    submitted = client.stub.SubmitJob(
+        gateway_pb2.SubmitJobRequest(avatar_id=avatar_id, audio=audio, options=options), timeout=60
+    )
     assert submitted.state in (gateway_pb2.JOB_STATE_QUEUED, gateway_pb2.JOB_STATE_RUNNING)
     events: list[gateway_pb2.Job] = []
     job = client.wait(submitted.id, events.append)
@@ -120,7 +124,11 @@ def openings(speech_bytes: bytes) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=[True, False], ids=["sr", "no-sr"])
 def rendered(
-    request: pytest.FixtureRequest, mclient: LiplineClient, photo: gateway_pb2.Avatar, speech_bytes: bytes, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    mclient: LiplineClient,
+    photo: gateway_pb2.Avatar,
+    speech_bytes: bytes,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Rendered:
     out = tmp_path_factory.mktemp("pipeline") / f"out-{request.param_index}.mp4"
     return render_job(mclient, photo.id, speech_bytes, out, super_resolution=request.param)
@@ -219,7 +227,11 @@ def test_output_format(rendered: Rendered, photo: gateway_pb2.Avatar, speech_byt
 def test_clip_was_rendered_in_segments_and_nothing_is_left_behind(rendered: Rendered, cluster: LocalCluster) -> None:
     """The session cluster cuts clips into 0.8 s segments: this output went through several workers' segments and the join."""
     assert len(rendered.frames) >= 60
-    claimed = {name for name in cluster.replica_names("render") if f'"job_id": "{rendered.job.id}"' in cluster.processes[name].log()}
+    claimed = {
+        name
+        for name in cluster.replica_names("render")
+        if f'"job_id": "{rendered.job.id}"' in cluster.processes[name].log()
+    }
     assert claimed, "no render worker logged this job"
     blobs = cluster.blob_dir
     assert (blobs / "outputs" / f"{rendered.job.id}.mp4").stat().st_size == rendered.job.output_bytes
@@ -257,7 +269,9 @@ def yuv420_round_trip(image: np.ndarray) -> np.ndarray:
     return frame.reformat(format="yuv420p").reformat(format="bgr24").to_ndarray()
 
 
-def test_outside_face_is_the_avatar(rendered: Rendered, avatar_frames: np.ndarray, photo_box: tuple[int, int, int, int]) -> None:
+def test_outside_face_is_the_avatar(
+    rendered: Rendered, avatar_frames: np.ndarray, photo_box: tuple[int, int, int, int]
+) -> None:
     # Compare with the avatar as it looks after the colour conversion alone: swscale's yuv420p round
     # trip shifts this picture by up to -2.4 levels on average, which is not what this test is about.
     avatar = yuv420_round_trip(avatar_frames[0]).astype(np.int16)
@@ -293,8 +307,12 @@ def make_shifted_video(path: Path, image: np.ndarray, frames: int, step: int) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", [gateway_pb2.JobOptions.PING_PONG, gateway_pb2.JobOptions.WRAP], ids=["ping-pong", "wrap"])
-def test_video_avatar_loops(client: LiplineClient, avatar_frames: np.ndarray, speech_bytes: bytes, tmp_path: Path, loop: int) -> None:
+@pytest.mark.parametrize(
+    "loop", [gateway_pb2.JobOptions.PING_PONG, gateway_pb2.JobOptions.WRAP], ids=["ping-pong", "wrap"]
+)
+def test_video_avatar_loops(
+    client: LiplineClient, avatar_frames: np.ndarray, speech_bytes: bytes, tmp_path: Path, loop: int
+) -> None:
     video = tmp_path / "template.mp4"
     make_shifted_video(video, avatar_frames[0], frames=10, step=3)
     data = video.read_bytes()

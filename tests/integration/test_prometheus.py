@@ -76,7 +76,8 @@ def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
             {
                 "job_name": "lipline",
                 "static_configs": [
-                    {"targets": [f"127.0.0.1:{p.metrics_port}"], "labels": {"namespace": NAMESPACE, "pod": _pod(name)}} for name, p in cluster.processes.items()
+                    {"targets": [f"127.0.0.1:{p.metrics_port}"], "labels": {"namespace": NAMESPACE, "pod": _pod(name)}}
+                    for name, p in cluster.processes.items()
                 ],
             }
         ],
@@ -85,7 +86,12 @@ def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
     port = _free_port()
     log = (workdir / "prometheus.log").open("w")
     proc = subprocess.Popen(
-        ["prometheus", f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        [
+            "prometheus",
+            f"--config.file={workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -118,7 +124,9 @@ def test_prometheus_scrapes_every_service(prometheus: Prometheus, cluster: Local
     assert {t["labels"]["pod"] for t in targets} == {_pod(name) for name in cluster.processes}
 
 
-def test_a_job_shows_up_per_stage_and_in_the_chart_rules(prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes) -> None:
+def test_a_job_shows_up_per_stage_and_in_the_chart_rules(
+    prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
+) -> None:
     avatar = client.create_avatar(avatar_bytes)
     job = client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
     assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
@@ -131,7 +139,9 @@ def test_a_job_shows_up_per_stage_and_in_the_chart_rules(prometheus: Prometheus,
     eventually(stages_with_items, what="items of the audio, lipsync and superres stages")
 
     def recorded() -> bool:  # a new series needs two scrapes before rate() has a value: wait for both stages
-        return {"lipsync", "superres"} <= {r["metric"].get("stage", "") for r in prometheus.query("lipline:stage_items:rate1m")}
+        return {"lipsync", "superres"} <= {
+            r["metric"].get("stage", "") for r in prometheus.query("lipline:stage_items:rate1m")
+        }
 
     eventually(recorded, what="the chart's recording rule lipline:stage_items:rate1m for lipsync and superres")
     succeeded = f'sum(lipline_jobs_total{{namespace="{NAMESPACE}",status="succeeded"}}) >= 1'
@@ -139,11 +149,17 @@ def test_a_job_shows_up_per_stage_and_in_the_chart_rules(prometheus: Prometheus,
 
 
 def test_every_chart_rule_loads_and_evaluates_cleanly(prometheus: Prometheus) -> None:
-    expected = {r.get("record") or r.get("alert") for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+    expected = {
+        r.get("record") or r.get("alert") for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
+    }
 
     def evaluated() -> list[dict[str, Any]]:
         rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]
-        return rules if len(rules) == len(expected) and all(r.get("lastEvaluation", "").startswith("20") for r in rules) else []
+        return (
+            rules
+            if len(rules) == len(expected) and all(r.get("lastEvaluation", "").startswith("20") for r in rules)
+            else []
+        )
 
     rules = eventually(evaluated, what="every chart rule to be evaluated")
     assert {r["name"] for r in rules} == expected
@@ -153,18 +169,20 @@ def test_every_chart_rule_loads_and_evaluates_cleanly(prometheus: Prometheus) ->
     assert not firing, f"alerts firing on a healthy test cluster: {firing}"
 
 
-def _adapter_query(rule: dict[str, Any]) -> str:
-    """The query prometheus-adapter sends for the HPA of the pods in NAMESPACE (its <<.X>> templating)."""
+def _adapter_query(rule: dict[str, Any], services: tuple[str, ...] = ("lipsync", "superres")) -> str:
+    """The query prometheus-adapter sends for the HPA of the `services`' pods in NAMESPACE (its <<.X>> templating)."""
     series = rule["seriesQuery"].split("{")[0]
     return (
         rule["metricsQuery"]
         .replace("<<.Series>>", series)
-        .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{_pod("lipsync")}|{_pod("superres")}"')
+        .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{"|".join(_pod(s) for s in services)}"')
         .replace("<<.GroupBy>>", "pod")
     )
 
 
-def test_adapter_queries_give_one_value_per_pod(prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes) -> None:
+def test_adapter_queries_give_one_value_per_pod(
+    prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
+) -> None:
     rules = {r["name"]["as"]: r for r in yaml.safe_load(ADAPTER.read_text())["rules"]}
     avatar = client.create_avatar(avatar_bytes)
     client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
@@ -175,6 +193,10 @@ def test_adapter_queries_give_one_value_per_pod(prometheus: Prometheus, client: 
     assert len(pods) == len(set(pods)) and set(pods) <= {_pod("lipsync"), _pod("superres")}
     assert all(float(r["value"][1]) >= 0 for r in rows)
     _check_gpu_rows(prometheus.query(_adapter_query(rules["lipline_gpu_utilization_ratio"])))
+    # The live workers' sessions: one value per live worker (none is open here: 0).
+    sessions = _adapter_query(rules["lipline_live_sessions_active"], ("live",))
+    rows = eventually(lambda: prometheus.query(sessions), what=f"a value of {sessions}")
+    assert [r["metric"]["pod"] for r in rows] == [_pod("live")] and float(rows[0]["value"][1]) == 0
 
 
 def _check_gpu_rows(rows: list[dict[str, Any]]) -> None:
@@ -187,7 +209,9 @@ def _check_gpu_rows(rows: list[dict[str, Any]]) -> None:
     assert all(0 <= float(r["value"][1]) <= 1 for r in rows)
 
 
-def test_keda_trigger_queries_as_rendered_by_the_chart(prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes) -> None:
+def test_keda_trigger_queries_as_rendered_by_the_chart(
+    prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
+) -> None:
     helm = helm_binary()
     rendered = subprocess.run(
         [
@@ -207,8 +231,15 @@ def test_keda_trigger_queries_as_rendered_by_the_chart(prometheus: Prometheus, c
         check=True,
         timeout=60,
     ).stdout
-    triggers = {d["metadata"]["name"]: d["spec"]["triggers"][0]["metadata"]["query"] for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ScaledObject"}
-    assert set(triggers) == {f"{RELEASE}-lipsync", f"{RELEASE}-superres", f"{RELEASE}-render"}
+    triggers = {
+        d["metadata"]["name"]: d["spec"]["triggers"][0]["metadata"]["query"]
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "ScaledObject"
+    }
+    assert set(triggers) == {f"{RELEASE}-lipsync", f"{RELEASE}-superres", f"{RELEASE}-render", f"{RELEASE}-live"}
+    # Live workers scale on their active sessions averaged over their pods: one value (0: none open).
+    rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-live"]), what="the live KEDA query")
+    assert len(rows) == 1 and float(rows[0]["value"][1]) == 0
     # Render workers scale on the segments waiting (the job store is SQLite here: a Prometheus trigger);
     # every worker exports the shared queue, so the query has one value whatever the worker count.
     rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-render"]), what="the render KEDA query")

@@ -134,7 +134,11 @@ def test_colour_tags_match_the_conversion(rendered: dict) -> None:
         frame = next(container.decode(stream))
     # BT.601 matrix (smpte170m), limited range: what cv2.COLOR_BGR2YUV_I420 produces; BT.709
     # primaries and transfer (docs/quality.md). In the container (colr) and in the stream (VUI).
-    assert {name: getattr(context, name) for name in COLOR_TAGS} == COLOR_TAGS == {"colorspace": 6, "color_range": 1, "color_primaries": 1, "color_trc": 1}
+    assert (
+        {name: getattr(context, name) for name in COLOR_TAGS}
+        == COLOR_TAGS
+        == {"colorspace": 6, "color_range": 1, "color_primaries": 1, "color_trc": 1}
+    )
     assert {name: getattr(frame, name) for name in COLOR_TAGS} == COLOR_TAGS
 
 

@@ -22,8 +22,8 @@ import pytest
 
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
-from services.render.mp4 import Mp4Writer
 from services.local.cluster import LocalCluster
+from services.render.mp4 import Mp4Writer
 from tests.helpers.postgres import PostgresServer, missing_reason
 from tests.integration.util import SAMPLES, eventually, rss_mb
 
@@ -59,7 +59,9 @@ def frame_indices(data: bytes, tmp_path: Path) -> list[int]:
 
 
 def download(client: LiplineClient, job_id: str) -> bytes:
-    return b"".join(r.data for r in client.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id), timeout=60))
+    return b"".join(
+        r.data for r in client.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job_id), timeout=60)
+    )
 
 
 def speech_seconds(seconds: float) -> bytes:
@@ -79,7 +81,9 @@ def render_busy(cluster: LocalCluster, name: str) -> float:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, PostgresServer | None]]:
+def store_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, PostgresServer | None]]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'jobs.db'}", None
         return
@@ -91,9 +95,12 @@ def store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="module")
-def rcluster(store_url: tuple[str, PostgresServer | None], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def rcluster(
+    store_url: tuple[str, PostgresServer | None], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
     url, _ = store_url
-    worker = ["--lease-s=2", "--heartbeat-s=0.25", "--poll-s=0.05", "--max-attempts=4"]
+    # A 15 s retry window (60 s by default) keeps the give-up test short; a PostgreSQL restart fits in it.
+    worker = ["--lease-s=2", "--heartbeat-s=0.25", "--poll-s=0.05", "--max-attempts=4", "--retry-window-s=15"]
     with LocalCluster(
         tmp_path_factory.mktemp("render"),
         job_store=url,
@@ -133,7 +140,9 @@ def everything_back(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def wait_claimed(cluster: LocalCluster, name: str, job_id: str, timeout: float = 60) -> None:
     eventually(
-        lambda: f'"job_id": "{job_id}"' in cluster.processes[name].log() and "task claimed" in cluster.processes[name].log(),
+        lambda: (
+            f'"job_id": "{job_id}"' in cluster.processes[name].log() and "task claimed" in cluster.processes[name].log()
+        ),
         timeout=timeout,
         every=0.02,
         what=f"{name} to claim a task of {job_id}",
@@ -148,7 +157,9 @@ def assert_every_frame_in_order(client: LiplineClient, job: gateway_pb2.Job, tmp
     assert indices == [i % TEMPLATE_FRAMES for i in range(done.total_frames)]
 
 
-def test_worker_killed_mid_segment(rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path) -> None:
+def test_worker_killed_mid_segment(
+    rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path
+) -> None:
     job = client.submit(template.id, speech_seconds(6.0))
     wait_claimed(rcluster, "render-1", job.id)
     rcluster.kill("render-1")  # mid-segment: no drain, its lease simply stops being renewed
@@ -156,23 +167,37 @@ def test_worker_killed_mid_segment(rcluster: LocalCluster, template: gateway_pb2
 
 
 @pytest.mark.parametrize("stage", ["lipsync", "superres"])
-def test_stage_replica_killed_mid_job(rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str) -> None:
+def test_stage_replica_killed_mid_job(
+    rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str
+) -> None:
     job = client.submit(template.id, speech_seconds(6.0), super_resolution=True)
-    eventually(lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).state == gateway_pb2.JOB_STATE_RUNNING, every=0.02, what="the job to start")
+    eventually(
+        lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).state == gateway_pb2.JOB_STATE_RUNNING,
+        every=0.02,
+        what="the job to start",
+    )
     rcluster.kill(f"{stage}-1")
     assert_every_frame_in_order(client, job, tmp_path)
 
 
-def test_cancel_mid_job_stops_every_worker_and_leaves_nothing(rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient) -> None:
+def test_cancel_mid_job_stops_every_worker_and_leaves_nothing(
+    rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient
+) -> None:
     job = client.submit(template.id, speech_seconds(7.5))
-    eventually(lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).frames_done > 0, every=0.02, what="a first segment")
+    eventually(
+        lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).frames_done > 0,
+        every=0.02,
+        what="a first segment",
+    )
     cancelled = client.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=10)
     assert cancelled.state == gateway_pb2.JOB_STATE_CANCELLED
     assert cancelled.error_code == grpc.StatusCode.CANCELLED.value[0]
     time.sleep(1.0)
     assert [render_busy(rcluster, n) for n in rcluster.replica_names("render")] == [0.0, 0.0]
     job_blobs = rcluster.blob_dir / "jobs" / job.id
-    eventually(lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")), timeout=5, what="the job's blobs to be removed")
+    eventually(
+        lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")), timeout=5, what="the job's blobs to be removed"
+    )
     assert not (rcluster.blob_dir / "outputs" / f"{job.id}.mp4").exists()
     assert client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).state == gateway_pb2.JOB_STATE_CANCELLED
 
@@ -240,11 +265,17 @@ def _terminal(client: LiplineClient, job_id: str) -> gateway_pb2.Job | None:
         job = client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job_id), timeout=10)
     except grpc.RpcError:
         return None  # the gateway's store is still reconnecting
-    return job if job.state in (gateway_pb2.JOB_STATE_SUCCEEDED, gateway_pb2.JOB_STATE_FAILED, gateway_pb2.JOB_STATE_CANCELLED) else None
+    return (
+        job
+        if job.state in (gateway_pb2.JOB_STATE_SUCCEEDED, gateway_pb2.JOB_STATE_FAILED, gateway_pb2.JOB_STATE_CANCELLED)
+        else None
+    )
 
 
 @pytest.mark.slow
-def test_sixteen_concurrent_jobs_and_a_light_gateway(rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient) -> None:
+def test_sixteen_concurrent_jobs_and_a_light_gateway(
+    rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient
+) -> None:
     audio = speech_seconds(3.0)
     jobs = [client.submit(template.id, audio) for _ in range(16)]
     peak = 0.0
@@ -268,7 +299,9 @@ def long_speech(seconds: float) -> bytes:
 
 
 @pytest.mark.slow
-def test_ten_minute_clip_keeps_worker_memory_flat(rcluster: LocalCluster, store_url: tuple[str, PostgresServer | None], client: LiplineClient) -> None:
+def test_ten_minute_clip_keeps_worker_memory_flat(
+    rcluster: LocalCluster, store_url: tuple[str, PostgresServer | None], client: LiplineClient
+) -> None:
     if store_url[1] is not None:
         pytest.skip("one store is enough for a memory test (the SQLite run covers it)")
     photo = cv2.resize(cv2.imread(str(SAMPLES / "avatar.jpg")), (256, 256), interpolation=cv2.INTER_AREA)
@@ -291,10 +324,14 @@ def test_ten_minute_clip_keeps_worker_memory_flat(rcluster: LocalCluster, store_
         settled = [rss for done, rss in series if done >= 1_500]
         assert settled, series[:5]
         growth = max(settled) - settled[0]
-        assert growth < 60, f"{name} grew by {growth:.0f} MB over a 10-minute clip ({settled[0]:.0f} -> {max(settled):.0f} MB)"
+        assert growth < 60, (
+            f"{name} grew by {growth:.0f} MB over a 10-minute clip ({settled[0]:.0f} -> {max(settled):.0f} MB)"
+        )
 
 
-def test_a_stage_failure_fails_the_job_with_the_stages_status(rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient) -> None:
+def test_a_stage_failure_fails_the_job_with_the_stages_status(
+    rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient
+) -> None:
     # Both lipsync replicas gone for good: every attempt of the first segment fails with UNAVAILABLE
     # until the attempts run out. The job must end FAILED with that status, never CANCELLED.
     for name in rcluster.replica_names("lipsync"):

@@ -18,15 +18,23 @@ import grpc
 import numpy as np
 import pytest
 
-from lipline.v1 import audio_pb2, audio_pb2_grpc, gateway_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
-from services.media.wire import image_to_proto, pack_generate_items
-from services.serving.settings import ServiceSettings
-from services.media.packed import PackedImages
-from services.serving.channels import channel_options
-from services.serving.streams import byte_ranges, message_budget
+from lipline.v1 import (
+    audio_pb2,
+    audio_pb2_grpc,
+    gateway_pb2,
+    lipsync_pb2,
+    lipsync_pb2_grpc,
+    superres_pb2,
+    superres_pb2_grpc,
+)
 from services.gateway.client import LiplineClient
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, prepare_boxes
 from services.local.cluster import LocalCluster
+from services.media.packed import PackedImages
+from services.media.wire import image_to_proto, pack_generate_items
+from services.serving.channels import channel_options
+from services.serving.settings import ServiceSettings
+from services.serving.streams import byte_ranges, message_budget
 from tests.helpers.audio_files import pcm_wav
 from tests.integration.util import SAMPLES, cut_wav, start_cluster
 
@@ -140,7 +148,11 @@ def test_generate_answers_a_message_of_large_faces_in_several_responses(fcluster
     crop = np.full((96, 96, 3), 128, np.uint8)
     mel = np.full((80, 16), -4.0, "<f2").tobytes()
     requests = [
-        lipsync_pb2.GenerateRequest(crops=[lipsync_pb2.ReferenceCrop(crop_index=7, image=image_to_proto(crop), paste_width=side, paste_height=side)]),
+        lipsync_pb2.GenerateRequest(
+            crops=[
+                lipsync_pb2.ReferenceCrop(crop_index=7, image=image_to_proto(crop), paste_width=side, paste_height=side)
+            ]
+        ),
         lipsync_pb2.GenerateRequest(items=pack_generate_items(list(range(100, 100 + n)), [7] * n, [mel] * n)),
     ]
     with _channel(fcluster, "lipsync") as channel:
@@ -156,10 +168,17 @@ def test_upscale_answers_eight_items_at_2048_in_several_responses(fcluster: Loca
     n, side = 8, 2048
     rng = np.random.default_rng(0)
     items = [
-        superres_pb2.UpscaleItem(index=i, image=image_to_proto(rng.integers(0, 256, (96, 96, 3), np.uint8)), out_width=side, out_height=side) for i in range(n)
+        superres_pb2.UpscaleItem(
+            index=i, image=image_to_proto(rng.integers(0, 256, (96, 96, 3), np.uint8)), out_width=side, out_height=side
+        )
+        for i in range(n)
     ]
     with _channel(fcluster, "superres") as channel:
-        responses = list(superres_pb2_grpc.SuperResServiceStub(channel).Upscale(iter([superres_pb2.UpscaleRequest(items=items)]), timeout=120))
+        responses = list(
+            superres_pb2_grpc.SuperResServiceStub(channel).Upscale(
+                iter([superres_pb2.UpscaleRequest(items=items)]), timeout=120
+            )
+        )
     assert len(responses) > 1 and responses[0].HasField("model")
     assert all(r.ByteSize() <= BUDGET + HEADROOM for r in responses), [r.ByteSize() for r in responses]
     got = [item for r in responses for item in r.items]
@@ -178,7 +197,9 @@ def test_extract_caps_windows_per_message_by_bytes(fcluster: LocalCluster) -> No
     chunk = 1 << 20
 
     def requests() -> Iterator[audio_pb2.ExtractRequest]:
-        yield audio_pb2.ExtractRequest(options=audio_pb2.ExtractOptions(fps=fps, windows_per_message=100_000), data=data[:chunk])
+        yield audio_pb2.ExtractRequest(
+            options=audio_pb2.ExtractOptions(fps=fps, windows_per_message=100_000), data=data[:chunk]
+        )
         for start in range(chunk, len(data), chunk):
             yield audio_pb2.ExtractRequest(data=data[start : start + chunk])
 

@@ -14,8 +14,8 @@ import pytest
 
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
-from services.media.probe import probe_media
 from services.local.cluster import LocalCluster
+from services.media.probe import probe_media
 from tests.integration.test_lifecycle import sample_sum, scrape
 from tests.integration.util import cut_wav, start_cluster
 
@@ -28,7 +28,9 @@ def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluste
         yield cluster
 
 
-def test_jobs_are_spread_over_replicas(replicated: LocalCluster, avatar_bytes: bytes, speech_bytes: bytes, tmp_path: Path) -> None:
+def test_jobs_are_spread_over_replicas(
+    replicated: LocalCluster, avatar_bytes: bytes, speech_bytes: bytes, tmp_path: Path
+) -> None:
     assert [n for n in replicated.processes if n.startswith("lipsync")] == ["lipsync", "lipsync-1"]
     audio = cut_wav(speech_bytes, 1.0)
     with LiplineClient(replicated.gateway_address) as client:
@@ -44,6 +46,9 @@ def test_jobs_are_spread_over_replicas(replicated: LocalCluster, avatar_bytes: b
         client.download(jobs[0].id, tmp_path / "out.mp4")
     assert probe_media(tmp_path / "out.mp4")["frames"] == jobs[0].total_frames
     for stage in ("lipsync", "superres"):
-        items = [sample_sum(scrape(replicated, name), "lipline_stage_items_total", stage=stage) for name in replicated.replica_names(stage)]
+        items = [
+            sample_sum(scrape(replicated, name), "lipline_stage_items_total", stage=stage)
+            for name in replicated.replica_names(stage)
+        ]
         # Round-robin per call: four jobs = four streams per stage, spread over both replicas.
         assert all(n > 0 for n in items), f"{stage} items per replica: {items}"

@@ -16,7 +16,13 @@ from services.local.cluster import REPO_ROOT, LocalCluster
 
 
 def _smoke(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.gateway.smoke", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "services.gateway.smoke", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_smoke_check_passes_against_the_running_gateway(cluster: LocalCluster, client: LiplineClient) -> None:

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc, lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
-from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 from services.inference.request_bounds import MAX_OUTPUT_BYTES_PER_MESSAGE
 from services.local.cluster import LocalCluster
+from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 from tests.helpers.audio_files import encode_tone
 from tests.integration.util import assert_all_serving
 
@@ -59,9 +59,14 @@ def generate(stub: lipsync_pb2_grpc.LipSyncServiceStub, items: int, paste: int =
     return lambda: stub.Generate(iter(requests), timeout=120)
 
 
-def upscale(stub: superres_pb2_grpc.SuperResServiceStub, items: int, side: int = 0, image: np.ndarray = FACE) -> Callable[[], Any]:
+def upscale(
+    stub: superres_pb2_grpc.SuperResServiceStub, items: int, side: int = 0, image: np.ndarray = FACE
+) -> Callable[[], Any]:
     request = superres_pb2.UpscaleRequest(
-        items=[superres_pb2.UpscaleItem(index=i, image=image_to_proto(image), out_width=side, out_height=side) for i in range(items)]
+        items=[
+            superres_pb2.UpscaleItem(index=i, image=image_to_proto(image), out_width=side, out_height=side)
+            for i in range(items)
+        ]
     )
     return lambda: stub.Upscale(iter([request]), timeout=120)
 
@@ -73,7 +78,9 @@ def extract(stub: audio_pb2_grpc.AudioServiceStub, max_seconds: float) -> Callab
 
 
 def test_generate_items_per_message(lipsync_stub: lipsync_pb2_grpc.LipSyncServiceStub) -> None:
-    details = expect_invalid(generate(lipsync_stub, MAX_PENDING + 1), "items", f"{MAX_PENDING + 1} in one message", f"at most {MAX_PENDING}")
+    details = expect_invalid(
+        generate(lipsync_stub, MAX_PENDING + 1), "items", f"{MAX_PENDING + 1} in one message", f"at most {MAX_PENDING}"
+    )
     assert "max_pending_per_stream" in details
     (ok,) = list(generate(lipsync_stub, 10)())  # what the render workers send: served as before
     assert len(ok.faces.frame_indices) == 10

@@ -93,7 +93,9 @@ def inflight_items(cluster: LocalCluster, name: str) -> float:
 
 
 @pytest.mark.parametrize("stage", ["lipsync", "superres"])
-def test_stage_replica_sigterm_mid_job(dcluster: LocalCluster, numbered: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str) -> None:
+def test_stage_replica_sigterm_mid_job(
+    dcluster: LocalCluster, numbered: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str
+) -> None:
     name = f"{stage}-1"
     job = client.submit(numbered.id, speech(7.5), super_resolution=True)
     try:
@@ -109,7 +111,10 @@ def test_stage_replica_sigterm_mid_job(dcluster: LocalCluster, numbered: gateway
         assert dcluster.terminate(name) == 0, dcluster.processes[name].log()[-3000:]  # drains, then exits 0
         assert "draining in-flight RPCs" in dcluster.processes[name].log()
         assert_every_frame_in_order(client, job, tmp_path)
-        retried = sum(dcluster.processes[n].log().count("task given back for another attempt") for n in dcluster.replica_names("render"))
+        retried = sum(
+            dcluster.processes[n].log().count("task given back for another attempt")
+            for n in dcluster.replica_names("render")
+        )
         print(f"{name}: SIGTERM with {caught:.0f} items in flight; {retried} segment retries in all")
     finally:
         if dcluster.processes[name].process.poll() is not None:
@@ -138,7 +143,9 @@ def test_connection_age_expiry_mid_job(tmp_path_factory: pytest.TempPathFactory,
             while rounds == 0 or time.monotonic() - started < AGE_TEST_S:
                 jobs = [client.submit(avatar.id, speech(8.0), super_resolution=sr) for sr in (True, False)]
                 results: dict[str, gateway_pb2.Job] = {}
-                threads = [threading.Thread(target=lambda j=j: results.__setitem__(j.id, client.wait(j.id))) for j in jobs]
+                threads = [
+                    threading.Thread(target=lambda j=j: results.__setitem__(j.id, client.wait(j.id))) for j in jobs
+                ]
                 for t in threads:
                     t.start()
                 for t in threads:
@@ -151,5 +158,10 @@ def test_connection_age_expiry_mid_job(tmp_path_factory: pytest.TempPathFactory,
                     out.mkdir()
                     assert_every_frame_in_order(client, job, out)
                 rounds += 1
-        retried = sum(cluster.processes[n].log().count("task given back for another attempt") for n in cluster.replica_names("render"))
-        print(f"{2 * rounds} jobs of 8 s in {time.monotonic() - started:.1f} s with 1 s connection ages; {retried} segment retries")
+        retried = sum(
+            cluster.processes[n].log().count("task given back for another attempt")
+            for n in cluster.replica_names("render")
+        )
+        print(
+            f"{2 * rounds} jobs of 8 s in {time.monotonic() - started:.1f} s with 1 s connection ages; {retried} segment retries"
+        )

@@ -91,7 +91,9 @@ def test_every_public_rpc_finds_only_the_callers_own(tenants: Tenants, tmp_path:
 
     covered.add("GetJob")
     assert acme2.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).id == job.id
-    assert not_found(lambda: bob.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id))) == f"job {job.id!r} does not exist"
+    assert (
+        not_found(lambda: bob.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id))) == f"job {job.id!r} does not exist"
+    )
 
     covered.add("WatchJob")
     not_found(lambda: bob.stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=job.id), timeout=30))

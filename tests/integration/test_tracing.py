@@ -30,10 +30,12 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
         self.spans: list[dict] = []
         self._lock = threading.Lock()
 
-    def Export(self, request, context):  # type: ignore[no-untyped-def]
+    def Export(self, request, context):
         with self._lock:
             for resource_spans in request.resource_spans:
-                service = next((a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), "")
+                service = next(
+                    (a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), ""
+                )
                 for scope in resource_spans.scope_spans:
                     for span in scope.spans:
                         self.spans.append(

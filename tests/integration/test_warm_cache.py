@@ -25,7 +25,13 @@ def lipsync(*flags: str, timeout: float = 240) -> subprocess.CompletedProcess:
 def test_warm_cache_only_fills_the_cache_and_exits(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     port_file = tmp_path / "port"  # written once a service is SERVING: a warm-only run never is
-    done = lipsync("--backend=compile", "--warm-cache-only=true", f"--compile-cache-dir={cache}", "--port=0", f"--port-file={port_file}")
+    done = lipsync(
+        "--backend=compile",
+        "--warm-cache-only=true",
+        f"--compile-cache-dir={cache}",
+        "--port=0",
+        f"--port-file={port_file}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "compile cache filled" in done.stderr and "listening" not in done.stderr
     assert not port_file.exists()

@@ -19,18 +19,18 @@ import pytest
 import torch
 
 from lipline.v1 import gateway_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.media.mel import MelExtractor
-from services.media.audio import decode_audio
-from services.inference.checkpoints import seeded_state_dict
-from services.media.wire import image_to_proto, mel_from_bytes, mel_to_bytes, pack_generate_items
-from services.media.packed import PackedImages
 from services.gateway.client import LiplineClient
-from services.media.decode import decode_avatar
-from services.media.probe import probe_media
+from services.inference.checkpoints import seeded_state_dict
 from services.lipsync import prep
 from services.lipsync.faces import HaarFaceDetector, prepare_boxes
 from services.lipsync.wav2lip import Wav2Lip, load_wav2lip
 from services.local.cluster import LocalCluster
+from services.media.audio import decode_audio
+from services.media.decode import decode_avatar
+from services.media.mel import MelExtractor
+from services.media.packed import PackedImages
+from services.media.probe import probe_media
+from services.media.wire import image_to_proto, mel_from_bytes, mel_to_bytes, pack_generate_items
 from tests.integration.util import SAMPLES, cut_wav, start_cluster
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,9 @@ def test_job_with_wav2lip(w2l_cluster: LocalCluster, avatar_bytes: bytes, one_se
     assert "wav2lip" in w2l_cluster.processes["lipsync"].log()
 
 
-def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpoint: Path, avatar_bytes: bytes, one_second: bytes) -> None:
+def test_generate_equals_the_model_in_process(
+    w2l_cluster: LocalCluster, checkpoint: Path, avatar_bytes: bytes, one_second: bytes
+) -> None:
     # One real reference crop and four real mel windows (one with silence, three with speech).
     frames, _ = decode_avatar(avatar_bytes)
     (box,) = prepare_boxes(HaarFaceDetector().detect([frames[0]]), *frames.shape[1:3])
@@ -85,9 +87,15 @@ def test_generate_equals_the_model_in_process(w2l_cluster: LocalCluster, checkpo
     def call(raw_size: bool) -> tuple[lipsync_pb2.GenerateResponse, ...]:
         requests = [
             lipsync_pb2.GenerateRequest(
-                crops=[lipsync_pb2.ReferenceCrop(crop_index=3, image=image_to_proto(crop), paste_width=paste[0], paste_height=paste[1])]
+                crops=[
+                    lipsync_pb2.ReferenceCrop(
+                        crop_index=3, image=image_to_proto(crop), paste_width=paste[0], paste_height=paste[1]
+                    )
+                ]
             ),
-            lipsync_pb2.GenerateRequest(items=pack_generate_items(list(range(len(mels))), [3] * len(mels), mels), raw_size=raw_size),
+            lipsync_pb2.GenerateRequest(
+                items=pack_generate_items(list(range(len(mels))), [3] * len(mels), mels), raw_size=raw_size
+            ),
         ]
         with grpc.insecure_channel(w2l_cluster.processes["lipsync"].address) as channel:
             return tuple(lipsync_pb2_grpc.LipSyncServiceStub(channel).Generate(iter(requests), timeout=120))

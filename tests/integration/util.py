@@ -21,13 +21,15 @@ LOG_TAIL = 6000
 
 def logs_of(cluster: LocalCluster) -> str:
     """The tail of every service's log, for failure reports."""
-    return "\n".join(f"----- {name} ({proc.log_path}) -----\n{proc.log()[-LOG_TAIL:]}" for name, proc in cluster.processes.items())
+    return "\n".join(
+        f"----- {name} ({proc.log_path}) -----\n{proc.log()[-LOG_TAIL:]}" for name, proc in cluster.processes.items()
+    )
 
 
 @contextlib.contextmanager
 def start_cluster(workdir: Path, **kwargs: object) -> Iterator[LocalCluster]:
     """A started LocalCluster in `workdir`; on a start-up failure every service's log is printed."""
-    cluster = LocalCluster(workdir, **kwargs)  # type: ignore[arg-type]
+    cluster = LocalCluster(workdir, **kwargs)
     try:
         cluster.__enter__()
     except BaseException:
@@ -60,7 +62,9 @@ def stage_channel(cluster: LocalCluster, stage: str) -> grpc.Channel:
 def health_status(address: str, service: str = "", timeout: float = 5.0) -> int:
     """grpc.health.v1 Check over a fresh channel."""
     with grpc.insecure_channel(address) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout
+        )
     return reply.status
 
 

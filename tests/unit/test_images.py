@@ -245,7 +245,9 @@ def test_make_images_builds_the_tags_the_chart_pulls() -> None:
         built |= {tag.replace("$s", s) for s in stages.split()}
         if "BASE_IMAGE=python:" in args:
             cpu |= set(stages.split())
-    rendered = subprocess.run([helm, "template", "x", str(REPO / "helm" / "lipline")], capture_output=True, text=True, check=True).stdout
+    rendered = subprocess.run(
+        [helm, "template", "x", str(REPO / "helm" / "lipline")], capture_output=True, text=True, check=True
+    ).stdout
     pulled = set(re.findall(r'image: "(\S+)"', rendered))
     assert pulled == built and len(built) == len(STAGES), (sorted(pulled), sorted(built))
     # The CPU services (gpu: 0 in the chart) build on the CPU base, the GPU stages on CUDA's.
@@ -311,7 +313,12 @@ def _run_install_step(tmp_path: Path, runtime: str) -> list[str]:
         stub = bin_dir / tool
         stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n')
         stub.chmod(0o755)
-    env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "RUNTIME": runtime, "SERVICE": "x", "DEBIAN_FRONTEND": "noninteractive"}
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin",
+        "RUNTIME": runtime,
+        "SERVICE": "x",
+        "DEBIAN_FRONTEND": "noninteractive",
+    }
     subprocess.run(["sh", "-ec", step], env=env, check=True, timeout=30)
     return log.read_text().splitlines() if log.exists() else []
 
@@ -373,7 +380,12 @@ def _hadolint() -> str:
     found = shutil.which("hadolint", path=path)
     if found is None:
         target = Path(sys.executable).parent / "hadolint"
-        result = subprocess.run([sys.executable, str(REPO / "scripts" / "install_hadolint.py"), str(target)], capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "install_hadolint.py"), str(target)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         found = shutil.which("hadolint", path=path)
         if found is None:
             pytest.skip(f"needs hadolint (python scripts/install_hadolint.py): {result.stderr[-500:]}")

@@ -76,7 +76,9 @@ def test_services_have_no_import_cycle() -> None:
     cycles = import_cycles(SERVICES)
     listed = "\n".join(" -> ".join([*cycle, cycle[0]]) for cycle in cycles[:MAX_LISTED])
     more = f"\n... and {len(cycles) - MAX_LISTED} more" if len(cycles) > MAX_LISTED else ""
-    assert not cycles, f"{len(cycles)} import circle(s) in services/ (move the shared piece so imports go one way):\n{listed}{more}"
+    assert not cycles, (
+        f"{len(cycles)} import circle(s) in services/ (move the shared piece so imports go one way):\n{listed}{more}"
+    )
 
 
 def test_the_graph_sees_function_level_and_submodule_imports() -> None:

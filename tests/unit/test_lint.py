@@ -24,10 +24,18 @@ def _ruff() -> Path:
 
 
 def test_ruff_finds_nothing() -> None:
-    result = subprocess.run([str(_ruff()), "check", "--output-format", "concise", "."], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(_ruff()), "check", "--output-format", "concise", "."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
 def test_ruff_format_would_change_nothing() -> None:
-    result = subprocess.run([str(_ruff()), "format", "--check", "."], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(_ruff()), "format", "--check", "."], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, "run `.venv/bin/ruff format .`\n" + result.stdout[-4000:] + result.stderr[-2000:]

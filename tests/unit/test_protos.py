@@ -21,7 +21,9 @@ PROTO_DIR = PROTO_ROOT / "lipline" / "v1"
 GENERATED_DIR = REPO_ROOT / "lipline" / "v1"
 PROTOS = sorted(PROTO_DIR.glob("*.proto"))
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
-REGENERATE = "python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/lipline/v1/*.proto"
+REGENERATE = (
+    "python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/lipline/v1/*.proto"
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,11 @@ def test_generated_modules_are_up_to_date(fresh: Path, proto: Path) -> None:
 
 def test_no_generated_module_without_a_proto() -> None:
     stems = {p.stem for p in PROTOS}
-    leftovers = [p.name for p in GENERATED_DIR.iterdir() if p.name.endswith(SUFFIXES) and re.sub(r"_pb2(_grpc)?\.pyi?$", "", p.name) not in stems]
+    leftovers = [
+        p.name
+        for p in GENERATED_DIR.iterdir()
+        if p.name.endswith(SUFFIXES) and re.sub(r"_pb2(_grpc)?\.pyi?$", "", p.name) not in stems
+    ]
     assert leftovers == [], f"generated modules whose .proto is gone: {leftovers}"
 
 
@@ -89,5 +95,7 @@ def test_every_service_and_rpc_is_documented(proto: Path) -> None:
             undocumented.append(name)
         rpcs = [i for i in range(start + 1, end) if re.match(r"\s*rpc\s+\w+", lines[i])]
         assert rpcs, f"service {name} declares no rpc"
-        undocumented += [f"{name}.{lines[i].split()[1].split('(')[0]}" for i in rpcs if not _has_comment_above(lines, i)]
+        undocumented += [
+            f"{name}.{lines[i].split()[1].split('(')[0]}" for i in rpcs if not _has_comment_above(lines, i)
+        ]
     assert undocumented == [], f"{proto.name}: services/rpcs without a comment: {undocumented}"

@@ -73,7 +73,9 @@ def test_nothing_imports_services_common() -> None:
         for line, name in imported_names(path)
         if crosses(name, "services.common")
     ]
-    assert not (SERVICES / "common").exists(), "services/common/ is back: put the file in serving, media, jobs or inference"
+    assert not (SERVICES / "common").exists(), (
+        "services/common/ is back: put the file in serving, media, jobs or inference"
+    )
     assert not offenders, "\n".join(offenders)
 
 
@@ -92,4 +94,7 @@ def test_a_deployable_imports_no_other_deployable(package: str) -> None:
         for line, name in imported_names(path)
         if any(crosses(name, other) for other in others)
     ]
-    assert not offenders, f"services/{package} imports another deployable (move the shared code to a shared package):\n" + "\n".join(offenders)
+    assert not offenders, (
+        f"services/{package} imports another deployable (move the shared code to a shared package):\n"
+        + "\n".join(offenders)
+    )

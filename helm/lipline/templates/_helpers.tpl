@@ -87,14 +87,16 @@ whole numbers as integers: Helm reads YAML numbers as float64, which toString wo
 {{- if and .root.Values.keda.enabled $s.autoscaling.enabled (ne $s.autoscaling.metric "cpu") -}}true{{- end -}}
 {{- end -}}
 
-{{/* The per-stage PromQL of the autoscaling metric for KEDA's Prometheus trigger. gpu and queue: averaged
-over the stage's pods (metricType Value). segments: the job store's segments waiting, which every
+{{/* The per-stage PromQL of the autoscaling metric for KEDA's Prometheus trigger. gpu, sessions and queue:
+averaged over the stage's pods (metricType Value). segments: the job store's segments waiting, which every
 worker exports alike, so max() and not sum() (metricType AverageValue: the HPA divides by the pods). */}}
 {{- define "lipline.scalingQuery" -}}
 {{- $s := index .root.Values.stages .stage -}}
 {{- $match := printf "namespace=\"%s\",pod=~\"%s-.*\"" .root.Release.Namespace (include "lipline.stageName" .) -}}
 {{- if eq $s.autoscaling.metric "gpu" -}}
 avg(avg_over_time(lipline_gpu_utilization_ratio{ {{- $match -}} }[1m]))
+{{- else if eq $s.autoscaling.metric "sessions" -}}
+avg(avg_over_time(lipline_live_sessions{state="active", {{- $match -}} }[1m]))
 {{- else if eq $s.autoscaling.metric "segments" -}}
 max(lipline_queue_depth{kind="segment", {{- $match -}} })
 {{- else -}}
@@ -102,12 +104,12 @@ sum(rate(lipline_stage_queue_seconds_sum{ {{- $match -}} }[2m])) / clamp_min(sum
 {{- end -}}
 {{- end -}}
 
-{{/* The stages whose `dials` list names this stage: who may call it (NetworkPolicy). A comma-joined
-list, empty when nobody dials it. Call with (dict "root" $ "stage" "lipsync"). */}}
+{{/* The stages whose `dials` or `reaches` list names this stage: who may call it (NetworkPolicy). A
+comma-joined list, empty when nobody calls it. Call with (dict "root" $ "stage" "lipsync"). */}}
 {{- define "lipline.callers" -}}
 {{- $callers := list -}}
 {{- range $name, $s := .root.Values.stages -}}
-{{- if has $.stage (default list $s.dials) -}}
+{{- if has $.stage (concat (default list $s.dials) (default list $s.reaches)) -}}
 {{- $callers = append $callers $name -}}
 {{- end -}}
 {{- end -}}
@@ -283,6 +285,14 @@ OTEL_SDK_DISABLED=true and nothing else. Call with (dict "root" $ "stage" name).
 {{- if $s.cache }}
 - name: LIPLINE_CACHE_DIR
   value: /cache
+{{- end }}
+{{- if $s.advertise }}
+{{- /* Its callers find it in the job store at this address; POD_IP first, so that $(POD_IP) expands. */}}
+- name: POD_IP
+  valueFrom:
+    fieldRef: {fieldPath: status.podIP}
+- name: LIPLINE_ADVERTISE_ADDRESS
+  value: {{ printf "$(POD_IP):%d" (int $s.port) | quote }}
 {{- end }}
 {{- $auth := include "lipline.stageAuth" . | fromYaml }}
 {{- if $auth.apiKeys }}

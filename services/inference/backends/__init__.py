@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -81,12 +82,12 @@ def make_backend(
     *,
     batch_buckets: Sequence[int] | None = None,
     cache_dir: str | os.PathLike | None = None,
-    **options: object,
+    **options: Any,
 ) -> SpecBackend:
     """`build_backend(resolve_backend_spec(kind, device, model=module, ...), module)` in one call.
 
     For tests, benchmarks and tools; `options` are `resolve_backend_spec`'s (precision, max_batch,
     channels_last, fold_bn, cuda_graphs, compile_mode, allow_compile).
     """
-    spec = resolve_backend_spec(kind, device, model=module, batch_buckets=batch_buckets, cache_dir=cache_dir, **options)  # type: ignore[arg-type]
+    spec = resolve_backend_spec(kind, device, model=module, batch_buckets=batch_buckets, cache_dir=cache_dir, **options)
     return build_backend(spec, module)

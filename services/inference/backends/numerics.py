@@ -59,7 +59,9 @@ def reference_output(reference: nn.Module, inputs: Sequence[torch.Tensor], devic
     return out.float().cpu()
 
 
-def numerics_check(backend: Backend, reference: nn.Module, inputs: Sequence[torch.Tensor], bound: float = 1e-2) -> float:
+def numerics_check(
+    backend: Backend, reference: nn.Module, inputs: Sequence[torch.Tensor], bound: float = 1e-2
+) -> float:
     """Relative error of `backend` against the fp32 `reference` module on the same inputs.
 
     Raises RuntimeError naming the backend and both numbers when the error exceeds `bound` (or is

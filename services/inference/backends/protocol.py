@@ -24,9 +24,16 @@ class Backend(Protocol):
     """
 
     spec: BackendSpec
-    name: str
-    device: torch.device
-    precision: str
+
+    # Read-only: SpecBackend derives them from its spec.
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def precision(self) -> str: ...
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         """Inputs float32 on any device (batch first) -> output float32 on the CPU."""

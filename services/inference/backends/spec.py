@@ -32,6 +32,7 @@ import os
 import platform
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -109,7 +110,9 @@ def _device_tag(device: torch.device) -> str:
     return f"cpu {platform.machine()} {platform.processor()}"
 
 
-def compile_cache_key(module: nn.Module, device: torch.device, precision: str, buckets: Sequence[int], extra: str = "") -> str:
+def compile_cache_key(
+    module: nn.Module, device: torch.device, precision: str, buckets: Sequence[int], extra: str = ""
+) -> str:
     """sha256 of (model state, torch version, GPU name/capability, precision, buckets, extra)."""
     parts = [_state_hash(module), torch.__version__, _device_tag(device), precision, ",".join(map(str, buckets)), extra]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
@@ -292,7 +295,9 @@ def _kind_spec(
             key = compile_cache_key(model, device, precision, buckets, extra=extra)
             path = Path(cache_dir) / f"{key}.bin" if cache_dir else None
         else:
-            key = compile_cache_key(model, device, precision, buckets, extra=f"tensorrt {_tensorrt_version()} fold_bn=True")
+            key = compile_cache_key(
+                model, device, precision, buckets, extra=f"tensorrt {_tensorrt_version()} fold_bn=True"
+            )
             path = Path(cache_dir) / f"trt-{key}.engine" if cache_dir else None
         spec = dataclasses.replace(spec, cache_key=key, cache_path=path)
     return spec, notes
@@ -340,7 +345,7 @@ def resolve_backend_spec(
         raise ValueError(f"backend {backend!r} is not one of {list(BACKEND_KINDS)}")
     device = torch.device(device)
     buckets = normalise_buckets(batch_buckets) if batch_buckets else None
-    options = dict(
+    options: dict[str, Any] = dict(
         precision=precision,
         buckets=buckets,
         max_batch=max_batch,
@@ -351,20 +356,27 @@ def resolve_backend_spec(
     )
     reason = ""
     if backend != "auto":
-        spec, notes = _kind_spec(backend, device, model, fold_bn=fold_bn, cuda_graphs=cuda_graphs, **options)  # type: ignore[arg-type]
+        spec, notes = _kind_spec(backend, device, model, fold_bn=fold_bn, cuda_graphs=cuda_graphs, **options)
     elif device.type != "cuda":
-        spec, notes = _kind_spec("cpu", device, model, fold_bn=fold_bn, cuda_graphs=cuda_graphs, **options)  # type: ignore[arg-type]
+        spec, notes = _kind_spec("cpu", device, model, fold_bn=fold_bn, cuda_graphs=cuda_graphs, **options)
         reason = "no CUDA device"
     else:
         fold = True if fold_bn is None else fold_bn
         compiled = None
         if model is not None and cache_dir is not None and allow_compile:
-            compiled, notes = _kind_spec("compile", device, model, fold_bn=fold, cuda_graphs=cuda_graphs, **options)  # type: ignore[arg-type]
+            compiled, notes = _kind_spec("compile", device, model, fold_bn=fold, cuda_graphs=cuda_graphs, **options)
         warm = compiled is not None and compiled.cache_path is not None and compiled.cache_path.is_file()
-        if warm and auto_kind(device, warm_compile_cache=True) == "compile":
-            spec, reason = compiled, f"compile cache warm at {compiled.cache_path}"  # type: ignore[assignment]
+        if warm and compiled is not None and auto_kind(device, warm_compile_cache=True) == "compile":
+            spec, reason = compiled, f"compile cache warm at {compiled.cache_path}"
         else:
-            spec, notes = _kind_spec("torch", device, model, fold_bn=fold, cuda_graphs=True if cuda_graphs is None else cuda_graphs, **options)  # type: ignore[arg-type]
+            spec, notes = _kind_spec(
+                "torch",
+                device,
+                model,
+                fold_bn=fold,
+                cuda_graphs=True if cuda_graphs is None else cuda_graphs,
+                **options,
+            )
             if not allow_compile:
                 reason = "compile not allowed (fallback)"
             elif compiled is None:
@@ -377,6 +389,12 @@ def resolve_backend_spec(
     if log:
         _LOGGER.info(
             spec.decision,
-            extra={"backend": spec.name, "requested": backend, "device": str(spec.device), "precision": spec.precision, "buckets": list(spec.buckets)},
+            extra={
+                "backend": spec.name,
+                "requested": backend,
+                "device": str(spec.device),
+                "precision": spec.precision,
+                "buckets": list(spec.buckets),
+            },
         )
     return spec

@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,7 +51,14 @@ def export_onnx(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "legacy TorchScript-based exporter"
         torch.onnx.export(
-            module, tuple(example), str(path), input_names=names, output_names=list(output_names), dynamic_axes=axes, opset_version=opset, dynamo=False
+            module,
+            tuple(example),
+            str(path),
+            input_names=names,
+            output_names=list(output_names),
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,
         )
     return names
 
@@ -71,8 +79,8 @@ class TensorRTBackend(SpecBackend):
             raise ValueError(f"TensorRTBackend needs a tensorrt spec on CUDA with buckets, got {spec.describe()}")
         super().__init__(spec)
         self.export_source = fold_conv_bn(module).eval().float().cpu()  # a copy
-        self._context = None
-        self._engine = None
+        self._context: Any = None  # TensorRT's objects: the package has no stubs (and is optional)
+        self._engine: Any = None
         self._input_names: list[str] = []
 
     def _build(self, example: Sequence[torch.Tensor]) -> None:

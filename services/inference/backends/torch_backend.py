@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +19,9 @@ from torch import nn
 from services.inference.backends.protocol import ExampleInputsFn
 from services.inference.backends.spec import BackendSpec
 from services.inference.folding import fold_conv_bn
+
+if TYPE_CHECKING:  # what torch.cuda.graph_pool_handle() returns (a NewType of torch's stubs)
+    from torch.cuda import _POOL_HANDLE
 
 __all__ = ["SpecBackend", "TorchBackend", "prepare_module"]
 
@@ -27,7 +31,9 @@ _LOGGER = logging.getLogger("services.inference.backends")
 class _CudaGraphRunner:
     """One captured forward pass at a fixed input shape: static inputs in, replay, static output out."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], example: Sequence[torch.Tensor], pool: object, warmup_iters: int) -> None:
+    def __init__(
+        self, fn: Callable[..., torch.Tensor], example: Sequence[torch.Tensor], pool: _POOL_HANDLE, warmup_iters: int
+    ) -> None:
         self.static_inputs = [x.clone() for x in example]  # clone keeps the memory format
         # Eager iterations on a side stream first: cuDNN benchmark picks its algorithms and the
         # caching allocator settles before anything is recorded (torch.cuda.graphs docs' recipe).
@@ -42,7 +48,9 @@ class _CudaGraphRunner:
             self.static_output = fn(*self.static_inputs)
 
     def matches(self, inputs: Sequence[torch.Tensor]) -> bool:
-        return len(inputs) == len(self.static_inputs) and all(x.shape[1:] == s.shape[1:] for x, s in zip(inputs, self.static_inputs))
+        return len(inputs) == len(self.static_inputs) and all(
+            x.shape[1:] == s.shape[1:] for x, s in zip(inputs, self.static_inputs)
+        )
 
     def run(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Copy the n rows in (dtype/device conversion included), replay, return the first n output rows.
@@ -65,7 +73,7 @@ def prepare_module(module: nn.Module, spec: BackendSpec) -> nn.Module:
     module = fold_conv_bn(module) if spec.fold_bn else copy.deepcopy(module)  # both copy
     module = module.eval().to(device=spec.device, dtype=spec.dtype)
     if spec.channels_last:
-        module = module.to(memory_format=torch.channels_last)
+        module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format
     return module
 
 
@@ -194,7 +202,7 @@ class TorchBackend(SpecBackend):
         self.module = prepare_module(module, spec)
         self.cuda_graphs = spec.cuda_graphs
         self._graphs: dict[int, _CudaGraphRunner] = {}
-        self._graph_pool: object | None = None
+        self._graph_pool: _POOL_HANDLE | None = None
         self._graphs_failed = False
 
     def _forward(self, *xs: torch.Tensor) -> torch.Tensor:
@@ -229,7 +237,12 @@ class TorchBackend(SpecBackend):
             self._graphs_failed = True
             return None
         took = time.perf_counter() - t0
-        _LOGGER.info("captured CUDA graph for batch %d in %.2fs", bucket, took, extra={"batch": bucket, "seconds": round(took, 3)})
+        _LOGGER.info(
+            "captured CUDA graph for batch %d in %.2fs",
+            bucket,
+            took,
+            extra={"batch": bucket, "seconds": round(took, 3)},
+        )
         self._graphs[bucket] = runner
         return runner
 

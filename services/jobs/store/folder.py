@@ -24,15 +24,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from services.serving.errors import NotFound, StorageFull, StoreUnavailable
 from services.jobs.store.blobs import TEMP_NAME, BlobStore, atomic_write, check_key, check_prefix
+from services.serving.errors import NotFound, StorageFull, StoreUnavailable
 
 _COPY_BUFFER = 1024 * 1024
 _WRITE_ATTEMPTS = 5  # a concurrent delete_prefix may remove a just-made empty folder; try again
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _READ_ONLY = frozenset({errno.EROFS})
 _REFUSED = frozenset({errno.EACCES, errno.EPERM})
-_UNREACHABLE = frozenset({errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.ETIMEDOUT, errno.EHOSTDOWN, errno.ENXIO, errno.ENODEV})
+_UNREACHABLE = frozenset(
+    {errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.ETIMEDOUT, errno.EHOSTDOWN, errno.ENXIO, errno.ENODEV}
+)
 
 
 def storage_error(url: str, exc: OSError, write: bool) -> StorageFull | StoreUnavailable | None:
@@ -46,7 +48,9 @@ def storage_error(url: str, exc: OSError, write: bool) -> StorageFull | StoreUna
     if exc.errno in _READ_ONLY:
         return StoreUnavailable(f"the blob store {url} is read-only ({reason}); mount it read-write, then retry")
     if write and exc.errno in _REFUSED:
-        return StoreUnavailable(f"the blob store {url} refuses writes ({reason}); check the volume's permissions and mount, then retry")
+        return StoreUnavailable(
+            f"the blob store {url} refuses writes ({reason}); check the volume's permissions and mount, then retry"
+        )
     if exc.errno in _UNREACHABLE:
         return StoreUnavailable(f"the blob store {url} cannot be reached ({reason}); check the volume, then retry")
     return None
@@ -126,7 +130,9 @@ class FolderBlobStore(BlobStore):
                 if attempt == _WRITE_ATTEMPTS - 1:
                     raise
             except (NotADirectoryError, IsADirectoryError, FileExistsError) as e:
-                raise ValueError(f"blob key {key!r}: a folder store cannot hold both a key and keys below it ({e})") from e
+                raise ValueError(
+                    f"blob key {key!r}: a folder store cannot hold both a key and keys below it ({e})"
+                ) from e
 
     def delete(self, key: str) -> None:
         path = self._path(key)

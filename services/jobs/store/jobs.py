@@ -189,7 +189,9 @@ class JobStore(SessionStore):
 
     # -- jobs (gateway) ---------------------------------------------------------------------------
     @abc.abstractmethod
-    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False) -> Job:
+    def create_job(
+        self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False
+    ) -> Job:
         """Insert the job (QUEUED), its audio task if it asks for one and its segment tasks
         (WAITING) and its join (BLOCKED) in one transaction. TooLarge when `max_active` (>0) QUEUED+RUNNING jobs exist, or the owner has
         `max_active_per_owner` (>0). With `check_avatar` (the gateway), NotFound unless the job's
@@ -210,6 +212,11 @@ class JobStore(SessionStore):
     @abc.abstractmethod
     def fail_job(self, job_id: str, error: str, error_code: int) -> bool:
         """FAILED with the message and code unless already terminal (then False); tasks deleted."""
+
+    @abc.abstractmethod
+    def job_versions(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """The `version` of each of `job_ids` that exists (absent ids left out): a render worker asks
+        before it deletes a task whose job it cannot find."""
 
     # -- tasks (render workers) -------------------------------------------------------------------
     @abc.abstractmethod
@@ -238,7 +245,9 @@ class JobStore(SessionStore):
         WAITING and the job's stage "join"."""
 
     @abc.abstractmethod
-    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = "") -> bool:
+    def complete_join(
+        self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = ""
+    ) -> bool:
         """SUCCEEDED with the output, its size and its sha256 (hex), which DownloadOutput checks
         (only with the current lease, else False); tasks deleted."""
 

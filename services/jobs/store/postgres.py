@@ -26,11 +26,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from services.serving.errors import StoreUnavailable
+from services.jobs.store.jobs import ChangeFeed
 from services.jobs.store.sql.feed import NOTIFY_CHANNEL, WaiterFeed
 from services.jobs.store.sql.store import SqlJobStore
 from services.jobs.store.sql.tx import Row, Tx
-from services.jobs.store.jobs import ChangeFeed
+from services.serving.errors import StoreUnavailable
 
 T = TypeVar("T")
 _LOGGER = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def describe(url: str) -> str:
 
 
 class _PgTx(Tx):
-    def __init__(self, cur: psycopg.Cursor) -> None:
+    def __init__(self, cur: psycopg.Cursor[Any]) -> None:  # rows are dicts: the pool's row_factory is dict_row
         self._cur = cur
         self._now: float | None = None
 
@@ -88,7 +88,10 @@ class _PgTx(Tx):
     def now(self) -> float:
         """The database's clock, read once per transaction (one consistent "now" for its statements)."""
         if self._now is None:
-            self._now = float(self._cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now").fetchone()["now"])
+            row = self._cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now").fetchone()
+            if row is None:  # a SELECT of one expression returns one row
+                raise LookupError("SELECT clock_timestamp() returned no row")
+            self._now = float(row["now"])
         return self._now
 
     def notify(self, job_id: str) -> None:
@@ -138,7 +141,9 @@ class PostgresJobStore(SqlJobStore):
                     return fn(_PgTx(cur))
             except _RETRYABLE as e:
                 if attempt == _TX_ATTEMPTS:
-                    raise StoreUnavailable(f"the PostgreSQL job store at {self.where} kept aborting a transaction ({e.sqlstate}: {e}); retry later") from e
+                    raise StoreUnavailable(
+                        f"the PostgreSQL job store at {self.where} kept aborting a transaction ({e.sqlstate}: {e}); retry later"
+                    ) from e
                 _LOGGER.info("job store: transaction aborted (%s), running it again", e.sqlstate)
             except PoolTimeout as e:
                 raise StoreUnavailable(
@@ -146,7 +151,9 @@ class PostgresJobStore(SqlJobStore):
                     f"(is the database up and reachable?); retry later"
                 ) from e
             except psycopg.OperationalError as e:
-                raise StoreUnavailable(f"the PostgreSQL job store at {self.where} cannot be reached ({str(e).strip() or type(e).__name__}); retry later") from e
+                raise StoreUnavailable(
+                    f"the PostgreSQL job store at {self.where} cannot be reached ({str(e).strip() or type(e).__name__}); retry later"
+                ) from e
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -204,7 +211,12 @@ class PostgresChangeFeed(WaiterFeed):
             except Exception as e:  # noqa: BLE001 - any loss: reconnect; waiters re-read their jobs
                 self._connected.clear()
                 self._wake_all()
-                _LOGGER.warning("job feed: connection to %s lost or refused (%s); retrying in %.1f s", self._where, str(e).strip() or type(e).__name__, delay)
+                _LOGGER.warning(
+                    "job feed: connection to %s lost or refused (%s); retrying in %.1f s",
+                    self._where,
+                    str(e).strip() or type(e).__name__,
+                    delay,
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.BACKOFF_S[1])
 

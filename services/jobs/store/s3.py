@@ -30,14 +30,17 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import obstore
 import obstore.exceptions
 from obstore.store import S3Store
 
-from services.serving.errors import NotFound, StorageFull, StoreUnavailable
 from services.jobs.store.blobs import BlobStore, atomic_write, check_key, check_prefix
+from services.serving.errors import NotFound, StorageFull, StoreUnavailable
+
+if TYPE_CHECKING:  # obstore's option types exist in its stubs only
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 T = TypeVar("T")
 
@@ -127,7 +130,14 @@ class S3BlobStore(BlobStore):
         retry: dict[str, Any] = dict(DEFAULT_RETRY_CONFIG)
         retry.update(retry_config or {})
 
-        self._store = S3Store(self.bucket, prefix=self.prefix or None, config=config, client_options=client, retry_config=retry)
+        # The options are built key by key from settings; obstore checks them when the store opens.
+        self._store = S3Store(
+            self.bucket,
+            prefix=self.prefix or None,
+            config=cast("S3Config", config),
+            client_options=cast("ClientConfig", client),
+            retry_config=cast("RetryConfig", retry),
+        )
 
     def __repr__(self) -> str:
         return f"S3BlobStore({self.url!r})"
@@ -198,7 +208,7 @@ class S3BlobStore(BlobStore):
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else None
 
         def collect() -> list[str]:
-            keys = []
+            keys: list[str] = []
             for batch in obstore.list(self._store, prefix=base, chunk_size=_LIST_BATCH):
                 keys.extend(meta["path"] for meta in batch if meta["path"].startswith(prefix))
             return keys
@@ -249,10 +259,14 @@ class S3BlobStore(BlobStore):
                 return StoreUnavailable(f"S3 blob store {self.url}: bucket {self.bucket!r} not found")
             return NotFound(f"blob not found: {key}")
         if isinstance(e, obstore.exceptions.BaseError) and _FULL.search(message):
-            return StorageFull(f"the S3 blob store {self.url} is full (a quota or no space left); free space or raise the quota, then retry")
+            return StorageFull(
+                f"the S3 blob store {self.url} is full (a quota or no space left); free space or raise the quota, then retry"
+            )
         if isinstance(e, obstore.exceptions.BaseError) and _UNREACHABLE.search(message):
             first_line = message.split("\n", 1)[0][:300]
-            return StoreUnavailable(f"the S3 blob store {self.url} cannot be reached ({first_line}); check the endpoint and the network, then retry")
+            return StoreUnavailable(
+                f"the S3 blob store {self.url} cannot be reached ({first_line}); check the endpoint and the network, then retry"
+            )
         return e
 
 

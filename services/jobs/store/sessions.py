@@ -98,7 +98,9 @@ class SessionStore(abc.ABC):
 
     # -- live workers -------------------------------------------------------------------------------
     @abc.abstractmethod
-    async def heartbeat_live_worker(self, worker_id: str, address: str, capacity: int, active: int, draining: bool) -> None:
+    async def heartbeat_live_worker(
+        self, worker_id: str, address: str, capacity: int, active: int, draining: bool
+    ) -> None:
         """Insert or update this worker's row; its heartbeat time is now (the store's clock)."""
 
     @abc.abstractmethod
@@ -128,7 +130,9 @@ class SessionStore(abc.ABC):
         answers UNAVAILABLE), only if `worker_id` holds it: another worker may take it at once."""
 
     @abc.abstractmethod
-    async def end_session(self, session_id: str, worker_id: str, state: SessionState, error: str, error_code: int) -> bool:
+    async def end_session(
+        self, session_id: str, worker_id: str, state: SessionState, error: str, error_code: int
+    ) -> bool:
         """CLOSED or FAILED with the message and code, only if `worker_id` holds the session and it
         is ACTIVE (else False, nothing changes)."""
 
@@ -162,7 +166,9 @@ class SessionStore(abc.ABC):
         """NotFound unless the session exists and is `tenant`'s."""
 
     @abc.abstractmethod
-    async def close_session(self, tenant: str, session_id: str, error: str = "closed by CloseSession", error_code: int = 0) -> SessionRow:
+    async def close_session(
+        self, tenant: str, session_id: str, error: str = "closed by CloseSession", error_code: int = 0
+    ) -> SessionRow:
         """CLOSED (its lease ends with it) unless it has already ended; the row as it is after.
         NotFound unless it is `tenant`'s."""
 

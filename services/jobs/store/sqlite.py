@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from services.serving.errors import StoreUnavailable
+from services.jobs.store.jobs import ChangeFeed
 from services.jobs.store.sql.feed import WaiterFeed
 from services.jobs.store.sql.store import SqlJobStore
 from services.jobs.store.sql.tx import Row, Tx
-from services.jobs.store.jobs import ChangeFeed
+from services.serving.errors import StoreUnavailable
 
 T = TypeVar("T")
 _LOGGER = logging.getLogger(__name__)
@@ -84,7 +84,13 @@ class SqliteJobStore(SqlJobStore):
         if self._closed:
             raise StoreUnavailable(f"the SQLite job store {self.path} is closed")
         try:
-            conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False, factory=_Connection)
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
+                factory=_Connection,
+            )
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
             self._enable_wal(conn)

@@ -22,12 +22,12 @@ import pytest
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc
 from services.audio.extract import ClipExtractor, ExtractFn, decode_and_extract
-from services.media.mel import MelExtractor
 from services.audio.service import AudioService
 from services.audio.settings import AudioSettings
-from services.serving import errors
 from services.media.audio import decode_audio
+from services.media.mel import MelExtractor
 from services.media.wire import mel_to_bytes
+from services.serving import errors
 from services.serving.errors import InvalidMedia, TooLarge
 from services.serving.metrics import Metrics
 from services.serving.server import ServiceRunner
@@ -67,7 +67,14 @@ class RunningAudio:
     """An AudioService on 127.0.0.1:<ephemeral>, its event loop in a thread of its own."""
 
     def __init__(self, processes: int, work: ExtractFn) -> None:
-        self.settings = AudioSettings(host="127.0.0.1", port=0, metrics_port=-1, grace_s=1.0, max_audio_seconds=MAX_SECONDS, extract_processes=processes)
+        self.settings = AudioSettings(
+            host="127.0.0.1",
+            port=0,
+            metrics_port=-1,
+            grace_s=1.0,
+            max_audio_seconds=MAX_SECONDS,
+            extract_processes=processes,
+        )
         self.work = work
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="audio-service", daemon=True)
@@ -209,7 +216,9 @@ def test_one_thread_extracts_clips_first_come_first_served() -> None:
     assert done == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("cls", [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.LiplineError)])
+@pytest.mark.parametrize(
+    "cls", [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.LiplineError)]
+)
 def test_domain_errors_cross_process_boundaries(cls: type[errors.LiplineError]) -> None:
     copy = pickle.loads(pickle.dumps(cls("the message; what to do")))
     assert type(copy) is cls and str(copy) == "the message; what to do" and copy.code == cls.code

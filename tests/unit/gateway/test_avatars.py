@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -20,11 +19,10 @@ from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.gateway.avatars import DETECT_ATTEMPTS, AvatarUpload, add_avatar
 from services.gateway.settings import GatewaySettings
 from services.jobs.avatars import content_hash, prefix
-from services.jobs.store import open_blob_store, open_job_store
-from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import AvatarRecord, JobStore
+from services.jobs.store.jobs import AvatarRecord
 from services.serving.channels import StageFailed
 from services.serving.errors import InvalidMedia, NotReady, StoreUnavailable
+from tests.helpers.stores import Stores, temp_stores
 
 SETTINGS = GatewaySettings()
 
@@ -36,22 +34,10 @@ def photo(seed: int = 0) -> bytes:
     return png.tobytes()
 
 
-@dataclasses.dataclass
-class Stores:
-    jobs: JobStore
-    blobs: BlobStore
-    root: Path
-
-    def blob_keys(self) -> list[str]:
-        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
-
-
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[Stores]:
-    jobs = open_job_store(f"sqlite:///{tmp_path}/jobs.db")
-    jobs.migrate()
-    yield Stores(jobs, open_blob_store(str(tmp_path / "blobs")), tmp_path / "blobs")
-    jobs.close()
+    with temp_stores(tmp_path) as s:
+        yield s
 
 
 class FaceFinder(lipsync_pb2_grpc.LipSyncServiceServicer):
@@ -74,7 +60,7 @@ class FaceFinder(lipsync_pb2_grpc.LipSyncServiceServicer):
         self._arrived = asyncio.Event()
         self._arrivals = arrivals
 
-    async def DetectFaces(self, request_iterator, context):  # type: ignore[no-untyped-def]
+    async def DetectFaces(self, request_iterator, context):
         self.calls += 1
         if self.on_call is not None:
             self.on_call()
@@ -112,7 +98,11 @@ def create(stores: Stores, finder: FaceFinder, *uploads: tuple[AvatarUpload, str
 
     async def run() -> list[AvatarRecord]:
         async with lipsync_stage(finder) as stub:
-            return list(await asyncio.gather(*(add_avatar(stores.jobs, stores.blobs, stub, SETTINGS, u, t, "req-1") for u, t in uploads)))
+            return list(
+                await asyncio.gather(
+                    *(add_avatar(stores.jobs, stores.blobs, stub, SETTINGS, u, t, "req-1") for u, t in uploads)
+                )
+            )
 
     return asyncio.run(run())
 

@@ -22,7 +22,11 @@ def test_progress_printer_writes_per_step_and_per_state_change() -> None:
     lines: list[str] = []
     show = progress_printer(lines.append, step=0.25)
     for progress in (0.0, 0.1, 0.2, 0.3, 0.5, 0.6):
-        show(gateway_pb2.Job(state=RUNNING, stage="render", progress=progress, frames_done=int(progress * 100), total_frames=100))
+        show(
+            gateway_pb2.Job(
+                state=RUNNING, stage="render", progress=progress, frames_done=int(progress * 100), total_frames=100
+            )
+        )
     show(gateway_pb2.Job(state=DONE, stage="done", progress=1.0, frames_done=100, total_frames=100))
     assert [line.split()[2] for line in lines] == ["0/100", "30/100", "60/100", "100/100"]
     assert lines[-1].split()[0] == "JOB_STATE_SUCCEEDED"
@@ -45,7 +49,11 @@ class FakeGateway(gateway_pb2_grpc.GatewayServicer):
     """WatchJob plays the next script: a list of Jobs to send, then an optional status to end with.
     GetJob answers `current` (or `get_error`)."""
 
-    def __init__(self, watches: list[tuple[list[gateway_pb2.Job], grpc.StatusCode | None]], current: gateway_pb2.Job | None = None) -> None:
+    def __init__(
+        self,
+        watches: list[tuple[list[gateway_pb2.Job], grpc.StatusCode | None]],
+        current: gateway_pb2.Job | None = None,
+    ) -> None:
         self.watches = list(watches)
         self.current = current or job(RUNNING)
         self.get_error: grpc.StatusCode | None = None
@@ -83,11 +91,14 @@ def serve(servicer: FakeGateway, port: int = 0) -> Iterator[tuple[grpc.Server, i
 
 
 def client_of(port: int, **kwargs: object) -> LiplineClient:
-    return LiplineClient(f"127.0.0.1:{port}", timeout=kwargs.pop("timeout", 20.0), **kwargs)  # type: ignore[arg-type]
+    return LiplineClient(f"127.0.0.1:{port}", timeout=kwargs.pop("timeout", 20.0), **kwargs)
 
 
 def test_wait_resumes_a_cut_stream() -> None:
-    fake = FakeGateway([([job(QUEUED), job(RUNNING, 0.2)], UNAVAILABLE), ([job(RUNNING, 0.6), job(DONE, 1.0)], None)], current=job(RUNNING, 0.4))
+    fake = FakeGateway(
+        [([job(QUEUED), job(RUNNING, 0.2)], UNAVAILABLE), ([job(RUNNING, 0.6), job(DONE, 1.0)], None)],
+        current=job(RUNNING, 0.4),
+    )
     seen: list[tuple[int, float]] = []
     with serve(fake) as (_, port), client_of(port, api_key="team-7") as client:
         final = client.wait("j1", lambda j: seen.append((j.state, round(j.progress, 1))), backoff_s=0.01)
@@ -115,14 +126,18 @@ def test_wait_rides_out_a_gateway_restart_on_the_same_port() -> None:
     """The server goes away mid-stream (connection closed: UNAVAILABLE), is down for a while, and a
     new one on the same port answers: GetJob and WatchJob fail until it is back, then succeed."""
     first = FakeGateway([([job(RUNNING, 0.1)], None)])
-    first.WatchJob = _hold_open(first.WatchJob)  # type: ignore[method-assign]
+    first.WatchJob = _hold_open(first.WatchJob)
     second = FakeGateway([([job(RUNNING, 0.7), job(DONE, 1.0)], None)], current=job(RUNNING, 0.5))
     seen: list[float] = []
     result: dict[str, object] = {}
     with contextlib.ExitStack() as stack:
         server, port = stack.enter_context(serve(first))
         client = stack.enter_context(client_of(port, timeout=60.0))
-        thread = threading.Thread(target=lambda: result.update(job=client.wait("j1", lambda j: seen.append(j.progress), backoff_s=0.2, max_backoff_s=1.0)))
+        thread = threading.Thread(
+            target=lambda: result.update(
+                job=client.wait("j1", lambda j: seen.append(j.progress), backoff_s=0.2, max_backoff_s=1.0)
+            )
+        )
         thread.start()
         assert first.sent.wait(10)
         server.stop(0).wait()  # the gateway dies with the stream open
@@ -130,7 +145,7 @@ def test_wait_rides_out_a_gateway_restart_on_the_same_port() -> None:
         with serve(second, port):
             thread.join(30)
     assert not thread.is_alive()
-    assert result["job"].state == DONE  # type: ignore[attr-defined]
+    assert result["job"].state == DONE
     assert seen[0] == pytest.approx(0.1) and seen[-3:] == pytest.approx([0.5, 0.7, 1.0])
     assert second.calls == ["GetJob", "WatchJob"]
 

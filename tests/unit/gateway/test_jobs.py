@@ -8,8 +8,8 @@ import grpc
 import pytest
 
 from lipline.v1 import gateway_pb2
-from services.jobs.store.jobs import Job, JobState
 from services.gateway.jobs import job_to_proto, segment_bounds
+from services.jobs.store.jobs import Job, JobState
 
 OPTIONS = gateway_pb2.JobOptions(super_resolution=True, crf=23)
 JOB = Job(
@@ -76,7 +76,11 @@ def test_succeeded_has_total_and_realtime_factor() -> None:
 
 def test_failed_carries_the_error() -> None:
     job = dataclasses.replace(
-        JOB, state=JobState.FAILED, error="lipsync stage failed", error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0], finish_time=1001.0
+        JOB,
+        state=JobState.FAILED,
+        error="lipsync stage failed",
+        error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        finish_time=1001.0,
     )
     p = job_to_proto(job)
     assert p.state == gateway_pb2.JOB_STATE_FAILED and p.error == "lipsync stage failed"
@@ -102,7 +106,10 @@ def test_segment_bounds(total: int, size: int, bounds: list[tuple[int, int]]) ->
 
 @pytest.mark.parametrize(
     ("fields", "words"),
-    [({"options": b"\xff\xff\xff"}, "its options are not a JobOptions"), ({"models": [{"name": "x", "colour": "red"}]}, "its models field")],
+    [
+        ({"options": b"\xff\xff\xff"}, "its options are not a JobOptions"),
+        ({"models": [{"name": "x", "colour": "red"}]}, "its models field"),
+    ],
 )
 def test_a_stored_field_that_cannot_be_shown_is_data_loss_not_internal(fields: dict, words: str) -> None:
     from services.serving.errors import CorruptRecord

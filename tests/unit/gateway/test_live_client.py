@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from lipline.v1 import session_pb2
-from services.gateway.live_client import LiveRecorder, frame_audio, pcm_chunks, pcm_of_audio, realtime_requests, write_mp4
+from services.gateway.live_client import (
+    LiveRecorder,
+    frame_audio,
+    pcm_chunks,
+    pcm_of_audio,
+    realtime_requests,
+    write_mp4,
+)
 from services.media.probe import probe_media
 from tests.helpers.audio_files import encode_tone
 
@@ -36,7 +43,11 @@ def test_requests_start_then_pace_the_chunks_in_real_time_and_end_the_utterance(
     requests = list(realtime_requests("s1", "tok", [b"\0\0" * 320] * 6, recorder, chunk_s=0.02))
     assert time.monotonic() - started >= 0.1  # 6 chunks of 20 ms: the last leaves 100 ms after the first
     assert [r.WhichOneof("request") for r in requests] == ["start"] + ["audio"] * 6 + ["end_of_utterance"]
-    assert (requests[0].start.session_id, requests[0].start.resume_token, requests[0].start.last_frame) == ("s1", "tok", -1)
+    assert (requests[0].start.session_id, requests[0].start.resume_token, requests[0].start.last_frame) == (
+        "s1",
+        "tok",
+        -1,
+    )
     gaps = np.diff(recorder.sent)
     assert len(recorder.sent) == 6 and gaps.min() >= 0.015
 
@@ -48,10 +59,16 @@ def recorded(frames: list[tuple[int, bytes, bool]], sent_every_s: float = 0.02, 
     speech_seen = 0
     for index, data, speech in frames:
         audio = bytes([index % 256, 0]) * (SPAN // 2)
-        recorder.take(session_pb2.ConverseResponse(frame=session_pb2.VideoFrame(index=index, data=data, audio=audio, speech=speech, keyframe=index == 0)))
+        recorder.take(
+            session_pb2.ConverseResponse(
+                frame=session_pb2.VideoFrame(index=index, data=data, audio=audio, speech=speech, keyframe=index == 0)
+            )
+        )
         if speech:
             speech_seen += 1
-            recorder.arrived[-1] = speech_seen * 0.04 - sent_every_s + lag_s  # the chunk ending at (j+1)/fps went out at that time - 20 ms
+            recorder.arrived[-1] = (
+                speech_seen * 0.04 - sent_every_s + lag_s
+            )  # the chunk ending at (j+1)/fps went out at that time - 20 ms
     return recorder
 
 
@@ -59,8 +76,12 @@ def test_latency_is_from_a_frames_audio_sent_to_the_frame_received_and_gaps_are_
     recorder = recorded([(i, b"", i >= 2) for i in (0, 1, 2, 3, 4, 6, 7)])
     assert recorder.latencies() == pytest.approx([0.25] * 5)
     assert recorder.missing() == 1  # frame 5 never came
-    recorder.take(session_pb2.ConverseResponse(stats=session_pb2.SessionStats(frames_skipped=1, latency_p95_seconds=0.3)))
-    finished = session_pb2.SessionEvent(kind=session_pb2.SessionEvent.PLAYBACK_FINISHED, frame=9)  # the utterance's last frame is 8
+    recorder.take(
+        session_pb2.ConverseResponse(stats=session_pb2.SessionStats(frames_skipped=1, latency_p95_seconds=0.3))
+    )
+    finished = session_pb2.SessionEvent(
+        kind=session_pb2.SessionEvent.PLAYBACK_FINISHED, frame=9
+    )  # the utterance's last frame is 8
     recorder.take(session_pb2.ConverseResponse(event=finished))
     assert not recorder.finished.is_set()  # the event came ahead of the last frame
     recorder.take(session_pb2.ConverseResponse(frame=session_pb2.VideoFrame(index=8, audio=b"\0" * SPAN, speech=True)))

@@ -75,7 +75,9 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
         self.id, self.jobs, self.capacity = worker_id, jobs, capacity
         self.sessions: dict[str, str] = {}  # id -> tenant
         self.opened: list[tuple[str, str, bool]] = []  # (session id, tenant, resume) per OpenSession
-        self.starts: list[tuple[session_pb2.ConverseStart, str]] = []  # what each Converse began with, and its tenant metadata
+        self.starts: list[
+            tuple[session_pb2.ConverseStart, str]
+        ] = []  # what each Converse began with, and its tenant metadata
         self.refuse_open: grpc.StatusCode | None = None
         self.streams_ended = 0  # Converse streams over, however they ended
         self.hang = False  # take Converse streams and never answer
@@ -97,18 +99,26 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
         assert self.server is not None
         await self.server.stop(None)
 
-    async def OpenSession(self, request: live_pb2.OpenSessionRequest, context: grpc.aio.ServicerContext) -> session_pb2.Session:
+    async def OpenSession(
+        self, request: live_pb2.OpenSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
         if self.refuse_open is not None:
             await context.abort(self.refuse_open, f"{self.id} refuses")
         if len(self.sessions) >= self.capacity:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.id} is full", trailing_metadata=(("retry-after-ms", "750"),))
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.id} is full", trailing_metadata=(("retry-after-ms", "750"),)
+            )
         if not await self.jobs.lease_session(request.session.id, self.id, LEASE_S):
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"session {request.session.id} is held by another worker")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"session {request.session.id} is held by another worker"
+            )
         self.sessions[request.session.id] = request.tenant
         self.opened.append((request.session.id, request.tenant, request.resume))
         return request.session
 
-    async def Converse(self, request_iterator: AsyncIterator[session_pb2.ConverseRequest], context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+    async def Converse(
+        self, request_iterator: AsyncIterator[session_pb2.ConverseRequest], context: grpc.aio.ServicerContext
+    ):  # type: ignore[no-untyped-def]
         start = (await anext(request_iterator)).start
         if self.hang:
             await asyncio.sleep(60)
@@ -118,16 +128,26 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"session {start.session_id} is not held here")
         index = start.last_frame + 1
         context.add_done_callback(lambda _: setattr(self, "streams_ended", self.streams_ended + 1))
-        yield session_pb2.ConverseResponse(ready=session_pb2.Ready(session=session_pb2.Session(id=start.session_id), next_frame=index))
+        yield session_pb2.ConverseResponse(
+            ready=session_pb2.Ready(session=session_pb2.Session(id=start.session_id), next_frame=index)
+        )
         async for message in request_iterator:
             if message.HasField("end_of_utterance"):
                 return
             if message.audio.pcm == b"flood":  # as a worker refuses audio beyond its bound
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queued audio over 2 s", trailing_metadata=(("retry-after-ms", "500"),))
-            yield session_pb2.ConverseResponse(frame=session_pb2.VideoFrame(index=index, audio=message.audio.pcm, speech=True))
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "queued audio over 2 s",
+                    trailing_metadata=(("retry-after-ms", "500"),),
+                )
+            yield session_pb2.ConverseResponse(
+                frame=session_pb2.VideoFrame(index=index, audio=message.audio.pcm, speech=True)
+            )
             index += 1
 
-    async def CloseSession(self, request: session_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext) -> session_pb2.Session:
+    async def CloseSession(
+        self, request: session_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
         self.sessions.pop(request.session_id, None)
         await self.jobs.end_session(request.session_id, self.id, SessionState.CLOSED, "closed by CloseSession", 0)
         return session_pb2.Session(id=request.session_id)
@@ -143,9 +163,13 @@ class Cluster:
         row, token = await create_session(self.jobs, self.live, SETTINGS, request(**fields), tenant, "req-1")
         return row.id, token
 
-    async def talk(self, session_id: str, token: str, chunks: int = 3, last_frame: int = -1, tenant: str = TENANT) -> list[session_pb2.ConverseResponse]:
+    async def talk(
+        self, session_id: str, token: str, chunks: int = 3, last_frame: int = -1, tenant: str = TENANT
+    ) -> list[session_pb2.ConverseResponse]:
         async def requests() -> AsyncIterator[session_pb2.ConverseRequest]:
-            yield session_pb2.ConverseRequest(start=session_pb2.ConverseStart(session_id=session_id, resume_token=token, last_frame=last_frame))
+            yield session_pb2.ConverseRequest(
+                start=session_pb2.ConverseStart(session_id=session_id, resume_token=token, last_frame=last_frame)
+            )
             for i in range(chunks):
                 yield session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=bytes([i]) * 640))
             yield session_pb2.ConverseRequest(end_of_utterance=session_pb2.EndOfUtterance())
@@ -153,12 +177,16 @@ class Cluster:
         return [r async for r in converse(self.jobs, self.live, requests(), tenant, "req-1")]
 
 
-def with_workers(jobs: JobStore, capacities: dict[str, int], test: Callable[[Cluster], Awaitable[T]], open_timeout_s: float = 5.0) -> T:
+def with_workers(
+    jobs: JobStore, capacities: dict[str, int], test: Callable[[Cluster], Awaitable[T]], open_timeout_s: float = 5.0
+) -> T:
     async def run() -> T:
         workers = {name: StandInWorker(name, jobs, capacity) for name, capacity in capacities.items()}
         for worker in workers.values():
             await worker.start()
-        live = LiveWorkers(jobs, SETTINGS.max_message_bytes, fresh_s=5.0, open_timeout_s=open_timeout_s, retry_after_ms=2000)
+        live = LiveWorkers(
+            jobs, SETTINGS.max_message_bytes, fresh_s=5.0, open_timeout_s=open_timeout_s, retry_after_ms=2000
+        )
         try:
             return await test(Cluster(jobs, live, workers))
         finally:
@@ -183,17 +211,44 @@ def test_a_request_is_resolved_with_the_avatars_size_and_the_deployments_default
     avatar = AvatarRecord(AVATAR, "ann", 30.0, 10, 641, 481, 10, 1.0, tenant=TENANT)
     session = resolve_session(request(), avatar, SETTINGS, "s1")
     assert (session.id, session.avatar_id, session.state) == ("s1", AVATAR, session_pb2.SESSION_STATE_ACTIVE)
-    assert (session.audio.sample_rate, session.video.codec, session.video.fps) == (16000, session_pb2.VIDEO_CODEC_H264, 30.0)
+    assert (session.audio.sample_rate, session.video.codec, session.video.fps) == (
+        16000,
+        session_pb2.VIDEO_CODEC_H264,
+        30.0,
+    )
     assert (session.video.crf, session.video.jpeg_quality, session.width, session.height) == (23, 85, 640, 480)
-    assert (session.limits.max_session_seconds, session.limits.idle_timeout_seconds) == (SETTINGS.max_session_seconds, SETTINGS.session_idle_timeout_s)
+    assert (session.limits.max_session_seconds, session.limits.idle_timeout_seconds) == (
+        SETTINGS.max_session_seconds,
+        SETTINGS.session_idle_timeout_s,
+    )
     asked = resolve_session(
-        request(sample_rate=48000, codec=2, max_height=240, fps=12.5, jpeg_quality=60, max_session_seconds=30, idle_timeout_seconds=5, super_resolution=True),
+        request(
+            sample_rate=48000,
+            codec=2,
+            max_height=240,
+            fps=12.5,
+            jpeg_quality=60,
+            max_session_seconds=30,
+            idle_timeout_seconds=5,
+            super_resolution=True,
+        ),
         avatar,
         SETTINGS,
         "s2",
     )
-    assert (asked.audio.sample_rate, asked.video.codec, asked.width, asked.height, asked.video.fps) == (48000, session_pb2.VIDEO_CODEC_JPEG, 320, 240, 12.5)
-    assert (asked.video.jpeg_quality, asked.limits.max_session_seconds, asked.limits.idle_timeout_seconds, asked.super_resolution) == (60, 30, 5, True)
+    assert (asked.audio.sample_rate, asked.video.codec, asked.width, asked.height, asked.video.fps) == (
+        48000,
+        session_pb2.VIDEO_CODEC_JPEG,
+        320,
+        240,
+        12.5,
+    )
+    assert (
+        asked.video.jpeg_quality,
+        asked.limits.max_session_seconds,
+        asked.limits.idle_timeout_seconds,
+        asked.super_resolution,
+    ) == (60, 30, 5, True)
 
 
 @pytest.mark.parametrize(
@@ -244,7 +299,9 @@ def test_a_full_worker_is_passed_over_and_with_no_room_anywhere_the_row_goes(job
         second, _ = await c.create()  # a's heartbeat still says 0 active, but its lease counts: b
         assert {(await jobs.get_session(TENANT, s)).worker_id for s in (first, second)} == {"a", "b"}
         # Both full by their leases: no worker is even asked.
-        with pytest.raises(NoCapacity, match=r"no live worker has room for a session now \(2 available, 2 full\); retry in 2000 ms") as err:
+        with pytest.raises(
+            NoCapacity, match=r"no live worker has room for a session now \(2 available, 2 full\); retry in 2000 ms"
+        ) as err:
             await c.create()
         assert err.value.trailing_metadata() == (("retry-after-ms", "2000"),)
         assert jobs.purgeable_avatars() == []
@@ -335,7 +392,11 @@ def test_converse_refuses_a_bad_start_a_wrong_token_another_tenant_and_an_ended_
                 yield m
 
         audio = session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=b"\0\0"))
-        for messages, got in (((audio,), "got a audio message"), ((), "got no message"), ((session_pb2.ConverseRequest(),), "got an empty message")):
+        for messages, got in (
+            ((audio,), "got a audio message"),
+            ((), "got no message"),
+            ((session_pb2.ConverseRequest(),), "got an empty message"),
+        ):
             with pytest.raises(InvalidRequest, match=f"must be ConverseStart .*, {got}"):
                 [r async for r in converse(jobs, c.live, only(*messages), TENANT)]
         with pytest.raises(PermissionDenied, match=f"does not match session {sid}"):
@@ -390,7 +451,9 @@ def test_a_resume_with_an_expired_lease_is_placed_without_asking_the_old_worker(
         await jobs.release_session(sid, "a")  # as a lease that ran out: nobody holds it
         responses = await c.talk(sid, token, chunks=1)
         assert [r.frame.index for r in responses[1:]] == [0]
-        assert c.workers["a"].starts == [(session_pb2.ConverseStart(session_id=sid, last_frame=-1), TENANT)]  # via OpenSession(resume) again
+        assert c.workers["a"].starts == [
+            (session_pb2.ConverseStart(session_id=sid, last_frame=-1), TENANT)
+        ]  # via OpenSession(resume) again
         assert c.workers["a"].opened[-1] == (sid, TENANT, True)
 
     with_workers(jobs, {"a": 2}, test)
@@ -435,7 +498,9 @@ def test_a_workers_status_mid_stream_reaches_the_client_as_it_was(jobs: JobStore
             async for response in converse(jobs, c.live, requests(), TENANT):
                 got.append(response.WhichOneof("response"))
         assert got == ["ready", "frame"]
-        assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED and err.value.trailing_metadata() == (("retry-after-ms", "500"),)
+        assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED and err.value.trailing_metadata() == (
+            ("retry-after-ms", "500"),
+        )
 
     with_workers(jobs, {"a": 2}, test)
 

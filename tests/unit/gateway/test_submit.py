@@ -20,38 +20,24 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.submit import Caller, JobRequest, submit_job
 from services.jobs.layout import mels_key, upload_key
 from services.jobs.segment_audio import unpack_segment_audio
-from services.jobs.store import open_blob_store, open_job_store
-from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import AvatarRecord, Job, JobState, JobStore, TaskKind
+from services.jobs.store.jobs import AvatarRecord, Job, JobState, TaskKind
 from services.serving.channels import StageFailed
 from services.serving.errors import NotFound, TooLarge
 from services.serving.metrics import Metrics
 from services.serving.server import ServiceRunner
 from tests.helpers.audio_files import encode_tone
+from tests.helpers.stores import Stores, temp_stores
 
 T = TypeVar("T")
 AVATAR = "0123456789abcdef01234567"
 FPS = 25.0
 
 
-@dataclasses.dataclass
-class Stores:
-    jobs: JobStore
-    blobs: BlobStore
-    root: Path
-
-    def blob_keys(self) -> list[str]:
-        """Every key in the blob store (the folder's files)."""
-        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
-
-
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[Stores]:
-    jobs = open_job_store(f"sqlite:///{tmp_path}/jobs.db")
-    jobs.migrate()
-    jobs.put_avatar(AvatarRecord(AVATAR, "ann", FPS, 1, 64, 64, 1, 1.0, tenant="acme"))
-    yield Stores(jobs, open_blob_store(str(tmp_path / "blobs")), tmp_path / "blobs")
-    jobs.close()
+    with temp_stores(tmp_path) as s:
+        s.jobs.put_avatar(AvatarRecord(AVATAR, "ann", FPS, 1, 64, 64, 1, 1.0, tenant="acme"))
+        yield s
 
 
 @contextlib.asynccontextmanager
@@ -75,7 +61,9 @@ def with_audio(call: Callable[[audio_pb2_grpc.AudioServiceStub], Awaitable[T]], 
     return asyncio.run(run())
 
 
-def submit(stores: Stores, seconds: float = 2.4, tenant: str = "acme", metrics: Metrics | None = None, **settings: float) -> Job:
+def submit(
+    stores: Stores, seconds: float = 2.4, tenant: str = "acme", metrics: Metrics | None = None, **settings: float
+) -> Job:
     audio = encode_tone("wav", seconds, rate=16000, channels=1)
     s = dataclasses.replace(GatewaySettings(), segment_seconds=1.0, **settings)
     request = JobRequest(AVATAR, audio, b"\x08\x01")
@@ -84,17 +72,31 @@ def submit(stores: Stores, seconds: float = 2.4, tenant: str = "acme", metrics: 
 
 
 def extract_calls(metrics: Metrics) -> float:
-    return sum(s.value for m in metrics.registry.collect() if m.name == "lipline_stage_requests" for s in m.samples if s.name.endswith("_total"))
+    return sum(
+        s.value
+        for m in metrics.registry.collect()
+        if m.name == "lipline_stage_requests"
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
 
 
 def test_a_job_is_queued_with_its_audio_task_segments_and_their_windows(stores: Stores) -> None:
     metrics = Metrics("audio")
     job = submit(stores, seconds=2.4, metrics=metrics)
     assert extract_calls(metrics) == 1
-    assert (job.state, job.avatar_id, job.owner, job.tenant, job.options) == (JobState.QUEUED, AVATAR, "tenant:acme", "acme", b"\x08\x01")
+    assert (job.state, job.avatar_id, job.owner, job.tenant, job.options) == (
+        JobState.QUEUED,
+        AVATAR,
+        "tenant:acme",
+        "acme",
+        b"\x08\x01",
+    )
     assert job.trace_context == '{"traceparent": "00-ab-cd-01"}'
     assert (job.total_frames, job.fps) == (60, FPS)
-    assert job.segments_total == 2  # 60 frames in 1 s segments: 25 + 35 (a short tail merges); the audio task is no segment
+    assert (
+        job.segments_total == 2
+    )  # 60 frames in 1 s segments: 25 + 35 (a short tail merges); the audio task is no segment
     assert job.audio_seconds == pytest.approx(2.4, abs=0.01)
     assert {"audio", "submit"} <= set(job.stage_seconds)
     tasks = []

@@ -173,11 +173,13 @@ def test_default_backend_keeps_cpu_behaviour(tiny: _Tiny) -> None:
         ((2, 4), 9, [4, 4, 2]),  # beyond the largest bucket: chunks of it, the last one padded
     ],
 )
-def test_buckets_pad_and_chunk_and_return_only_real_rows(tiny: _Tiny, buckets: tuple[int, ...], rows: int, model_batches: list[int]) -> None:
+def test_buckets_pad_and_chunk_and_return_only_real_rows(
+    tiny: _Tiny, buckets: tuple[int, ...], rows: int, model_batches: list[int]
+) -> None:
     backend = make_backend("cpu", copy.deepcopy(tiny), "cpu", batch_buckets=buckets)
     seen: list[int] = []
     forward = backend._forward
-    backend._forward = lambda *xs: (seen.append(xs[0].shape[0]), forward(*xs))[1]  # type: ignore[method-assign]
+    backend._forward = lambda *xs: (seen.append(xs[0].shape[0]), forward(*xs))[1]
     inputs = _tiny_inputs(rows)
     out = backend(*inputs)
     assert seen == model_batches
@@ -203,7 +205,9 @@ def test_cuda_graphs_ignored_on_cpu(tiny: _Tiny) -> None:
 
 @pytest.mark.parametrize("precision, bound", [("fp32", 1e-6), ("bf16", 2e-2), ("fp16", 5e-3)])
 def test_precisions_channels_last_and_fold_on_cpu(tiny: _Tiny, precision: str, bound: float) -> None:
-    backend = make_backend("torch", copy.deepcopy(tiny), "cpu", precision=precision, channels_last=True, fold_bn=True, batch_buckets=(4,))
+    backend = make_backend(
+        "torch", copy.deepcopy(tiny), "cpu", precision=precision, channels_last=True, fold_bn=True, batch_buckets=(4,)
+    )
     assert backend.precision == precision and backend.channels_last and backend.fold_bn
     err = numerics_check(backend, tiny, _tiny_inputs(3), bound=bound)
     assert 0 <= err <= bound
@@ -220,7 +224,9 @@ def test_numerics_check_raises_over_bound_with_the_numbers(tiny: _Tiny) -> None:
 
 def test_numerics_check_does_not_touch_the_reference(tiny: _Tiny) -> None:
     before = {k: v.clone() for k, v in tiny.state_dict().items()}
-    numerics_check(make_backend("torch", copy.deepcopy(tiny), "cpu", precision="bf16"), tiny, _tiny_inputs(2), bound=5e-2)
+    numerics_check(
+        make_backend("torch", copy.deepcopy(tiny), "cpu", precision="bf16"), tiny, _tiny_inputs(2), bound=5e-2
+    )
     assert all(torch.equal(before[k], v) and v.dtype == before[k].dtype for k, v in tiny.state_dict().items())
 
 
@@ -273,7 +279,7 @@ def test_onnx_export_has_a_dynamic_batch_axis(tiny: _Tiny, tmp_path: Path) -> No
 
 def test_compile_cache_key_depends_on_weights_precision_and_buckets(tiny: _Tiny, tmp_path: Path) -> None:
     def key(model: nn.Module, **kw: object) -> str:
-        return resolve_backend_spec("compile", "cpu", model=model, cache_dir=tmp_path, log=False, **kw).cache_key  # type: ignore[arg-type]
+        return resolve_backend_spec("compile", "cpu", model=model, cache_dir=tmp_path, log=False, **kw).cache_key
 
     base = key(tiny, precision="fp32", batch_buckets=(4, 8))
     assert base == key(tiny, precision="fp32", batch_buckets=(8, 4))
@@ -291,13 +297,30 @@ def test_the_compiled_backend_reads_its_cache_path_from_the_spec(tiny: _Tiny, tm
     """The key is decided once, before anything is built; the constructor only reads it."""
     # Construction is cheap: torch.compile only wraps; nothing compiles before the first call.
     spec = resolve_backend_spec(
-        "compile", "cpu", model=tiny, precision="fp32", batch_buckets=(4,), fold_bn=True, compile_mode="default", cache_dir=tmp_path, log=False
+        "compile",
+        "cpu",
+        model=tiny,
+        precision="fp32",
+        batch_buckets=(4,),
+        fold_bn=True,
+        compile_mode="default",
+        cache_dir=tmp_path,
+        log=False,
     )
     assert spec.cache_path == tmp_path / f"{spec.cache_key}.bin"
     backend = build_backend(spec, tiny)
     assert isinstance(backend, CompiledBackend) and backend.spec is spec
     assert (backend.cache_path, backend.cache_key) == (spec.cache_path, spec.cache_key)
-    unfolded = resolve_backend_spec("compile", "cpu", model=tiny, precision="fp32", batch_buckets=(4,), compile_mode="default", cache_dir=tmp_path, log=False)
+    unfolded = resolve_backend_spec(
+        "compile",
+        "cpu",
+        model=tiny,
+        precision="fp32",
+        batch_buckets=(4,),
+        compile_mode="default",
+        cache_dir=tmp_path,
+        log=False,
+    )
     assert unfolded.cache_path != spec.cache_path
     assert resolve_backend_spec("compile", "cpu", model=tiny, log=False).cache_path is None  # no dir: not kept
     assert resolve_backend_spec("torch", "cpu", model=tiny, cache_dir=tmp_path, log=False).cache_key == ""
@@ -311,11 +334,15 @@ def test_auto_compiles_only_where_a_warm_cache_exists() -> None:
 
 
 def test_compile_backend_survives_a_corrupt_cache_file(tiny: _Tiny, tmp_path: Path) -> None:
-    backend = make_backend("compile", copy.deepcopy(tiny), "cpu", precision="fp32", cache_dir=tmp_path, batch_buckets=(4,))
+    backend = make_backend(
+        "compile", copy.deepcopy(tiny), "cpu", precision="fp32", cache_dir=tmp_path, batch_buckets=(4,)
+    )
     assert isinstance(backend, CompiledBackend)
     assert backend.cache_path is not None and backend.cache_loaded is False
     backend.cache_path.write_bytes(b"not a cache")
-    again = make_backend("compile", copy.deepcopy(tiny), "cpu", precision="fp32", cache_dir=tmp_path, batch_buckets=(4,))
+    again = make_backend(
+        "compile", copy.deepcopy(tiny), "cpu", precision="fp32", cache_dir=tmp_path, batch_buckets=(4,)
+    )
     assert isinstance(again, CompiledBackend)
     assert again.cache_path == backend.cache_path and again.cache_loaded is False
 
@@ -327,7 +354,15 @@ def test_compile_backend_survives_a_corrupt_cache_file(tiny: _Tiny, tmp_path: Pa
 )
 def test_compile_backend_matches_eager_and_writes_its_cache(tiny: _Tiny, tmp_path: Path) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    backend = make_backend("compile", copy.deepcopy(tiny), device, precision="fp32", batch_buckets=(4,), cache_dir=tmp_path, compile_mode="default")
+    backend = make_backend(
+        "compile",
+        copy.deepcopy(tiny),
+        device,
+        precision="fp32",
+        batch_buckets=(4,),
+        cache_dir=tmp_path,
+        compile_mode="default",
+    )
     backend.warmup(_tiny_inputs)
     assert backend.compile_seconds is not None and backend.compile_seconds > 0
     assert backend.cache_path is not None and backend.cache_path.is_file()
@@ -358,14 +393,18 @@ def test_cuda_graph_backend_matches_eager_and_reference_on_gpu(wav2lip: Wav2Lip)
 
 @pytest.mark.gpu
 def test_bf16_graphs_on_gpu(wav2lip: Wav2Lip) -> None:
-    backend = make_backend("torch", copy.deepcopy(wav2lip), "cuda", precision="bf16", fold_bn=True, cuda_graphs=True, batch_buckets=(2,))
+    backend = make_backend(
+        "torch", copy.deepcopy(wav2lip), "cuda", precision="bf16", fold_bn=True, cuda_graphs=True, batch_buckets=(2,)
+    )
     backend.warmup(_wav2lip_inputs)
     numerics_check(backend, wav2lip, _wav2lip_inputs(2), bound=2e-2)
 
 
 @pytest.mark.gpu
 def test_compile_backend_captures_its_compiled_forward_in_cuda_graphs(tiny: _Tiny, tmp_path: Path) -> None:
-    backend = make_backend("compile", copy.deepcopy(tiny), "cuda", batch_buckets=(2, 4), cache_dir=tmp_path, compile_mode="default")
+    backend = make_backend(
+        "compile", copy.deepcopy(tiny), "cuda", batch_buckets=(2, 4), cache_dir=tmp_path, compile_mode="default"
+    )
     assert backend.cuda_graphs and backend.fold_bn
     backend.warmup(_tiny_inputs)
     assert sorted(backend._graphs) == [2, 4] and not backend._graphs_failed
@@ -378,11 +417,11 @@ def test_compile_backend_captures_its_compiled_forward_in_cuda_graphs(tiny: _Tin
 @pytest.mark.gpu
 def test_auto_picks_compile_once_its_cache_is_warm(tiny: _Tiny, tmp_path: Path) -> None:
     opts = dict(batch_buckets=(2,), cache_dir=tmp_path, compile_mode="default")
-    cold = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)  # type: ignore[arg-type]
+    cold = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)
     assert cold.kind == "torch" and cold.cuda_graphs
-    filled = make_backend("compile", copy.deepcopy(tiny), "cuda", **opts)  # type: ignore[arg-type]
+    filled = make_backend("compile", copy.deepcopy(tiny), "cuda", **opts)
     filled.warmup(_tiny_inputs)
-    warm = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)  # type: ignore[arg-type]
+    warm = make_backend("auto", copy.deepcopy(tiny), "cuda", **opts)
     assert isinstance(warm, CompiledBackend) and warm.cache_loaded and warm.cuda_graphs
     warm.warmup(_tiny_inputs)
     numerics_check(warm, tiny, _tiny_inputs(2), bound=1e-2)
@@ -391,7 +430,15 @@ def test_auto_picks_compile_once_its_cache_is_warm(tiny: _Tiny, tmp_path: Path) 
 def test_compile_modes_with_inductor_graphs_turn_ours_off(tiny: _Tiny) -> None:
     assert compile_mode_allows_graphs("max-autotune-no-cudagraphs") and compile_mode_allows_graphs("default")
     assert not compile_mode_allows_graphs("reduce-overhead") and not compile_mode_allows_graphs("max-autotune")
-    backend = make_backend("compile", copy.deepcopy(tiny), "cpu", precision="fp32", compile_mode="reduce-overhead", cuda_graphs=True, batch_buckets=(4,))
+    backend = make_backend(
+        "compile",
+        copy.deepcopy(tiny),
+        "cpu",
+        precision="fp32",
+        compile_mode="reduce-overhead",
+        cuda_graphs=True,
+        batch_buckets=(4,),
+    )
     assert backend.cuda_graphs is False and "Inductor's own" in backend.spec.reason
 
 
@@ -419,7 +466,9 @@ def test_lipsync_service_import_chain_needs_no_av_or_librosa() -> None:
         "print(sorted(m for m in ('av', 'librosa', 'tensorrt', 'onnx') if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[3]
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
@@ -455,7 +504,13 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_auto_on_cuda_compiles_only_with_a_warm_cache(tiny: _Tiny, tmp_path: Path, fake_gpu: None) -> None:
     cold = resolve_backend_spec("auto", "cuda", model=tiny, max_batch=64, cache_dir=tmp_path, log=False)
-    assert (cold.kind, cold.precision, cold.fold_bn, cold.cuda_graphs, cold.channels_last) == ("torch", "fp16", True, True, True)
+    assert (cold.kind, cold.precision, cold.fold_bn, cold.cuda_graphs, cold.channels_last) == (
+        "torch",
+        "fp16",
+        True,
+        True,
+        True,
+    )
     assert cold.buckets == (8, 16, 32, 64) and cold.reason.startswith("no warm compile cache at ")
     would = resolve_backend_spec("compile", "cuda", model=tiny, max_batch=64, cache_dir=tmp_path, log=False)
     assert would.cache_path is not None and would.fold_bn and would.cuda_graphs
@@ -465,7 +520,9 @@ def test_auto_on_cuda_compiles_only_with_a_warm_cache(tiny: _Tiny, tmp_path: Pat
     assert warm.kind == ("compile" if has_triton else "torch")
     if has_triton:
         assert warm.cache_path == would.cache_path and warm.reason.startswith("compile cache warm")
-    fallback = resolve_backend_spec("auto", "cuda", model=tiny, max_batch=64, cache_dir=tmp_path, allow_compile=False, log=False)
+    fallback = resolve_backend_spec(
+        "auto", "cuda", model=tiny, max_batch=64, cache_dir=tmp_path, allow_compile=False, log=False
+    )
     assert fallback.kind == "torch" and fallback.reason == "compile not allowed (fallback)"
     # The same warm cache on the CPU changes nothing.
     cpu = resolve_backend_spec("auto", "cpu", model=tiny, max_batch=64, cache_dir=tmp_path, log=False)
@@ -473,7 +530,13 @@ def test_auto_on_cuda_compiles_only_with_a_warm_cache(tiny: _Tiny, tmp_path: Pat
 
 
 def test_buckets_come_from_max_batch_where_the_kind_needs_them(tiny: _Tiny, fake_gpu: None) -> None:
-    assert resolve_backend_spec("torch", "cuda", max_batch=100, cuda_graphs=True, log=False).buckets == (8, 16, 32, 64, 100)
+    assert resolve_backend_spec("torch", "cuda", max_batch=100, cuda_graphs=True, log=False).buckets == (
+        8,
+        16,
+        32,
+        64,
+        100,
+    )
     assert resolve_backend_spec("torch", "cuda", max_batch=100, log=False).buckets == ()  # eager: no padding
     assert resolve_backend_spec("compile", "cpu", model=tiny, max_batch=64, log=False).buckets == (8, 16, 32, 64)
     assert resolve_backend_spec("compile", "cpu", model=tiny, log=False).buckets == DEFAULT_BUCKETS
@@ -491,16 +554,28 @@ def test_the_decision_is_logged_in_one_line(tiny: _Tiny, caplog: pytest.LogCaptu
         backend = make_backend("auto", copy.deepcopy(tiny), "cpu", max_batch=16, cuda_graphs=True)
         backend.warmup(_tiny_inputs)
     decisions = [r for r in caplog.records if " -> " in r.getMessage()]
-    assert [r.getMessage() for r in decisions] == ["backend auto -> cpu[fp32] on cpu (no CUDA device; cuda_graphs ignored off CUDA)"]
-    assert decisions[0].levelno == logging.INFO and decisions[0].buckets == []  # type: ignore[attr-defined]
+    assert [r.getMessage() for r in decisions] == [
+        "backend auto -> cpu[fp32] on cpu (no CUDA device; cuda_graphs ignored off CUDA)"
+    ]
+    assert decisions[0].levelno == logging.INFO and decisions[0].buckets == []
     assert len(caplog.records) == 2  # the decision and one warm-up line, nothing else
 
 
-def test_the_tensorrt_spec_is_folded_fp32_export_with_buckets(tiny: _Tiny, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake_gpu: None) -> None:
+def test_the_tensorrt_spec_is_folded_fp32_export_with_buckets(
+    tiny: _Tiny, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake_gpu: None
+) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "tensorrt" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "tensorrt" else real(name, *a)
+    )
     spec = resolve_backend_spec("tensorrt", "cuda", model=tiny, max_batch=32, cache_dir=tmp_path, log=False)
-    assert (spec.kind, spec.precision, spec.fold_bn, spec.channels_last, spec.cuda_graphs) == ("tensorrt", "fp16", True, False, False)
+    assert (spec.kind, spec.precision, spec.fold_bn, spec.channels_last, spec.cuda_graphs) == (
+        "tensorrt",
+        "fp16",
+        True,
+        False,
+        False,
+    )
     assert spec.buckets == (8, 16, 32) and spec.cache_path == tmp_path / f"trt-{spec.cache_key}.engine"
     assert not issubclass(TensorRTBackend, TorchBackend)  # the shared spec-driven base, not the eager backend
 

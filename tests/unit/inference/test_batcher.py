@@ -66,7 +66,9 @@ def _sample(metrics: Metrics, name: str) -> float | None:
 
 def test_concurrent_callers_share_one_batch() -> None:
     async def body(batcher: DynamicBatcher, model: FakeModel, _m: Metrics) -> None:
-        a, b, c = await asyncio.gather(batcher.submit_many([1, 2, 3, 4, 5]), batcher.submit_many([11, 12, 13]), batcher.submit(21))
+        a, b, c = await asyncio.gather(
+            batcher.submit_many([1, 2, 3, 4, 5]), batcher.submit_many([11, 12, 13]), batcher.submit(21)
+        )
         assert a == [10, 20, 30, 40, 50]
         assert b == [110, 120, 130]
         assert c == 210
@@ -163,7 +165,9 @@ def test_a_failing_item_fails_only_its_caller_and_the_loop_lives_on() -> None:
         assert isinstance(bad, ValueError) and str(bad) == "model exploded"
         assert innocent == 10
         # A caller whose items span the failing item gets the error; the other caller its outputs.
-        failed, fine = await asyncio.gather(batcher.submit_many(["bad", 2]), batcher.submit_many([3, 4]), return_exceptions=True)
+        failed, fine = await asyncio.gather(
+            batcher.submit_many(["bad", 2]), batcher.submit_many([3, 4]), return_exceptions=True
+        )
         assert isinstance(failed, ValueError)
         assert fine == [30, 40]
         # And the batcher keeps serving.
@@ -311,7 +315,9 @@ def test_concurrency_runs_batches_in_parallel() -> None:
             return [i * 2 for i in items]
 
     async def main(concurrency: int) -> list[int]:
-        batcher = DynamicBatcher(run_batch, Metrics(f"c{concurrency}"), max_batch=2, max_delay_s=0.001, concurrency=concurrency)
+        batcher = DynamicBatcher(
+            run_batch, Metrics(f"c{concurrency}"), max_batch=2, max_delay_s=0.001, concurrency=concurrency
+        )
         batcher.start()
         try:
             return list(await asyncio.gather(*(batcher.submit(i) for i in range(6))))

@@ -23,7 +23,9 @@ class _Images(DeviceBatchEngine[list]):
         parts: list[Part] = []
         for k, (w, h) in reversed(list(enumerate(self.SIZES))):
             positions = [i for i in range(n) if i % 2 == k]
-            images = torch.tensor(positions, dtype=torch.uint8, device=self.device).view(-1, 1, 1, 1).expand(-1, h, w, 3)
+            images = (
+                torch.tensor(positions, dtype=torch.uint8, device=self.device).view(-1, 1, 1, 1).expand(-1, h, w, 3)
+            )
             parts.append((positions, images.contiguous()))
         return parts
 
@@ -80,9 +82,8 @@ def test_batch_streams_are_off_on_the_cpu_and_compute_is_serialised() -> None:
 
 @pytest.mark.gpu
 def test_batch_streams_give_each_thread_its_io_stream_and_one_compute_stream() -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     streams = BatchStreams(torch.device("cuda"), overlap=True)
     default = torch.cuda.current_stream()

@@ -15,7 +15,9 @@ from services.serving.settings import ModelStageSettings
 def test_start_up_guard_refuses_a_backend_too_far_from_the_fp32_model() -> None:
     """The numerics guard, run as the services run it (bf16 on the CPU stands in for a GPU backend)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 3, 3, padding=1))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 3, 3, padding=1)
+    )
     inputs = [torch.rand(2, 3, 16, 16)]
     backend = make_backend("torch", model, "cpu", precision="bf16")
     metrics = Metrics("guard")
@@ -36,7 +38,7 @@ class _Fake:
         self.name = name
 
 
-def _start(kind: str, picks: dict[bool, str], failing: set[str]):  # type: ignore[no-untyped-def]
+def _start(kind: str, picks: dict[bool, str], failing: set[str]):
     import asyncio
 
     from services.inference.stage import start_backend
@@ -51,7 +53,7 @@ def _start(kind: str, picks: dict[bool, str], failing: set[str]):  # type: ignor
         if backend.name in failing:
             raise RuntimeError("InductorError: Failed to find C compiler")
 
-    return asyncio.run(start_backend(kind, build, warm)), built  # type: ignore[arg-type]
+    return asyncio.run(start_backend(kind, build, warm)), built
 
 
 def test_auto_falls_back_to_torch_when_the_compiled_backend_fails_to_start() -> None:

@@ -16,9 +16,9 @@ import cv2
 import numpy as np
 import pytest
 
+from services.jobs.avatar_cache import AvatarCache
 from services.jobs.avatars import AvatarMeta, new_avatar_id, save_avatar
 from services.jobs.store.folder import FolderBlobStore
-from services.jobs.avatar_cache import AvatarCache
 
 WIDTH, HEIGHT = 128, 96
 FRAME_BYTES = WIDTH * HEIGHT * 3 // 2  # one I420 frame: what a one-frame avatar's cache file holds
@@ -93,7 +93,9 @@ def test_a_budget_of_one_evicts_the_least_recently_used_closed_avatar_never_an_o
     assert cached(root) == {c, a}
 
 
-def test_open_avatars_keep_their_files_however_far_over_the_budget(blobs: FolderBlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_open_avatars_keep_their_files_however_far_over_the_budget(
+    blobs: FolderBlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     root = tmp_path / "cache"
     avatars = [make_avatar(blobs, shade) for shade in (30, 120, 210)]
     cache = AvatarCache(blobs, root, max_open=8, max_bytes=FRAME_BYTES * 3 // 2)  # fits one
@@ -116,7 +118,9 @@ def test_eviction_follows_last_use_not_the_age_of_the_file(blobs: FolderBlobStor
     assert cached(root) == {a, c, d}
 
 
-def test_an_avatar_larger_than_the_whole_budget_still_renders_with_a_warning(blobs: FolderBlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_avatar_larger_than_the_whole_budget_still_renders_with_a_warning(
+    blobs: FolderBlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     root = tmp_path / "cache"
     aid, frame = make_avatar(blobs, 77)
     cache = AvatarCache(blobs, root, max_bytes=FRAME_BYTES // 4)

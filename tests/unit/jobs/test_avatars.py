@@ -6,10 +6,20 @@ from pathlib import Path
 
 import numpy as np
 
-from services.jobs.avatars import AvatarMeta, content_hash, is_avatar_id, load_crops, load_meta, new_avatar_id, save_avatar
+from services.jobs.avatars import (
+    AvatarMeta,
+    content_hash,
+    is_avatar_id,
+    load_crops,
+    load_meta,
+    new_avatar_id,
+    save_avatar,
+)
 from services.jobs.store.folder import FolderBlobStore
 
-META = AvatarMeta("0123456789abcdef01234567", "me", 25.0, 25.0, 3, 64, 48, [(1, 2, 30, 40), None, (3, 4, 33, 44)], 1000.0)
+META = AvatarMeta(
+    "0123456789abcdef01234567", "me", 25.0, 25.0, 3, 64, 48, [(1, 2, 30, 40), None, (3, 4, 33, 44)], 1000.0
+)
 
 
 def test_content_hash_is_stable_hex_and_depends_on_bytes_and_photo_fps() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.serving.errors import DataLoss
 from services.jobs.integrity import OutputCheck, file_sha256
+from services.serving.errors import DataLoss
 
 DATA = bytes(range(256)) * 1000
 SHA = hashlib.sha256(DATA).hexdigest()

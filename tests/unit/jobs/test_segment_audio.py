@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.media.wire import MEL_BYTES
 from services.jobs.segment_audio import pack_segment_audio, unpack_segment_audio
+from services.media.wire import MEL_BYTES
 
 
 def test_round_trip() -> None:

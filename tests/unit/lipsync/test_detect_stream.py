@@ -43,7 +43,9 @@ def clip(frames: int, covered: range = range(0), blank: range = range(0)) -> lis
     return out
 
 
-def streamed(detector: HaarFaceDetector, frames: list[np.ndarray], config: OcclusionConfig = OcclusionConfig()) -> tuple[list, np.ndarray, bool, int]:
+def streamed(
+    detector: HaarFaceDetector, frames: list[np.ndarray], config: OcclusionConfig = OcclusionConfig()
+) -> tuple[list, np.ndarray, bool, int]:
     stream = FaceStream(detector.detect, DEFAULT_PADS, True, config)
     most = 0
     for start in range(0, len(frames), CHUNK):
@@ -60,10 +62,18 @@ def streamed(detector: HaarFaceDetector, frames: list[np.ndarray], config: Occlu
 
 @pytest.mark.parametrize(
     ("count", "covered", "blank"),
-    [(60, range(0), range(0)), (60, range(25, 32), range(0)), (64, range(20, 26), range(44, 48)), (1, range(0), range(0)), (20, range(0), range(5, 7))],
+    [
+        (60, range(0), range(0)),
+        (60, range(25, 32), range(0)),
+        (64, range(20, 26), range(44, 48)),
+        (1, range(0), range(0)),
+        (20, range(0), range(5, 7)),
+    ],
     ids=["panning", "hand", "hand-and-gap", "photo", "short-with-gap"],
 )
-def test_stream_answers_what_the_whole_clip_answers(detector: HaarFaceDetector, count: int, covered: range, blank: range) -> None:
+def test_stream_answers_what_the_whole_clip_answers(
+    detector: HaarFaceDetector, count: int, covered: range, blank: range
+) -> None:
     frames = clip(count, covered, blank)
     expected_boxes, expected_covered = visible_boxes(frames, detector.detect(frames))
     boxes, flags, again, most = streamed(detector, frames)

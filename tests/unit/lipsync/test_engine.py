@@ -8,10 +8,10 @@ import torch
 
 from services.inference.backends import make_backend
 from services.inference.checkpoints import seeded_state_dict
-from services.serving.errors import InvalidRequest, TooLarge
 from services.lipsync import prep
 from services.lipsync.engine import GenerateChunk, LipSyncEngine
 from services.lipsync.wav2lip import Wav2Lip
+from services.serving.errors import InvalidRequest, TooLarge
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,9 @@ def _inputs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _numpy_path(model: Wav2Lip, faces: np.ndarray, mels: np.ndarray) -> np.ndarray:
     with torch.inference_mode():
-        pred = model(torch.from_numpy(prep.mel_inputs(mels.astype(np.float32))), torch.from_numpy(prep.model_inputs(faces)))
+        pred = model(
+            torch.from_numpy(prep.mel_inputs(mels.astype(np.float32))), torch.from_numpy(prep.model_inputs(faces))
+        )
     return prep.to_uint8_faces(pred.numpy())
 
 
@@ -67,7 +69,12 @@ def test_engine_resizes_like_cv2_inter_linear(model: Wav2Lip) -> None:
     # One upscale, one downscale and the model's own size, interleaved over two chunks: the engine
     # resizes per size (out of item order) and must hand every face back in its item's place.
     sizes = [(150, 170), (64, 80), (150, 170), (96, 96)]
-    out_a, out_b = engine.run([GenerateChunk(bank, np.array([0, 1, 2]), mels[:3], sizes[:3]), GenerateChunk(bank, np.array([3]), mels[3:], sizes[3:])])
+    out_a, out_b = engine.run(
+        [
+            GenerateChunk(bank, np.array([0, 1, 2]), mels[:3], sizes[:3]),
+            GenerateChunk(bank, np.array([3]), mels[3:], sizes[3:]),
+        ]
+    )
     raw = _numpy_path(model, faces, mels)
     assert list(zip(out_a.widths + out_b.widths, out_a.heights + out_b.heights)) == sizes
     for face, (w, h), r in zip(out_a.arrays() + out_b.arrays(), sizes, raw):
@@ -126,7 +133,10 @@ def test_engine_on_cuda_matches_cpu(model: Wav2Lip) -> None:
 
     faces, mels = _inputs(40, 4)
     results = []
-    for backend in (make_backend("cpu", copy.deepcopy(model), "cpu"), make_backend("auto", copy.deepcopy(model), "cuda", max_batch=64)):
+    for backend in (
+        make_backend("cpu", copy.deepcopy(model), "cpu"),
+        make_backend("auto", copy.deepcopy(model), "cuda", max_batch=64),
+    ):
         engine = LipSyncEngine(backend)
         bank = engine.new_bank(64)
         for i, f in enumerate(faces):

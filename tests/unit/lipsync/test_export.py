@@ -26,7 +26,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def _session(path: Path) -> "ort.InferenceSession":
+def _session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # leave the cores to torch
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -56,7 +56,10 @@ def seeded_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_graph_names_and_dynamic_batch(seeded_export: tuple[Path, str]) -> None:
     path, _ = seeded_export
     session = _session(path)
-    assert [(i.name, i.shape) for i in session.get_inputs()] == [("mel", ["batch", 1, 80, 16]), ("face", ["batch", 6, 96, 96])]
+    assert [(i.name, i.shape) for i in session.get_inputs()] == [
+        ("mel", ["batch", 1, 80, 16]),
+        ("face", ["batch", 6, 96, 96]),
+    ]
     assert [(o.name, o.shape) for o in session.get_outputs()] == [("pred", ["batch", 3, 96, 96])]
     # Exported with batch 2, verified by the CLI with 3: here 1 and 4.
     assert max(_rel_errors(path, seeded(Wav2Lip()), (1, 4))) < 1e-4

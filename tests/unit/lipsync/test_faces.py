@@ -102,7 +102,15 @@ def test_steady_boxes_follow_motion_without_lag() -> None:
     out = steady_boxes(_detected(true), 720, 1280)
     velocity, true_velocity = np.diff(_centres(out)[0]), np.diff(_centres(true)[0])
     lags = list(range(-5, 6))
-    xcorr = [float(np.dot(velocity[max(0, k) : len(velocity) + min(0, k)], true_velocity[max(0, -k) : len(true_velocity) - max(0, k)])) for k in lags]
+    xcorr = [
+        float(
+            np.dot(
+                velocity[max(0, k) : len(velocity) + min(0, k)],
+                true_velocity[max(0, -k) : len(true_velocity) - max(0, k)],
+            )
+        )
+        for k in lags
+    ]
     assert lags[int(np.argmax(xcorr))] == 0
     assert float(np.abs(out - true).mean()) < 0.6  # follows a 30 px swing, not just its average
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from services.lipsync.prep import crop_and_resize, mel_inputs, model_inputs, model_inputs_torch, resize_to, to_uint8_faces
+from services.lipsync.prep import (
+    crop_and_resize,
+    mel_inputs,
+    model_inputs,
+    model_inputs_torch,
+    resize_to,
+    to_uint8_faces,
+)
 
 
 def _faces(batch: int = 3) -> np.ndarray:

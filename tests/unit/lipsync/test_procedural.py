@@ -78,9 +78,9 @@ def test_speech_envelope_drives_the_opening() -> None:
 def _sample_crop() -> np.ndarray:
     import cv2
 
-    from services.media.crops import crop_and_resize
     from services.lipsync.faces import HaarFaceDetector, prepare_boxes
     from services.local.cluster import REPO_ROOT
+    from services.media.crops import crop_and_resize
 
     image = cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg"))
     (box,) = prepare_boxes(HaarFaceDetector().detect([image]), *image.shape[:2])

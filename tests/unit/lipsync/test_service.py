@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from services.serving.settings import Device, parse_settings
-from services.serving.metrics import Metrics
 from services.inference import stage as model_stage_module
 from services.lipsync.service import LipSyncService
 from services.lipsync.settings import LipSyncSettings
+from services.serving.metrics import Metrics
+from services.serving.settings import Device, parse_settings
 
 
 def test_settings_defaults_and_flags() -> None:
@@ -34,7 +34,9 @@ def test_pipeline_depth_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, 
         return real_resolve(*args, **kwargs)
 
     monkeypatch.setattr(model_stage_module, "resolve_backend_spec", resolve_backend_spec)
-    settings = LipSyncSettings(device=Device.CPU, detector="none", pipeline_depth=depth, compile_cache_dir=str(tmp_path))
+    settings = LipSyncSettings(
+        device=Device.CPU, detector="none", pipeline_depth=depth, compile_cache_dir=str(tmp_path)
+    )
     svc = LipSyncService(settings, Metrics("lipsync"))
 
     async def main() -> None:

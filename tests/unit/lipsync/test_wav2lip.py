@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from services.inference.checkpoints import seeded_state_dict
-from services.serving.errors import CheckpointError
 from services.lipsync.wav2lip import WAV2LIP_INFO, Wav2Lip, checkpoint_filter_fn, create_wav2lip, load_wav2lip
+from services.serving.errors import CheckpointError
 
 REFERENCE = Path(__file__).resolve().parents[2] / "data" / "reference" / "wav2lip_keys.json"
 
@@ -55,7 +55,10 @@ def test_forward_shape_and_range(seeded) -> None:
 def test_load_prefixed_checkpoint_container(seeded, tmp_path: Path) -> None:
     model, sd = seeded
     path = tmp_path / "wav2lip.pth"
-    torch.save({"state_dict": {f"module.{k}": v for k, v in sd.items()}, "optimizer": {}, "global_step": 0, "global_epoch": 0}, path)
+    torch.save(
+        {"state_dict": {f"module.{k}": v for k, v in sd.items()}, "optimizer": {}, "global_step": 0, "global_epoch": 0},
+        path,
+    )
     loaded = load_wav2lip(path)
     assert not loaded.training
     audio, faces = _inputs()

@@ -12,7 +12,13 @@ from services.live.audio_retime import SpeechQueue, frame_sample_range, frame_st
 from services.serving.errors import TooLarge
 
 NTSC = Fraction(30000, 1001)
-RATES_AND_FPS = [(16000, Fraction(25)), (24000, Fraction(30)), (48000, NTSC), (16000, NTSC), (24000, Fraction(24000, 1001))]
+RATES_AND_FPS = [
+    (16000, Fraction(25)),
+    (24000, Fraction(30)),
+    (48000, NTSC),
+    (16000, NTSC),
+    (24000, Fraction(24000, 1001)),
+]
 
 
 @pytest.mark.parametrize(("rate", "fps"), RATES_AND_FPS)
@@ -93,7 +99,12 @@ def test_utterances_play_in_order_with_their_own_frame_numbers() -> None:
     assert queue.push(np.full(700, 2, np.int16)) == 1
     queue.end_utterance()
     frames = play_all(queue)
-    assert [(f.utterance, f.index, f.first, f.last) for f in frames] == [(0, 0, True, False), (0, 1, False, True), (1, 0, True, False), (1, 1, False, True)]
+    assert [(f.utterance, f.index, f.first, f.last) for f in frames] == [
+        (0, 0, True, False),
+        (0, 1, False, True),
+        (1, 0, True, False),
+        (1, 1, False, True),
+    ]
     assert queue.end_utterance() is None  # nothing open
     queue.push(np.zeros(0, np.int16))
     assert queue.end_utterance() == 2 and queue.empty  # an empty utterance plays nothing

@@ -54,7 +54,9 @@ class RecordingLipSync(lipsync_pb2_grpc.LipSyncServiceServicer):
     def item_messages(self) -> list[lipsync_pb2.GenerateRequest]:
         return [r for stream in self.streams for r in stream if r.items.frame_indices]
 
-    async def Generate(self, request_iterator: AsyncIterator[lipsync_pb2.GenerateRequest], context: grpc.aio.ServicerContext) -> AsyncIterator:
+    async def Generate(
+        self, request_iterator: AsyncIterator[lipsync_pb2.GenerateRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator:
         seen: list[lipsync_pb2.GenerateRequest] = []
         self.streams.append(seen)
         crops: dict[int, np.ndarray] = {}
@@ -75,7 +77,9 @@ class RecordingLipSync(lipsync_pb2_grpc.LipSyncServiceServicer):
             if any(c not in crops for c in indices):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an item names a crop this stream has not sent")
             faces = [crops[c] if request.raw_size else cv2.resize(crops[c], paste[c]) for c in indices]
-            yield lipsync_pb2.GenerateResponse(faces=PackedImages.from_arrays(faces).to_pb(list(request.items.frame_indices), indices))
+            yield lipsync_pb2.GenerateResponse(
+                faces=PackedImages.from_arrays(faces).to_pb(list(request.items.frame_indices), indices)
+            )
         self.half_closed += 1
 
 
@@ -85,11 +89,16 @@ class ResizingSuperRes(superres_pb2_grpc.SuperResServiceServicer):
     def __init__(self) -> None:
         self.requests: list[superres_pb2.UpscaleRequest] = []
 
-    async def Upscale(self, request_iterator: AsyncIterator[superres_pb2.UpscaleRequest], context: grpc.aio.ServicerContext) -> AsyncIterator:
+    async def Upscale(
+        self, request_iterator: AsyncIterator[superres_pb2.UpscaleRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator:
         async for request in request_iterator:
             self.requests.append(request)
             items = [
-                superres_pb2.UpscaleItem(index=i.index, image=image_to_proto(cv2.resize(image_from_proto(i.image), (i.out_width, i.out_height))))
+                superres_pb2.UpscaleItem(
+                    index=i.index,
+                    image=image_to_proto(cv2.resize(image_from_proto(i.image), (i.out_width, i.out_height))),
+                )
                 for i in request.items
             ]
             yield superres_pb2.UpscaleResponse(items=items)
@@ -115,7 +124,11 @@ async def serving(*servicers: object) -> AsyncIterator[str]:
 @contextlib.asynccontextmanager
 async def linked(address: str, settings: FaceLinkSettings, superres: bool = False) -> AsyncIterator[FaceLink]:
     channel = open_channel(address, 64 * 2**20)
-    link = FaceLink(lipsync_pb2_grpc.LipSyncServiceStub(channel), superres_pb2_grpc.SuperResServiceStub(channel) if superres else None, settings)
+    link = FaceLink(
+        lipsync_pb2_grpc.LipSyncServiceStub(channel),
+        superres_pb2_grpc.SuperResServiceStub(channel) if superres else None,
+        settings,
+    )
     try:
         async with link:
             yield link
@@ -141,7 +154,9 @@ def test_many_sessions_share_one_message_per_tick() -> None:
                 for s, face in enumerate(faces):
                     assert_face(face, colour_of(s))
             messages = servicer.item_messages()
-            assert [len(m.items.frame_indices) for m in messages] == [sessions] * 3, "one message per tick carries every session's frame"
+            assert [len(m.items.frame_indices) for m in messages] == [sessions] * 3, (
+                "one message per tick carries every session's frame"
+            )
             assert len(servicer.streams) == 1
             assert sum(len(r.crops) for r in servicer.streams[0]) == sessions, "each session's crops are sent once"
             assert link.counters.generate_messages == 3 and link.counters.generate_items == 3 * sessions
@@ -179,17 +194,25 @@ def test_a_stream_killed_midway_fails_its_items_and_the_link_recovers() -> None:
             servicer.abort_next = True
             doomed = [link.submit("a", 1, 0, MEL), link.submit("b", 1, 0, MEL)]
             for outcome in await asyncio.gather(*doomed, return_exceptions=True):
-                assert isinstance(outcome, StageFailed) and outcome.retryable and outcome.code == grpc.StatusCode.UNAVAILABLE, outcome
+                assert (
+                    isinstance(outcome, StageFailed)
+                    and outcome.retryable
+                    and outcome.code == grpc.StatusCode.UNAVAILABLE
+                ), outcome
                 assert "lipsync" in str(outcome)
 
             # The link opened a new stream on its own and sent every registered session's crops there first.
-            faces = await asyncio.gather(link.submit("a", 2, 0, MEL), link.submit("b", 2, 0, MEL), link.submit("a", 3, 1, MEL))
+            faces = await asyncio.gather(
+                link.submit("a", 2, 0, MEL), link.submit("b", 2, 0, MEL), link.submit("a", 3, 1, MEL)
+            )
             assert_face(faces[0], (200, 10, 10))
             assert_face(faces[1], (10, 200, 10))
             assert_face(faces[2], (10, 10, 200), (80, 90))
             assert len(servicer.streams) == 2
             first = next(r for r in servicer.streams[1] if r.crops or r.items.frame_indices)
-            assert len(first.crops) == 3, "the new stream's first message re-sends the crops of every registered session"
+            assert len(first.crops) == 3, (
+                "the new stream's first message re-sends the crops of every registered session"
+            )
             assert link.counters.failed == 2 and link.counters.stream_errors == 1 and link.counters.streams_opened == 2
 
     asyncio.run(main())
@@ -216,11 +239,17 @@ def test_old_streams_are_replaced_before_break_and_lose_nothing() -> None:
             for i, face in enumerate(faces):
                 assert_face(face, colour_of(i % 3))
             assert link.counters.streams_opened >= 4, link.counters
-            assert link.counters.failed == 0 and link.counters.late == 0 and link.counters.stream_errors == 0, link.counters
+            assert link.counters.failed == 0 and link.counters.late == 0 and link.counters.stream_errors == 0, (
+                link.counters
+            )
             for stream in servicer.streams:
                 first = next(r for r in stream if r.crops or r.items.frame_indices)
-                assert len(first.crops) == 3 and not first.items.frame_indices, "a new stream sends every crop before any item"
-            assert servicer.half_closed >= len(servicer.streams) - 1, "each replaced stream was closed by the link, not cut"
+                assert len(first.crops) == 3 and not first.items.frame_indices, (
+                    "a new stream sends every crop before any item"
+                )
+            assert servicer.half_closed >= len(servicer.streams) - 1, (
+                "each replaced stream was closed by the link, not cut"
+            )
 
     asyncio.run(main())
 
@@ -229,7 +258,10 @@ def test_an_unregistered_sessions_faces_are_dropped_and_its_crops_reused() -> No
     async def main() -> None:
         servicer = RecordingLipSync()
         servicer.delay_s = 0.3
-        async with serving(servicer) as address, linked(address, FaceLinkSettings(flush_interval_s=0.02, default_due_s=5.0)) as link:
+        async with (
+            serving(servicer) as address,
+            linked(address, FaceLinkSettings(flush_interval_s=0.02, default_due_s=5.0)) as link,
+        ):
             link.register("a", [solid_crop((200, 0, 200))])
             link.register("b", [solid_crop((0, 200, 200))])
             gone = link.submit("a", 0, 0, MEL)
@@ -254,7 +286,10 @@ def test_a_face_past_its_deadline_fails_with_face_late() -> None:
     async def main() -> None:
         servicer = RecordingLipSync()
         servicer.delay_s = 0.5
-        async with serving(servicer) as address, linked(address, FaceLinkSettings(fps=25, late_frames=2, flush_interval_s=0.01)) as link:
+        async with (
+            serving(servicer) as address,
+            linked(address, FaceLinkSettings(fps=25, late_frames=2, flush_interval_s=0.01)) as link,
+        ):
             link.register("a", [solid_crop((1, 2, 3))])
             loop = asyncio.get_running_loop()
             started = loop.time()
@@ -275,14 +310,19 @@ def test_a_face_past_its_deadline_fails_with_face_late() -> None:
 def test_super_resolution_chains_upscale_after_raw_faces() -> None:
     async def main() -> None:
         lipsync, superres = RecordingLipSync(), ResizingSuperRes()
-        async with serving(lipsync, superres) as address, linked(address, FaceLinkSettings(flush_interval_s=0.02), superres=True) as link:
+        async with (
+            serving(lipsync, superres) as address,
+            linked(address, FaceLinkSettings(flush_interval_s=0.02), superres=True) as link,
+        ):
             link.register("plain", [solid_crop((30, 60, 90))])
             link.register("sharp", [solid_crop((90, 60, 30), (200, 210))], super_resolution=True)
             plain, sharp = await asyncio.gather(link.submit("plain", 0, 0, MEL), link.submit("sharp", 0, 0, MEL))
             assert_face(plain, (30, 60, 90))
             assert_face(sharp, (90, 60, 30), (200, 210))
             raw = [m for m in lipsync.item_messages() if m.raw_size]
-            assert len(raw) == 1 and list(raw[0].items.frame_indices) == [0], "the super-resolution session's item asks for a 96x96 face"
+            assert len(raw) == 1 and list(raw[0].items.frame_indices) == [0], (
+                "the super-resolution session's item asks for a 96x96 face"
+            )
             assert len(superres.requests) == 1 and superres.requests[0].items[0].out_width == 200
             assert link.counters.upscale_messages == 1 and link.counters.upscale_items == 1
 
@@ -290,7 +330,13 @@ def test_super_resolution_chains_upscale_after_raw_faces() -> None:
 
 
 def test_settings_refuse_values_that_cannot_work() -> None:
-    for bad in ({"fps": 0}, {"flush_interval_s": 0}, {"max_items_per_message": 0}, {"max_stream_age_s": 0}, {"backoff_initial_s": 5.0}):
+    for bad in (
+        {"fps": 0},
+        {"flush_interval_s": 0},
+        {"max_items_per_message": 0},
+        {"max_stream_age_s": 0},
+        {"backoff_initial_s": 5.0},
+    ):
         with pytest.raises(ValueError):
             FaceLinkSettings(**bad)
     assert FaceLinkSettings().interval_s == 0.04 and FaceLinkSettings().late_s == 0.08
@@ -329,7 +375,9 @@ def test_sessions_of_one_avatar_share_its_crops() -> None:
                     assert_face(face, (70, 80, 90))
                 else:
                     assert_face(face, (90, 80, 70), (60, 70))
-            assert sum(len(r.crops) for r in servicer.streams[0]) == 3, "the shared avatar's 2 crops went once, not 5 times"
+            assert sum(len(r.crops) for r in servicer.streams[0]) == 3, (
+                "the shared avatar's 2 crops went once, not 5 times"
+            )
             for s in range(4):
                 link.unregister(s)
             assert link.crops_in_use == 3, "a session still uses the avatar's crops"
@@ -375,10 +423,17 @@ def test_an_avatars_crops_register_by_template_frame() -> None:
     crops = np.stack([np.full((96, 96, 3), 60 * (r + 1), np.uint8) for r in range(3)])
     crop_row = {0: 2, 1: 0, 3: 1}  # rows in meta.crop_frames order, not frame order
     faces, index = avatar_reference_faces(boxes, crops, crop_row)
-    assert index == {0: 0, 1: 1, 3: 2} and [(f.paste_width, f.paste_height) for f in faces] == [(100, 120), (100, 121), (86, 108)]
+    assert index == {0: 0, 1: 1, 3: 2} and [(f.paste_width, f.paste_height) for f in faces] == [
+        (100, 120),
+        (100, 121),
+        (86, 108),
+    ]
 
     async def main() -> None:
-        async with serving(RecordingLipSync()) as address, linked(address, FaceLinkSettings(flush_interval_s=0.02)) as link:
+        async with (
+            serving(RecordingLipSync()) as address,
+            linked(address, FaceLinkSettings(flush_interval_s=0.02)) as link,
+        ):
             link.register("s", faces, shared_as="avatar-7")
             face = await link.submit("s", 0, index[3], MEL)
             assert_face(face, (120, 120, 120), (86, 108))  # template frame 3: crop row 1, its box's size
@@ -412,7 +467,9 @@ def test_the_real_stage_routes_every_sessions_face(lipsync_stage: ServiceProcess
             sessions = 12
             for s in range(sessions):
                 # Two crops each, different paste sizes: the face comes back at its own crop's size.
-                link.register(s, [solid_crop(colour_of(s), (100 + s, 110)), solid_crop(colour_of(s + 50), (90, 95 + s))])
+                link.register(
+                    s, [solid_crop(colour_of(s), (100 + s, 110)), solid_crop(colour_of(s + 50), (90, 95 + s))]
+                )
             for frame in range(2):
                 futures = [link.submit(s, frame, frame % 2, MEL, speech=0.0) for s in range(sessions)]
                 for s, face in enumerate(await asyncio.gather(*futures)):
@@ -423,7 +480,9 @@ def test_the_real_stage_routes_every_sessions_face(lipsync_stage: ServiceProcess
                         assert_face(face, colour_of(s + 50), (90, 95 + s))
             assert link.counters.generate_messages == 2, "each tick's 12 frames went as one message"
             # Speech opens the mouth: a dark inner mouth in the lower middle of this session's face only.
-            loud, quiet = await asyncio.gather(link.submit(3, 2, 0, MEL, speech=1.0), link.submit(4, 2, 0, MEL, speech=0.0))
+            loud, quiet = await asyncio.gather(
+                link.submit(3, 2, 0, MEL, speech=1.0), link.submit(4, 2, 0, MEL, speech=0.0)
+            )
             mouth = loud[70:90, 40:60].astype(int).sum(axis=2).mean()
             assert mouth < sum(colour_of(3)) - 60, "speech 1.0 opened the mouth"
             assert_face(quiet, colour_of(4), (104, 110))
@@ -446,7 +505,9 @@ def test_the_real_stage_cutting_old_connections_costs_no_face(tmp_path: Path) ->
             faces = await speak(link, [0, 1, 2, 3], seconds=4.5)
             for i, face in enumerate(faces):
                 assert_face(face, colour_of(i % 4))
-            assert link.counters.streams_opened >= 3 and link.counters.stream_errors == 0 and link.counters.failed == 0, link.counters
+            assert (
+                link.counters.streams_opened >= 3 and link.counters.stream_errors == 0 and link.counters.failed == 0
+            ), link.counters
 
     try:
         process.wait_ready(120)
@@ -464,7 +525,9 @@ def test_the_real_stage_killed_and_restarted(lipsync_stage: ServiceProcess, tmp_
             assert_face(await link.submit("a", 0, 0, MEL, speech=0.0), (20, 120, 220))
             sent = link.counters.crops_sent
             lipsync_stage.kill()  # SIGKILL: no drain, the stream just breaks
-            failed = await asyncio.gather(*(link.submit("a", i, 0, MEL, speech=0.0) for i in range(1, 4)), return_exceptions=True)
+            failed = await asyncio.gather(
+                *(link.submit("a", i, 0, MEL, speech=0.0) for i in range(1, 4)), return_exceptions=True
+            )
             assert all(isinstance(f, (StageFailed, FaceLate)) for f in failed), failed
             lipsync_stage = await asyncio.to_thread(restart_on_same_port, lipsync_stage, tmp_path)
             for frame in range(4, 100):

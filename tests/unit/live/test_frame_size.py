@@ -37,5 +37,11 @@ def test_the_scaler_resizes_each_plane() -> None:
     y0, u0, v0 = split_i420(i420, 360, 640)
     np.testing.assert_array_equal(y, cv2.resize(y0, (320, 180), interpolation=cv2.INTER_AREA))
     np.testing.assert_array_equal(v, cv2.resize(v0, (160, 90), interpolation=cv2.INTER_AREA))
-    assert np.abs(cv2.cvtColor(out, cv2.COLOR_YUV2BGR_I420).astype(int) - cv2.resize(bgr, (320, 180), interpolation=cv2.INTER_AREA)).mean() < 3
+    assert (
+        np.abs(
+            cv2.cvtColor(out, cv2.COLOR_YUV2BGR_I420).astype(int)
+            - cv2.resize(bgr, (320, 180), interpolation=cv2.INTER_AREA)
+        ).mean()
+        < 3
+    )
     assert u.shape == (90, 160)

@@ -11,8 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.signal import resample_poly
 
+from services.live.mel_stream import (
+    LOOKAHEAD_MS,
+    LOOKAHEAD_SAMPLES,
+    MelStream,
+    lookahead_ms,
+    pcm_samples,
+    samples_needed,
+)
 from services.media.mel import frame_count, mel_windows, melspectrogram
-from services.live.mel_stream import LOOKAHEAD_MS, LOOKAHEAD_SAMPLES, MelStream, lookahead_ms, pcm_samples, samples_needed
 from services.serving.errors import InvalidMedia
 
 TOLERANCE = 1e-5  # the brief: the same windows as the whole clip to 1e-5 absolute
@@ -45,7 +52,9 @@ def stream(pcm: np.ndarray, rate: int, fps: float, chunk_ms: list[int]) -> tuple
 
 
 @settings(max_examples=6, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(chunk_ms=st.lists(st.integers(10, 100), min_size=1, max_size=30), fps=st.sampled_from([25.0, 30.0, 30000 / 1001]))
+@given(
+    chunk_ms=st.lists(st.integers(10, 100), min_size=1, max_size=30), fps=st.sampled_from([25.0, 30.0, 30000 / 1001])
+)
 @pytest.mark.parametrize("rate", [16000, 24000, 48000])
 def test_streamed_windows_equal_the_whole_clip_mel(speech_pcm, rate: int, chunk_ms: list[int], fps: float) -> None:
     pcm = speech_pcm[rate]
@@ -66,7 +75,9 @@ def test_look_ahead_is_212_5_ms_after_the_frame_start() -> None:
     assert LOOKAHEAD_SAMPLES == 15 * 200 + 400 == 3400
     assert LOOKAHEAD_MS == 212.5
     assert lookahead_ms(16000) == 212.5
-    assert lookahead_ms(48000) == pytest.approx(212.5 + 33 / 48) and lookahead_ms(24000) == pytest.approx(212.5 + 17 / 24)
+    assert lookahead_ms(48000) == pytest.approx(212.5 + 33 / 48) and lookahead_ms(24000) == pytest.approx(
+        212.5 + 17 / 24
+    )
     # At 25 fps, every 5th frame starts on a hop and waits the whole look-ahead; none waits longer.
     waits = [samples_needed(k, 25.0) - k * 640 for k in range(1, 200)]
     assert max(waits) == LOOKAHEAD_SAMPLES and waits[4] == LOOKAHEAD_SAMPLES

@@ -54,7 +54,9 @@ def stand_in_face(template_frame: int, window: np.ndarray) -> np.ndarray:
     return np.full((BOX[3] - BOX[1], BOX[2] - BOX[0], 3), level, np.uint8)
 
 
-def make_session(template: I420Frames, clock: FakeClock, codec: str = "h264", generate=stand_in_face, **kwargs) -> LiveSession:
+def make_session(
+    template: I420Frames, clock: FakeClock, codec: str = "h264", generate=stand_in_face, **kwargs
+) -> LiveSession:
     encoder = H264Encoder(SIZE, SIZE, FPS) if codec == "h264" else JpegEncoder(SIZE, SIZE)
     return LiveSession(
         IdleLoop(template),
@@ -129,7 +131,9 @@ def test_speech_silence_speech_in_real_time(template, speech_pcm) -> None:
     run.speak(second)
     run.wait(600)
     assert [t.frame.pts for t in run.ticks] == list(range(len(run.ticks)))  # every slot, in order, none skipped
-    assert all(not t.skipped for t in run.ticks) and len(run.ticks) == (3000 + 2000 + 2000 + 600) // 40 + 1  # frame 0 at 0 ms
+    assert (
+        all(not t.skipped for t in run.ticks) and len(run.ticks) == (3000 + 2000 + 2000 + 600) // 40 + 1
+    )  # frame 0 at 0 ms
     kinds = [t.kind for t in run.ticks]
     starts = [e.frame for e in run.events if e.kind is EventKind.PLAYBACK_STARTED]
     # The latency floor: frame 0's window needs 212.5 ms of audio; in 20 ms chunks that is there at 220 ms,
@@ -145,7 +149,11 @@ def test_speech_silence_speech_in_real_time(template, speech_pcm) -> None:
     latencies = {round(t.latency_s, 6) for t in run.ticks if t.kind is FrameKind.SPEECH}
     assert latencies == {0.2} and all(t.latency_s is None for t in run.ticks if t.kind is FrameKind.IDLE)
     assert starts[1] - (starts[0] + speech_frames[0]) >= 2000 // 40 - 1  # the pause is idle
-    assert (session.counts.speech, session.counts.idle, session.counts.skipped) == (sum(speech_frames), len(run.ticks) - sum(speech_frames), 0)
+    assert (session.counts.speech, session.counts.idle, session.counts.skipped) == (
+        sum(speech_frames),
+        len(run.ticks) - sum(speech_frames),
+        0,
+    )
     # The re-timed audio is the input audio, sample for sample, on the frames that showed it.
     np.testing.assert_array_equal(run.audio_of_frames(), np.concatenate([first, second]))
     assert [(e.kind, e.utterance, e.frame, e.position_ms, e.interrupted) for e in run.events] == [
@@ -269,7 +277,14 @@ def test_bad_input_is_refused_and_changes_nothing(template) -> None:
         session.push_audio(np.zeros(STEP, np.int16).tobytes())
     assert session.queue.queued_samples == RATE // 2
     with pytest.raises(InvalidMedia, match="44100"):
-        LiveSession(IdleLoop(template), Compositor(template, [BOX] * template.count), JpegEncoder(SIZE, SIZE), FrameClock(FPS, clock), stand_in_face, 44100)
+        LiveSession(
+            IdleLoop(template),
+            Compositor(template, [BOX] * template.count),
+            JpegEncoder(SIZE, SIZE),
+            FrameClock(FPS, clock),
+            stand_in_face,
+            44100,
+        )
     assert session.end_utterance() == 0 and session.end_utterance() is None
 
 
@@ -387,3 +402,30 @@ def test_clear_drops_the_planned_frames_and_says_what_played(template, speech_pc
     assert run.ticks[-1].kind is FrameKind.IDLE and event in run.ticks[-1].events
     run.wait(200)
     assert all(t.kind is FrameKind.IDLE for t in run.ticks[-5:]) and not session.playing
+
+
+def test_with_a_lead_a_stall_mid_utterance_plays_on_through_the_slots_passed(template, speech_pcm) -> None:
+    """The worker descheduled past its planned frames, the audio there: no idle pause in the utterance."""
+    clock = FakeClock()
+    stage = Stage(clock, delay_ms=30)
+    session = lead_session(template, clock, stage)
+    run = StageRecorder(session, clock, stage)
+    pcm = speech_pcm[RATE][: 2 * RATE]
+    chunks = [pcm[i : i + STEP] for i in range(0, len(pcm), STEP)]
+    for chunk in chunks[:40]:
+        run.step(chunk)
+    clock.advance_ms(200)  # longer than the lead: the planned frames pass unsent
+    for chunk in chunks[40:50]:
+        session.push_audio(chunk.tobytes())
+    run.tick()
+    for i, chunk in enumerate(chunks[50:], start=50):
+        run.step(chunk, end=i == len(chunks) - 1)
+    run.wait(600)
+    speech_slots = sorted({a.frame for t in run.ticks for a in t.audio})
+    assert speech_slots == list(range(speech_slots[0], speech_slots[0] + len(speech_slots))), (
+        "the utterance's frames are consecutive slots"
+    )
+    assert len(speech_slots) == frames_for_samples(len(pcm), RATE, FPS)
+    np.testing.assert_array_equal(run.audio_of_frames(), pcm)
+    assert session.counts.skipped >= 5  # the stall's slots, and the frames right after it whose faces came too late
+    assert len(decode_h264(run.ticks)) == sum(1 for t in run.ticks if t.frame is not None)

@@ -13,5 +13,9 @@ MODULES = ["services.live." + p.stem for p in sorted((REPO / "services" / "live"
 def test_importing_every_live_module_loads_no_torch() -> None:
     assert "services.live.session" in MODULES and "services.live.mel_stream" in MODULES
     code = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\nsys.exit('torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code, *MODULES], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, f"a services.live module imports torch (or failed to import):\n{result.stderr[-3000:]}"
+    result = subprocess.run(
+        [sys.executable, "-c", code, *MODULES], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, (
+        f"a services.live module imports torch (or failed to import):\n{result.stderr[-3000:]}"
+    )

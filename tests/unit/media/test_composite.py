@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 
 import services.media.composite as composite
-from services.media.probe import probe_media
-from services.render.reference import paste_face
-from services.render.mp4 import Mp4Writer
-from services.media.video_format import to_yuv420
 from services.media.composite import (
     Compositor,
     I420Frames,
     blend_mask,
     regenerated_start,
 )
+from services.media.probe import probe_media
+from services.media.video_format import to_yuv420
+from services.render.mp4 import Mp4Writer
+from services.render.reference import paste_face
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 Y_TOL, UV_TOL = 2, 3
@@ -42,7 +42,9 @@ def _planes(frame: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.
     )
 
 
-def _reference(bgr: np.ndarray, face: np.ndarray, box: tuple[int, int, int, int], regenerated_from: float) -> np.ndarray:
+def _reference(
+    bgr: np.ndarray, face: np.ndarray, box: tuple[int, int, int, int], regenerated_from: float
+) -> np.ndarray:
     """`paste_face` with the compositor's mask (the same arithmetic; equal to paste_face when regenerated_from=0)."""
     if regenerated_from == 0:
         return paste_face(bgr, face, box)
@@ -58,7 +60,13 @@ def _maxdiff(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max()) if a.size else 0
 
 
-def _check(bgr: np.ndarray, box: tuple[int, int, int, int], face: np.ndarray, compositor: Compositor | None = None, index: int = 0) -> tuple[int, int, int]:
+def _check(
+    bgr: np.ndarray,
+    box: tuple[int, int, int, int],
+    face: np.ndarray,
+    compositor: Compositor | None = None,
+    index: int = 0,
+) -> tuple[int, int, int]:
     """Compares Compositor.frame with the reference; asserts the outside is exact; returns the max diffs (Y, U, V)."""
     height, width = bgr.shape[:2]
     if compositor is None:

@@ -13,7 +13,6 @@ from services.media.decode import decode_avatar
 from services.serving.errors import InvalidMedia, TooLarge
 from tests.helpers.video_files import smooth_image, write_flat_video
 
-
 # --- decode_avatar -----------------------------------------------------------------------------------
 
 

@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 
 from lipline.v1 import common_pb2
-from services.media import av_limits, decode as media
+from services.media import av_limits
+from services.media import decode as media
 from services.media.audio import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, decode_audio
-from services.media.wire import MAX_IMAGE_SIDE, image_from_proto
-from services.serving.errors import InvalidMedia, TooLarge
-from services.media.image_header import ImageHeaderError, ImageSize, read_image_size
 from services.media.decode import MIN_AVATAR_SIDE, decode_avatar
+from services.media.image_header import ImageHeaderError, ImageSize, read_image_size
+from services.media.wire import MAX_IMAGE_SIDE, image_from_proto
 from services.render.mp4 import Mp4Writer
+from services.serving.errors import InvalidMedia, TooLarge
 from tests.helpers.bombs import jpeg_claiming, png_claiming
 
 MB = 1 << 20
@@ -90,7 +91,9 @@ def test_png_bomb_builder_makes_a_valid_png() -> None:
 
 def _image(height: int, width: int) -> np.ndarray:
     y, x = np.mgrid[0:height, 0:width]
-    return np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), np.full_like(x, 128)], -1).astype(np.uint8)
+    return np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), np.full_like(x, 128)], -1).astype(
+        np.uint8
+    )
 
 
 def _encode_video(fmt: str, size: tuple[int, int], frames: int, codec: str = "libx264") -> bytes:
@@ -173,7 +176,11 @@ def test_image_from_proto_refuses_a_16000_png_item_from_its_header() -> None:
 
 def test_image_from_proto_accepts_the_limit_and_refuses_one_more() -> None:
     ok = cv2.imencode(".png", np.zeros((8, MAX_IMAGE_SIDE, 3), np.uint8))[1].tobytes()
-    assert image_from_proto(common_pb2.Image(format=common_pb2.PIXEL_FORMAT_PNG, data=ok)).shape == (8, MAX_IMAGE_SIDE, 3)
+    assert image_from_proto(common_pb2.Image(format=common_pb2.PIXEL_FORMAT_PNG, data=ok)).shape == (
+        8,
+        MAX_IMAGE_SIDE,
+        3,
+    )
     big = cv2.imencode(".png", np.zeros((MAX_IMAGE_SIDE + 1, 8, 3), np.uint8))[1].tobytes()
     with pytest.raises(InvalidMedia, match=f"8x{MAX_IMAGE_SIDE + 1} px"):
         image_from_proto(common_pb2.Image(format=common_pb2.PIXEL_FORMAT_PNG, data=big))
@@ -204,9 +211,17 @@ def test_png_chunk_claiming_4_gb_is_refused_from_the_header() -> None:
     # Found by the fuzz test: OpenCV allocates and zero-fills a chunk's declared length before reading
     # it; this 5 KB PNG cost 4 GB and 4.7 s in cv2.imdecode.
     bomb = _png_with_idat_length(0xFFFF2000)
-    _refused_cheaply(lambda: decode_avatar(bomb), InvalidMedia, r"the PNG is truncated or corrupt: its b'IDAT' chunk claims 4294909952 bytes")
+    _refused_cheaply(
+        lambda: decode_avatar(bomb),
+        InvalidMedia,
+        r"the PNG is truncated or corrupt: its b'IDAT' chunk claims 4294909952 bytes",
+    )
     msg = common_pb2.Image(format=common_pb2.PIXEL_FORMAT_PNG, data=bomb)
-    _refused_cheaply(lambda: image_from_proto(msg, "crop 1"), InvalidMedia, r"^crop 1: could not decode PNG data: the PNG is truncated")
+    _refused_cheaply(
+        lambda: image_from_proto(msg, "crop 1"),
+        InvalidMedia,
+        r"^crop 1: could not decode PNG data: the PNG is truncated",
+    )
 
 
 def wav_list_bomb() -> bytes:
@@ -235,7 +250,9 @@ def test_one_pixel_avatar_is_invalid_with_an_actionable_message() -> None:
         decode_avatar(one)
 
 
-@pytest.mark.parametrize(("width", "height", "ok"), [(64, 64, True), (63, 200, False), (200, 63, False), (65, 65, True)])
+@pytest.mark.parametrize(
+    ("width", "height", "ok"), [(64, 64, True), (63, 200, False), (200, 63, False), (65, 65, True)]
+)
 def test_minimum_side_of_a_photo(width: int, height: int, ok: bool) -> None:
     data = cv2.imencode(".jpg", _image(height, width))[1].tobytes()
     if ok:

@@ -43,11 +43,11 @@ from hypothesis import strategies as st
 
 from lipline.v1 import common_pb2, lipsync_pb2
 from services.media.audio import decode_audio
-from services.media.wire import image_from_proto, mel_from_bytes, unpack_generate_items
-from services.serving.errors import LiplineError
 from services.media.decode import decode_avatar
-from services.render.mp4 import Mp4Writer
 from services.media.packed import PackedImages
+from services.media.wire import image_from_proto, mel_from_bytes, unpack_generate_items
+from services.render.mp4 import Mp4Writer
+from services.serving.errors import LiplineError
 from tests.helpers.audio_files import can_encode, encode_tone
 
 _BY_HAND = int(os.environ.get("LIPLINE_FUZZ_EXAMPLES", "0"))
@@ -121,13 +121,23 @@ def _mp4(path: Path) -> bytes:
 def _avatar_seeds(tmp: Path) -> list[bytes]:
     image = _image(80, 96)
     seeds = [(SAMPLES / "avatar.jpg").read_bytes(), _mp4(tmp / "seed.mp4")]
-    for ext, params in [(".png", []), (".jpg", [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]), (".webp", []), (".bmp", []), (".gif", [])]:
+    for ext, params in [
+        (".png", []),
+        (".jpg", [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]),
+        (".webp", []),
+        (".bmp", []),
+        (".gif", []),
+    ]:
         seeds.append(cv2.imencode(ext, image, params)[1].tobytes())
     return seeds
 
 
 def _audio_seeds() -> list[bytes]:
-    return [encode_tone(fmt, 0.25, rate=16000, channels=1) for fmt in ("wav", "mp3", "flac", "m4a", "ogg") if can_encode(fmt)]
+    return [
+        encode_tone(fmt, 0.25, rate=16000, channels=1)
+        for fmt in ("wav", "mp3", "flac", "m4a", "ogg")
+        if can_encode(fmt)
+    ]
 
 
 # Values that turn a length, a count or a size field into a bomb, a zero or an overflow.

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from lipline.v1 import lipsync_pb2
-from services.serving.errors import InvalidMedia
 from services.inference.stage import cut_responses
 from services.media.packed import PackedImages
+from services.serving.errors import InvalidMedia
 
 
 def _arrays() -> list[np.ndarray]:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from services.media.mel import MelExtractor
-from services.media.wire import mel_from_bytes, mel_to_bytes
 from services.media.speech import speech_envelope
+from services.media.wire import mel_from_bytes, mel_to_bytes
 from tests.helpers.speech_signals import FPS, clean_speech, far_from, speech_frames, variants
 
 CLOSED, OPEN, JUMP = 0.05, 0.15, 0.25
@@ -62,7 +62,10 @@ def test_quiet_speech_moves_like_loud_speech(envelopes: dict[str, np.ndarray], s
 def test_silence_and_steady_noise_never_open() -> None:
     extractor = MelExtractor()
     rng = np.random.default_rng(0)
-    for signal in (np.zeros(16000 * 3, np.float32), (rng.standard_normal(16000 * 3) * 10 ** (-40 / 20)).astype(np.float32)):
+    for signal in (
+        np.zeros(16000 * 3, np.float32),
+        (rng.standard_normal(16000 * 3) * 10 ** (-40 / 20)).astype(np.float32),
+    ):
         envelope = speech_envelope(extractor.run(signal, FPS), FPS)
         assert (envelope == 0).all(), envelope.max()
 

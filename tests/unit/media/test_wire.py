@@ -53,7 +53,9 @@ def test_image_to_proto_accepts_non_contiguous_views() -> None:
     np.testing.assert_array_equal(back, image)
 
 
-@pytest.mark.parametrize("bad", [np.zeros((4, 4), np.uint8), np.zeros((4, 4, 4), np.uint8), np.zeros((4, 4, 3), np.float32)])
+@pytest.mark.parametrize(
+    "bad", [np.zeros((4, 4), np.uint8), np.zeros((4, 4, 4), np.uint8), np.zeros((4, 4, 3), np.float32)]
+)
 def test_image_to_proto_rejects_wrong_arrays(bad: np.ndarray) -> None:
     with pytest.raises(ValueError):
         image_to_proto(bad)
@@ -171,7 +173,9 @@ def test_generate_items_pack_round_trip_and_validation() -> None:
         poisoned = windows[1].copy()
         poisoned[40, 3] = bad
         with pytest.raises(InvalidMedia, match="frame 8 holds NaN or infinity"):
-            unpack_generate_items(pack_generate_items([7, 8, 9], [0, 0, 0], [mel_to_bytes(w) for w in (windows[0], poisoned, windows[2])]))
+            unpack_generate_items(
+                pack_generate_items([7, 8, 9], [0, 0, 0], [mel_to_bytes(w) for w in (windows[0], poisoned, windows[2])])
+            )
 
 
 def test_packed_faces_from_pb_sizes_and_validation() -> None:
@@ -180,7 +184,9 @@ def test_packed_faces_from_pb_sizes_and_validation() -> None:
 
     a = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     b = np.full((4, 1, 3), 9, np.uint8)
-    msg = lipsync_pb2.GeneratedFaces(frame_indices=[5, 6], crop_indices=[0, 0], widths=[3, 1], heights=[2, 4], data=a.tobytes() + b.tobytes())
+    msg = lipsync_pb2.GeneratedFaces(
+        frame_indices=[5, 6], crop_indices=[0, 0], widths=[3, 1], heights=[2, 4], data=a.tobytes() + b.tobytes()
+    )
     got_a, got_b = PackedImages.from_pb(msg).arrays()
     fa, fb = msg.frame_indices
     assert (fa, fb) == (5, 6) and np.array_equal(got_a, a) and np.array_equal(got_b, b)

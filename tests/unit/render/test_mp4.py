@@ -9,10 +9,10 @@ import av
 import numpy as np
 import pytest
 
-from services.media.probe import probe_media
 from services.media.composite import feather_mask
-from services.render.mp4 import Mp4Writer, encode_aac, join_segments
+from services.media.probe import probe_media
 from services.media.video_format import exact_rate, to_yuv420
+from services.render.mp4 import Mp4Writer, encode_aac, join_segments
 from services.render.reference import paste_face
 from tests.helpers.video_files import smooth_image, write_flat_video
 
@@ -200,7 +200,13 @@ def test_join_segments_is_one_playable_clip(tmp_path: Path, fps: float) -> None:
     assert np.abs(np.array(decoded) - levels).max() < 2  # every frame in its place
     data = out.read_bytes()
     assert data.find(b"moov") < data.find(b"mdat")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["audio.m4a", "joined.mp4", "part0.mp4", "part1.mp4", "part2.mp4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "audio.m4a",
+        "joined.mp4",
+        "part0.mp4",
+        "part1.mp4",
+        "part2.mp4",
+    ]
 
 
 def test_join_segments_failure_leaves_no_file(tmp_path: Path) -> None:

@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 
 from lipline.v1 import gateway_pb2
-from services.media.timeline import LOOP_PING_PONG, LOOP_WRAP, loop_frame, loop_mode
-from services.render.mp4 import Mp4Writer, join_segments
-from services.media.video_format import COLOR_TAG_NAMES, COLOR_TAGS, to_yuv420
 from services.media.composite import (
     Compositor,
     I420Frames,
     blend_mask,
     regenerated_start,
 )
+from services.media.timeline import LOOP_PING_PONG, LOOP_WRAP, loop_frame, loop_mode
+from services.media.video_format import COLOR_TAG_NAMES, COLOR_TAGS, to_yuv420
+from services.render.mp4 import Mp4Writer, join_segments
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -35,7 +35,11 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def _planes(frame: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     flat = frame.reshape(-1)
     n = height * width
-    return (flat[:n].reshape(height, width), flat[n : n + n // 4].reshape(height // 2, width // 2), flat[n + n // 4 :].reshape(height // 2, width // 2))
+    return (
+        flat[:n].reshape(height, width),
+        flat[n : n + n // 4].reshape(height // 2, width // 2),
+        flat[n + n // 4 :].reshape(height // 2, width // 2),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,17 @@ def avatar() -> np.ndarray:
 # -- 1. only the regenerated region ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("box", [(100, 80, 460, 480), (101, 81, 301, 333), (131, 97, 450, 420), (10, 11, 13, 200), (7, 9, 12, 14), (0, 0, 512, 512)])
+@pytest.mark.parametrize(
+    "box",
+    [
+        (100, 80, 460, 480),
+        (101, 81, 301, 333),
+        (131, 97, 450, 420),
+        (10, 11, 13, 200),
+        (7, 9, 12, 14),
+        (0, 0, 512, 512),
+    ],
+)
 def test_upper_face_is_the_templates_bytes(avatar: np.ndarray, box: tuple[int, int, int, int]) -> None:
     """Y rows above box row height/2 and the chroma rows above it are bit-identical to the cached frame."""
     height, width = avatar.shape[:2]
@@ -165,7 +179,12 @@ def test_opencv_i420_is_bt601_limited_range() -> None:
     assert np.abs(v - (128 + 224 * (r - luma) / 1.402)[::2, ::2]).max() <= 1
     # BT.709's luma of pure green (0.7152 -> Y 173) differs from BT.601's (0.587 -> Y 145).
     assert to_yuv420(np.full((2, 2, 3), (0, 255, 0), np.uint8))[0, 0] == 145
-    assert COLOR_TAG_NAMES == {"colorspace": "smpte170m", "color_range": "tv", "color_primaries": "bt709", "color_trc": "bt709"}
+    assert COLOR_TAG_NAMES == {
+        "colorspace": "smpte170m",
+        "color_range": "tv",
+        "color_primaries": "bt709",
+        "color_trc": "bt709",
+    }
 
 
 def _tags(path: Path) -> tuple[dict, dict]:

@@ -98,7 +98,18 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 
 def new_job(jobs: JobStore, job_id: str = "j1", segments: int = 1) -> None:
-    jobs.create_job(NewJob(job_id, "avatar", "owner", b"", segments * 0.4, 25.0, segments * 10, [(i * 10, (i + 1) * 10) for i in range(segments)]))
+    jobs.create_job(
+        NewJob(
+            job_id,
+            "avatar",
+            "owner",
+            b"",
+            segments * 0.4,
+            25.0,
+            segments * 10,
+            [(i * 10, (i + 1) * 10) for i in range(segments)],
+        )
+    )
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -205,7 +216,11 @@ def test_a_fatal_error_fails_the_job_with_its_status_and_deletes_its_blobs(rig: 
     worker, runner = rig.worker(body)
     asyncio.run(run_until(worker, lambda: rig.jobs.get_job("j1").terminal))
     job = rig.jobs.get_job("j1")
-    assert (job.state, job.error_code, job.error) == (JobState.FAILED, grpc.StatusCode.INVALID_ARGUMENT.value[0], "the upload is not audio")
+    assert (job.state, job.error_code, job.error) == (
+        JobState.FAILED,
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        "the upload is not audio",
+    )
     assert not rig.blobs.exists(job_prefix("j1") + "upload")
     assert len(runner.started) == 1  # not retried
     assert rig.metric("lipline_jobs_total", status="failed") == 1

@@ -10,12 +10,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from services.serving.channels import open_channel
-from services.serving.settings import ServiceSettings
 from services.serving.auth import Auth, key_hash, parse_api_keys
+from services.serving.channels import open_channel
 from services.serving.metrics import Metrics
-from services.serving.tenants import IMPLICIT_TENANT, tenant_of_key
 from services.serving.server import ServiceRunner
+from services.serving.settings import ServiceSettings
+from services.serving.tenants import IMPLICIT_TENANT, tenant_of_key
 from tests.unit.serving.test_server import SERVICE, EchoService, health, run_server
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef-xyz"

@@ -3,9 +3,9 @@ the gateway's public streams a day, every other service its SIGTERM drain time, 
 
 from __future__ import annotations
 
-from services.serving.settings import ServiceSettings, parse_settings
-from services.serving.server import connection_age_grace_s
 from services.gateway.settings import GatewaySettings
+from services.serving.server import connection_age_grace_s
+from services.serving.settings import ServiceSettings, parse_settings
 
 
 def test_the_gateway_lets_streams_outlive_the_connection_age() -> None:

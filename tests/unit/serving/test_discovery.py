@@ -174,7 +174,7 @@ def test_stage_clients_wait_for_a_first_address(tmp_path: Path) -> None:
     async def main() -> None:
         server, _, addr = await health_server(SERVING)
         clients = DiscoveredStageClients({"lipsync": f"file://{path}"}, 4 << 20)
-        clients.providers["lipsync"].discovery.poll_s = 0.05  # type: ignore[attr-defined]
+        clients.providers["lipsync"].discovery.poll_s = 0.05
         await clients.start()
         assert not await clients.check("lipsync")
         with pytest.raises(NoAddresses) as err:
@@ -236,7 +236,9 @@ class FakeDiscoveryApi:
         if kwargs.get("watch"):
             assert kwargs["_preload_content"] is False
             return FakeWatchResponse(self.events)
-        return V1EndpointSliceList(items=list(self.slices.values()), metadata=V1ListMeta(resource_version=str(self.version)))
+        return V1EndpointSliceList(
+            items=list(self.slices.values()), metadata=V1ListMeta(resource_version=str(self.version))
+        )
 
     def push(self, kind: str, obj: V1EndpointSlice) -> None:
         """An event on the watch; the stored state follows (a later list sees it)."""
@@ -250,17 +252,23 @@ class FakeDiscoveryApi:
         self.events.put(json.dumps({"type": kind, "object": raw}) + "\n")
 
     def gone(self) -> None:
-        self.events.put(json.dumps({"type": "ERROR", "object": {"code": 410, "reason": "Gone", "message": "too old"}}) + "\n")
+        self.events.put(
+            json.dumps({"type": "ERROR", "object": {"code": 410, "reason": "Gone", "message": "too old"}}) + "\n"
+        )
 
 
 def test_endpoint_slice_addresses_keep_ready_ones() -> None:
     s = endpoint_slice("a", [("10.0.0.1", True), ("10.0.0.2", False), ("10.0.0.3", None)])
     assert endpoint_slice_addresses(s, 50062) == {"10.0.0.1:50062", "10.0.0.3:50062"}
     s6 = V1EndpointSlice(
-        address_type="IPv6", metadata=V1ObjectMeta(name="b"), endpoints=[V1Endpoint(addresses=["fd00::1"], conditions=V1EndpointConditions(ready=True))]
+        address_type="IPv6",
+        metadata=V1ObjectMeta(name="b"),
+        endpoints=[V1Endpoint(addresses=["fd00::1"], conditions=V1EndpointConditions(ready=True))],
     )
     assert endpoint_slice_addresses(s6, 1) == {"[fd00::1]:1"}
-    fqdn = V1EndpointSlice(address_type="FQDN", metadata=V1ObjectMeta(name="c"), endpoints=[V1Endpoint(addresses=["x.example"])])
+    fqdn = V1EndpointSlice(
+        address_type="FQDN", metadata=V1ObjectMeta(name="c"), endpoints=[V1Endpoint(addresses=["x.example"])]
+    )
     assert endpoint_slice_addresses(fqdn, 1) == set()
 
 

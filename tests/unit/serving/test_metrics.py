@@ -81,10 +81,21 @@ def test_backend_info_carries_its_labels_and_is_replaced() -> None:
     m = Metrics("lipsync")
     m.set_backend("procedural", "cpu", "fp32")
     m.set_backend("wav2lip", "torch", "fp16")
-    lines = [line for line in generate_latest(m.registry).decode().splitlines() if line.startswith("lipline_backend_info{")]
+    lines = [
+        line for line in generate_latest(m.registry).decode().splitlines() if line.startswith("lipline_backend_info{")
+    ]
     assert len(lines) == 1  # the previous backend is cleared
     line = lines[0]
-    for label in ('stage="lipsync"', 'model="wav2lip"', 'backend="torch"', 'precision="fp16"', "torch=", "cuda=", "cudnn=", "tensorrt="):
+    for label in (
+        'stage="lipsync"',
+        'model="wav2lip"',
+        'backend="torch"',
+        'precision="fp16"',
+        "torch=",
+        "cuda=",
+        "cudnn=",
+        "tensorrt=",
+    ):
         assert label in line
     assert line.endswith(" 1.0")
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from services.serving.native_threads import THREAD_VARIABLES
 from services.local.cluster import REPO_ROOT
+from services.serving.native_threads import THREAD_VARIABLES
 
 PROBE = """
 import json, sys, importlib
@@ -27,7 +27,15 @@ print(json.dumps({"blas": blas, "opencv": cv2.getNumThreads()}))
 
 def probe(module: str, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
-    done = subprocess.run([sys.executable, "-c", PROBE, module], cwd=REPO_ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, module],
+        cwd=REPO_ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

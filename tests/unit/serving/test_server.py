@@ -16,11 +16,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.serving.settings import ServiceSettings
 from services.serving.errors import InvalidMedia, NotFound, TooLarge
 from services.serving.interceptor import CLIENT_ID, REQUEST_ID, TENANT, client_identity
 from services.serving.metrics import Metrics
 from services.serving.server import Service, ServiceRunner
+from services.serving.settings import ServiceSettings
 
 SERVICE = "lipline.test.Echo"
 SECRET = "secret internal detail 12345"
@@ -112,12 +112,17 @@ class EchoService(Service[ServiceSettings]):
 
 
 def run_server(
-    test: Callable[[EchoService, ServiceRunner, grpc.aio.Channel], Awaitable[None]], port_file: Path | None = None, ready: bool = True, **settings: Any
+    test: Callable[[EchoService, ServiceRunner, grpc.aio.Channel], Awaitable[None]],
+    port_file: Path | None = None,
+    ready: bool = True,
+    **settings: Any,
 ) -> EchoService:
     """Start EchoService on 127.0.0.1:0 (loaded unless ready=False), run `test`, stop the server."""
 
     async def main() -> EchoService:
-        settings_ = ServiceSettings(host="127.0.0.1", port=0, metrics_port=-1, grace_s=1.0, port_file=str(port_file or ""), **settings)
+        settings_ = ServiceSettings(
+            host="127.0.0.1", port=0, metrics_port=-1, grace_s=1.0, port_file=str(port_file or ""), **settings
+        )
         service = EchoService(settings_, Metrics("test"))
         runner = ServiceRunner(service)
         start = asyncio.create_task(runner.start())
@@ -146,15 +151,17 @@ async def health(channel: grpc.aio.Channel, service: str = "") -> int:
 async def call_error(call: Awaitable[Any] | AsyncIterator[Any]) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         if hasattr(call, "__aiter__"):
-            async for _ in call:  # type: ignore[union-attr]
+            async for _ in call:
                 pass
         else:
-            await call  # type: ignore[misc]
+            await call
     return err.value
 
 
 def requests_count(service: EchoService, method: str, code: str) -> float:
-    value = service.metrics.registry.get_sample_value("lipline_stage_requests_total", {"stage": "test", "method": method, "code": code})
+    value = service.metrics.registry.get_sample_value(
+        "lipline_stage_requests_total", {"stage": "test", "method": method, "code": code}
+    )
     return value or 0.0
 
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from services.serving.settings import Device, LogFormat, ModelStageSettings, ServiceSettings, setting, parse_settings
+from services.serving.settings import Device, LogFormat, ModelStageSettings, ServiceSettings, parse_settings, setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,17 @@ def test_enum_parsing_from_env_is_case_insensitive() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("1", True), ("true", True), ("Yes", True), ("ON", True), ("0", False), ("false", False), ("no", False), ("off", False), ("", False)],
+    [
+        ("1", True),
+        ("true", True),
+        ("Yes", True),
+        ("ON", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("off", False),
+        ("", False),
+    ],
 )
 def test_bool_parsing(raw: str, expected: bool) -> None:
     assert parse_settings(_ExtraSettings, [], {"LIPLINE_DEBUG": raw}).debug is expected
@@ -156,7 +166,7 @@ def test_validation_failure_exits_with_the_message(capsys: pytest.CaptureFixture
 def test_settings_are_frozen() -> None:
     s = ServiceSettings()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        s.port = 1  # type: ignore[misc]
+        s.port = 1  # type: ignore[misc]  # on purpose: the test assigns to a frozen field
 
 
 def test_service_subclass_adds_fields_with_the_same_mechanism() -> None:

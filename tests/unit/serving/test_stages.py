@@ -55,7 +55,11 @@ def test_the_services_default_ports_and_addresses_are_the_registrys() -> None:
         assert (defaults.port, defaults.metrics_port) == (STAGES[name].port, STAGES[name].metrics_port), name
         for called in STAGES[name].calls:  # a caller's default address of each stage it dials
             assert getattr(defaults, f"{called}_address") == STAGES[called].local_address, (name, called)
-        dialled = {f.name.removesuffix("_address") for f in dataclasses.fields(cls) if f.name.endswith("_address") and f.name not in OWN_ADDRESSES}
+        dialled = {
+            f.name.removesuffix("_address")
+            for f in dataclasses.fields(cls)
+            if f.name.endswith("_address") and f.name not in OWN_ADDRESSES
+        }
         assert dialled == set(STAGES[name].calls), name
 
 
@@ -78,7 +82,10 @@ def test_the_image_build_and_the_server_read_the_registry() -> None:
 
 def test_the_makefile_builds_one_image_per_stage_on_its_runtime() -> None:
     run = [sys.executable, "-m", "services.serving.stages"]
-    out = {flag: subprocess.run([*run, *flag], cwd=REPO, capture_output=True, text=True, check=True).stdout.split() for flag in ((), ("--gpu",), ("--cpu",))}
+    out = {
+        flag: subprocess.run([*run, *flag], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+        for flag in ((), ("--gpu",), ("--cpu",))
+    }
     assert out[()] == list(STAGES) and out[("--gpu",)] == list(gpu_stages())
     assert sorted(out[("--gpu",)] + out[("--cpu",)]) == sorted(STAGES)
     makefile = (REPO / "Makefile").read_text()
@@ -87,10 +94,15 @@ def test_the_makefile_builds_one_image_per_stage_on_its_runtime() -> None:
 
 
 def test_the_local_cluster_reads_the_registry() -> None:
-    from services.local.cluster import CALLS, STAGES as CLUSTER_STAGES
+    from services.local.cluster import CALLS
+    from services.local.cluster import STAGES as CLUSTER_STAGES
 
     assert CLUSTER_STAGES == called_stages() == ("audio", "lipsync", "superres")
-    assert CALLS == {"render": ("lipsync", "superres"), "live": ("lipsync", "superres"), "gateway": ("audio", "lipsync")}
+    assert CALLS == {
+        "render": ("lipsync", "superres"),
+        "live": ("lipsync", "superres"),
+        "gateway": ("audio", "lipsync"),
+    }
 
 
 def test_start_order_puts_every_stage_after_what_it_calls() -> None:
@@ -104,7 +116,14 @@ def test_start_order_puts_every_stage_after_what_it_calls() -> None:
 
 def test_a_stage_added_to_the_registry_joins_the_lists(monkeypatch: pytest.MonkeyPatch) -> None:
     """A dummy stage: it gets its place in the start order, the image lists and the chart's schema."""
-    dummy = Stage("facerestore", port=50065, metrics_port=9096, settings="services.serving.settings:ModelStageSettings", gpu=True, calls=("superres",))
+    dummy = Stage(
+        "facerestore",
+        port=50065,
+        metrics_port=9096,
+        settings="services.serving.settings:ModelStageSettings",
+        gpu=True,
+        calls=("superres",),
+    )
     monkeypatch.setattr(registry, "STAGES", MappingProxyType({**STAGES, dummy.name: dummy}))
     assert start_order()[-1] == ["render", "live", "gateway", "facerestore"]
     assert gpu_stages() == ("lipsync", "superres", "facerestore")

@@ -145,7 +145,9 @@ def test_back_pressure_counts_items_of_batched_requests() -> None:
 
     async def main() -> list[Batch]:
         out = []
-        stream = ordered_stream(_aiter(requests), tracker.wrap(work, lambda r: min(len(r.items), max_pending)), max_pending=max_pending)
+        stream = ordered_stream(
+            _aiter(requests), tracker.wrap(work, lambda r: min(len(r.items), max_pending)), max_pending=max_pending
+        )
         async for response in stream:
             tracker.outstanding -= min(len(response.items), max_pending)
             out.append(response)

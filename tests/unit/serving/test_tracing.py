@@ -18,7 +18,11 @@ from services.serving.tracing import choose_exporter
         ({"OTEL_TRACES_EXPORTER": "otlp"}, "otlp-grpc"),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "otlp-http"),
         (
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            },
             "otlp-http",
         ),
         ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, None),
@@ -31,7 +35,10 @@ def test_choose_exporter(environ: dict[str, str], expected: str | None) -> None:
 
 @pytest.mark.parametrize(
     "environ",
-    [{"OTEL_TRACES_EXPORTER": "zipkin"}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}],
+    [
+        {"OTEL_TRACES_EXPORTER": "zipkin"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+    ],
 )
 def test_unsupported_values_are_errors_not_silence(environ: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="lipline supports"):

@@ -25,12 +25,16 @@ def _crop(h: int, w: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
-def _expected(upscaler: ModelUpscaler | LanczosUpscaler, crops: list[np.ndarray], sizes: list[tuple[int, int]]) -> list[np.ndarray]:
+def _expected(
+    upscaler: ModelUpscaler | LanczosUpscaler, crops: list[np.ndarray], sizes: list[tuple[int, int]]
+) -> list[np.ndarray]:
     """The CPU reference: one upscaler call per item (cv2 LANCZOS4 on the host)."""
     return [upscaler.upscale(c[None], [s])[0] for c, s in zip(crops, sizes)]
 
 
-def _assert_close(got: list[np.ndarray], expected: list[np.ndarray], max_diff: int = 1, max_changed: float = 1e-3) -> None:
+def _assert_close(
+    got: list[np.ndarray], expected: list[np.ndarray], max_diff: int = 1, max_changed: float = 1e-3
+) -> None:
     assert [g.shape for g in got] == [e.shape for e in expected]
     diffs = [np.abs(g.astype(int) - e) for g, e in zip(got, expected)]
     assert max(d.max() for d in diffs) <= max_diff
@@ -119,7 +123,9 @@ def test_colour_order_blue_stays_blue(resize: str) -> None:
     crop = np.zeros((8, 8, 3), np.uint8)
     crop[..., 0] = 255  # pure blue in BGR
     engine = SuperResEngine(ModelUpscaler(model.eval(), scale=4), resize=resize)
-    out_native, out_resized = engine.run([UpscaleChunk.from_items([crop], [(32, 32)]), UpscaleChunk.from_items([crop], [(50, 40)])])
+    out_native, out_resized = engine.run(
+        [UpscaleChunk.from_items([crop], [(32, 32)]), UpscaleChunk.from_items([crop], [(50, 40)])]
+    )
     for img in (*out_native.arrays(), *out_resized.arrays()):
         assert (img[..., 0] == 255).all() and (img[..., 1:] == 0).all()
 
@@ -148,7 +154,10 @@ def test_warmup_and_empty_batches() -> None:
 def test_chunk_grouping_and_validation() -> None:
     chunk = UpscaleChunk.from_items([_crop(4, 5, 0), _crop(6, 5, 1), _crop(4, 5, 2)], [(8, 8), (9, 9), (10, 10)])
     assert len(chunk) == 3
-    assert [(p.tolist(), [c.shape for c in cs]) for p, cs in chunk.groups] == [([0, 2], [(4, 5, 3)] * 2), ([1], [(6, 5, 3)])]
+    assert [(p.tolist(), [c.shape for c in cs]) for p, cs in chunk.groups] == [
+        ([0, 2], [(4, 5, 3)] * 2),
+        ([1], [(6, 5, 3)]),
+    ]
     with pytest.raises(ValueError, match="output sizes"):
         UpscaleChunk.from_items([_crop(4, 5, 0)], [(8, 8), (9, 9)])
     with pytest.raises(ValueError, match="positive"):
@@ -253,7 +262,9 @@ def test_overlap_matches_serial_engine_cuda() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     crops = [_crop(96, 96, s) for s in range(48)]
-    chunks = [UpscaleChunk.from_items(crops[k : k + 8], [(150 + k, 170)] * 4 + [(384, 384)] * 4) for k in range(0, 48, 8)]
+    chunks = [
+        UpscaleChunk.from_items(crops[k : k + 8], [(150 + k, 170)] * 4 + [(384, 384)] * 4) for k in range(0, 48, 8)
+    ]
     model = _srvgg()
     plain = SuperResEngine(ModelUpscaler(copy.deepcopy(model), scale=4, device="cuda"), max_batch=16)
     overlap = SuperResEngine(ModelUpscaler(copy.deepcopy(model), scale=4, device="cuda"), max_batch=16, overlap=True)

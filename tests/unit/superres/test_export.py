@@ -57,7 +57,18 @@ def test_from_checkpoint(tmp_path: Path) -> None:
     model = seeded(create_sr_model("realesr-animevideov3"))
     ckpt = tmp_path / "anime.pth"
     torch.save({"params": model.state_dict()}, ckpt)
-    code, _, stderr = _run(["--model", "realesr-animevideov3", "--checkpoint", str(ckpt), "--out", str(tmp_path / "a.onnx"), "--opset", "17"])
+    code, _, stderr = _run(
+        [
+            "--model",
+            "realesr-animevideov3",
+            "--checkpoint",
+            str(ckpt),
+            "--out",
+            str(tmp_path / "a.onnx"),
+            "--opset",
+            "17",
+        ]
+    )
     assert code == 0, stderr
 
 

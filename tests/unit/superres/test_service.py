@@ -18,18 +18,18 @@ import pytest
 import torch
 
 from lipline.v1 import common_pb2, superres_pb2
+from services.inference import stage as model_stage_module
 from services.inference.backends import make_backend, numerics_check
 from services.inference.checkpoints import seeded_state_dict
 from services.media.wire import image_to_proto
-from services.inference import stage as model_stage_module
-from services.serving.settings import Device, parse_settings
 from services.serving.metrics import Metrics
+from services.serving.settings import Device, parse_settings
 from services.superres import service as superres_service
 from services.superres.engine import SuperResEngine, UpscaleChunk
 from services.superres.models import SRVGGNetCompact
-from services.superres.upscaler import ModelUpscaler
 from services.superres.service import SuperResService, SuperResServicer
 from services.superres.settings import SuperResSettings
+from services.superres.upscaler import ModelUpscaler
 
 
 def _srvgg() -> SRVGGNetCompact:
@@ -77,7 +77,9 @@ class _Loaded:
         monkeypatch.setattr(model_stage_module, "resolve_backend_spec", resolve_backend_spec)
         monkeypatch.setattr(model_stage_module, "finish_backend_start", finish_backend_start)
         monkeypatch.setattr(superres_service, "create_upscaler", create_upscaler)
-        self.service = SuperResService(SuperResSettings(device=Device.CPU, max_batch=8, **settings), Metrics("superres"))
+        self.service = SuperResService(
+            SuperResSettings(device=Device.CPU, max_batch=8, **settings), Metrics("superres")
+        )
 
 
 async def _requests(messages: Iterable[superres_pb2.UpscaleRequest]) -> AsyncIterator[superres_pb2.UpscaleRequest]:
@@ -85,11 +87,15 @@ async def _requests(messages: Iterable[superres_pb2.UpscaleRequest]) -> AsyncIte
         yield m
 
 
-async def _upscale(svc: SuperResService, messages: list[superres_pb2.UpscaleRequest]) -> list[superres_pb2.UpscaleResponse]:
-    return [r async for r in SuperResServicer(svc).Upscale(_requests(messages), None)]  # type: ignore[arg-type]
+async def _upscale(
+    svc: SuperResService, messages: list[superres_pb2.UpscaleRequest]
+) -> list[superres_pb2.UpscaleResponse]:
+    return [r async for r in SuperResServicer(svc).Upscale(_requests(messages), None)]
 
 
-def test_load_on_cpu_resolves_auto_depth_and_passes_the_compile_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_load_on_cpu_resolves_auto_depth_and_passes_the_compile_cache_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     loaded = _Loaded(monkeypatch, compile_cache_dir=str(tmp_path))
 
     async def main() -> None:
@@ -104,7 +110,9 @@ def test_load_on_cpu_resolves_auto_depth_and_passes_the_compile_cache_dir(monkey
     assert loaded.backend_kwargs["cache_dir"] == str(tmp_path)
 
 
-def test_the_numerics_guard_gets_the_true_fp32_weights_and_the_backend_its_own_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_numerics_guard_gets_the_true_fp32_weights_and_the_backend_its_own_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The guard's reference is the model as loaded (fp32, on the CPU), never a copy already rounded to
     the serving precision; the backend runs its own copy, so the device holds the weights once."""
     loaded = _Loaded(monkeypatch)

@@ -52,7 +52,7 @@ def web(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
+            super().__init__(*args, directory=str(root), **kwargs)
 
         def do_GET(self) -> None:
             asked.append(self.path)
@@ -117,7 +117,9 @@ def test_a_present_file_with_another_hash_is_replaced(web: tuple[str, list[str]]
     assert (dest / "sub" / "w.pth").read_bytes() == WEIGHTS and asked == ["/wav2lip.pth"]
 
 
-def test_a_wrong_hash_exits_3_and_leaves_nothing(web: tuple[str, list[str]], dest: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_wrong_hash_exits_3_and_leaves_nothing(
+    web: tuple[str, list[str]], dest: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     base, _ = web
     with caplog.at_level(logging.ERROR):
         code = _run(dest, ("wav2lip.pth", f"{base}/wav2lip.pth?sig=secret", WRONG))
@@ -134,7 +136,9 @@ def test_a_wrong_hash_keeps_the_file_already_there(web: tuple[str, list[str]], d
     assert (dest / "wav2lip.pth").read_bytes() == b"old"
 
 
-def test_404_exits_1_without_retrying_and_the_other_items_still_come(web: tuple[str, list[str]], dest: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_404_exits_1_without_retrying_and_the_other_items_still_come(
+    web: tuple[str, list[str]], dest: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     base, asked = web
     code = _run(dest, ("missing.pth", f"{base}/missing.pth", SHA), ("wav2lip.pth", f"{base}/wav2lip.pth", SHA))
     assert code == EXIT_FETCH_FAILED
@@ -178,7 +182,11 @@ def test_a_truncated_stream_is_retried_and_never_lands(dest: Path) -> None:
         yield WEIGHTS[:100]
         raise FetchError("connection reset", retry=True)
 
-    code = main(["--dest", str(dest), "--retries", "2", "--item", "w.pth", "http://h/w.pth", SHA], opener=opener, sleep=lambda s: None)
+    code = main(
+        ["--dest", str(dest), "--retries", "2", "--item", "w.pth", "http://h/w.pth", SHA],
+        opener=opener,
+        sleep=lambda s: None,
+    )
     assert code == EXIT_FETCH_FAILED and len(calls) == 3
     assert not (dest / "w.pth").exists() and not _leftovers(dest)
 
@@ -193,7 +201,9 @@ def test_a_truncated_stream_is_retried_and_never_lands(dest: Path) -> None:
         (("x.pth", "http://h/x", "abc"), "not 64 hex digits"),
     ],
 )
-def test_bad_items_exit_2(dest: Path, item: tuple[str, str, str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_items_exit_2(
+    dest: Path, item: tuple[str, str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
         _run(dest, item)
     assert exc.value.code == EXIT_USAGE
@@ -222,7 +232,9 @@ def test_a_read_only_dest_exits_1_and_names_fsgroup(dest: Path, caplog: pytest.L
 
 
 def test_display_url_hides_credentials_and_queries() -> None:
-    assert display_url("https://user:pw@example.org:8443/w.pth?X-Amz-Signature=abc") == "https://example.org:8443/w.pth?…"
+    assert (
+        display_url("https://user:pw@example.org:8443/w.pth?X-Amz-Signature=abc") == "https://example.org:8443/w.pth?…"
+    )
     assert Item.parse("w.pth", "s3://b/k/w.pth", SHA.upper()).sha256 == SHA
 
 
@@ -264,7 +276,17 @@ def test_the_tool_imports_nothing_the_gateway_image_leaves_out() -> None:
 
 def test_module_runs_as_a_script(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "services.tools.fetch_models", "--dest", str(tmp_path), "--item", "a.pth", "http://h/a", "nothex"],
+        [
+            sys.executable,
+            "-m",
+            "services.tools.fetch_models",
+            "--dest",
+            str(tmp_path),
+            "--item",
+            "a.pth",
+            "http://h/a",
+            "nothex",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from typing import TYPE_CHECKING
 
 from services.jobs.store.jobs import ChangeFeed
+from services.serving.background import cancel_and_wait
 
 if TYPE_CHECKING:
     from services.jobs.store.sql.store import SqlJobStore
@@ -39,10 +39,7 @@ class WaiterFeed(ChangeFeed):
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self._wake_all()
 
     async def wait(self, job_id: str, after_version: int, timeout: float) -> None:

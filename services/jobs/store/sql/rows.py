@@ -25,7 +25,9 @@ def job_from_row(row: Row) -> Job:
     try:
         return _job_from_row(row)
     except (ValueError, TypeError, KeyError) as exc:
-        raise CorruptRecord(f"job {row['id']!r} has a record this lipline cannot read ({_row_problem(row, exc)}); it cannot run") from exc
+        raise CorruptRecord(
+            f"job {row['id']!r} has a record this lipline cannot read ({_row_problem(row, exc)}); it cannot run"
+        ) from exc
 
 
 def _row_problem(row: Row, exc: Exception) -> str:

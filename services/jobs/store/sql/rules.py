@@ -19,7 +19,9 @@ CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 ACTIVE = f"state IN ({int(JobState.QUEUED)}, {int(JobState.RUNNING)})"
 NOT_TERMINAL = f"state NOT IN ({', '.join(str(int(s)) for s in sorted(TERMINAL_STATES))})"
 #: the task states, and the join's kind, as SQL literals
-WAITING, LEASED, BLOCKED, DONE = (f"'{s.value}'" for s in (TaskState.WAITING, TaskState.LEASED, TaskState.BLOCKED, TaskState.DONE))
+WAITING, LEASED, BLOCKED, DONE = (
+    f"'{s.value}'" for s in (TaskState.WAITING, TaskState.LEASED, TaskState.BLOCKED, TaskState.DONE)
+)
 JOIN = f"'{TaskKind.JOIN.value}'"
 
 
@@ -41,7 +43,9 @@ def out_of_attempts(attempts: int, max_attempts: int) -> bool:
 def claimable_since(row: Row) -> float:
     """When the claimed task (a `fair_claim.claim_select` row) became claimable: an expired lease
     when it expired, else when it was made ready or, after a retryable failure, its not-before time."""
-    return float(row["lease_expires"] if row["state"] == TaskState.LEASED.value else max(row["ready_time"], row["not_before"]))
+    return float(
+        row["lease_expires"] if row["state"] == TaskState.LEASED.value else max(row["ready_time"], row["not_before"])
+    )
 
 
 def failing_for_s(row: Row, now: float) -> float:

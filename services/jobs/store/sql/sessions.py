@@ -107,21 +107,35 @@ class SqlSessionStore(SessionStore):
         if (reason := expiry(row, now)) is not None:
             self._end(tx, session_id, SessionState.CLOSED, reason, DEADLINE_EXCEEDED)
             row = tx.one("SELECT * FROM live_sessions WHERE id = ?", (session_id,))
-        worker = tx.one("SELECT address FROM live_workers WHERE id = ?", (row["worker_id"],)) if row["worker_id"] else None
+        worker = (
+            tx.one("SELECT address FROM live_workers WHERE id = ?", (row["worker_id"],)) if row["worker_id"] else None
+        )
         return session_from_row(row, worker["address"] if worker else "", now)
 
     @staticmethod
-    def _end(tx: Tx, session_id: str, state: SessionState, error: str, error_code: int, worker_id: str | None = None) -> bool:
+    def _end(
+        tx: Tx, session_id: str, state: SessionState, error: str, error_code: int, worker_id: str | None = None
+    ) -> bool:
         if state is SessionState.ACTIVE:
             raise ValueError("a session ends CLOSED or FAILED, not ACTIVE")
         ours = "" if worker_id is None else " AND worker_id = ?"
         now = tx.now()
-        params = [int(state), error[:2000], int(error_code), now, now, session_id, *(() if worker_id is None else (worker_id,))]
+        params = [
+            int(state),
+            error[:2000],
+            int(error_code),
+            now,
+            now,
+            session_id,
+            *(() if worker_id is None else (worker_id,)),
+        ]
         sql = f"UPDATE live_sessions SET state = ?, error = ?, error_code = ?, end_time = ?, lease_expires = ? WHERE id = ? AND state = {ACTIVE}{ours}"
         return tx.execute(sql, params) > 0
 
     # -- live workers -------------------------------------------------------------------------------
-    async def heartbeat_live_worker(self, worker_id: str, address: str, capacity: int, active: int, draining: bool) -> None:
+    async def heartbeat_live_worker(
+        self, worker_id: str, address: str, capacity: int, active: int, draining: bool
+    ) -> None:
         def run(tx: Tx) -> None:
             tx.execute(
                 "INSERT INTO live_workers (id, address, capacity, active, draining, heartbeat_time) VALUES (?, ?, ?, ?, ?, ?) "
@@ -184,8 +198,14 @@ class SqlSessionStore(SessionStore):
                 chunk = ids[i : i + _CHUNK]
                 marks = ", ".join("?" * len(chunk))
                 where = f"worker_id = ? AND {alive()} AND id IN ({marks})"
-                tx.execute(f"UPDATE live_sessions SET lease_expires = ? WHERE {where}", (now + float(lease_s), worker_id, now, now, *chunk))
-                ours.update(r["id"] for r in tx.query(f"SELECT id FROM live_sessions WHERE {where}", (worker_id, now, now, *chunk)))
+                tx.execute(
+                    f"UPDATE live_sessions SET lease_expires = ? WHERE {where}",
+                    (now + float(lease_s), worker_id, now, now, *chunk),
+                )
+                ours.update(
+                    r["id"]
+                    for r in tx.query(f"SELECT id FROM live_sessions WHERE {where}", (worker_id, now, now, *chunk))
+                )
             return ours
 
         return await self._run(run) if ids else set()
@@ -197,7 +217,9 @@ class SqlSessionStore(SessionStore):
 
         return await self._run(run)
 
-    async def end_session(self, session_id: str, worker_id: str, state: SessionState, error: str, error_code: int) -> bool:
+    async def end_session(
+        self, session_id: str, worker_id: str, state: SessionState, error: str, error_code: int
+    ) -> bool:
         state = SessionState(state)
         return await self._run(lambda tx: self._end(tx, session_id, state, error, error_code, worker_id=worker_id))
 
@@ -222,7 +244,11 @@ class SqlSessionStore(SessionStore):
             now = tx.now()
             if max_per_tenant > 0:
                 tx.lock(CREATE_SESSION_LOCK)
-                mine = int(tx.one(f"SELECT count(*) AS n FROM live_sessions WHERE tenant = ? AND {alive()}", (tenant, now, now))["n"])
+                mine = int(
+                    tx.one(
+                        f"SELECT count(*) AS n FROM live_sessions WHERE tenant = ? AND {alive()}", (tenant, now, now)
+                    )["n"]
+                )
                 if mine >= max_per_tenant:
                     raise TooLarge(too_many_sessions_message(tenant, mine, max_per_tenant))
             values: dict[str, Any] = {
@@ -237,7 +263,10 @@ class SqlSessionStore(SessionStore):
                 "deadline": now + float(max_seconds) if max_seconds > 0 else FOREVER,
                 "idle_timeout_s": float(idle_timeout_s) if idle_timeout_s > 0 else FOREVER,
             }
-            tx.execute(f"INSERT INTO live_sessions ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values()))
+            tx.execute(
+                f"INSERT INTO live_sessions ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
+                list(values.values()),
+            )
             return self._session(tx, session_id, tenant)
 
         return await self._run(run)
@@ -245,7 +274,9 @@ class SqlSessionStore(SessionStore):
     async def get_session(self, tenant: str, session_id: str) -> SessionRow:
         return await self._run(lambda tx: self._session(tx, session_id, tenant))
 
-    async def close_session(self, tenant: str, session_id: str, error: str = "closed by CloseSession", error_code: int = 0) -> SessionRow:
+    async def close_session(
+        self, tenant: str, session_id: str, error: str = "closed by CloseSession", error_code: int = 0
+    ) -> SessionRow:
         def run(tx: Tx) -> SessionRow:
             if self._session(tx, session_id, tenant).active:
                 self._end(tx, session_id, SessionState.CLOSED, error, error_code)
@@ -254,4 +285,6 @@ class SqlSessionStore(SessionStore):
         return await self._run(run)
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
-        await self._run(lambda tx: tx.execute("DELETE FROM live_sessions WHERE id = ? AND tenant = ?", (session_id, tenant)))
+        await self._run(
+            lambda tx: tx.execute("DELETE FROM live_sessions WHERE id = ? AND tenant = ?", (session_id, tenant))
+        )

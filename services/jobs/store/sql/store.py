@@ -9,11 +9,19 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from services.jobs.store.fair_claim import claim_params, claim_select
 from services.jobs.layout import job_tasks
-from services.jobs.store.jobs import AvatarRecord, Job, JobState, JobStore, NewJob, QueueStats, Task, TaskKind, TaskState
-from services.jobs.store.sql.schema import migrate
-from services.jobs.store.sql.sessions import SqlSessionStore, alive
+from services.jobs.store.fair_claim import claim_params, claim_select
+from services.jobs.store.jobs import (
+    AvatarRecord,
+    Job,
+    JobState,
+    JobStore,
+    NewJob,
+    QueueStats,
+    Task,
+    TaskKind,
+    TaskState,
+)
 from services.jobs.store.sql.rows import add_seconds, avatar_from_row, encode_json, job_from_row
 from services.jobs.store.sql.rules import (
     ABORTED,
@@ -34,6 +42,8 @@ from services.jobs.store.sql.rules import (
     out_of_attempts,
     too_many_message,
 )
+from services.jobs.store.sql.schema import migrate
+from services.jobs.store.sql.sessions import SqlSessionStore, alive
 from services.jobs.store.sql.tx import Tx
 from services.serving.errors import NotFound, TooLarge
 
@@ -132,7 +142,9 @@ class SqlJobStore(SqlSessionStore, JobStore):
         )
 
     # -- jobs ---------------------------------------------------------------------------------------
-    def create_job(self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False) -> Job:
+    def create_job(
+        self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False
+    ) -> Job:
         segments = [(int(start), int(end)) for start, end in job.segments]
 
         def run(tx: Tx) -> Job:
@@ -141,11 +153,13 @@ class SqlJobStore(SqlSessionStore, JobStore):
             if max_active > 0 or max_active_per_owner > 0:
                 tx.lock(CREATE_LOCK)
                 if max_active > 0:
-                    active = int(tx.one(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")["n"])
+                    active = int(tx.only(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")["n"])
                     if active >= max_active:
                         raise TooLarge(too_many_message(active, max_active))
                 if max_active_per_owner > 0:
-                    mine = int(tx.one(f"SELECT count(*) AS n FROM jobs WHERE owner = ? AND {ACTIVE}", (job.owner,))["n"])
+                    mine = int(
+                        tx.only(f"SELECT count(*) AS n FROM jobs WHERE owner = ? AND {ACTIVE}", (job.owner,))["n"]
+                    )
                     if mine >= max_active_per_owner:
                         raise TooLarge(too_many_message(mine, max_active_per_owner, job.owner))
             now = tx.now()
@@ -165,11 +179,21 @@ class SqlJobStore(SqlSessionStore, JobStore):
                 "trace_context": job.trace_context,
                 "tenant": job.tenant,
             }
-            tx.execute(f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values()))
+            tx.execute(
+                f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values())
+            )
             tasks = job_tasks(segments, job.total_frames, job.audio_task)
             join_state = TaskState.BLOCKED if len(tasks) > 1 else TaskState.WAITING
             rows = [
-                (job.id, t.index, t.kind.value, (join_state if t.kind is TaskKind.JOIN else TaskState.WAITING).value, t.start_frame, t.end_frame, now)
+                (
+                    job.id,
+                    t.index,
+                    t.kind.value,
+                    (join_state if t.kind is TaskKind.JOIN else TaskState.WAITING).value,
+                    t.start_frame,
+                    t.end_frame,
+                    now,
+                )
                 for t in tasks
             ]
             tx.executemany(
@@ -188,13 +212,24 @@ class SqlJobStore(SqlSessionStore, JobStore):
         def run(tx: Tx) -> Job:
             if tenant is not None:
                 self._job(tx, job_id, tenant=tenant)  # NotFound for another tenant's job
-            self._end_job(tx, job_id, state=int(JobState.CANCELLED), stage="cancelled", error=CANCELLED_MESSAGE, error_code=CANCELLED)
+            self._end_job(
+                tx,
+                job_id,
+                state=int(JobState.CANCELLED),
+                stage="cancelled",
+                error=CANCELLED_MESSAGE,
+                error_code=CANCELLED,
+            )
             return self._job(tx, job_id)
 
         return self._transaction(run)
 
     def fail_job(self, job_id: str, error: str, error_code: int) -> bool:
-        return self._transaction(lambda tx: self._end_job(tx, job_id, state=int(JobState.FAILED), stage="failed", error=error, error_code=int(error_code)))
+        return self._transaction(
+            lambda tx: self._end_job(
+                tx, job_id, state=int(JobState.FAILED), stage="failed", error=error, error_code=int(error_code)
+            )
+        )
 
     # -- tasks --------------------------------------------------------------------------------------
     def claim(self, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | None:
@@ -202,9 +237,13 @@ class SqlJobStore(SqlSessionStore, JobStore):
             found = self._transaction(lambda tx: self._claim_one(tx, worker, lease_s, max_attempts, max_owner_share))
             if not isinstance(found, Exhausted):
                 return found
-            self.fail_job(found.job_id, exhausted_message(found.job_id, found.kind, found.index, found.attempts), ABORTED)
+            self.fail_job(
+                found.job_id, exhausted_message(found.job_id, found.kind, found.index, found.attempts), ABORTED
+            )
 
-    def _claim_one(self, tx: Tx, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0) -> Task | Exhausted | None:
+    def _claim_one(
+        self, tx: Tx, worker: str, lease_s: float, max_attempts: int, max_owner_share: float = 1.0
+    ) -> Task | Exhausted | None:
         now = tx.now()
         row = tx.one(claim_select(self.claim_lock), claim_params(now, max_owner_share))
         if row is None:
@@ -273,7 +312,10 @@ class SqlJobStore(SqlSessionStore, JobStore):
                 fields["segments_done"] = job.segments_done + 1
             if models and not job.models:
                 fields["models"] = encode_json(models)
-            others = tx.one(f"SELECT count(*) AS n FROM tasks WHERE job_id = ? AND kind <> {JOIN} AND state <> {DONE}", (task.job_id,))
+            others = tx.one(
+                f"SELECT count(*) AS n FROM tasks WHERE job_id = ? AND kind <> {JOIN} AND state <> {DONE}",
+                (task.job_id,),
+            )
             if others is not None and int(others["n"]) == 0:  # the last of them: the join may start
                 fields["stage"] = "join"
                 tx.execute(
@@ -285,7 +327,9 @@ class SqlJobStore(SqlSessionStore, JobStore):
 
         return self._transaction(run)
 
-    def complete_join(self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = "") -> bool:
+    def complete_join(
+        self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = ""
+    ) -> bool:
         if not task.is_join:
             raise ValueError(f"complete_join was given segment {task.index}; use complete_segment")
 
@@ -309,7 +353,11 @@ class SqlJobStore(SqlSessionStore, JobStore):
     def release(self, task: Task, count_attempt: bool = True, retry_delay_s: float = 0.0, error: str = "") -> None:
         def run(tx: Tx) -> None:
             now = tx.now()
-            failed = ", failing_since = CASE WHEN failing_since = 0 THEN ? ELSE failing_since END, failures = failures + 1, last_error = ?" if error else ""
+            failed = (
+                ", failing_since = CASE WHEN failing_since = 0 THEN ? ELSE failing_since END, failures = failures + 1, last_error = ?"
+                if error
+                else ""
+            )
             tx.execute(
                 f"UPDATE tasks SET state = {WAITING}, token = '', worker = '', lease_expires = 0, ready_time = ?, not_before = ?, "
                 f"attempts = attempts - ?{failed} WHERE job_id = ? AND idx = ? AND token = ? AND state = {LEASED}",
@@ -327,7 +375,9 @@ class SqlJobStore(SqlSessionStore, JobStore):
         self._transaction(run)
 
     def purge_orphan_tasks(self) -> int:
-        return self._transaction(lambda tx: tx.execute("DELETE FROM tasks WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = tasks.job_id)"))
+        return self._transaction(
+            lambda tx: tx.execute("DELETE FROM tasks WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = tasks.job_id)")
+        )
 
     def job_tasks_active(self, job_id: str) -> bool:
         return self._transaction(
@@ -345,12 +395,12 @@ class SqlJobStore(SqlSessionStore, JobStore):
         def run(tx: Tx) -> QueueStats:
             now = tx.now()
             claimable = f"(state = {WAITING} OR (state = {LEASED} AND lease_expires <= ?))"
-            row = tx.one(
+            row = tx.only(
                 f"SELECT count(*) AS n, min(CASE WHEN state = {WAITING} THEN ready_time ELSE lease_expires END) AS oldest FROM tasks WHERE {claimable}",
                 (now,),
             )
-            leased = tx.one(f"SELECT count(*) AS n FROM tasks WHERE state = {LEASED} AND lease_expires > ?", (now,))
-            active = tx.one(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")
+            leased = tx.only(f"SELECT count(*) AS n FROM tasks WHERE state = {LEASED} AND lease_expires > ?", (now,))
+            active = tx.only(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")
             oldest = row["oldest"]
             return QueueStats(
                 waiting=int(row["n"]),
@@ -388,25 +438,33 @@ class SqlJobStore(SqlSessionStore, JobStore):
             )
             if avatar.content_hash and (same := self._find_avatar(tx, avatar.tenant, avatar.content_hash)) is not None:
                 return same
-            return avatar_from_row(tx.one("SELECT * FROM avatars WHERE id = ?", (avatar.id,)))  # type: ignore[arg-type]
+            return avatar_from_row(tx.only("SELECT * FROM avatars WHERE id = ?", (avatar.id,)))
 
         return self._transaction(run)
 
     def _find_avatar(self, tx: Tx, tenant: str, content_hash: str) -> AvatarRecord | None:
-        row = tx.one(f"SELECT * FROM avatars WHERE tenant = ? AND content_hash = ? AND {self._LIVE}", (tenant, content_hash))
+        row = tx.one(
+            f"SELECT * FROM avatars WHERE tenant = ? AND content_hash = ? AND {self._LIVE}", (tenant, content_hash)
+        )
         return avatar_from_row(row) if row is not None else None
 
     def get_avatar(self, avatar_id: str, tenant: str | None = None) -> AvatarRecord:
         return self._transaction(lambda tx: self._live_avatar(tx, avatar_id, tenant), write=False)
 
     def find_avatar(self, tenant: str, content_hash: str) -> AvatarRecord | None:
-        return self._transaction(lambda tx: self._find_avatar(tx, tenant, content_hash), write=False) if content_hash else None
+        return (
+            self._transaction(lambda tx: self._find_avatar(tx, tenant, content_hash), write=False)
+            if content_hash
+            else None
+        )
 
     def list_avatars(self, limit: int = 1000, tenant: str | None = None) -> list[AvatarRecord]:
         mine = "" if tenant is None else " AND tenant = ?"
         params = (int(limit),) if tenant is None else (tenant, int(limit))
         rows = self._transaction(
-            lambda tx: tx.query(f"SELECT * FROM avatars WHERE {self._LIVE}{mine} ORDER BY create_time, id LIMIT ?", params),
+            lambda tx: tx.query(
+                f"SELECT * FROM avatars WHERE {self._LIVE}{mine} ORDER BY create_time, id LIMIT ?", params
+            ),
             write=False,
         )
         return [avatar_from_row(row) for row in rows]
@@ -416,7 +474,9 @@ class SqlJobStore(SqlSessionStore, JobStore):
         params: tuple = (avatar_id,) if tenant is None else (avatar_id, tenant)
 
         def run(tx: Tx) -> int:
-            return tx.execute(f"UPDATE avatars SET deleted_time = ? WHERE id = ? AND {self._LIVE}{mine}", (tx.now(), *params))
+            return tx.execute(
+                f"UPDATE avatars SET deleted_time = ? WHERE id = ? AND {self._LIVE}{mine}", (tx.now(), *params)
+            )
 
         if not self._transaction(run):
             raise NotFound(f"avatar {avatar_id!r} does not exist")
@@ -436,5 +496,10 @@ class SqlJobStore(SqlSessionStore, JobStore):
     def forget_avatar(self, avatar_id: str) -> bool:
         unused = self._UNUSED.replace("a.id", "avatars.id")  # DELETE takes no alias on SQLite
         return bool(
-            self._transaction(lambda tx: tx.execute(f"DELETE FROM avatars WHERE id = ? AND deleted_time > 0 AND {unused}", (avatar_id, tx.now(), tx.now())))
+            self._transaction(
+                lambda tx: tx.execute(
+                    f"DELETE FROM avatars WHERE id = ? AND deleted_time > 0 AND {unused}",
+                    (avatar_id, tx.now(), tx.now()),
+                )
+            )
         )

@@ -39,3 +39,11 @@ class Tx(abc.ABC):
     def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         rows = self.query(sql, params)
         return rows[0] if rows else None
+
+    def only(self, sql: str, params: Sequence[Any] = ()) -> Row:
+        """The row of a query that always returns one (an aggregate, a row this transaction wrote):
+        none is a bug in the query, not a state of the store."""
+        row = self.one(sql, params)
+        if row is None:
+            raise LookupError(f"no row from {sql!r}")
+        return row

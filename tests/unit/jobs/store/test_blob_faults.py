@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.serving.errors import StorageFull, StoreUnavailable
 from services.jobs.store.folder import FolderBlobStore
 from services.jobs.store.s3 import S3BlobStore
+from services.serving.errors import StorageFull, StoreUnavailable
 from tests.helpers.mounts import fill, set_read_only, tmpfs
 from tests.helpers.s3server import S3Server, moto_server_binary
 
@@ -54,8 +54,14 @@ def test_a_read_only_folder_is_unavailable_naming_the_store(tmp_path: Path) -> N
         store.put("kept/a", b"x")
         set_read_only(root, True)
         try:
-            for write in (lambda: store.put("jobs/j1/a", b"x"), lambda: store.delete("kept/a"), lambda: store.delete_prefix("kept/")):
-                with pytest.raises(StoreUnavailable, match=rf"the blob store {root} is read-only .*mount it read-write") as info:
+            for write in (
+                lambda: store.put("jobs/j1/a", b"x"),
+                lambda: store.delete("kept/a"),
+                lambda: store.delete_prefix("kept/"),
+            ):
+                with pytest.raises(
+                    StoreUnavailable, match=rf"the blob store {root} is read-only .*mount it read-write"
+                ) as info:
                     write()
                 assert info.value.code == grpc.StatusCode.UNAVAILABLE
             assert store.get("kept/a") == b"x"  # reads still work
@@ -75,7 +81,9 @@ def test_s3_stopped_under_the_store_is_unavailable_within_seconds(tmp_path: Path
     finally:
         server.__exit__(None, None, None)
     started = time.monotonic()
-    with pytest.raises(StoreUnavailable, match=rf"the S3 blob store {server.url}/faults cannot be reached .*then retry") as info:
+    with pytest.raises(
+        StoreUnavailable, match=rf"the S3 blob store {server.url}/faults cannot be reached .*then retry"
+    ) as info:
         store.get("a")
     assert time.monotonic() - started < 12
     assert info.value.code == grpc.StatusCode.UNAVAILABLE

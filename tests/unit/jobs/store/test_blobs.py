@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from services.serving.errors import NotFound, StoreUnavailable
 from services.jobs.store import open_blob_store
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.folder import FolderBlobStore
 from services.jobs.store.s3 import S3BlobStore
+from services.serving.errors import NotFound, StoreUnavailable
 from tests.helpers.s3server import S3Server
 
 MIB = 1024 * 1024
@@ -131,7 +131,13 @@ def test_delete(blob_store: BlobStore) -> None:
 
 
 def test_delete_prefix(blob_store: BlobStore) -> None:
-    keys = ["jobs/1/segments/00000.mp4", "jobs/1/segments/00001.mp4", "jobs/1/out.mp4", "jobs/12/out.mp4", "jobs/2/out.mp4"]
+    keys = [
+        "jobs/1/segments/00000.mp4",
+        "jobs/1/segments/00001.mp4",
+        "jobs/1/out.mp4",
+        "jobs/12/out.mp4",
+        "jobs/2/out.mp4",
+    ]
     for k in keys:
         blob_store.put(k, k.encode())
     assert blob_store.delete_prefix("jobs/1/") == 3
@@ -151,7 +157,14 @@ def test_delete_prefix(blob_store: BlobStore) -> None:
 
 
 def test_list_sorted_with_prefix(blob_store: BlobStore) -> None:
-    keys = ["outputs/b.mp4", "avatars/x/meta.json", "avatars/ab/crops.npy", "avatars/a/meta.json", "outputs/a.mp4", "top"]
+    keys = [
+        "outputs/b.mp4",
+        "avatars/x/meta.json",
+        "avatars/ab/crops.npy",
+        "avatars/a/meta.json",
+        "outputs/a.mp4",
+        "top",
+    ]
     for k in keys:
         blob_store.put(k, b"1")
     assert blob_store.list("") == sorted(keys)
@@ -178,7 +191,19 @@ def test_missing_key_raises_not_found(blob_store: BlobStore, tmp_path: Path) -> 
     assert not (tmp_path / "out.bin").exists()
 
 
-BAD_KEYS = ["", "/abs/key", "a/../b", "..", "../up", "a\\b", "a\x00b", "a//b", "a/", "./a", "a/.x.0123456789abcdef0123456789abcdef.tmp"]
+BAD_KEYS = [
+    "",
+    "/abs/key",
+    "a/../b",
+    "..",
+    "../up",
+    "a\\b",
+    "a\x00b",
+    "a//b",
+    "a/",
+    "./a",
+    "a/.x.0123456789abcdef0123456789abcdef.tmp",
+]
 
 
 def test_invalid_keys_refused(blob_store: BlobStore) -> None:
@@ -317,7 +342,11 @@ def test_s3_unreachable_is_store_unavailable() -> None:
         "s3://bucket/prefix",
         env,
         client_options={"connect_timeout": timedelta(seconds=1), "timeout": timedelta(seconds=2)},
-        retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=2), "backoff": {"init_backoff": timedelta(milliseconds=50)}},
+        retry_config={
+            "max_retries": 2,
+            "retry_timeout": timedelta(seconds=2),
+            "backoff": {"init_backoff": timedelta(milliseconds=50)},
+        },
     )
     start = time.monotonic()
     for call in (

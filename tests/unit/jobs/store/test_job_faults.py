@@ -17,12 +17,12 @@ import grpc
 import psycopg
 import pytest
 
-from services.serving.errors import CorruptRecord, NotFound, StoreUnavailable
 from services.jobs.store.jobs import JobState, JobStore, TaskKind
 from services.jobs.store.postgres import PostgresJobStore
+from services.jobs.store.sqlite import sqlite_path
+from services.serving.errors import CorruptRecord, NotFound, StoreUnavailable
 from tests.helpers.postgres import PostgresServer, missing_reason
 from tests.unit.jobs.store.test_jobs import LONG_LEASE, new_job, sql
-from services.jobs.store.sqlite import sqlite_path
 
 DATA_LOSS = grpc.StatusCode.DATA_LOSS.value[0]
 
@@ -131,7 +131,9 @@ def own_postgres() -> Iterator[PostgresServer]:
         yield server
 
 
-def test_postgres_down_answers_unavailable_within_about_two_seconds_and_work_resumes(own_postgres: PostgresServer) -> None:
+def test_postgres_down_answers_unavailable_within_about_two_seconds_and_work_resumes(
+    own_postgres: PostgresServer,
+) -> None:
     """On main every call waited the pool's 10 s. Calls from several threads (a gateway's) during the
     outage each fail fast; after the restart the same store works again by itself."""
     store = PostgresJobStore(own_postgres.create_database("outage"))

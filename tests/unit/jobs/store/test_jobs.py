@@ -25,7 +25,6 @@ import grpc
 import psycopg
 import pytest
 
-from services.serving.errors import NotFound, StoreUnavailable, TooLarge
 from services.jobs.store.jobs import (
     AvatarRecord,
     JobState,
@@ -36,6 +35,7 @@ from services.jobs.store.jobs import (
 )
 from services.jobs.store.sql.schema import MIGRATIONS, SCHEMA_VERSION, schema
 from services.jobs.store.sqlite import sqlite_path
+from services.serving.errors import NotFound, StoreUnavailable, TooLarge
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 ABORTED = grpc.StatusCode.ABORTED.value[0]
@@ -113,11 +113,13 @@ def test_concurrent_migrations_all_succeed(open_store: Callable[[], JobStore], s
     assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
 
 
-def test_a_version_1_database_is_migrated_and_keeps_its_jobs(open_store: Callable[[], JobStore], store_url: str) -> None:
+def test_a_version_1_database_is_migrated_and_keeps_its_jobs(
+    open_store: Callable[[], JobStore], store_url: str
+) -> None:
     store = open_store()
 
-    def make_version_1(tx) -> None:  # type: ignore[no-untyped-def]  # what lipline 1 left behind
-        for statement in schema(store.blob_type):  # type: ignore[attr-defined]
+    def make_version_1(tx) -> None:  # what lipline 1 left behind
+        for statement in schema(store.blob_type):
             tx.execute(statement)
         tx.execute("INSERT INTO schema_version (version) VALUES (1)")
         tx.execute(
@@ -126,22 +128,28 @@ def test_a_version_1_database_is_migrated_and_keeps_its_jobs(open_store: Callabl
             (b"",),
         )
 
-    store._transaction(make_version_1)  # type: ignore[attr-defined]
+    store._transaction(make_version_1)
     store.migrate()
     assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     old = store.get_job("old")
-    assert (old.total_frames, old.trace_context, old.output_sha256) == (50, "", "")  # no checksum: DownloadOutput checks the size only
+    assert (old.total_frames, old.trace_context, old.output_sha256) == (
+        50,
+        "",
+        "",
+    )  # no checksum: DownloadOutput checks the size only
     store.create_job(new_job("new", segments=1, trace_context='{"traceparent": "00-ab-cd-01"}'))
     assert store.get_job("new").trace_context == '{"traceparent": "00-ab-cd-01"}'
 
 
-def test_a_version_5_database_gets_task_kinds_and_segments_total_counts_segments_only(open_store: Callable[[], JobStore], store_url: str) -> None:
+def test_a_version_5_database_gets_task_kinds_and_segments_total_counts_segments_only(
+    open_store: Callable[[], JobStore], store_url: str
+) -> None:
     """Before version 6 a task's kind was its index (0 with an empty range: the audio task; -1: the
     join) and segments_total counted the audio task: a job caught mid-way keeps running after."""
     store = open_store()
 
-    def make_version_5(tx) -> None:  # type: ignore[no-untyped-def]  # what lipline with schema 5 left behind
-        for statement in schema(store.blob_type):  # type: ignore[attr-defined]
+    def make_version_5(tx) -> None:  # what lipline with schema 5 left behind
+        for statement in schema(store.blob_type):
             tx.execute(statement)
         for version in range(2, 6):
             for statement in MIGRATIONS[version]:
@@ -155,8 +163,16 @@ def test_a_version_5_database_gets_task_kinds_and_segments_total_counts_segments
             )
             done = segments_done > 0
             first = "done" if done else "waiting"
-            for idx, state, start, end in ((0, first, 0, 0), (1, first, 0, 10), (2, "waiting", 10, 20), (-1, "blocked", 0, 20)):
-                tx.execute("INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES (?, ?, ?, ?, ?)", (job_id, idx, state, start, end))
+            for idx, state, start, end in (
+                (0, first, 0, 0),
+                (1, first, 0, 10),
+                (2, "waiting", 10, 20),
+                (-1, "blocked", 0, 20),
+            ):
+                tx.execute(
+                    "INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES (?, ?, ?, ?, ?)",
+                    (job_id, idx, state, start, end),
+                )
         # a finished job (its tasks deleted) and one made without an audio task keep their counts
         tx.execute(
             "INSERT INTO jobs (id, avatar_id, owner, state, stage, options, audio_seconds, fps, total_frames, segments_total, segments_done, "
@@ -168,10 +184,14 @@ def test_a_version_5_database_gets_task_kinds_and_segments_total_counts_segments
             "VALUES ('plain', 'a', 'o', 1, 'queued', ?, 0.4, 25.0, 10, 1, 2.0)",
             (b"",),
         )
-        tx.execute("INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES ('plain', 0, 'waiting', 0, 10)")
-        tx.execute("INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES ('plain', -1, 'blocked', 0, 10)")
+        tx.execute(
+            "INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES ('plain', 0, 'waiting', 0, 10)"
+        )
+        tx.execute(
+            "INSERT INTO tasks (job_id, idx, state, start_frame, end_frame) VALUES ('plain', -1, 'blocked', 0, 10)"
+        )
 
-    store._transaction(make_version_5)  # type: ignore[attr-defined]
+    store._transaction(make_version_5)
     store.migrate()
     store.migrate()  # idempotent
     assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
@@ -188,7 +208,9 @@ def test_a_version_5_database_gets_task_kinds_and_segments_total_counts_segments
         ("plain", -1, "join"),
         ("plain", 0, "segment"),
     ]
-    counts = {j: (store.get_job(j).segments_total, store.get_job(j).segments_done) for j in ("mid", "fresh", "ended", "plain")}
+    counts = {
+        j: (store.get_job(j).segments_total, store.get_job(j).segments_done) for j in ("mid", "fresh", "ended", "plain")
+    }
     assert counts == {"mid": (2, 1), "fresh": (2, 0), "ended": (3, 3), "plain": (1, 0)}
     # The job caught mid-way finishes: its last segment unblocks the join, which sees every segment.
     tasks = {t.job_id: t for t in claim_all(store) if t.job_id == "mid"}
@@ -232,7 +254,10 @@ def test_an_exhausted_audio_task_names_the_audio_track(job_store: JobStore) -> N
         job_store.release(audio)
     assert job_store.claim("w", LONG_LEASE, 2) is None  # the audio task is out of attempts: its job fails
     failed = job_store.get_job("a")
-    assert failed.state == JobState.FAILED and "the audio track of job a was started 2 times and never finished" in failed.error
+    assert (
+        failed.state == JobState.FAILED
+        and "the audio track of job a was started 2 times and never finished" in failed.error
+    )
 
 
 # -- jobs ----------------------------------------------------------------------------------------------
@@ -255,7 +280,7 @@ def test_unknown_ids_raise_not_found_naming_the_id(job_store: JobStore) -> None:
         with pytest.raises(NotFound, match="nope-123"):
             call("nope-123")
     with pytest.raises(NotFound, match="nope-123"):
-        job_store.job_version("nope-123")  # type: ignore[attr-defined]
+        job_store.job_version("nope-123")
 
 
 def test_active_limit_is_enforced_with_a_clear_message(job_store: JobStore) -> None:
@@ -535,7 +560,9 @@ def test_queue_stats(job_store: JobStore) -> None:
 
 # -- avatars -------------------------------------------------------------------------------------------
 def avatar(avatar_id: str, name: str = "Ann", t: float = 1.0) -> AvatarRecord:
-    return AvatarRecord(id=avatar_id, name=name, fps=25.0, frame_count=100, width=640, height=480, faces_found=98, create_time=t)
+    return AvatarRecord(
+        id=avatar_id, name=name, fps=25.0, frame_count=100, width=640, height=480, faces_found=98, create_time=t
+    )
 
 
 def test_avatars(job_store: JobStore) -> None:

@@ -52,7 +52,11 @@ def test_the_gateway_sees_only_its_tenants_sessions(job_store: JobStore) -> None
     new_session(job_store, "s1")
     with pytest.raises(NotFound, match="avatar"):  # another tenant's avatar: no session on it
         new_session(job_store, "s-bob", tenant="bob")
-    for call in (job_store.get_session("bob", "s1"), job_store.close_session("bob", "s1"), job_store.get_session("acme", "nope")):
+    for call in (
+        job_store.get_session("bob", "s1"),
+        job_store.close_session("bob", "s1"),
+        job_store.get_session("acme", "nope"),
+    ):
         with pytest.raises(NotFound, match="session '(s1|nope)' does not exist"):
             asyncio.run(call)
     asyncio.run(job_store.delete_session("bob", "s1"))  # another tenant's delete changes nothing
@@ -149,12 +153,21 @@ def test_a_session_ends_only_by_its_holder_and_stays_ended(job_store: JobStore) 
     new_session(job_store, "s1")
     assert asyncio.run(job_store.lease_session("s1", "w1", 60))
     assert not asyncio.run(job_store.end_session("s1", "w2", SessionState.FAILED, "not mine", FAILED_PRECONDITION))
-    assert asyncio.run(job_store.end_session("s1", "w1", SessionState.FAILED, "the avatar's data is gone", FAILED_PRECONDITION))
+    assert asyncio.run(
+        job_store.end_session("s1", "w1", SessionState.FAILED, "the avatar's data is gone", FAILED_PRECONDITION)
+    )
     assert not asyncio.run(job_store.end_session("s1", "w1", SessionState.CLOSED, "again", 0))
     row = asyncio.run(job_store.get_session("acme", "s1"))
-    assert (row.state, row.error, row.error_code, row.lease_live) == (SessionState.FAILED, "the avatar's data is gone", FAILED_PRECONDITION, False)
+    assert (row.state, row.error, row.error_code, row.lease_live) == (
+        SessionState.FAILED,
+        "the avatar's data is gone",
+        FAILED_PRECONDITION,
+        False,
+    )
     assert not asyncio.run(job_store.lease_session("s1", "w1", 60))  # an ended session is never leased again
-    assert asyncio.run(job_store.close_session("acme", "s1")).state == SessionState.FAILED  # closing an ended one changes nothing
+    assert (
+        asyncio.run(job_store.close_session("acme", "s1")).state == SessionState.FAILED
+    )  # closing an ended one changes nothing
     with pytest.raises(ValueError):
         asyncio.run(job_store.end_session("s1", "w1", SessionState.ACTIVE, "", 0))
 
@@ -193,13 +206,23 @@ def test_live_workers_are_the_fresh_not_draining_ones_most_room_first(job_store:
         new_session(job_store, sid)
         assert asyncio.run(job_store.lease_session(sid, "w-some", 60))
     workers = asyncio.run(job_store.live_workers(fresh_s=5))
-    assert [(w.id, w.address, w.room, w.leased) for w in workers] == [("w-roomy", "h:2", 7, 0), ("w-some", "h:4", 2, 2), ("w-full", "h:1", 0, 0)]
+    assert [(w.id, w.address, w.room, w.leased) for w in workers] == [
+        ("w-roomy", "h:2", 7, 0),
+        ("w-some", "h:4", 2, 2),
+        ("w-full", "h:1", 0, 0),
+    ]
     assert [w.free_by_leases for w in workers] == [8, 2, 2]  # w-full is full by its heartbeat only
     asyncio.run(beat("w-roomy", "h:22", 8, 8, False))  # an upsert: the same row, new figures
-    assert [(w.id, w.address, w.room) for w in asyncio.run(job_store.live_workers(fresh_s=5))][-1] == ("w-roomy", "h:22", 0)
+    assert [(w.id, w.address, w.room) for w in asyncio.run(job_store.live_workers(fresh_s=5))][-1] == (
+        "w-roomy",
+        "h:22",
+        0,
+    )
     time.sleep(0.4)
     asyncio.run(beat("w-some", "h:4", 4, 2, False))
-    assert [w.id for w in asyncio.run(job_store.live_workers(fresh_s=0.3))] == ["w-some"]  # the others' heartbeats are stale
+    assert [w.id for w in asyncio.run(job_store.live_workers(fresh_s=0.3))] == [
+        "w-some"
+    ]  # the others' heartbeats are stale
     asyncio.run(job_store.remove_live_worker("w-some"))
     assert asyncio.run(job_store.live_workers(fresh_s=0.3)) == []
     assert asyncio.run(job_store.get_session_row("s1")).worker_address == ""  # its worker's row is gone

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
-from services.serving.errors import NotFound
-from services.jobs.store.sql.schema import MIGRATIONS, SCHEMA_VERSION, schema
 from services.jobs.store.jobs import AvatarRecord, JobState, JobStore, NewJob
+from services.jobs.store.sql.schema import MIGRATIONS, SCHEMA_VERSION, schema
+from services.serving.errors import NotFound
 from services.serving.tenants import IMPLICIT_TENANT
 from tests.unit.jobs.store.test_jobs import sql
 
@@ -98,7 +98,9 @@ def test_a_deleted_avatar_is_hidden_at_once_and_purgeable_once_its_jobs_end(job_
     assert job_store.get_job("j1").avatar_id == "a" * 24  # finished jobs keep their record
 
 
-def test_a_submit_racing_a_delete_is_refused_or_counted_before_the_purge(open_store: Callable[[], JobStore], job_store: JobStore) -> None:
+def test_a_submit_racing_a_delete_is_refused_or_counted_before_the_purge(
+    open_store: Callable[[], JobStore], job_store: JobStore
+) -> None:
     """Never a job created on an avatar whose data was purged (what a worker would then fail on)."""
     submitter, deleter = open_store(), open_store()
     for i in range(25):
@@ -127,12 +129,14 @@ def test_a_submit_racing_a_delete_is_refused_or_counted_before_the_purge(open_st
         assert not (outcome["created"] and outcome["purged"]), f"round {i}: a job was created on a purged avatar"
 
 
-def test_a_version_2_database_is_migrated_to_the_implicit_tenant(open_store: Callable[[], JobStore], store_url: str) -> None:
+def test_a_version_2_database_is_migrated_to_the_implicit_tenant(
+    open_store: Callable[[], JobStore], store_url: str
+) -> None:
     store = open_store()
     old_id = "0123456789abcdef01234567"  # before tenants an avatar's id was its content hash
 
-    def make_version_2(tx) -> None:  # type: ignore[no-untyped-def]  # what lipline with schema 2 left behind
-        for statement in schema(store.blob_type):  # type: ignore[attr-defined]
+    def make_version_2(tx) -> None:  # what lipline with schema 2 left behind
+        for statement in schema(store.blob_type):
             tx.execute(statement)
         for statement in MIGRATIONS[2]:
             tx.execute(statement)
@@ -147,7 +151,7 @@ def test_a_version_2_database_is_migrated_to_the_implicit_tenant(open_store: Cal
             (old_id,),
         )
 
-    store._transaction(make_version_2)  # type: ignore[attr-defined]
+    store._transaction(make_version_2)
     store.migrate()
     assert sql(store_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     assert store.get_job("old", IMPLICIT_TENANT).tenant == IMPLICIT_TENANT
