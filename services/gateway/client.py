@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -185,7 +185,11 @@ class LiplineClient:
             avatar_id=avatar_id,
             audio=session_pb2.AudioFormat(sample_rate=sample_rate),
             video=session_pb2.VideoFormat(
-                codec=codec, max_height=max_height, fps=fps, crf=crf, jpeg_quality=jpeg_quality
+                codec=cast("session_pb2.VideoCodec", codec),
+                max_height=max_height,
+                fps=fps,
+                crf=crf,
+                jpeg_quality=jpeg_quality,
             ),
             super_resolution=super_resolution,
             limits=session_pb2.SessionLimits(
@@ -194,7 +198,7 @@ class LiplineClient:
         )
         return self.stub.CreateSession(request, timeout=self.timeout)
 
-    def converse(self, requests: Iterator[session_pb2.ConverseRequest], timeout: float | None = None):  # type: ignore[no-untyped-def]
+    def converse(self, requests: Iterator[session_pb2.ConverseRequest], timeout: float | None = None) -> Any:
         """The session's stream: `requests` starts with ConverseStart; returns gRPC's response iterator
         (iterate it for frames, events and stats; `cancel()` ends the stream). No deadline unless given:
         a session lives as long as its limits."""

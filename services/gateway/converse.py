@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import TypeAlias
 
 import grpc
 
@@ -38,14 +39,14 @@ _LOGGER = logging.getLogger(__name__)
 
 # A worker answering these before its first message does not hold the session (any more): re-place it.
 _NOT_THERE = GONE | {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DEADLINE_EXCEEDED}
-StreamCall = grpc.aio.StreamStreamCall
+StreamCall: TypeAlias = grpc.aio.StreamStreamCall
 
 
 async def first_start(requests: AsyncIterator[session_pb2.ConverseRequest]) -> session_pb2.ConverseStart:
     """The stream's ConverseStart; InvalidRequest when the first message is something else or none."""
     first = await anext(requests, None)
     kind = first.WhichOneof("request") if first is not None else None
-    if kind != "start":
+    if first is None or kind != "start":
         got = f"a {kind} message" if kind else ("an empty message" if first is not None else "no message")
         raise InvalidRequest(
             f"the first message of a Converse stream must be ConverseStart (session_id, resume_token), got {got}"
@@ -59,7 +60,7 @@ async def _open_stream(
     tenant: str,
     request_id: str,
     timeout_s: float,
-):  # type: ignore[no-untyped-def]
+) -> tuple[StreamCall, session_pb2.ConverseResponse]:
     """Converse on a worker: the start sent, its first response read (within `timeout_s`: a worker
     that takes the connection but never answers counts as gone). AioRpcError when it refuses."""
     call: StreamCall = stub.Converse(metadata=call_metadata(tenant, request_id))

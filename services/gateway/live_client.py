@@ -40,7 +40,17 @@ class SessionClient(Protocol):
     """What a live session needs of services.gateway.client.LiplineClient (which imports this module
     for its command line, so this one names no client class)."""
 
-    def create_session(self, avatar_id: str, **options: Any) -> session_pb2.Session: ...
+    def create_session(
+        self,
+        avatar_id: str,
+        *,
+        sample_rate: int = ...,
+        codec: int = ...,
+        max_height: int = ...,
+        fps: float = ...,
+        super_resolution: bool = ...,
+    ) -> session_pb2.Session: ...
+
     def converse(self, requests: Iterator[session_pb2.ConverseRequest]) -> Any: ...
     def close_session(self, session_id: str) -> session_pb2.Session: ...
 
@@ -188,14 +198,14 @@ def write_mp4(path: Path, recorder: LiveRecorder, codec: int, width: int, height
             video = out.add_stream("libx264", rate=rate)
             video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         else:
-            source = av.open(io.BytesIO(b"".join(f.data for f in frames)), format="h264")
+            source = av.open(io.BytesIO(b"".join(f.data for f in frames)), "r", format="h264")
             video = out.add_stream_from_template(source.streams.video[0])
         video.time_base = tick
         audio = out.add_stream("aac", rate=recorder.sample_rate)
         audio.layout = "mono"
         if codec == session_pb2.VIDEO_CODEC_JPEG:
             for f in frames:
-                image = av.open(io.BytesIO(f.data), format="mjpeg")
+                image = av.open(io.BytesIO(f.data), "r", format="mjpeg")
                 picture = next(image.decode(video=0)).reformat(width, height, "yuv420p")
                 picture.pts, picture.time_base = f.index - first, tick
                 out.mux(video.encode(picture))

@@ -21,6 +21,7 @@ import hmac
 import logging
 import secrets
 import uuid
+from typing import cast
 
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -128,7 +129,7 @@ def resolve_session(
         state=session_pb2.SESSION_STATE_ACTIVE,
         audio=session_pb2.AudioFormat(sample_rate=rate),
         video=session_pb2.VideoFormat(
-            codec=codec,
+            codec=cast("session_pb2.VideoCodec", codec),
             max_height=request.max_height,
             fps=request.fps or avatar.fps,
             crf=request.crf or DEFAULT_CRF,

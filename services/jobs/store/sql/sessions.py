@@ -106,7 +106,7 @@ class SqlSessionStore(SessionStore):
         now = tx.now()
         if (reason := expiry(row, now)) is not None:
             self._end(tx, session_id, SessionState.CLOSED, reason, DEADLINE_EXCEEDED)
-            row = tx.one("SELECT * FROM live_sessions WHERE id = ?", (session_id,))
+            row = tx.one("SELECT * FROM live_sessions WHERE id = ?", (session_id,)) or row
         worker = (
             tx.one("SELECT address FROM live_workers WHERE id = ?", (row["worker_id"],)) if row["worker_id"] else None
         )
@@ -245,9 +245,9 @@ class SqlSessionStore(SessionStore):
             if max_per_tenant > 0:
                 tx.lock(CREATE_SESSION_LOCK)
                 mine = int(
-                    tx.one(
+                    tx.query(
                         f"SELECT count(*) AS n FROM live_sessions WHERE tenant = ? AND {alive()}", (tenant, now, now)
-                    )["n"]
+                    )[0]["n"]
                 )
                 if mine >= max_per_tenant:
                     raise TooLarge(too_many_sessions_message(tenant, mine, max_per_tenant))
