@@ -5,7 +5,7 @@ One cluster per job store (SQLite, then PostgreSQL: placement is SQL): the gatew
 (procedural) and two live workers of capacity 2; no render workers. The tests run in order: a
 session end to end with the command-line client's pieces (the MP4 it writes decodes), a stream cut
 and resumed on the same worker, the worker killed with SIGKILL and the session resumed on the other,
-then admission with the one worker left.
+then admission with the one worker left, and a drain.
 """
 
 from __future__ import annotations
@@ -175,6 +175,27 @@ def test_a_session_end_to_end_through_the_gateway(live: Live, tmp_path: Path) ->
     with pytest.raises(grpc.RpcError) as empty:
         list(live.client.converse(iter([])))
     assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ConverseStart" in empty.value.details()
+
+
+def test_bad_input_gets_a_clear_status_and_the_session_lives_on(live: Live) -> None:
+    session = live.client.create_session(live.avatar_id)
+    odd = Stream(live.client, session)
+    odd.wait(lambda: odd.ready is not None, "Ready")
+    odd.requests.put(session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=b"\x00\x01\x02")))
+    odd.thread.join(10)
+    assert odd.error is not None and odd.error.code() == grpc.StatusCode.INVALID_ARGUMENT, odd.error
+    assert "even byte count" in odd.error.details()  # the worker's own words, through the gateway
+    stranger = session_pb2.Session(id="0" * 20, resume_token=session.resume_token)
+    wrong = session_pb2.Session(id=session.id, resume_token=session.resume_token[::-1])
+    for other, code in ((stranger, grpc.StatusCode.NOT_FOUND), (wrong, grpc.StatusCode.PERMISSION_DENIED)):
+        refused = Stream(live.client, other)
+        refused.thread.join(10)
+        assert refused.error is not None and refused.error.code() == code, refused.error
+    again = Stream(live.client, session)  # a new stream on the same session plays speech
+    again.say(live.speech[:RATE])
+    again.wait(lambda: again.finished, "speech after the bad chunk")
+    again.cut()
+    live.client.close_session(session.id)
 
 
 def test_a_cut_stream_resumes_on_the_same_worker(live: Live) -> None:
