@@ -44,7 +44,7 @@ OPERATOR_API = "monitoring.coreos.com/v1"
 GPU_STAGES = tuple(gpu_stages())
 STAGES = tuple(STAGE_REGISTRY)
 STORE_STAGES = tuple(name for name, s in STAGE_REGISTRY.items() if s.stores)
-# Who may call whom (docs/architecture.md sections 1 and 8a): the NetworkPolicies must say exactly
+# Who may call whom (docs/architecture.md sections 1 and 10): the NetworkPolicies must say exactly
 # this. The gateway calls the live workers at the pod addresses they advertise in the job store.
 CALLERS = {
     "audio": {"gateway"},
