@@ -82,9 +82,8 @@ async def _open_stream(
         status = await _status(call)
         if status.code() is not grpc.StatusCode.OK:
             raise status  # as if read() had raised it: the caller decides whether the worker is gone
-        raise LiveWorkerError(
-            status, "the live worker ended the stream before it was ready; resume with ConverseStart"
-        )  # OK without a word
+        # It ended OK without a word: no stream anyone can use.
+        raise LiveWorkerError(status, "the live worker ended the stream before it was ready; resume with ConverseStart")
     return call, response
 
 
@@ -103,9 +102,8 @@ async def attach(
     request_id: str = "",
 ) -> tuple[StreamCall, session_pb2.ConverseResponse]:
     """A stream on the worker holding the session, or on the one it was re-placed on."""
-    forward = session_pb2.ConverseStart(
-        session_id=row.id, last_frame=start.last_frame
-    )  # no token: the worker does not need it
+    # No token: the worker does not need it (the gateway checked it).
+    forward = session_pb2.ConverseStart(session_id=row.id, last_frame=start.last_frame)
     failed: frozenset[str] = frozenset()
     if row.lease_live and row.worker_address:
         try:

@@ -118,9 +118,8 @@ class LiveWorkers:
         workers = await self.jobs.live_workers(self.fresh_s)
         hint, refused = self.retry_after_ms, []
         request = live_pb2.OpenSessionRequest(session=session, tenant=tenant, resume=resume)
-        candidates = sorted(
-            (w for w in workers if w.free_by_leases > 0), key=lambda w: w.id in avoid
-        )  # stable: room order kept
+        # sorted() is stable: the avoided go last, each group in the order of room.
+        candidates = sorted((w for w in workers if w.free_by_leases > 0), key=lambda w: w.id in avoid)
         for worker in candidates:
             try:
                 await self.stub(worker.address).OpenSession(
