@@ -165,9 +165,8 @@ async def relay(
                 if problems:
                     raise problems[0] from None
                 raise _worker_ended(exc, session_id) from exc
-            except (
-                asyncio.CancelledError
-            ):  # the pump cancelled the call (a local cancel raises this), or we are cancelled
+            except asyncio.CancelledError:
+                # The pump cancelled the call (a locally cancelled read raises this), or we are cancelled.
                 task = asyncio.current_task()
                 if problems and task is not None and not task.cancelling():
                     raise problems[0] from None
