@@ -346,14 +346,15 @@ def pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def run_count(n: int, cluster: Any, avatar_id: str, args: argparse.Namespace) -> dict:
-    """N sessions over the client processes; the merged figures."""
+def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.Namespace, seconds: float = 0.0) -> dict:
+    """N sessions of `codec` over the client processes for `seconds` (default --seconds); the merged figures."""
+    seconds = seconds or args.seconds
     procs = max(1, min(args.procs, n))
     shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
     addresses = cluster.gateway_addresses
     context = multiprocessing.get_context("spawn")
     start_event, start_value, results = context.Event(), context.Value("d", 0.0), context.Queue()
-    config = {"avatar_id": avatar_id, "rate": args.rate, "codec": args.codec, "sr": args.sr, "seconds": args.seconds, "seed": args.seed}
+    config = {"avatar_id": avatar_id, "rate": args.rate, "codec": codec, "sr": args.sr, "seconds": seconds, "seed": args.seed}
     children = [
         context.Process(
             target=client_process,
@@ -378,12 +379,12 @@ def run_count(n: int, cluster: Any, avatar_id: str, args: argparse.Namespace) ->
         with GpuSampler() as gpu:
             start_value.value = time.monotonic() + 0.5
             start_event.set()
-            time.sleep(0.5 + args.seconds)
+            time.sleep(0.5 + seconds)
             cpu = cpu_by_service(cpu_before, process_cpu_seconds(cluster))
         sessions: list[dict] = []
         client_cpu = 0.0
         for _ in children:
-            message = results.get(timeout=args.seconds + 120)
+            message = results.get(timeout=seconds + 120)
             if message[0] == "failed":
                 raise SystemExit(f"client process {message[1]} failed: {message[2]}")
             sessions += message[2]
@@ -393,15 +394,18 @@ def run_count(n: int, cluster: Any, avatar_id: str, args: argparse.Namespace) ->
             child.join(timeout=30)
             if child.is_alive():
                 child.kill()
-    return summarize(n, created, refused, sessions, cpu, client_cpu, gpu.summary(), args)
+    return {"codec": codec, **summarize(n, created, refused, sessions, cpu, client_cpu, gpu.summary(), seconds, args.p95_limit_ms)}
 
 
-def summarize(n: int, created: int, refused: list[str], sessions: list[dict], cpu: dict, client_cpu: float, gpu: dict, args: argparse.Namespace) -> dict:
+def summarize(
+    n: int, created: int, refused: list[str], sessions: list[dict], cpu: dict, client_cpu: float, gpu: dict, seconds: float, p95_limit_ms: float
+) -> dict:
+    """The figures of one count, merged over its sessions; `holds`: p95 within the limit, nothing skipped or missing, all created."""
     latencies = [x for s in sessions for x in s["latencies"]]
     clear_idle = [s["clear_idle_s"] for s in sessions if s["clear_idle_s"] is not None]
     clear_event = [s["clear_event_s"] for s in sessions if s["clear_event_s"] is not None]
     lags = [x for s in sessions for x in s["lags"]]
-    session_seconds = max(1e-9, created * args.seconds)
+    session_seconds = max(1e-9, created * seconds)
     frames = sum(s["frames"] for s in sessions)
     result = {
         "sessions": n,
@@ -434,7 +438,7 @@ def summarize(n: int, created: int, refused: list[str], sessions: list[dict], cp
     }
     p95 = result["latency_ms"]["p95"]
     result["holds"] = bool(
-        created == n and not result["errors"] and p95 is not None and p95 <= args.p95_limit_ms and result["skipped"] == 0 and result["missing"] == 0
+        created == n and not result["errors"] and p95 is not None and p95 <= p95_limit_ms and result["skipped"] == 0 and result["missing"] == 0
     )
     return result
 
@@ -473,16 +477,20 @@ def stage_args(args: argparse.Namespace, workdir: Path, max_sessions: int) -> di
     }
 
 
+def codec_name(codec: str, preset: str) -> str:
+    return f"h264 {preset}" if codec == "h264" else codec
+
+
 def table(result: dict) -> str:
     a = result["args"]
     lines = [
-        f"{a['size']} {a['codec']}{' ' + a['preset'] if a['codec'] == 'h264' else ''} at {result['avatar']['fps']:g} fps, "
+        f"{a['size']} at {result['avatar']['fps']:g} fps, x264 {a['preset']} (H.264 sessions), "
         f"{a['live_workers']} live workers, {a['gateways']} gateways, {a['procs']} client processes, {a['seconds']:g} s per count, "
         f"device {a['device']}{' (procedural)' if a['procedural'] else ''}{' + SR' if a['sr'] else ''}",
         "",
-        "| sessions | latency p50 / p95 / p99 ms | skipped | missing | dropped | Clear -> idle p95 ms | live CPU ms / session-s | "
+        "| codec | sessions | latency p50 / p95 / p99 ms | skipped | missing | dropped | Clear -> idle p95 ms | live CPU ms / session-s | "
         "gateway CPU ms / session-s | GPU util median % | KB / frame | client lag p99 ms | holds |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
 
     def ms(v: float | None) -> str:
@@ -492,13 +500,15 @@ def table(result: dict) -> str:
         lat = r["latency_ms"]
         created = "" if r["created"] == r["sessions"] else f" ({r['created']} created)"
         lines.append(
-            f"| {r['sessions']}{created} | {ms(lat['p50'])} / {ms(lat['p95'])} / {ms(lat['p99'])} | {r['skipped']} | {r['missing']} | "
+            f"| {codec_name(r['codec'], a['preset'])} | {r['sessions']}{created} | {ms(lat['p50'])} / {ms(lat['p95'])} / {ms(lat['p99'])} | "
+            f"{r['skipped']} | {r['missing']} | "
             f"{r['dropped']} | {ms(r['clear_idle_ms']['p95'])} | {r['live_cpu_ms_per_session_s']:.1f} | {r['gateway_cpu_ms_per_session_s']:.1f} | "
             f"{r['gpu_utilization'].get('median', '-')} | {r['mean_frame_bytes'] / 1000:.1f} | {ms(r['client_send_lag_ms_p99'])} | "
             f"{'yes' if r['holds'] else 'no'} |"
         )
-    best = result["largest_holding"]
-    lines += ["", f"largest N with p95 <= {a['p95_limit_ms']:g} ms and no skipped frames: {best if best else 'none'}"]
+    lines.append("")
+    for codec, best in result["largest_holding"].items():
+        lines.append(f"{codec}: largest N with p95 <= {a['p95_limit_ms']:g} ms and no skipped frames: {best if best else 'none'}")
     errors = [e for r in result["counts"] for e in r["errors"] + r["refused"]]
     if errors:
         lines.append(f"errors ({len(errors)}): " + "; ".join(sorted(set(errors))[:5]))
@@ -514,6 +524,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     from services.local.cluster import LocalCluster
 
     counts = [int(c) for c in args.session_counts.split(",")] if args.session_counts else [args.sessions]
+    codecs = args.codec.split(",")
     max_sessions = args.max_sessions or math.ceil(max(counts) / args.live_workers)
     width, height = (int(x) for x in args.size.split("x"))
     result: dict = {
@@ -545,18 +556,26 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             "fps": avatar.fps,
         }
         log(f"CreateAvatar: {avatar.width}x{avatar.height}, {avatar.frame_count} frames, face in {avatar.faces_found}")
+        if args.warmup_seconds > 0:  # every worker loads the avatar, the stage sees full batches; not reported
+            warm = run_count(max(counts), codecs[0], cluster, avatar.id, args, seconds=args.warmup_seconds)
+            log(f"warm-up: {warm['sessions']} sessions for {args.warmup_seconds:g} s, p95 {warm['latency_ms']['p95'] or float('nan'):.0f} ms")
+            time.sleep(1.0)
         result["counts"] = []
-        for n in counts:
-            r = run_count(n, cluster, avatar.id, args)
+        failing: dict[str, int] = {}  # per codec: counts in a row that did not hold
+        for codec, n in ((c, n) for c in codecs for n in counts):
+            if failing.get(codec, 0) >= 2 and not args.all_counts:
+                log(f"{codec} {n} sessions: not run (the two counts before did not hold; --all-counts runs them)")
+                continue
+            r = run_count(n, codec, cluster, avatar.id, args)
             result["counts"].append(r)
+            failing[codec] = 0 if r["holds"] else failing.get(codec, 0) + 1
             lat = r["latency_ms"]
             log(
-                f"{n} sessions: p50/p95 {lat['p50'] or float('nan'):.0f}/{lat['p95'] or float('nan'):.0f} ms, skipped {r['skipped']}, "
+                f"{codec} {n} sessions: p50/p95 {lat['p50'] or float('nan'):.0f}/{lat['p95'] or float('nan'):.0f} ms, skipped {r['skipped']}, "
                 f"missing {r['missing']}, live CPU {r['live_cpu_ms_per_session_s']:.1f} ms/session-s, holds {r['holds']}"
             )
             time.sleep(1.0)  # the sessions closed; their leases released
-    holding = [r["sessions"] for r in result["counts"] if r["holds"]]
-    result["largest_holding"] = max(holding) if holding else None
+    result["largest_holding"] = {c: max((r["sessions"] for r in result["counts"] if r["codec"] == c and r["holds"]), default=None) for c in codecs}
     return result
 
 
@@ -569,7 +588,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", default="512x512", help="template size WxH (512x512 or 1280x720); the sessions' frame size")
     p.add_argument("--photo", action="store_true", help="the avatar is samples/avatar.jpg itself, not a template video")
     p.add_argument("--template-seconds", type=float, default=4.0, help="length of the template video")
-    p.add_argument("--codec", choices=["h264", "jpeg"], default="h264")
+    p.add_argument("--codec", default="h264", help="h264, jpeg, or both (h264,jpeg: every count once per codec, on the same services)")
     p.add_argument(
         "--preset", default="ultrafast", choices=["ultrafast", "superfast", "veryfast", "faster", "fast", "medium"], help="live workers' --x264-preset"
     )
@@ -585,6 +604,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gateway-flags", default="", help="more gateway flags")
     p.add_argument("--live-flags", default="", help="more live worker flags")
     p.add_argument("--p95-limit-ms", type=float, default=350.0, help="a count holds with p95 at most this and no skipped frames")
+    p.add_argument("--all-counts", action="store_true", help="run every count even after two in a row did not hold (default: skip the rest)")
+    p.add_argument("--warmup-seconds", type=float, default=0.0, help="first an unreported run of the largest count for this long")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--log-level", default="WARNING", help="services' log level")
@@ -597,6 +618,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--size must be WxH, got {args.size!r}")
     if width % 2 or height % 2:
         p.error("--size must be even (H.264 yuv420p)")
+    if not set(args.codec.split(",")) <= {"h264", "jpeg"}:
+        p.error(f"--codec must be h264, jpeg or h264,jpeg, got {args.codec!r}")
     if args.checkpoint and args.procedural:
         p.error("--checkpoint and --procedural exclude each other")
     if min(args.sessions, args.live_workers, args.gateways, args.procs) < 1 or args.seconds <= 0:
