@@ -56,6 +56,7 @@ import random
 import resource
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -97,16 +98,19 @@ class Step:
 def session_script(speech: np.ndarray, rate: int, seconds: float, rng: random.Random) -> list[Step]:
     """Utterances (random 2-4 s parts of `speech`, int16 at `rate`) in 20 ms chunks at real time, each
     followed by EndOfUtterance and a 1-2 s pause, for `seconds`; one Clear mid-utterance (the second
-    utterance, or the first when only one fits), after which that utterance's rest is not sent."""
+    utterance, or the first when only one fits), after which that utterance's rest is not sent and the
+    pause follows at once."""
     chunk = rate * CHUNK_MS // 1000
     lengths: list[float] = []
+    pauses: list[float] = []  # after each utterance
     t = 0.0
     while t < seconds:
         length = min(rng.uniform(*UTTERANCE_S), seconds - t)
         if length < 0.5:
             break
         lengths.append(length)
-        t += length + rng.uniform(*PAUSE_S)
+        pauses.append(rng.uniform(*PAUSE_S))
+        t += length + pauses[-1]
     clear_in = 1 if len(lengths) > 1 else 0
     steps: list[Step] = []
     t = 0.0
@@ -122,7 +126,7 @@ def session_script(speech: np.ndarray, rate: int, seconds: float, rng: random.Ra
             steps.append(Step(t + i / rate, "audio", k, part[i : i + chunk].astype("<i2").tobytes()))
         else:
             steps.append(Step(t + samples / rate, "end", k))
-        t += length + rng.uniform(*PAUSE_S)
+        t = steps[-1].at + pauses[k]  # the pause follows the EndOfUtterance, or the Clear
     return steps
 
 
@@ -515,6 +519,11 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def write_json(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -574,6 +583,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                 f"{codec} {n} sessions: p50/p95 {lat['p50'] or float('nan'):.0f}/{lat['p95'] or float('nan'):.0f} ms, skipped {r['skipped']}, "
                 f"missing {r['missing']}, live CPU {r['live_cpu_ms_per_session_s']:.1f} ms/session-s, holds {r['holds']}"
             )
+            if args.out:  # so far, in case the run is cut short (a device call's time limit)
+                write_json(args.out, result)
             time.sleep(1.0)  # the sessions closed; their leases released
     result["largest_holding"] = {c: max((r["sessions"] for r in result["counts"] if r["codec"] == c and r["holds"]), default=None) for c in codecs}
     return result
@@ -630,6 +641,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_detector()
+    # `timeout` sends SIGTERM: unwind, so that the services are stopped and nothing holds the GPU after us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lipline-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
@@ -639,8 +652,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     print(table(result))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.out, result)
         log(f"wrote {args.out}")
     return 0
 
