@@ -384,7 +384,10 @@ def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.N
             start_value.value = time.monotonic() + 0.5
             start_event.set()
             time.sleep(0.5 + seconds)
-            cpu = cpu_by_service(cpu_before, process_cpu_seconds(cluster))
+            cpu_after = process_cpu_seconds(cluster)
+            cpu = cpu_by_service(cpu_before, cpu_after)
+            # per process too: how evenly the gateway placed the sessions shows in the live workers' share
+            by_process = {name: round(seconds - cpu_before.get(name, 0.0), 2) for name, seconds in sorted(cpu_after.items())}
         sessions: list[dict] = []
         client_cpu = 0.0
         for _ in children:
@@ -398,7 +401,8 @@ def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.N
             child.join(timeout=30)
             if child.is_alive():
                 child.kill()
-    return {"codec": codec, **summarize(n, created, refused, sessions, cpu, client_cpu, gpu.summary(), seconds, args.p95_limit_ms)}
+    figures = summarize(n, created, refused, sessions, cpu, client_cpu, gpu.summary(), seconds, args.p95_limit_ms)
+    return {"codec": codec, **figures, "cpu_seconds_by_process": by_process}
 
 
 def summarize(
@@ -425,6 +429,7 @@ def summarize(
         "missing": sum(s["missing"] for s in sessions),
         "dropped": sum(s["dropped"] for s in sessions),
         "clears": len(clear_idle),
+        "clears_with_interrupted_event": len(clear_event),
         "clear_idle_ms": {f"p{q}": None if (v := pct(clear_idle, q)) is None else 1000 * v for q in (50, 95)},
         "clear_event_ms_p95": None if (v := pct(clear_event, 95)) is None else 1000 * v,
         "cpu_seconds_by_service": cpu,
