@@ -7,6 +7,9 @@
 #   bash bench/gpu_session.sh e2e        carry .whlcv : adds OpenCV 4 (Haar) to .devsite, 60 s 720p e2e
 #   bash bench/gpu_session.sh jobs       (after e2e)  : 16 concurrent 30 s jobs with 16, 8, 4, 2, 1 render workers
 #   bash bench/gpu_session.sh verify     (after services): the GPU metric, --warm-cache-only, auto's compile fallback
+#   bash bench/gpu_session.sh live       (after services and e2e, or carry .whlcv): bench_live.py, N concurrent live
+#                                        sessions through the gateway; SIZE=512x512|1280x720 PRESET=ultrafast|veryfast
+#                                        CODECS=h264,jpeg|h264|jpeg (one call per size and preset: the preset is the workers')
 # `e2e` reuses the .devsite of a `services` call on the same warm machine. Results: JSON + logs in $OUT.
 # Extra arguments after the phase are passed on (`services`: run names to keep; `e2e`: bench_e2e flags).
 set -u
@@ -115,7 +118,21 @@ jobs)  # 16 concurrent 30 s 720p jobs with SR, with 16, 8, 4, 2 and 1 render wor
 verify)  # issue 9 on a GPU (bench/gpu_verify.py): NVML metric, the compile-cache Job's mode, auto's fallback
   timeout 560 python3 bench/gpu_verify.py --out "$OUT/verify.json" 2>&1 | grep -E '^\[|rror|Trace' | tail -20
   ;;
-*) echo "usage: $0 services|compile|aac|e2e|jobs|verify [...]" >&2; exit 2 ;;
+live)  # issue 19's table: N concurrent live sessions (bench/bench_live.py); needs OpenCV 4 (Haar) for CreateAvatar
+  # 16 cores: the live workers composite and encode (the CPU that limits a host), the gateways relay every
+  # message, the client processes send 50 chunks and read 25 frames a second per session. Defaults: 8 / 3 / 4.
+  size=${SIZE:-512x512}; preset=${PRESET:-ultrafast}; codecs=${CODECS:-h264,jpeg}
+  if [ "$size" = 1280x720 ]; then counts=${COUNTS:-25,50,75,100,150}; else counts=${COUNTS:-50,100,150,200,250,300}; fi
+  name=live-$size-$preset-${codecs//,/-}
+  timeout 570 python3 bench/bench_live.py --device cuda --size "$size" --preset "$preset" --codec "$codecs" \
+    --session-counts "$counts" --seconds "${LIVE_SECONDS:-15}" --warmup-seconds 8 --live-workers "${LIVE_WORKERS:-8}" \
+    --gateways "${GATEWAYS:-3}" --procs "${PROCS:-4}" --log-level INFO --workdir "$OUT/$name-work" --out "$OUT/$name.json" "$@" 2>&1 \
+    | grep -vE '^\s*$' | tail -30 | tee "$OUT/$name.txt"
+  # the services' logs of the run (the last 2000 lines each), not the template
+  for log in "$OUT/$name-work"/cluster/*.log; do [ -f "$log" ] && tail -2000 "$log" > "$OUT/$name-$(basename "$log")"; done
+  rm -rf "$OUT/$name-work"
+  ;;
+*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live [...]" >&2; exit 2 ;;
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
 ( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$phase.tgz" -print0 \
