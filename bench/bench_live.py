@@ -143,7 +143,9 @@ class SessionRecord:
     lags: list[float] = field(default_factory=list)  # each request's send time less its schedule
     clear_sent: float | None = None
     clear_utterance: int | None = None  # wire number
-    frames: list[tuple[int, bool, int, float, int]] = field(default_factory=list)  # (index, speech, utterance, arrived, bytes)
+    frames: list[tuple[int, bool, int, float, int]] = field(
+        default_factory=list
+    )  # (index, speech, utterance, arrived, bytes)
     started_at_frame: dict[int, int] = field(default_factory=dict)  # wire utterance -> PLAYBACK_STARTED frame
     finished: dict[int, tuple[float, bool]] = field(default_factory=dict)  # wire utterance -> (arrived, interrupted)
     stats_first: Any = None  # the last SessionStats before the script started
@@ -195,7 +197,15 @@ class SessionRecord:
         }
 
 
-async def converse(stub: Any, session: Any, script: list[Step], start: asyncio.Future, offset: float, ready: asyncio.Event, seconds: float) -> SessionRecord:
+async def converse(
+    stub: Any,
+    session: Any,
+    script: list[Step],
+    start: asyncio.Future,
+    offset: float,
+    ready: asyncio.Event,
+    seconds: float,
+) -> SessionRecord:
     """One session's Converse stream: Ready, wait for the common start, the script, idle to the end of
     `seconds`, then the last utterance's frames (at most TAIL_S)."""
     import grpc
@@ -229,7 +239,11 @@ async def converse(stub: Any, session: Any, script: list[Step], start: asyncio.F
             elif kind == "ready":
                 ready.set()
 
-    await call.write(session_pb2.ConverseRequest(start=session_pb2.ConverseStart(session_id=session.id, resume_token=session.resume_token, last_frame=-1)))
+    await call.write(
+        session_pb2.ConverseRequest(
+            start=session_pb2.ConverseStart(session_id=session.id, resume_token=session.resume_token, last_frame=-1)
+        )
+    )
     reader = asyncio.ensure_future(read())
     try:
         t0 = await start + offset
@@ -269,12 +283,16 @@ async def converse(stub: Any, session: Any, script: list[Step], start: asyncio.F
         except asyncio.CancelledError:
             pass
         except grpc.aio.AioRpcError as exc:  # the stream ended on its own before the script did
-            if exc.code() != grpc.StatusCode.CANCELLED and (not record.error or record.error.startswith("the stream ended")):
+            if exc.code() != grpc.StatusCode.CANCELLED and (
+                not record.error or record.error.startswith("the stream ended")
+            ):
                 record.error = f"{exc.code().name}: {exc.details()}"
     return record
 
 
-async def client_main(index: int, address: str, count: int, first: int, config: dict, start_event: Any, start_value: Any, results: Any) -> None:
+async def client_main(
+    index: int, address: str, count: int, first: int, config: dict, start_event: Any, start_value: Any, results: Any
+) -> None:
     """One client process: `count` sessions on one channel; reports Ready, waits for the start, runs them."""
     import grpc
 
@@ -313,10 +331,14 @@ async def client_main(index: int, address: str, count: int, first: int, config: 
         for i, (session, ready) in enumerate(zip(created, readies)):
             rng = random.Random(config["seed"] * 100_003 + first + i)
             script = session_script(speech, rate, config["seconds"], rng)
-            tasks.append(asyncio.ensure_future(converse(stub, session, script, start, rng.uniform(0, START_SPREAD_S), ready, config["seconds"])))
+            tasks.append(
+                asyncio.ensure_future(
+                    converse(stub, session, script, start, rng.uniform(0, START_SPREAD_S), ready, config["seconds"])
+                )
+            )
         try:
             await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 120)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             refused.append(f"{sum(not r.is_set() for r in readies)} Converse streams not Ready within 120 s")
         results.put(("ready", index, len(created), refused))
         await loop.run_in_executor(None, start_event.wait)
@@ -333,7 +355,9 @@ async def client_main(index: int, address: str, count: int, first: int, config: 
     results.put(("done", index, [r.summary() for r in records], refused, cpu))
 
 
-def client_process(index: int, address: str, count: int, first: int, config: dict, start_event: Any, start_value: Any, results: Any) -> None:
+def client_process(
+    index: int, address: str, count: int, first: int, config: dict, start_event: Any, start_value: Any, results: Any
+) -> None:
     try:
         asyncio.run(client_main(index, address, count, first, config, start_event, start_value, results))
     except BaseException as exc:  # the parent waits for every process's answer
@@ -358,7 +382,14 @@ def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.N
     addresses = cluster.gateway_addresses
     context = multiprocessing.get_context("spawn")
     start_event, start_value, results = context.Event(), context.Value("d", 0.0), context.Queue()
-    config = {"avatar_id": avatar_id, "rate": args.rate, "codec": codec, "sr": args.sr, "seconds": seconds, "seed": args.seed}
+    config = {
+        "avatar_id": avatar_id,
+        "rate": args.rate,
+        "codec": codec,
+        "sr": args.sr,
+        "seconds": seconds,
+        "seed": args.seed,
+    }
     children = [
         context.Process(
             target=client_process,
@@ -378,7 +409,10 @@ def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.N
                 raise SystemExit(f"client process {message[1]} failed: {message[2]}")
             created += message[2]
             refused += message[3]
-        log(f"{n} sessions: {created} created and Ready" + (f"; {len(refused)} problems: {refused[:3]}" if refused else ""))
+        log(
+            f"{n} sessions: {created} created and Ready"
+            + (f"; {len(refused)} problems: {refused[:3]}" if refused else "")
+        )
         cpu_before = process_cpu_seconds(cluster)
         with GpuSampler() as gpu:
             start_value.value = time.monotonic() + 0.5
@@ -387,7 +421,9 @@ def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.N
             cpu_after = process_cpu_seconds(cluster)
             cpu = cpu_by_service(cpu_before, cpu_after)
             # per process too: how evenly the gateway placed the sessions shows in the live workers' share
-            by_process = {name: round(seconds - cpu_before.get(name, 0.0), 2) for name, seconds in sorted(cpu_after.items())}
+            by_process = {
+                name: round(seconds - cpu_before.get(name, 0.0), 2) for name, seconds in sorted(cpu_after.items())
+            }
         sessions: list[dict] = []
         client_cpu = 0.0
         for _ in children:
@@ -406,7 +442,15 @@ def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.N
 
 
 def summarize(
-    n: int, created: int, refused: list[str], sessions: list[dict], cpu: dict, client_cpu: float, gpu: dict, seconds: float, p95_limit_ms: float
+    n: int,
+    created: int,
+    refused: list[str],
+    sessions: list[dict],
+    cpu: dict,
+    client_cpu: float,
+    gpu: dict,
+    seconds: float,
+    p95_limit_ms: float,
 ) -> dict:
     """The figures of one count, merged over its sessions; `holds`: p95 within the limit, nothing skipped or missing, all created."""
     latencies = [x for s in sessions for x in s["latencies"]]
@@ -447,7 +491,12 @@ def summarize(
     }
     p95 = result["latency_ms"]["p95"]
     result["holds"] = bool(
-        created == n and not result["errors"] and p95 is not None and p95 <= p95_limit_ms and result["skipped"] == 0 and result["missing"] == 0
+        created == n
+        and not result["errors"]
+        and p95 is not None
+        and p95 <= p95_limit_ms
+        and result["skipped"] == 0
+        and result["missing"] == 0
     )
     return result
 
@@ -482,7 +531,13 @@ def stage_args(args: argparse.Namespace, workdir: Path, max_sessions: int) -> di
         "lipsync": lipsync + shlex.split(args.lipsync_flags),
         "superres": superres,
         "gateway": [level, *streams, "--max-streams-per-client=0", *shlex.split(args.gateway_flags)],
-        "live": [level, *streams, f"--max-sessions={max_sessions}", f"--x264-preset={args.preset}", *shlex.split(args.live_flags)],
+        "live": [
+            level,
+            *streams,
+            f"--max-sessions={max_sessions}",
+            f"--x264-preset={args.preset}",
+            *shlex.split(args.live_flags),
+        ],
     }
 
 
@@ -517,7 +572,9 @@ def table(result: dict) -> str:
         )
     lines.append("")
     for codec, best in result["largest_holding"].items():
-        lines.append(f"{codec}: largest N with p95 <= {a['p95_limit_ms']:g} ms and no skipped frames: {best if best else 'none'}")
+        lines.append(
+            f"{codec}: largest N with p95 <= {a['p95_limit_ms']:g} ms and no skipped frames: {best if best else 'none'}"
+        )
     errors = [e for r in result["counts"] for e in r["errors"] + r["refused"]]
     if errors:
         lines.append(f"errors ({len(errors)}): " + "; ".join(sorted(set(errors))[:5]))
@@ -542,7 +599,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     max_sessions = args.max_sessions or math.ceil(max(counts) / args.live_workers)
     width, height = (int(x) for x in args.size.split("x"))
     result: dict = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "environment": environment(args.device),
         "max_sessions_per_worker": max_sessions,
@@ -556,7 +613,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     replicas = {"render": 0, "live": args.live_workers, "superres": 1 if args.sr else 0, "gateway": args.gateways}
     t = time.perf_counter()
     extra = stage_args(args, workdir, max_sessions)
-    with LocalCluster(workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout, replicas=replicas) as cluster:
+    with LocalCluster(
+        workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout, replicas=replicas
+    ) as cluster:
         result["startup_seconds"] = time.perf_counter() - t
         log(f"services SERVING after {result['startup_seconds']:.1f} s (logs in {workdir / 'cluster'})")
         with LiplineClient(cluster.gateway_address, timeout=600) as client:
@@ -572,7 +631,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         log(f"CreateAvatar: {avatar.width}x{avatar.height}, {avatar.frame_count} frames, face in {avatar.faces_found}")
         if args.warmup_seconds > 0:  # every worker loads the avatar, the stage sees full batches; not reported
             warm = run_count(max(counts), codecs[0], cluster, avatar.id, args, seconds=args.warmup_seconds)
-            log(f"warm-up: {warm['sessions']} sessions for {args.warmup_seconds:g} s, p95 {warm['latency_ms']['p95'] or float('nan'):.0f} ms")
+            log(
+                f"warm-up: {warm['sessions']} sessions for {args.warmup_seconds:g} s, p95 {warm['latency_ms']['p95'] or float('nan'):.0f} ms"
+            )
             time.sleep(1.0)
         result["counts"] = []
         failing: dict[str, int] = {}  # per codec: counts in a row that did not hold
@@ -591,27 +652,46 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             if args.out:  # so far, in case the run is cut short (a device call's time limit)
                 write_json(args.out, result)
             time.sleep(1.0)  # the sessions closed; their leases released
-    result["largest_holding"] = {c: max((r["sessions"] for r in result["counts"] if r["codec"] == c and r["holds"]), default=None) for c in codecs}
+    result["largest_holding"] = {
+        c: max((r["sessions"] for r in result["counts"] if r["codec"] == c and r["holds"]), default=None)
+        for c in codecs
+    }
     return result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="lipsync (and superres) --device")
     p.add_argument("--sessions", type=int, default=2, help="concurrent sessions (one count)")
     p.add_argument("--session-counts", default="", help="e.g. 25,50,100,150: one run per count (overrides --sessions)")
     p.add_argument("--seconds", type=float, default=20.0, help="how long each session runs its script")
-    p.add_argument("--size", default="512x512", help="template size WxH (512x512 or 1280x720); the sessions' frame size")
+    p.add_argument(
+        "--size", default="512x512", help="template size WxH (512x512 or 1280x720); the sessions' frame size"
+    )
     p.add_argument("--photo", action="store_true", help="the avatar is samples/avatar.jpg itself, not a template video")
     p.add_argument("--template-seconds", type=float, default=4.0, help="length of the template video")
-    p.add_argument("--codec", default="h264", help="h264, jpeg, or both (h264,jpeg: every count once per codec, on the same services)")
     p.add_argument(
-        "--preset", default="ultrafast", choices=["ultrafast", "superfast", "veryfast", "faster", "fast", "medium"], help="live workers' --x264-preset"
+        "--codec",
+        default="h264",
+        help="h264, jpeg, or both (h264,jpeg: every count once per codec, on the same services)",
+    )
+    p.add_argument(
+        "--preset",
+        default="ultrafast",
+        choices=["ultrafast", "superfast", "veryfast", "faster", "fast", "medium"],
+        help="live workers' --x264-preset",
     )
     p.add_argument("--rate", type=int, default=16000, choices=[16000, 24000, 48000], help="the sessions' PCM rate")
     p.add_argument("--sr", action="store_true", help="super-resolution on (starts the superres stage)")
     p.add_argument("--live-workers", type=int, default=1, help="live worker processes")
-    p.add_argument("--max-sessions", type=int, default=0, help="each live worker's --max-sessions (0: enough for the largest count)")
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=0,
+        help="each live worker's --max-sessions (0: enough for the largest count)",
+    )
     p.add_argument("--gateways", type=int, default=1, help="gateway processes (client processes spread over them)")
     p.add_argument("--procs", type=int, default=1, help="client processes the sessions are spread over")
     p.add_argument("--checkpoint", default="", help="lipsync wav2lip.pth; default: a seeded synthetic one")
@@ -619,13 +699,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lipsync-flags", default="", help="more lipsync flags, e.g. '--max-batch=256'")
     p.add_argument("--gateway-flags", default="", help="more gateway flags")
     p.add_argument("--live-flags", default="", help="more live worker flags")
-    p.add_argument("--p95-limit-ms", type=float, default=350.0, help="a count holds with p95 at most this and no skipped frames")
-    p.add_argument("--all-counts", action="store_true", help="run every count even after two in a row did not hold (default: skip the rest)")
-    p.add_argument("--warmup-seconds", type=float, default=0.0, help="first an unreported run of the largest count for this long")
+    p.add_argument(
+        "--p95-limit-ms", type=float, default=350.0, help="a count holds with p95 at most this and no skipped frames"
+    )
+    p.add_argument(
+        "--all-counts",
+        action="store_true",
+        help="run every count even after two in a row did not hold (default: skip the rest)",
+    )
+    p.add_argument(
+        "--warmup-seconds", type=float, default=0.0, help="first an unreported run of the largest count for this long"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--log-level", default="WARNING", help="services' log level")
-    p.add_argument("--workdir", type=Path, default=None, help="keep the template and the services' logs here (default: a temp dir)")
+    p.add_argument(
+        "--workdir", type=Path, default=None, help="keep the template and the services' logs here (default: a temp dir)"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = p.parse_args(argv)
     try:

@@ -48,9 +48,13 @@ class NoCapacity(TooLarge):
     """Nothing has room for the request now (every live worker is full): RESOURCE_EXHAUSTED with the
     trailing metadata `retry-after-ms`, so a client backs off for as long as the server suggests."""
 
-    def __init__(self, message: str, retry_after_ms: int) -> None:
+    def __init__(self, message: str, retry_after_ms: int = 1000) -> None:
         super().__init__(message)
         self.retry_after_ms = int(retry_after_ms)
+
+    def __reduce__(self) -> tuple[type[NoCapacity], tuple[str, int]]:
+        # an exception pickles as cls(*args): keep the hint across process boundaries
+        return type(self), (str(self), self.retry_after_ms)
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("retry-after-ms", str(self.retry_after_ms)),)

@@ -86,7 +86,9 @@ def test_clear_to_idle_is_the_first_frame_that_is_not_the_interrupted_speech() -
 
 def test_frames_before_the_start_are_not_measured() -> None:
     record = record_of_one_utterance(start_frame=10, arrive_after_s=0.2)
-    record.frames = [(i, False, 0, 99.0 + 0.04 * i, 50) for i in range(10)] + record.frames  # idle frames before t = 100
+    record.frames = [
+        (i, False, 0, 99.0 + 0.04 * i, 50) for i in range(10)
+    ] + record.frames  # idle frames before t = 100
     record.frames[3:5] = []  # a gap before the start does not count
     summary = record.summary()
     assert summary["frames"] == 25 and summary["missing"] == 0
