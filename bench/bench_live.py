@@ -610,7 +610,13 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         template = workdir / "template.mp4"
         build_template(template, width, height, 25.0, args.template_seconds)
         avatar_bytes = template.read_bytes()
-    replicas = {"render": 0, "live": args.live_workers, "superres": 1 if args.sr else 0, "gateway": args.gateways}
+    replicas = {
+        "render": 0,
+        "live": args.live_workers,
+        "lipsync": args.lipsync_replicas,
+        "superres": 1 if args.sr else 0,
+        "gateway": args.gateways,
+    }
     t = time.perf_counter()
     extra = stage_args(args, workdir, max_sessions)
     with LocalCluster(
@@ -686,6 +692,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=int, default=16000, choices=[16000, 24000, 48000], help="the sessions' PCM rate")
     p.add_argument("--sr", action="store_true", help="super-resolution on (starts the superres stage)")
     p.add_argument("--live-workers", type=int, default=1, help="live worker processes")
+    p.add_argument(
+        "--lipsync-replicas", type=int, default=1, help="lipsync processes (sharing the GPU: one is host-bound)"
+    )
     p.add_argument(
         "--max-sessions",
         type=int,
