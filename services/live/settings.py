@@ -5,31 +5,27 @@ from __future__ import annotations
 import dataclasses
 
 from services.media.video_format import X264_PRESETS
-from services.serving.settings import StoreSettings, address_field, setting
+from services.serving.settings import FaceWorkerSettings, setting
 from services.serving.stages import STAGES
 
 
 @dataclasses.dataclass(frozen=True)
-class LiveSettings(StoreSettings):
+class LiveSettings(FaceWorkerSettings):
     """Settings of a live worker: holds live sessions, paces their frames, calls lipsync (and superres)."""
 
     port: int = setting(STAGES["live"].port, "gRPC port of LiveService (the gateway dials it)")
     metrics_port: int = setting(
         STAGES["live"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)"
     )
-    lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync")
-    superres_address: str = address_field(STAGES["superres"].local_address, "superres")
     cache_dir: str = setting(
         "var/live-cache", "local cache of avatars converted for compositing (per worker; safe to lose)"
-    )
-    avatar_cache_bytes: int = setting(
-        8 * 1024**3,
-        "disk budget of the avatar cache in cache_dir; the least recently used avatars not in use are deleted to stay within it",
     )
     # Why 16: a 512x512 session costs ~40 ms of CPU per second of speech at x264 ultrafast (mel,
     # compositor and encoder; bench/bench_live_session.py), so a fully used core holds ~25. One worker
     # is one Python process: its tick loops, mel and gRPC framing share one interpreter, and a frame
     # that misses its slot is skipped, so it keeps a third of that core for jitter. Scale with pods.
+    # Under load on the H200 host a session cost 73-85 ms of CPU per second (docs/performance.md,
+    # "Live sessions on the H200"): 16 sessions are ~1.3 cores, what the chart requests (2) covers.
     max_sessions: int = setting(
         16,
         "sessions this worker holds at once; OpenSession beyond it is RESOURCE_EXHAUSTED with retry-after-ms "

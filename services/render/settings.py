@@ -5,27 +5,20 @@ from __future__ import annotations
 import dataclasses
 
 from services.media.video_format import X264_PRESETS
-from services.serving.settings import StoreSettings, address_field, setting
+from services.serving.settings import FaceWorkerSettings, setting
 from services.serving.stages import STAGES
 
 
 @dataclasses.dataclass(frozen=True)
-class RenderSettings(StoreSettings):
+class RenderSettings(FaceWorkerSettings):
     """Settings of a render worker: claims segments from the job store, renders them through the stages."""
 
     port: int = setting(STAGES["render"].port, "gRPC port (health and reflection only: a worker serves no API)")
     metrics_port: int = setting(
         STAGES["render"].metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)"
     )
-    lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync")
-    superres_address: str = address_field(STAGES["superres"].local_address, "superres")
     cache_dir: str = setting(
         "var/render-cache", "local cache of avatars converted for compositing (per worker; safe to lose)"
-    )
-    avatar_cache_bytes: int = setting(
-        8 * 1024**3,
-        "disk budget of the avatar cache in cache_dir (frames in I420: 3.1 MB per 1080p frame); "
-        "the least recently used avatars not in use are deleted to stay within it",
     )
     lease_s: float = setting(10.0, "a claimed task's lease; a worker that stops renewing loses it after this long")
     heartbeat_s: float = setting(0.5, "how often a worker renews its lease (and notices a cancel)")

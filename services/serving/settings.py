@@ -16,6 +16,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+from services.serving.stages import STAGES
+
 ENV_PREFIX = "LIPLINE_"
 
 
@@ -182,6 +184,23 @@ class StoreSettings(ServiceSettings):
         "var/blobs",
         "blob store: a folder (file:///path or a path; a ReadWriteMany volume in a cluster) or s3://bucket/prefix "
         "(credentials and endpoint from the AWS_* variables)",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class FaceWorkerSettings(StoreSettings):
+    """Settings of a worker that asks lipsync (and superres) for faces and blends them into its local
+    copy of the avatars (render workers and live workers): the stages it dials and the avatar cache."""
+
+    lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync")
+    superres_address: str = address_field(STAGES["superres"].local_address, "superres")
+    cache_dir: str = setting(
+        "var/worker-cache", "local cache of avatars converted for compositing (per worker; safe to lose)"
+    )
+    avatar_cache_bytes: int = setting(
+        8 * 1024**3,
+        "disk budget of the avatar cache in cache_dir (frames in I420: 3.1 MB per 1080p frame); "
+        "the least recently used avatars not in use are deleted to stay within it",
     )
 
 
