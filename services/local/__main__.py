@@ -23,10 +23,6 @@ from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient, render_file
 from services.local.cluster import REPO_ROOT, LocalCluster
 from services.media.probe import probe_media
-from services.serving.stages import STAGES
-
-#: live workers are started where the registry has them (services.live)
-HAS_LIVE = "live" in STAGES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,7 +35,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="demo: render the sample and stop (default); serve: keep the services running",
     )
     p.add_argument("--workers", type=int, default=2, help="render worker processes")
-    p.add_argument("--live-workers", type=int, default=1, help="live worker processes (live sessions; 0: none)")
+    p.add_argument(
+        "--live-workers",
+        type=int,
+        default=None,
+        help="live worker processes (live sessions; 0: none); default 1 for serve, 0 for demo (it renders a job only)",
+    )
     p.add_argument("--gateway-port", type=int, default=0, help="serve: the gateway's port (0 = any free port)")
     p.add_argument("--avatar", type=Path, default=REPO_ROOT / "samples" / "avatar.jpg", help="photo or video")
     p.add_argument("--audio", type=Path, default=REPO_ROOT / "samples" / "speech.wav", help="speech audio file")
@@ -62,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.gateway_port:
         extra["gateway"] = [f"--port={args.gateway_port}"]
-    replicas = {"render": args.workers, **({"live": args.live_workers} if HAS_LIVE else {})}
-    live = f" and {args.live_workers} live workers" if HAS_LIVE else ""
+    live_workers = args.live_workers if args.live_workers is not None else int(args.command == "serve")
+    replicas = {"render": args.workers, "live": live_workers}
+    live = f" and {live_workers} live workers" if live_workers else ""
     print(
         f"starting audio, lipsync, superres, gateway, {args.workers} render workers{live} on 127.0.0.1 (logs in {args.workdir})",
         flush=True,
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with LocalCluster(args.workdir, extra_args=extra, replicas=replicas) as cluster:
         print(f"all services SERVING after {time.perf_counter() - started:.1f} s; gateway at {cluster.gateway_address}")
-        if HAS_LIVE and args.live_workers:
+        if live_workers:
             print(f"live workers at {', '.join(cluster.processes[n].address for n in cluster.replica_names('live'))}")
         if args.command == "serve":
             print("serving; Ctrl-C (or SIGTERM) stops every service", flush=True)
