@@ -285,9 +285,8 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     assert indices[0] == 0 and all(b > a for a, b in zip(indices, indices[1:])) and gaps <= 0.03 * len(indices), (
         f"{gaps} slots skipped"
     )
-    assert (
-        gaps == talk.stats[-1].frames_skipped or gaps >= talk.stats[-1].frames_skipped
-    )  # every gap counted (the last stats may precede one)
+    # The worker counts no skip that is not a gap (its last stats may precede a gap, so not ==).
+    assert gaps >= talk.stats[-1].frames_skipped
     near_speech = sum(1 for a, b in zip(frames, frames[1:]) if b.index - a.index > 1 and (a.speech or b.speech))
     print(f"slots skipped: {gaps} of {indices[-1] + 1} ({near_speech} gaps next to a speech frame)")
     assert frames[0].keyframe
