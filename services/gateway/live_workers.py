@@ -27,13 +27,12 @@ from lipline.v1 import live_pb2, live_pb2_grpc, session_pb2
 from services.jobs.store.jobs import JobStore
 from services.jobs.store.sessions import LiveWorker
 from services.serving.channels import open_channel
-from services.serving.errors import LiplineError, NoCapacity
+from services.serving.errors import RETRY_AFTER_HEADER, LiplineError, NoCapacity
 from services.serving.tracing import outgoing_metadata
 
 _LOGGER = logging.getLogger(__name__)
 
 TENANT_HEADER = "x-lipline-tenant"
-RETRY_AFTER_HEADER = "retry-after-ms"
 MAX_CHANNELS = 256  # channels kept to live workers; the least recently used beyond it are closed
 # A worker's channel that lost its connection tries again within a second (gRPC's back-off grows to
 # 120 s by default, and a call during the back-off fails UNAVAILABLE at once): a worker restarted on

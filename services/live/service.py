@@ -53,7 +53,7 @@ from services.live.send_queue import StreamClosed
 from services.live.session import LiveSession, MadeFace
 from services.live.settings import LiveSettings
 from services.serving.discovery import DiscoveredStageClients
-from services.serving.errors import InvalidRequest, NotFound
+from services.serving.errors import InvalidRequest, NoCapacity, NotFound
 from services.serving.server import Service
 from services.serving.tenants import IMPLICIT_TENANT
 
@@ -148,10 +148,9 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             return held.proto
         if len(self.sessions) + self.opening >= self.settings.max_sessions:
             self.metrics.live_admission_refused.inc()
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise NoCapacity(
                 f"this live worker holds its {self.settings.max_sessions} sessions (max_sessions); retry, or on another worker",
-                trailing_metadata=(("retry-after-ms", str(RETRY_AFTER_MS)),),
+                RETRY_AFTER_MS,
             )
         self.opening += 1
         try:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import grpc
 
+#: The trailing metadata key of a back-off hint in milliseconds (RESOURCE_EXHAUSTED answers).
+RETRY_AFTER_HEADER = "retry-after-ms"
+
 
 class LiplineError(Exception):
     """Base class: an error whose message is safe and useful to show to the caller."""
@@ -57,7 +60,7 @@ class NoCapacity(TooLarge):
         return type(self), (str(self), self.retry_after_ms)
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("retry-after-ms", str(self.retry_after_ms)),)
+        return ((RETRY_AFTER_HEADER, str(self.retry_after_ms)),)
 
 
 class PermissionDenied(LiplineError):

@@ -38,7 +38,7 @@ import grpc
 
 from services.serving import tracing
 from services.serving.auth import API_KEY_HEADER, MAX_API_KEY_CHARS, Auth
-from services.serving.errors import LiplineError
+from services.serving.errors import RETRY_AFTER_HEADER, LiplineError
 from services.serving.metrics import Metrics
 from services.serving.tenants import IMPLICIT_TENANT, tenant_of_key
 
@@ -251,7 +251,7 @@ class _Call:
             _LOGGER.info(
                 "%s refused: %s", self.method, refusal, extra={"request_id": self.request_id, "code": self.code.name}
             )
-            await self.context.abort(self.code, refusal, trailing_metadata=(("retry-after-ms", str(RETRY_AFTER_MS)),))
+            await self.context.abort(self.code, refusal, trailing_metadata=((RETRY_AFTER_HEADER, str(RETRY_AFTER_MS)),))
         self._admitted = True
 
     async def fail(self, exc: BaseException) -> None:
