@@ -134,12 +134,16 @@ def test_the_lease_is_renewed_while_a_task_outlasts_it(rig: Rig) -> None:
     new_job(rig.jobs)
     thief_got: list[Task | None] = []
 
+    # A 1.5 s lease renewed every 0.1 s: a loaded 2-core CI machine's stalls stay well inside it
+    # (the rig's 0.6 s lease was lost to one once, and the task ran twice).
+    lease_s = 1.5
+
     async def body(task: Task) -> None:
-        await asyncio.sleep(3 * rig.settings.lease_s)  # three leases long: only renewals keep it ours
+        await asyncio.sleep(2 * lease_s)  # two leases long: only renewals keep it ours
         thief_got.append(await asyncio.to_thread(rig.jobs.claim, "thief", 10.0, 3))
         await runner.complete(task)
 
-    worker, runner = rig.worker(body)
+    worker, runner = rig.worker(body, lease_s=lease_s)
     asyncio.run(run_until(worker, lambda: bool(runner.finished)))
     assert thief_got == [None]  # no other worker could take it
     assert rig.jobs.get_job("j1").segments_done == 1
