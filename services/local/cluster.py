@@ -35,7 +35,8 @@ class LocalCluster:
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     start_timeout_s: float = 120.0
-    #: replicas per service (default 1; render 2). Replica 0 is named after the service, the others
+    #: replicas per service (default 1; render 2; web 0: the page is for people, local mode's serve
+    #: and the browser tests start it). Replica 0 is named after the service, the others
     #: "<name>-<i>"; callers get all of a stage's addresses and balance calls over them (round-robin).
     replicas: dict[str, int] = field(default_factory=dict)
     #: GPUs to spread the GPU stages' replicas over (CUDA_VISIBLE_DEVICES, replica i -> gpus[i % n]).
@@ -47,7 +48,7 @@ class LocalCluster:
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.replicas = {"render": 2, **self.replicas}
+        self.replicas = {"render": 2, "web": 0, **self.replicas}
         self.job_store = self.job_store or f"sqlite:///{self.workdir / 'lipline.db'}"
         self.blob_store = self.blob_store or str(self.workdir / "blobs")
 
@@ -59,6 +60,11 @@ class LocalCluster:
     @property
     def gateway_address(self) -> str:
         return self.processes["gateway"].address
+
+    @property
+    def web_url(self) -> str:
+        """The web page's address (a cluster started with replicas={"web": 1})."""
+        return self.processes["web"].url
 
     @property
     def gateway_addresses(self) -> list[str]:
@@ -104,6 +110,8 @@ class LocalCluster:
         args = self.store_args(service)
         if REGISTRY[service].cache:
             args.append(f"--cache-dir={self.workdir / 'cache' / name}")
+        if REGISTRY[service].http_port:
+            args.append("--http-port=0")  # like the gRPC ports: the OS picks (extra_args may pin it)
         self._start(name, args + self.extra_args.get(service, []), service)
         if wait:
             self._wait_ready(name)

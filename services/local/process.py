@@ -3,7 +3,8 @@
 The local cluster (services/local/cluster.py) and the gRPC benchmarks (bench/) start their services
 through `start`: `python -m services.<stage>` with the caller's flags plus `--port-file`, stdout and
 stderr into a log file. The service writes "<port> <metrics port>" to the port file once it reports
-SERVING (port 0 = the OS picks one), which `wait_ready` reads back.
+SERVING (port 0 = the OS picks one), which `wait_ready` reads back; a service with an HTTP port
+(the web page) writes it third.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class ServiceProcess:
     args: list[str] = field(default_factory=list)
     port: int = 0
     metrics_port: int = 0
+    #: the HTTP port of a service that has one (the web page); 0 otherwise
+    http_port: int = 0
     port_file: Path = Path()
     cmd: list[str] = field(default_factory=list)
     started: float = 0.0
@@ -42,6 +45,11 @@ class ServiceProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def url(self) -> str:
+        """The HTTP server's address (the web page), once SERVING."""
+        return f"http://127.0.0.1:{self.http_port}"
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -49,7 +57,7 @@ class ServiceProcess:
         return self.log()[-chars:]
 
     def wait_ready(self, timeout: float) -> float:
-        """Wait for the port file (SERVING); set port and metrics_port; seconds since the start.
+        """Wait for the port file (SERVING); set port, metrics_port (and http_port); seconds since the start.
 
         Raises RuntimeError when the process exits first, TimeoutError after `timeout` seconds.
         """
@@ -62,7 +70,9 @@ class ServiceProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} not SERVING after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(0.05)
-        self.port, self.metrics_port = (int(x) for x in self.port_file.read_text().split())
+        ports = [int(x) for x in self.port_file.read_text().split()]
+        self.port, self.metrics_port = ports[:2]
+        self.http_port = ports[2] if len(ports) > 2 else 0
         return time.monotonic() - self.started
 
     def signal_stop(self) -> None:

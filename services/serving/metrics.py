@@ -170,6 +170,17 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        # The web page's server (services/web): its HTTP requests count in lipline_stage_requests
+        # (method = the route's name, code = the HTTP status); its live WebSockets here.
+        self.web_live_sockets = Gauge(
+            "lipline_web_live_sockets", "live-session WebSockets open on this web server", registry=r
+        )
+        self.web_live_refused = Counter(
+            "lipline_web_live_refused",
+            "live WebSockets refused before a session: origin (not same-origin), key (none sent), start (bad first message)",
+            ["reason"],
+            registry=r,
+        )
         r.register(GpuCollector())
 
     def set_backend(self, model: str, backend: str, precision: str) -> None:

@@ -64,6 +64,9 @@ class Service(abc.ABC, Generic[SettingsT]):
         self.health: health.aio.HealthServicer | None = None
         #: the gRPC port bound, set by ServiceRunner before `load` (a live worker advertises it)
         self.bound_port = 0
+        #: the HTTP port a service serves beside gRPC (the web page), set by `load`; written to the
+        #: port file after the gRPC and metrics ports, so local mode and tests can find a port 0's choice
+        self.http_port = 0
 
     @property
     @abc.abstractmethod
@@ -160,7 +163,8 @@ class ServiceRunner:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if s.port_file:
             tmp = Path(s.port_file + ".tmp")
-            tmp.write_text(f"{self.port} {self.metrics_port}\n")
+            extra = f" {svc.http_port}" if svc.http_port else ""
+            tmp.write_text(f"{self.port} {self.metrics_port}{extra}\n")
             tmp.replace(s.port_file)
         _LOGGER.info("SERVING", extra={"port": self.port, "metrics_port": self.metrics_port})
 

@@ -10,7 +10,7 @@ the Makefile's `images`), the chart's schema (scripts/gen_chart_schema.py); the 
 `stages:` in helm/lipline/values.yaml, and tests/unit/serving/test_stages.py checks the two agree.
 
 Standard library only: the image build reads it before anything is installed, and the torch-free
-images (audio, gateway, render, live) import it.
+images (audio, gateway, render, live, web) import it.
 
 `python -m services.serving.stages [--gpu | --cpu]` prints the stage names, one line, space-separated
 (the Makefile's image lists).
@@ -40,6 +40,8 @@ class Stage:
         calls: the stages it dials, each as `--<stage>-address` (the chart's `dials`).
         stores: uses the job and blob stores (the chart's `stores`).
         cache: keeps a local scratch cache, `--cache-dir` (the chart's `cache`).
+        http_port: default port of an HTTP server beside the gRPC one (the web page; the chart's
+            `httpPort`); 0 = none.
     """
 
     name: str
@@ -51,6 +53,7 @@ class Stage:
     calls: tuple[str, ...] = ()
     stores: bool = False
     cache: bool = False
+    http_port: int = 0
 
     @property
     def module(self) -> str:
@@ -71,7 +74,7 @@ class Stage:
 def _registry(*stages: Stage) -> Mapping[str, Stage]:
     by_name = {s.name: s for s in stages}
     problems = [f"{s.name} calls unknown stage {c!r}" for s in stages for c in s.calls if c not in by_name]
-    ports = [p for s in stages for p in (s.port, s.metrics_port)]
+    ports = [p for s in stages for p in (s.port, s.metrics_port, s.http_port) if p]
     if len(set(ports)) != len(ports):
         problems.append(f"a port is used twice: {ports}")
     if len(by_name) != len(stages):
@@ -115,6 +118,16 @@ STAGES: Mapping[str, Stage] = _registry(
         calls=("audio", "lipsync"),
         stores=True,
     ),
+    # The web page: an HTTP server (page, API, live WebSocket) that calls the gateway with the user's
+    # API key; its gRPC port serves health and reflection only.
+    Stage(
+        "web",
+        port=50067,
+        metrics_port=9098,
+        settings="services.web.settings:WebSettings",
+        calls=("gateway",),
+        http_port=8080,
+    ),
 )
 
 
@@ -139,8 +152,11 @@ def public_stages() -> frozenset[str]:
 
 
 def called_stages() -> tuple[str, ...]:
-    """The stages some other stage dials (audio, lipsync, superres: the model stages), in registry order."""
-    called = {c for s in STAGES.values() for c in s.calls}
+    """The stages some other stage dials (audio, lipsync, superres: the model stages), in registry order.
+
+    The public API (the gateway) is left out: the web page's bridge dials it as any client does, so
+    it is a caller of the pipeline, not a stage of it."""
+    called = {c for s in STAGES.values() for c in s.calls if not STAGES[c].public}
     return tuple(name for name in STAGES if name in called)
 
 

@@ -1,0 +1,76 @@
+"""The web deployable in the common bootstrap: its gRPC port serves health and reflection only (the
+chart's probes, as for every stage); `load` waits for the gateway and opens the HTTP site, so the
+process is SERVING only once the page can be served and its calls can reach the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.serving.channels import grpc_target
+from services.serving.server import Service
+from services.web.app import WebApp
+from services.web.gateway_link import GatewayLink
+from services.web.settings import WebSettings
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class WebService(Service[WebSettings]):
+    stage = "web"
+
+    @property
+    def service_names(self) -> Sequence[str]:
+        return []  # health ("") and reflection only: the page is HTTP
+
+    def register(self, server: grpc.aio.Server) -> None:
+        self.gateway: GatewayLink | None = None
+        self.runner: web.AppRunner | None = None
+
+    async def load(self) -> None:
+        s = self.settings
+        self.gateway = GatewayLink(
+            grpc_target(s.gateway_address), s.max_message_bytes, tls=s.gateway_tls, tls_ca_file=s.gateway_tls_ca_file
+        )
+        await self._wait_gateway(s.stage_wait_s)
+        # access_log=None: aiohttp's access log would print every request line; the metrics count them,
+        # and nothing about a request (its key is a header, never logged) goes to the log.
+        self.runner = web.AppRunner(WebApp(s, self.gateway, self.metrics).build(), access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, s.host, s.http_port, reuse_address=True)
+        await site.start()
+        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+        self.http_port = sockets[0].getsockname()[1] if sockets else s.http_port
+        _LOGGER.info("web page listening", extra={"http_port": self.http_port, "gateway": s.gateway_address})
+
+    async def _wait_gateway(self, timeout_s: float) -> None:
+        assert self.gateway is not None
+        health = health_pb2_grpc.HealthStub(self.gateway.channel)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway at {self.settings.gateway_address} is not SERVING after {timeout_s:g} s")
+            await asyncio.sleep(0.2)
+
+    async def begin_drain(self) -> None:
+        """SIGTERM: the page's live sockets are closed with "going away" before the gRPC drain."""
+        if self.runner is not None:
+            await self.runner.shutdown()
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.gateway is not None:
+            await self.gateway.close()
