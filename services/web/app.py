@@ -26,6 +26,7 @@ A gateway status becomes an HTTP status with the gateway's own message in a JSON
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -241,12 +242,12 @@ class WebApp:
                 if response is None:
                     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
                     await response.prepare(request)
-                await response.write(json_format.MessageToJson(event.job, indent=None).encode() + b"\n")
+                await response.write(json.dumps(to_json(event.job)).encode() + b"\n")
         except grpc.aio.AioRpcError as exc:
             if response is None:
                 return _status_response(exc)
             line = {"error": exc.details() or exc.code().name, "code": exc.code().name}
-            await response.write(web.json_response(line).body + b"\n")  # type: ignore[operator]
+            await response.write(json.dumps(line).encode() + b"\n")
         finally:
             call.cancel()
         if response is None:

@@ -59,7 +59,7 @@ def parse_start(text: str) -> dict[str, Any]:
     try:
         start = json.loads(text)
     except ValueError:
-        raise StartError("the first message must be JSON: {\"type\": \"start\", ...}") from None
+        raise StartError('the first message must be JSON: {"type": "start", ...}') from None
     if not isinstance(start, dict) or start.get("type") != "start":
         raise StartError('the first message must be {"type": "start", "api_key", "avatar_id", ...}')
     if not isinstance(start.get("avatar_id"), str) or not start["avatar_id"]:
@@ -249,7 +249,9 @@ class LiveBridge:
                 elif kind == "end":
                     await up.put(session_pb2.ConverseRequest(end_of_utterance=session_pb2.EndOfUtterance()))
                 else:
-                    await _send_error(ws, "INVALID_ARGUMENT", 'messages are PCM (binary), {"type": "clear"} or {"type": "end"}')
+                    await _send_error(
+                        ws, "INVALID_ARGUMENT", 'messages are PCM (binary), {"type": "clear"} or {"type": "end"}'
+                    )
                     break
             elif message.type == WSMsgType.ERROR:
                 _LOGGER.info("live WebSocket failed", extra={"error": str(ws.exception())})

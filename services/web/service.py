@@ -61,7 +61,9 @@ class WebService(Service[WebSettings]):
             except grpc.aio.AioRpcError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway at {self.settings.gateway_address} is not SERVING after {timeout_s:g} s")
+                raise RuntimeError(
+                    f"the gateway at {self.settings.gateway_address} is not SERVING after {timeout_s:g} s"
+                )
             await asyncio.sleep(0.2)
 
     async def begin_drain(self) -> None:

@@ -39,7 +39,8 @@ class WebSettings(ServiceSettings):
         200 * 1024 * 1024, "largest avatar upload, refused 413 before it reaches the gateway (the gateway's own limit)"
     )
     max_audio_bytes: int = setting(
-        50 * 1024 * 1024, "largest audio file of a job, refused 413 before it reaches the gateway (the gateway's own limit)"
+        50 * 1024 * 1024,
+        "largest audio file of a job, refused 413 before it reaches the gateway (the gateway's own limit)",
     )
     max_live_message_bytes: int = setting(
         64 * 1024, "largest WebSocket message from the page (PCM chunks of 100 ms at 48 kHz are 9.6 kB)"
