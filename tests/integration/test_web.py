@@ -135,9 +135,13 @@ const onFrame = (event) => {
     let diff = 0, x0 = 128, y0 = 128, x1 = -1, y1 = -1;
     for (let i = 0; i < px.length; i += 4) {
       const d = Math.abs(px[i] - prev[i]) + Math.abs(px[i + 1] - prev[i + 1]) + Math.abs(px[i + 2] - prev[i + 2]);
-      if (d > 24) { diff += 1; const p = i / 4, x = p % 128, y = Math.floor(p / 128); x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
+      if (d > 24) {
+        diff += 1; const p = i / 4, x = p % 128, y = Math.floor(p / 128);
+        x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+      }
     }
-    frames.push({speech: event.detail.speech, rms: event.detail.rms, diff: diff / (128 * 128), box: x1 < 0 ? null : [x0 / 128, y0 / 128, (x1 + 1) / 128, (y1 + 1) / 128]});
+    const box = x1 < 0 ? null : [x0 / 128, y0 / 128, (x1 + 1) / 128, (y1 + 1) / 128];
+    frames.push({speech: event.detail.speech, rms: event.detail.rms, diff: diff / (128 * 128), box});
   }
   prev = px;
 };
