@@ -19,8 +19,9 @@ apt_install() {
 #    the tests run against the services and the chart's rules, and the PostgreSQL server (every job
 #    store test runs on SQLite and on a real PostgreSQL). (FFmpeg with libx264 and AAC comes with
 #    PyAV's wheel, the Haar cascades with opencv-python-headless.) The package's service is not
-#    started here; the tests start their own Prometheus and PostgreSQL on free ports.
-APT_PACKAGES=(${LIPLINE_APT_PACKAGES-prometheus postgresql})
+#    started here; the tests start their own Prometheus and PostgreSQL on free ports. Chromium and
+#    its chromedriver: the web page's tests drive a real headless browser (tests/helpers/browser.py).
+APT_PACKAGES=(${LIPLINE_APT_PACKAGES-prometheus postgresql chromium chromium-driver})
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

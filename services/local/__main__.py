@@ -8,7 +8,9 @@ shuts the services down with SIGTERM.
 
 `python -m services.local serve` starts the same services and keeps them running (Ctrl-C stops
 them), printing the gateway's address for a product backend or a developer to call (live sessions
-too: `python -m services.gateway.client live --address ADDRESS --avatar ID speech.wav out.mp4`).
+too: `python -m services.gateway.client live --address ADDRESS --avatar ID speech.wav out.mp4`),
+and the web page's URL (services/web: avatars, jobs and a live session from the microphone in a
+browser; local mode's gateway checks no API keys, so the page asks for none).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="live worker processes (live sessions; 0: none); default 1 for serve, 0 for demo (it renders a job only)",
     )
     p.add_argument("--gateway-port", type=int, default=0, help="serve: the gateway's port (0 = any free port)")
+    p.add_argument(
+        "--web-port", type=int, default=8080, help="serve: the web page's HTTP port (0 = any free port; -1 = no page)"
+    )
     p.add_argument("--avatar", type=Path, default=REPO_ROOT / "samples" / "avatar.jpg", help="photo or video")
     p.add_argument("--audio", type=Path, default=REPO_ROOT / "samples" / "speech.wav", help="speech audio file")
     p.add_argument("--output", type=Path, default=REPO_ROOT / "outputs" / "demo.mp4")
@@ -64,10 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway_port:
         extra["gateway"] = [f"--port={args.gateway_port}"]
     live_workers = args.live_workers if args.live_workers is not None else int(args.command == "serve")
-    replicas = {"render": args.workers, "live": live_workers}
+    web = args.command == "serve" and args.web_port >= 0
+    if web:
+        extra["web"] = [f"--http-port={args.web_port}", "--require-api-key=false"]
+    replicas = {"render": args.workers, "live": live_workers, "web": int(web)}
     live = f" and {live_workers} live workers" if live_workers else ""
+    page = " and the web page" if web else ""
     print(
-        f"starting audio, lipsync, superres, gateway, {args.workers} render workers{live} on 127.0.0.1 (logs in {args.workdir})",
+        f"starting audio, lipsync, superres, gateway, {args.workers} render workers{live}{page} on 127.0.0.1 (logs in {args.workdir})",
         flush=True,
     )
     started = time.perf_counter()
@@ -75,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"all services SERVING after {time.perf_counter() - started:.1f} s; gateway at {cluster.gateway_address}")
         if live_workers:
             print(f"live workers at {', '.join(cluster.processes[n].address for n in cluster.replica_names('live'))}")
+        if web:
+            print(f"web page at {cluster.web_url}")
         if args.command == "serve":
             print("serving; Ctrl-C (or SIGTERM) stops every service", flush=True)
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
