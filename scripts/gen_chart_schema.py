@@ -289,6 +289,10 @@ def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
             **PORT,
             "description": "the /metrics port (LIPLINE_METRICS_PORT, the Service's `metrics` port)",
         },
+        "httpPort": {
+            **PORT,
+            "description": "an HTTP port beside gRPC (the web page: LIPLINE_HTTP_PORT, the Service's `http` port, webIngress)",
+        },
         "replicas": {"type": "integer", "minimum": 0, "description": "pods when autoscaling is off"},
         "gpu": {"type": "integer", "minimum": 0, "description": "GPUs per pod (gpu.resourceName); 0 = a CPU stage"},
         "headless": {
@@ -578,6 +582,16 @@ def _ingress_schema() -> dict[str, Any]:
     }
 
 
+def _web_ingress_schema() -> dict[str, Any]:
+    schema = _ingress_schema()
+    schema["description"] = "an Ingress to the web page's Service (HTTP and its live WebSocket)"
+    schema["properties"]["annotations"] = {
+        **STRING_MAP,
+        "description": "the ingress controller's annotations (WebSocket timeouts, body size)",
+    }
+    return schema
+
+
 def _grpc_route_schema() -> dict[str, Any]:
     parent = {
         "type": "object",
@@ -749,6 +763,7 @@ def build() -> dict[str, Any]:
                 "properties": {
                     "enabled": {"type": "boolean"},
                     "gatewayFrom": {"type": "array"},
+                    "webFrom": {"type": "array"},
                     "metricsFrom": {"type": "array"},
                 },
             },
@@ -773,6 +788,7 @@ def build() -> dict[str, Any]:
                 },
             },
             "ingress": _ingress_schema(),
+            "webIngress": _web_ingress_schema(),
             "grpcRoute": _grpc_route_schema(),
             "tests": {
                 "type": "object",

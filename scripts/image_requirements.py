@@ -104,6 +104,8 @@ EXCLUDED: dict[str, frozenset[str]] = {
     "render": DEV | TORCH | ONNX | MEL,
     # The live worker's incremental mel is services/media/mel.py: librosa stays; no torch, no ONNX.
     "live": DEV | TORCH | ONNX,
+    # The web page: aiohttp, grpc and protobuf over the gateway; no model, no media decoding.
+    "web": DEV | TORCH | ONNX | MEL,
 }
 if set(EXCLUDED) != set(STAGES):  # a stage joined or left the registry: say what its image leaves out
     raise SystemExit(f"{__file__}: EXCLUDED has {sorted(EXCLUDED)}, the registry {sorted(STAGES)}")

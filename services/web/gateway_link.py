@@ -7,13 +7,17 @@ client: the web server has no credentials of its own and keeps nothing between r
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lipline.v1 import gateway_pb2_grpc
 from services.serving.auth import API_KEY_HEADER
-from services.serving.channels import channel_options
+from services.serving.channels import INTERNAL_TOKEN, channel_options, grpc_target
+from services.serving.discovery import DiscoveredChannel, discovery_for
 
 #: the HTTP status a page request gets for each gateway status (the body carries the gateway's message)
 HTTP_STATUS = {
@@ -42,17 +46,59 @@ def key_metadata(api_key: str) -> tuple[tuple[str, str], ...]:
 
 
 class GatewayLink:
-    """One grpc.aio channel to the gateway, shared by every request (HTTP/2 multiplexes them)."""
+    """The channel to the gateway, shared by every request (HTTP/2 multiplexes them).
+
+    Plaintext, it follows the gateway's replicas as every caller of a stage does
+    (services/serving/discovery.py: host:port, dns:///, k8s:///, file://). Over TLS it is one
+    channel to the address as given (a Service or an ingress in front of the gateways). It never
+    carries the internal token: the gateway authenticates the page's user by their API key only.
+    """
 
     def __init__(self, address: str, max_message_bytes: int, *, tls: bool = False, tls_ca_file: str = "") -> None:
-        options = channel_options(max_message_bytes)
+        self.address = address
+        self._tls_channel: grpc.aio.Channel | None = None
+        self._discovered: DiscoveredChannel | None = None
         if tls or tls_ca_file:
             roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
             credentials = grpc.ssl_channel_credentials(root_certificates=roots)
-            self.channel = grpc.aio.secure_channel(address, credentials, options=options)
+            self._tls_channel = grpc.aio.secure_channel(
+                grpc_target(address), credentials, options=channel_options(max_message_bytes)
+            )
         else:
-            self.channel = grpc.aio.insecure_channel(address, options=options)
-        self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
+            INTERNAL_TOKEN.set("")  # this task's context: the discovered channels are opened in it
+            self._discovered = DiscoveredChannel(discovery_for(address), max_message_bytes, name="gateway")
+
+    async def start(self, timeout_s: float) -> None:
+        """Find the gateway and wait until it is SERVING; RuntimeError after `timeout_s`."""
+        if self._discovered is not None:
+            await self._discovered.start()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                health = health_pb2_grpc.HealthStub(self.channel)
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway at {self.address} is not SERVING after {timeout_s:g} s")
+            await asyncio.sleep(0.2)
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        if self._tls_channel is not None:
+            return self._tls_channel
+        assert self._discovered is not None
+        return self._discovered.stub(lambda channel: channel)
+
+    @property
+    def stub(self) -> gateway_pb2_grpc.GatewayStub:
+        """A stub on the current channel: take one per call, as discovery swaps channels."""
+        return gateway_pb2_grpc.GatewayStub(self.channel)
 
     async def close(self) -> None:
-        await self.channel.close()
+        if self._tls_channel is not None:
+            await self._tls_channel.close()
+        if self._discovered is not None:
+            await self._discovered.close()

@@ -4,16 +4,12 @@ process is SERVING only once the page can be served and its calls can reach the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Sequence
 
 import grpc
 from aiohttp import web
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.serving.channels import grpc_target
 from services.serving.server import Service
 from services.web.app import WebApp
 from services.web.gateway_link import GatewayLink
@@ -36,35 +32,17 @@ class WebService(Service[WebSettings]):
     async def load(self) -> None:
         s = self.settings
         self.gateway = GatewayLink(
-            grpc_target(s.gateway_address), s.max_message_bytes, tls=s.gateway_tls, tls_ca_file=s.gateway_tls_ca_file
+            s.gateway_address, s.max_message_bytes, tls=s.gateway_tls, tls_ca_file=s.gateway_tls_ca_file
         )
-        await self._wait_gateway(s.stage_wait_s)
+        await self.gateway.start(s.stage_wait_s)
         # access_log=None: aiohttp's access log would print every request line; the metrics count them,
         # and nothing about a request (its key is a header, never logged) goes to the log.
         self.runner = web.AppRunner(WebApp(s, self.gateway, self.metrics).build(), access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, s.host, s.http_port, reuse_address=True)
         await site.start()
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
-        self.http_port = sockets[0].getsockname()[1] if sockets else s.http_port
+        self.http_port = int(self.runner.addresses[0][1])  # the port bound (http_port 0: the OS's choice)
         _LOGGER.info("web page listening", extra={"http_port": self.http_port, "gateway": s.gateway_address})
-
-    async def _wait_gateway(self, timeout_s: float) -> None:
-        assert self.gateway is not None
-        health = health_pb2_grpc.HealthStub(self.gateway.channel)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the gateway at {self.settings.gateway_address} is not SERVING after {timeout_s:g} s"
-                )
-            await asyncio.sleep(0.2)
 
     async def begin_drain(self) -> None:
         """SIGTERM: the page's live sockets are closed with "going away" before the gRPC drain."""

@@ -621,7 +621,7 @@ def test_the_public_api_admits_gateway_from_and_the_helm_test_pod() -> None:
     policy = by_kind(docs, "NetworkPolicy")["lip-lipline-gateway"]
     (rule,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "grpc"]
     assert {"namespaceSelector": {"matchLabels": {"team": "product"}}} in rule["from"]
-    assert _grpc_callers(policy) == {"test"}
+    assert _grpc_callers(policy) == {"test", "web"}  # the web page's pods dial it (its `dials`)
 
 
 def test_servicemonitor_scrapes_every_stage_metrics_port(default_docs: list[dict[str, Any]]) -> None:

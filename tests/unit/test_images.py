@@ -34,7 +34,7 @@ DOCKERFILE = (REPO / "services" / "Dockerfile").read_text()
 VALUES = yaml.safe_load((REPO / "helm" / "lipline" / "values.yaml").read_text())
 LOCK = REPO / "requirements.lock"
 STAGES = tuple(VALUES["stages"])
-NO_TORCH = ("audio", "gateway", "render", "live")
+NO_TORCH = ("audio", "gateway", "render", "live", "web")
 # What the gateway and render images must never carry (docs/architecture.md section 6, the brief of issue "render workers").
 FORBIDDEN_WITHOUT_MODELS = {
     "torch",
@@ -69,7 +69,7 @@ def _installed(service: str) -> set[str]:
 
 
 def test_stages_are_the_charts_stages() -> None:
-    assert set(STAGES) == {"audio", "lipsync", "superres", "render", "live", "gateway"}
+    assert set(STAGES) == {"audio", "lipsync", "superres", "render", "live", "gateway", "web"}
 
 
 def test_image_runs_as_the_charts_non_root_user() -> None:
@@ -92,7 +92,8 @@ def test_every_stage_port_is_exposed() -> None:
     (exposed,) = re.findall(r"^EXPOSE (.+)$", DOCKERFILE, re.M)
     ports = {int(p) for p in exposed.split()}
     for stage in STAGES:
-        assert {VALUES["stages"][stage]["port"], VALUES["stages"][stage]["metricsPort"]} <= ports, stage
+        v = VALUES["stages"][stage]
+        assert {v["port"], v["metricsPort"], *([v["httpPort"]] if "httpPort" in v else [])} <= ports, stage
 
 
 def test_copied_paths_exist_and_are_in_the_build_context() -> None:
@@ -152,6 +153,7 @@ def test_gateway_and_render_images_carry_no_torch_nor_dev_tools() -> None:
     for service in STAGES:
         assert not _installed(service) & TEST_TOOLS, (service, sorted(_installed(service) & TEST_TOOLS))
     assert "librosa" in _installed("audio") and "librosa" in _installed("live")  # the live worker's incremental mel
+    assert "aiohttp" in _installed("web")  # the web page's server
 
 
 def _requires(name: str) -> set[str]:

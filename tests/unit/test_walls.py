@@ -23,12 +23,13 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "jobs": ("torch", "torchvision", "services.inference"),
     "inference": ("services.jobs",),
     "live": ("torch", "torchvision", "services.inference"),
+    "web": ("torch", "torchvision", "services.inference", "services.media", "services.jobs"),
 }
 
 
 # The deployables (services/serving/stages.py): none imports another's package; what two of them
 # share lives in a shared package named by what it is (local mode, which starts them all, may).
-DEPLOYABLES = ("audio", "lipsync", "superres", "gateway", "render", "live")
+DEPLOYABLES = ("audio", "lipsync", "superres", "gateway", "render", "live", "web")
 
 
 def imported_names(path: Path) -> Iterator[tuple[int, str]]:

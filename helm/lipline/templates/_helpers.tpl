@@ -257,6 +257,10 @@ OTEL_SDK_DISABLED=true and nothing else. Call with (dict "root" $ "stage" name).
   value: {{ $s.port | quote }}
 - name: LIPLINE_METRICS_PORT
   value: {{ $s.metricsPort | quote }}
+{{- if $s.httpPort }}
+- name: LIPLINE_HTTP_PORT
+  value: {{ $s.httpPort | quote }}
+{{- end }}
 - name: HOME
   value: /tmp
 {{- /* commonConfig, less the keys the stage's own config sets (those come below, once). */}}

@@ -41,6 +41,7 @@ def test_the_charts_traits_are_the_registrys(name: str) -> None:
     assert v["stores"] == s.stores
     assert ("cache" in v) == s.cache
     assert list(v["dials"]) == list(s.calls)
+    assert v.get("httpPort", 0) == s.http_port
 
 
 # A live worker's own address, as the gateway dials it (advertised in the job store): not a stage it dials.
@@ -66,7 +67,9 @@ def test_the_services_default_ports_and_addresses_are_the_registrys() -> None:
 def test_the_dockerfile_exposes_every_port_and_names_every_stage() -> None:
     dockerfile = (REPO / "services" / "Dockerfile").read_text()
     (exposed,) = re.findall(r"^EXPOSE (.+)$", dockerfile, re.M)
-    assert {int(p) for p in exposed.split()} == {p for s in STAGES.values() for p in (s.port, s.metrics_port)}
+    assert {int(p) for p in exposed.split()} == {
+        p for s in STAGES.values() for p in (s.port, s.metrics_port, s.http_port) if p
+    }
     (usage,) = re.findall(r"--build-arg SERVICE=([a-z|]+)", dockerfile)
     assert usage.split("|") == list(STAGES)
 
@@ -102,12 +105,13 @@ def test_the_local_cluster_reads_the_registry() -> None:
         "render": ("lipsync", "superres"),
         "live": ("lipsync", "superres"),
         "gateway": ("audio", "lipsync"),
+        "web": ("gateway",),
     }
 
 
 def test_start_order_puts_every_stage_after_what_it_calls() -> None:
     waves = start_order()
-    assert waves == [["audio", "lipsync", "superres"], ["render", "live", "gateway"]]
+    assert waves == [["audio", "lipsync", "superres"], ["render", "live", "gateway"], ["web"]]
     wave_of = {name: i for i, wave in enumerate(waves) for name in wave}
     for s in STAGES.values():
         assert all(wave_of[c] < wave_of[s.name] for c in s.calls)
@@ -125,7 +129,7 @@ def test_a_stage_added_to_the_registry_joins_the_lists(monkeypatch: pytest.Monke
         calls=("superres",),
     )
     monkeypatch.setattr(registry, "STAGES", MappingProxyType({**STAGES, dummy.name: dummy}))
-    assert start_order()[-1] == ["render", "live", "gateway", "facerestore"]
+    assert start_order()[-2] == ["render", "live", "gateway", "facerestore"]
     assert gpu_stages() == ("lipsync", "superres", "facerestore")
     assert stage("facerestore").image == "lipline-facerestore" and dummy.module == "services.facerestore"
     schema = _script("gen_chart_schema").build()["properties"]["stages"]
