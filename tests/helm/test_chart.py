@@ -752,7 +752,7 @@ def test_kubernetes_discovery_watches_endpoint_slices_with_the_least_rights() ->
     deployments = by_kind(docs, "Deployment")
     for name, deployment in deployments.items():
         pod = deployment["spec"]["template"]["spec"]
-        callers = name.endswith(("-gateway", "-render", "-live"))
+        callers = name.endswith(("-gateway", "-render", "-live", "-web"))
         assert pod["automountServiceAccountToken"] is callers, name  # the API token only where it is used
     assert (
         env_of(deployments["lip-lipline-render"])["LIPLINE_LIPSYNC_ADDRESS"] == "k8s:///lip-lipline-lipsync.media:50062"
