@@ -163,6 +163,7 @@ def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_c
     assert idle and all(not f["speech"] for f in idle)
     assert np.mean([f["diff"] for f in idle]) < 1e-4, "the idle loop of a photo is still"
 
+    assert "H.264 (WebCodecs)" in browser.text("#live-video"), "Debian's Chromium decodes H.264 with WebCodecs"
     browser.click("#live-talk")
     frames = browser.run_async(MEASURE, 2 * (SPEECH_S + SILENCE_S) + 1.0)
     browser.screenshot(shots / "live.png")
@@ -195,6 +196,25 @@ def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_c
     browser.wait_for("return document.getElementById('live-state').textContent === 'no session';")
 
 
+def test_a_live_session_in_jpeg_draws_frames_without_webcodecs(
+    web_cluster: LocalCluster, browser: Browser, avatar_id: str
+) -> None:
+    """The page's fallback for a browser without WebCodecs: JPEG frames drawn with createImageBitmap."""
+    open_page(browser, web_cluster, KEY)
+    browser.wait_for("return document.querySelectorAll('#live-avatar option').length > 0;", what="the avatar list")
+    browser.run(
+        "document.getElementById('live-avatar').value = arguments[0];"
+        "document.getElementById('live-codec').value = 'jpeg';",
+        avatar_id,
+    )
+    browser.click(".tab[data-view=live]")
+    browser.click("#live-start")
+    browser.wait_for("return window.lipline.live.framesDrawn > 10;", what="JPEG frames drawn")
+    assert "JPEG" in browser.text("#live-video")
+    browser.click("#live-stop")
+    browser.wait_for("return document.getElementById('live-state').textContent === 'no session';")
+
+
 def test_a_wrong_api_key_shows_the_gateways_unauthenticated_message(
     web_cluster: LocalCluster, browser: Browser, shots: Path
 ) -> None:
@@ -204,6 +224,7 @@ def test_a_wrong_api_key_shows_the_gateways_unauthenticated_message(
     )
     assert "not valid here" in status  # the gateway's own words (services/serving/auth.py)
     assert browser.text("#avatar-message").startswith("UNAUTHENTICATED: the API key")
+    assert browser.run("return document.querySelectorAll('#avatar-list .avatar').length;") == 0
     assert browser.run("return sessionStorage.getItem('lipline.apiKey');") == "not-the-key-0123456789"
     assert browser.run("return localStorage.getItem('lipline.apiKey');") is None, "the key lives in sessionStorage only"
     browser.screenshot(shots / "wrong-key.png")

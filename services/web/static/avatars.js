@@ -55,6 +55,7 @@ export class Avatars {
       if (!this.list.length) showMessage(this.message, "no avatars yet: upload a photo or a short video");
       else if (this.message.classList.contains("error")) showMessage(this.message, "");
     } catch (error) {
+      if (error.code === "UNAUTHENTICATED") { this.list = []; this.render(); }  // nothing shown for a refused key
       showError(this.message, error);
       throw error;
     }

@@ -145,6 +145,7 @@ export class LiveView {
   }
 
   drawn() {
+    if (!this.ws) return;  // a picture decoded after the socket closed: the session is over
     this.framesDrawn += 1;
     this.lastFrame = this.pending;
     $("live-frames").textContent = String(this.framesDrawn);
