@@ -196,6 +196,28 @@ def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_c
     browser.wait_for("return document.getElementById('live-state').textContent === 'no session';")
 
 
+def test_a_job_from_audio_recorded_with_the_microphone(
+    web_cluster: LocalCluster, browser: Browser, avatar_id: str
+) -> None:
+    """Record (the fake microphone, encoded to WAV in the page), submit, the job finishes."""
+    open_page(browser, web_cluster, KEY)
+    browser.wait_for("return document.querySelectorAll('#job-avatar option').length > 0;", what="the avatar list")
+    browser.run("document.getElementById('job-avatar').value = arguments[0];", avatar_id)
+    browser.click(".tab[data-view=job]")
+    browser.click("#job-record")
+    browser.wait_for("return window.lipline.job.recording && window.lipline.job.recording.chunks.length >= 75;")
+    browser.click("#job-record")
+    assert browser.text("#job-record-status").startswith("recorded ")
+    browser.click("#job-submit")
+    browser.wait_for(
+        "return !document.getElementById('job-result').hidden"
+        " || document.getElementById('job-message').classList.contains('error');",
+        timeout_s=120,
+        what="the recorded job to finish",
+    )
+    assert browser.text("#job-progress-text").startswith("100 %"), browser.messages()
+
+
 def test_a_live_session_in_jpeg_draws_frames_without_webcodecs(
     web_cluster: LocalCluster, browser: Browser, avatar_id: str
 ) -> None:
@@ -211,6 +233,11 @@ def test_a_live_session_in_jpeg_draws_frames_without_webcodecs(
     browser.click("#live-start")
     browser.wait_for("return window.lipline.live.framesDrawn > 10;", what="JPEG frames drawn")
     assert "JPEG" in browser.text("#live-video")
+    browser.choose_file("#live-file", SAMPLES / "speech.wav")  # "play a file": sent in real time, then EndOfUtterance
+    browser.click("#live-play")
+    browser.wait_for("return window.lipline.live.lastFrame.speech;", what="speech frames from the file")
+    browser.click("#live-clear")
+    browser.wait_for("return !window.lipline.live.lastFrame.speech;", what="idle after Clear")
     browser.click("#live-stop")
     browser.wait_for("return document.getElementById('live-state').textContent === 'no session';")
 
