@@ -164,11 +164,16 @@ def test_a_job_completes_over_tls_with_the_key(secured: Secured, tmp_path: Path)
 def test_plaintext_to_the_tls_port_fails(secured: Secured) -> None:
     with (
         LiplineClient(
-            secured.cluster.gateway_address, timeout=5, api_key=secured.keys["alice"], tls=False, tls_ca_file=""
+            secured.cluster.gateway_address,
+            timeout=5,
+            api_key=secured.keys["alice"],
+            tls=False,
+            tls_ca_file="",
+            retry=NO_RETRY,
         ) as client,
         pytest.raises(grpc.RpcError) as caught,
     ):
-        client.avatar_ids()
+        client.list_avatars()
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 

@@ -206,17 +206,17 @@ def test_jobs_per_client_are_capped(fx: Fixture) -> None:
     audio = cut_wav((SAMPLES / "speech.wav").read_bytes(), 1.0)
     with LiplineClient(address, timeout=60, api_key="x") as x, LiplineClient(address, timeout=60, api_key="y") as y:
         avatar = x.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
-        jobs = [x.submit(avatar.id, audio) for _ in range(JOBS_PER_CLIENT)]
+        jobs = [x.submit_job(avatar.id, audio) for _ in range(JOBS_PER_CLIENT)]
         assert {fx.store.get_job(j.id).owner for j in jobs} == {"key:x"}
         with pytest.raises(grpc.RpcError) as err:
-            x.submit(avatar.id, audio)
+            x.submit_job(avatar.id, audio)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "'key:x'" in err.value.details() and f"limit {JOBS_PER_CLIENT} for one client" in err.value.details()
         # Another client still gets its jobs queued; a cancelled job frees its owner's slot.
-        other = y.submit(avatar.id, audio)
+        other = y.submit_job(avatar.id, audio)
         assert fx.store.get_job(other.id).owner == "key:y"
         x.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=jobs[0].id), timeout=10)
-        jobs.append(x.submit(avatar.id, audio))
+        jobs.append(x.submit_job(avatar.id, audio))
         for job in [*jobs, other]:  # leave nothing queued for the tests after this one
             y.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=10)
 

@@ -128,7 +128,7 @@ def test_a_job_shows_up_per_stage_and_in_the_chart_rules(
     prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
 ) -> None:
     avatar = client.create_avatar(avatar_bytes)
-    job = client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
+    job = client.wait(client.submit_job(avatar.id, speech_bytes, super_resolution=True).id)
     assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
 
     def stages_with_items() -> set[str]:
@@ -185,7 +185,7 @@ def test_adapter_queries_give_one_value_per_pod(
 ) -> None:
     rules = {r["name"]["as"]: r for r in yaml.safe_load(ADAPTER.read_text())["rules"]}
     avatar = client.create_avatar(avatar_bytes)
-    client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
+    client.wait(client.submit_job(avatar.id, speech_bytes, super_resolution=True).id)
 
     queue = _adapter_query(rules["lipline_stage_queue_mean_seconds"])
     rows = eventually(lambda: prometheus.query(queue), what=f"a value of {queue}")
@@ -245,7 +245,7 @@ def test_keda_trigger_queries_as_rendered_by_the_chart(
     rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-render"]), what="the render KEDA query")
     assert len(rows) == 1 and float(rows[0]["value"][1]) >= 0
     avatar = client.create_avatar(avatar_bytes)
-    client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
+    client.wait(client.submit_job(avatar.id, speech_bytes, super_resolution=True).id)
     # superres scales on queue time, which the job above gives a value.
     rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-superres"]), what="the superres KEDA query")
     assert len(rows) == 1 and float(rows[0]["value"][1]) >= 0
