@@ -21,6 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lipline.v1 import audio_pb2, gateway_pb2
+from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient, render_file
 from services.local.cluster import REPO_ROOT, STAGES, LocalCluster
 from tests.integration.util import SAMPLES, health_status, start_cluster
