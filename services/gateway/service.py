@@ -28,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb2_grpc, session_pb2
+from services.gateway.audio_uri import AudioFetcher
 from services.gateway.avatars import AvatarUpload, add_avatar
 from services.gateway.converse import converse
 from services.gateway.janitor import AvatarJanitor, purge_deleted_avatars
@@ -138,10 +140,11 @@ async def _avatar_upload(
     return AvatarUpload(data, name, photo_fps)
 
 
-def _job_request(request: gateway_pb2.SubmitJobRequest, max_audio_bytes: int) -> JobRequest:
-    """SubmitJob's request, decoded: its sizes and ranges checked, only the known options kept."""
-    if len(request.audio) > max_audio_bytes:
-        raise TooLarge(f"audio is {len(request.audio)} bytes; the limit is {max_audio_bytes}")
+def _job_request(request: gateway_pb2.SubmitJobRequest, audio: bytes, max_audio_bytes: int) -> JobRequest:
+    """SubmitJob's request, decoded: its sizes and ranges checked, only the known options kept.
+    `audio` is the request's bytes, or what its audio_uri held (checked the same way)."""
+    if len(audio) > max_audio_bytes:
+        raise TooLarge(f"audio is {len(audio)} bytes; the limit is {max_audio_bytes}")
     if request.options.crf > 51:
         raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
     # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
@@ -151,7 +154,13 @@ def _job_request(request: gateway_pb2.SubmitJobRequest, max_audio_bytes: int) ->
     if options.loop not in gateway_pb2.JobOptions.LoopMode.values():
         raise InvalidRequest(f"loop {options.loop} is not one of PING_PONG (0) or WRAP (1)")
     _check_avatar_id(request.avatar_id)
-    return JobRequest(request.avatar_id, request.audio, options.SerializeToString())
+    return JobRequest(request.avatar_id, audio, options.SerializeToString())
+
+
+def _check_audio_source(request: gateway_pb2.SubmitJobRequest) -> None:
+    """Exactly one of audio and audio_uri (an empty upload is the audio stage's INVALID_ARGUMENT, as before)."""
+    if request.audio and request.audio_uri:
+        raise InvalidRequest("send the audio's bytes (audio) or where to fetch them (audio_uri), not both")
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -210,7 +219,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self, request: gateway_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.Job:
         svc = self._svc
-        job_request = _job_request(request, svc.settings.max_audio_bytes)
+        _check_audio_source(request)
+        _job_request(request, request.audio, svc.settings.max_audio_bytes)  # the cheap checks before a fetch
+        if request.audio_uri:
+            audio = await svc.audio_fetcher.fetch(request.audio_uri)
+            _LOGGER.info("audio_uri fetched", extra={"audio_uri": request.audio_uri[:200], "bytes": len(audio)})
+        else:
+            audio = request.audio
+        job_request = _job_request(request, audio, svc.settings.max_audio_bytes)
         caller = Caller(_tenant(), CLIENT_ID.get(), REQUEST_ID.get(), context_carrier())
         return job_to_proto(await submit_job(svc.jobs, svc.blobs, svc.audio, svc.settings, job_request, caller))
 
@@ -288,6 +304,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             with contextlib.suppress(Exception):  # ValueError if a cancelled read is still running
                 getattr(chunks, "close", lambda: None)()
 
+    async def GetOutputUrl(
+        self, request: gateway_pb2.GetOutputUrlRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetOutputUrlResponse:
+        """A presigned URL of the output (signed locally: no blob store call), for the caller's own
+        SUCCEEDED job; FAILED_PRECONDITION before that and on a blob store without such URLs."""
+        svc = self._svc
+        _check_job_id(request.job_id)
+        job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, _tenant())
+        if job.state != JobState.SUCCEEDED:
+            raise FailedPrecondition(
+                f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED"
+            )
+        ttl = svc.settings.output_url_ttl_s
+        expires = time.time() + ttl
+        url = await asyncio.to_thread(svc.blobs.presigned_url, output_key(job.id), ttl)
+        if url is None:
+            raise FailedPrecondition(
+                "this gateway's blob store is a folder, which has no download URLs (they need S3); use DownloadOutput"
+            )
+        expire_time = Timestamp()
+        expire_time.FromNanoseconds(int(expires * 1e9))
+        return gateway_pb2.GetOutputUrlResponse(url=url, expire_time=expire_time)
+
     # -- live sessions --------------------------------------------------------------------------
 
     async def CreateSession(
@@ -347,6 +386,7 @@ class GatewayService(Service[GatewaySettings]):
         )
         self.janitor = AvatarJanitor(self.jobs, self.blobs, s.avatar_purge_interval_s)
         self.janitor.start()
+        self.audio_fetcher = AudioFetcher(s, self.blobs)
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
         self.clients = DiscoveredStageClients(
             {"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes
@@ -367,6 +407,8 @@ class GatewayService(Service[GatewaySettings]):
     async def close(self) -> None:
         if hasattr(self, "janitor"):
             await self.janitor.close()
+        if hasattr(self, "audio_fetcher"):
+            await self.audio_fetcher.close()
         if hasattr(self, "feed"):
             await self.feed.close()
         if hasattr(self, "live"):

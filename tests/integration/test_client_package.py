@@ -4,6 +4,7 @@ this checkout, its contents checked, and its example script rendering the sample
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,9 +24,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the wheel, the folder it is installed into), built with this interpreter's setuptools."""
     tmp = tmp_path_factory.mktemp("client-package")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    wheels, target = tmp / "wheels", tmp / "site"
+    wheels, target, source = tmp / "wheels", tmp / "site", tmp / "source"
+    # Built from a copy: setuptools writes build/ and *.egg-info into the folder it builds.
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     build = subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(CLIENT)],
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
         capture_output=True,
         text=True,
         timeout=240,
