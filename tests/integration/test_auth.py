@@ -24,39 +24,10 @@ from lipline.v1 import audio_pb2, gateway_pb2
 from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient, render_file
 from services.local.cluster import REPO_ROOT, STAGES, LocalCluster
+from tests.helpers.certificates import make_certificate
 from tests.integration.util import SAMPLES, health_status, start_cluster
 
 GATEWAY = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
-
-
-def make_certificate(folder: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for localhost and 127.0.0.1 (PEM files cert, key)."""
-    cert, key = folder / "tls.crt", folder / "tls.key"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "2",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 class Secured:
