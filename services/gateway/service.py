@@ -19,6 +19,9 @@ tenant's same upload finds its avatar again through the store's per-tenant conte
 DeleteAvatar hides the avatar at once and purges its data when no QUEUED or RUNNING job and no live
 session uses it (services.gateway.janitor), so jobs submitted before the delete finish.
 
+Inputs and outputs by reference: SubmitJob's audio_uri is fetched by services.gateway.audio_uri
+(then checked like uploaded bytes); GetOutputUrl signs an S3 URL of the output (blob stores on S3).
+
 Live sessions (services.gateway.sessions, .converse, .live_workers) are rows in the job store placed
 on live workers; the gateway relays each Converse stream to the worker holding its session.
 """
