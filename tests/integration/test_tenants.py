@@ -106,6 +106,12 @@ def test_every_public_rpc_finds_only_the_callers_own(tenants: Tenants, tmp_path:
     not_found(lambda: bob.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id), timeout=30))
     assert acme2.download(job.id, tmp_path / "out.mp4") > 1000
 
+    covered.add("GetOutputUrl")  # the tenant is checked before the blob store (a folder here: no URLs)
+    not_found(lambda: bob.get_output_url(job.id))
+    with pytest.raises(grpc.RpcError) as caught:
+        acme2.get_output_url(job.id)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
     covered.add("CreateSession")
     assert "does not exist" in not_found(lambda: bob.create_session(avatar.id))
     session = acme.create_session(avatar.id)
