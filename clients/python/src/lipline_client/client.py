@@ -143,9 +143,8 @@ class LiplineClient:
         return self._call("GetAvatar", lambda t: self.stub.GetAvatar(request, timeout=t), timeout, True)
 
     def list_avatars(self, *, timeout: float | None = None) -> list[gateway_pb2.Avatar]:
-        request = gateway_pb2.ListAvatarsRequest()
-        response = self._call("ListAvatars", lambda t: self.stub.ListAvatars(request, timeout=t), timeout, True)
-        return list(response.avatars)
+        """The caller's avatars, every page of them (`timeout` per page)."""
+        return list(self._pages("ListAvatars", gateway_pb2.ListAvatarsRequest(), "avatars", timeout))
 
     def delete_avatar(self, avatar_id: str, *, timeout: float | None = None) -> None:
         request = gateway_pb2.DeleteAvatarRequest(avatar_id=avatar_id)
@@ -325,6 +324,23 @@ class LiplineClient:
                 raise ValueError(f"{message.DESCRIPTOR.name} has no request_id in this lipline-client's protos")
             return {}
         return {"request_id": given or str(uuid.uuid4())}
+
+    def _pages(self, method: str, request: Message, items: str, timeout: float | None) -> Iterator[Any]:
+        """The items of a list RPC, page after page (AIP-158: `page_token` in, `next_page_token` out)
+        where its protos have paging, else its one answer. Each page is a call of its own, retried
+        alone (a list is a read)."""
+        rpc = getattr(self.stub, method)
+        paged = has_field(type(request), "page_token")
+        while True:
+            response = self._call(method, lambda t: rpc(request, timeout=t), timeout, True)
+            yield from getattr(response, items)
+            token = getattr(response, "next_page_token", "") if paged else ""
+            if not token:
+                return
+            following = type(request)()
+            following.CopyFrom(request)  # the same filters, the next page
+            setattr(following, "page_token", token)
+            request = following
 
     def _call(self, method: str, attempt: Callable[[float], T], timeout: float | None, idempotent: bool) -> T:
         """`attempt(seconds left)` until it succeeds, a status is not retried, or the deadline is near."""
