@@ -70,4 +70,3 @@ def test_a_list_follows_next_page_token_to_the_end_keeping_its_filters() -> None
         server.stop(0).wait()
     assert items == ["a", "b", "c", "d"]
     assert seen == [("label=x", ""), ("label=x", "p2"), ("label=x", "p3")]
-
