@@ -110,7 +110,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         self.link = FaceLink(
             lambda: clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub),
             superres,
-            FaceLinkSettings(),
+            FaceLinkSettings(flush_interval_s=s.face_flush_ms / 1000),
             on_message=self._on_link_message,
         )
         await self.link.start()
@@ -233,6 +233,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 max_queued_seconds=s.max_queued_audio_s,
                 submit_face=submit_face,
                 lead_s=s.face_lead_s,
+                face_grace_s=s.face_grace_s,
                 max_chunk_ms=s.max_chunk_ms,
                 scale=i420_scaler(meta.width, meta.height, width, height),
             )

@@ -51,6 +51,15 @@ class LiveSettings(FaceWorkerSettings):
         "how far ahead of its slot a speech frame is sent to the lipsync stage (its face must be back by the slot): "
         "two frames at 25 fps, one for the face link's tick and one for the stage",
     )
+    face_grace_s: float = setting(
+        0.02,
+        "how long past its slot's start a speech frame waits for a face not back yet (then skipped); at most half a frame",
+    )
+    face_flush_ms: float = setting(
+        10.0,
+        "how often the face link sends the faces asked for (one message for all of the worker's sessions): "
+        "a face waits up to this long before it is sent; shorter costs more messages at the lipsync stage",
+    )
     send_queue_frames: int = setting(
         50,
         "frames queued per Converse stream for a client that reads slowly (2 s at 25 fps); beyond it frames are dropped (counted)",
@@ -75,6 +84,10 @@ class LiveSettings(FaceWorkerSettings):
             problems.append("max_session_seconds, idle_timeout_s and max_queued_audio_s must be > 0")
         if not 0 <= self.face_lead_s <= 1:
             problems.append(f"face_lead_s must be in 0..1 s, got {self.face_lead_s}")
+        if not 0 <= self.face_grace_s <= 0.5:
+            problems.append(f"face_grace_s must be in 0..0.5 s, got {self.face_grace_s}")
+        if not 0 < self.face_flush_ms <= 1000:
+            problems.append(f"face_flush_ms must be in (0, 1000] ms, got {self.face_flush_ms}")
         if self.send_queue_frames < 1:
             problems.append(f"send_queue_frames must be >= 1, got {self.send_queue_frames}")
         if self.lease_s <= 2 * self.heartbeat_s:
