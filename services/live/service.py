@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -377,6 +378,8 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 "session_id": runner.session_id,
                 "state": session_pb2.SessionState.Name(ending.state),
                 "reason": ending.error,
+                "frames": dataclasses.asdict(runner.live.counts),
+                "dropped_for_slow_reader": runner.dropped,
             },
         )
         if ending.state != session_pb2.SESSION_STATE_ACTIVE:  # ACTIVE: it goes on elsewhere (drain, a lost lease)

@@ -406,7 +406,7 @@ class LiveSession:
         if work.pending is not None:
             raise RuntimeError("render before settle: the frame's face is still pending")
         if work.skip:
-            self.clock.dropped()
+            self.clock.dropped(face_late=True)
             return Tick(
                 None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
             )

@@ -415,7 +415,7 @@ def test_within_the_grace_a_late_face_is_waited_for_and_used(template, speech_pc
     assert [t.slot for t in skipped] == [12] and stage.tickets[12].given_up
     late = next(t for t in sent if t.slot == 9)
     assert late.kind is FrameKind.SPEECH and late.frame is not None
-    assert session.counts.skipped == 1 and session.face_failures == 0
+    assert session.counts.skipped == session.counts.skipped_face == 1 and session.face_failures == 0
 
 
 def test_clear_drops_the_planned_frames_and_says_what_played(template, speech_pcm) -> None:
