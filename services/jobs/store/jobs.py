@@ -80,6 +80,15 @@ class RequestKind(str, enum.Enum):
     AVATAR = "avatar"
 
 
+def request_reused_message(kind: RequestKind, request_id: str) -> str:
+    """INVALID_ARGUMENT's text for a request id sent again with another request."""
+    what = "audio, avatar, options or labels" if kind is RequestKind.JOB else "bytes, name, photo_fps or labels"
+    return (
+        f"request_id {request_id} was already used for a different {kind.value} request (other {what}); "
+        "a retry must repeat the request exactly, and a new request needs a new request_id"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class RequestKey:
     """A create's idempotency key: the client's request id, a digest of its canonical request (the
@@ -269,9 +278,7 @@ class JobStore(SessionStore):
         """NotFound unless the job exists and belongs to `tenant` (None: any tenant, workers only)."""
 
     @abc.abstractmethod
-    def list_jobs(
-        self, tenant: str, where: JobFilter, after: PageCursor | None = None, limit: int = 50
-    ) -> list[Job]:
+    def list_jobs(self, tenant: str, where: JobFilter, after: PageCursor | None = None, limit: int = 50) -> list[Job]:
         """The tenant's jobs that pass `where`, newest first by (create_time, id), starting after
         `after` (a page's last job), at most `limit`."""
 
@@ -282,9 +289,7 @@ class JobStore(SessionStore):
         NotFound unless it belongs to `tenant`. Its blobs are the caller's to delete (first)."""
 
     @abc.abstractmethod
-    def find_request(
-        self, tenant: str, kind: RequestKind, request_id: str, window_s: float
-    ) -> RequestRecord | None:
+    def find_request(self, tenant: str, kind: RequestKind, request_id: str, window_s: float) -> RequestRecord | None:
         """The tenant's request id of that kind if it was recorded within the last `window_s`."""
 
     @abc.abstractmethod

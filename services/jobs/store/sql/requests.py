@@ -10,19 +10,11 @@ A row older than the window is deleted before the claim, so the id is new again 
 
 from __future__ import annotations
 
-from services.jobs.store.jobs import RequestKey, RequestKind, RequestRecord
+from services.jobs.store.jobs import RequestKey, RequestKind, RequestRecord, request_reused_message
 from services.jobs.store.sql.tx import Tx
 from services.serving.errors import InvalidRequest
 
 _KEY = "tenant = ? AND kind = ? AND request_id = ?"
-
-
-def reused_message(kind: RequestKind, request_id: str) -> str:
-    return (
-        f"request_id {request_id} was already used for a different {kind.value} request (other "
-        f"{'audio, avatar, options or labels' if kind is RequestKind.JOB else 'bytes, name, photo_fps or labels'}); "
-        "a retry must repeat the request exactly, and a new request needs a new request_id"
-    )
 
 
 def find_request(tx: Tx, tenant: str, kind: RequestKind, request_id: str, window_s: float) -> RequestRecord | None:
@@ -50,7 +42,7 @@ def claim_request(tx: Tx, tenant: str, kind: RequestKind, key: RequestKey, targe
         return None
     row = tx.only(f"SELECT digest, target_id FROM request_ids WHERE {_KEY}", params)
     if row["digest"] != key.digest:
-        raise InvalidRequest(reused_message(kind, key.request_id))
+        raise InvalidRequest(request_reused_message(kind, key.request_id))
     return str(row["target_id"])
 
 

@@ -70,7 +70,7 @@ def _after(cursor: PageCursor | None, alias: str = "") -> tuple[str, tuple]:
 
 def _job_filter(where: JobFilter) -> tuple[str, list]:
     """ListJobs' filters as SQL conditions (each prefixed with AND) and their parameters."""
-    sql, params = "", []
+    sql, params = "", list[object]()
     if where.states:
         states = sorted(int(s) for s in where.states)
         sql += f" AND state IN ({', '.join('?' * len(states))})"
@@ -286,9 +286,7 @@ class SqlJobStore(SqlSessionStore, JobStore):
         return self._transaction(run)
 
     # -- request ids and shared keys ----------------------------------------------------------------
-    def find_request(
-        self, tenant: str, kind: RequestKind, request_id: str, window_s: float
-    ) -> RequestRecord | None:
+    def find_request(self, tenant: str, kind: RequestKind, request_id: str, window_s: float) -> RequestRecord | None:
         return self._transaction(lambda tx: find_request(tx, tenant, kind, request_id, window_s), write=False)
 
     def purge_requests(self, older_than_s: float) -> int:
