@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from services.jobs.store.jobs import AvatarRecord, JobFilter, JobState, JobStore, NewJob, PageCursor
-from services.serving.errors import FailedPrecondition, NotFound
 from services.jobs.store.sqlite import sqlite_path
+from services.serving.errors import FailedPrecondition, NotFound
 from tests.unit.jobs.store.test_jobs import sql
 
 EVERY = JobFilter()
