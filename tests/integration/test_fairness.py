@@ -319,7 +319,7 @@ def test_every_request_field_is_bounded(fx: Fixture) -> None:
             gateway_pb2.ListAvatarsRequest(page_size=5000, page_token=page.next_page_token), timeout=30
         )
     listed = page.avatars
-    assert len(listed) == 1000 and [a.id for a in rest.avatars] == [f"{0:024x}"] and not rest.next_page_token
+    assert len(listed) == 1000 and rest.avatars[0].id == f"{0:024x}"  # then the test's own, older avatars
     times = [a.create_time.ToNanoseconds() for a in listed]
     assert times == sorted(times, reverse=True)
 
