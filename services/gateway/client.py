@@ -160,7 +160,15 @@ class LiplineClient:
             time.sleep(delay)
 
     def avatar_ids(self) -> set[str]:
-        return {a.id for a in self.stub.ListAvatars(gateway_pb2.ListAvatarsRequest(), timeout=self.timeout).avatars}
+        """Every avatar id of the caller (ListAvatars, page by page)."""
+        ids: set[str] = set()
+        request = gateway_pb2.ListAvatarsRequest(page_size=1000)
+        while True:
+            page = self.stub.ListAvatars(request, timeout=self.timeout)
+            ids.update(a.id for a in page.avatars)
+            if not page.next_page_token:
+                return ids
+            request.page_token = page.next_page_token
 
     def delete_avatar(self, avatar_id: str) -> None:
         self.stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar_id), timeout=self.timeout)
