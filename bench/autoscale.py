@@ -62,7 +62,6 @@ class JobRecord:
     ended: float = 0.0
     state: str = "lost"  # until an end is seen
     error: str = ""
-    queue_wait_s: float = 0.0
 
 
 @dataclass
@@ -172,12 +171,19 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     )
     prometheus = PrometheusServer(workdir / "prometheus", scrape_interval_s=scrape_s, rule_files=[RULES])
     with cluster, prometheus:
-        scaler = Autoscaler(cluster, prometheus, objects, namespace=NAMESPACE, release=RELEASE, sync_period_s=sync_s)
+        t0, t0_wall = time.monotonic(), time.time()
+        scaler = Autoscaler(
+            cluster,
+            prometheus,
+            objects,
+            namespace=NAMESPACE,
+            release=RELEASE,
+            sync_period_s=sync_s,
+            clock=lambda: time.monotonic() - t0,
+        )
         client = LiplineClient(cluster.gateway_address, timeout=args.job_timeout_s)
         avatar = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
         load = Load(client, avatar.id, args.audio.read_bytes(), args.super_resolution)
-        t0, t0_wall = time.monotonic(), time.time()
-        scaler.clock = lambda: time.monotonic() - t0
         scaler.start()
         phases: list[dict[str, Any]] = []
 
