@@ -39,7 +39,7 @@ from services.local.hpa import (
     external_value_replicas,
     pods_metric_replicas,
 )
-from services.local.prometheus import PrometheusError, PrometheusServer, Target
+from services.local.prometheus import PrometheusError, PrometheusServer, pod_target
 
 __all__ = ["Autoscaler", "Replica", "process_cpu_seconds"]
 
@@ -135,17 +135,9 @@ class Autoscaler:
         for stage, replicas in self.replicas.items():
             ready = [r for r in replicas if r.phase is Phase.RUNNING]
             self.cluster.publish_addresses(stage, [r.name for r in ready])
-            service = f"{self.release}-{stage}"
             for r in ready:
-                labels = {
-                    "namespace": self.namespace,
-                    "pod": r.pod,
-                    "service": service,
-                    "job": service,
-                    "endpoint": "metrics",
-                    "component": stage,
-                }
-                targets.append(Target(f"127.0.0.1:{self.cluster.processes[r.name].metrics_port}", labels))
+                address = f"127.0.0.1:{self.cluster.processes[r.name].metrics_port}"
+                targets.append(pod_target(address, self.namespace, self.release, stage, r.pod))
         self.prometheus.set_targets(targets)
 
     def _poll_processes(self, now: float) -> None:

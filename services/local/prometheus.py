@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["PrometheusError", "PrometheusServer", "Target", "missing_reason"]
+__all__ = ["PrometheusError", "PrometheusServer", "Target", "missing_reason", "pod_target"]
 
 
 class PrometheusError(RuntimeError):
@@ -48,6 +48,22 @@ class Target:
 
     address: str
     labels: Mapping[str, str]
+
+
+def pod_target(metrics_address: str, namespace: str, release: str, stage: str, pod: str) -> Target:
+    """A replica's target with the labels the chart's ServiceMonitor gives it in a cluster: `namespace`,
+    `pod`, `service` and `job` (the stage's Service, `<release>-<stage>`), `endpoint`, and `component`
+    (the ServiceMonitor's relabeling of the pod's app.kubernetes.io/component label)."""
+    service = f"{release}-{stage}"
+    labels = {
+        "namespace": namespace,
+        "pod": pod,
+        "service": service,
+        "job": service,
+        "endpoint": "metrics",
+        "component": stage,
+    }
+    return Target(metrics_address, labels)
 
 
 def _free_port() -> int:
