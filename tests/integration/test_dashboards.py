@@ -57,7 +57,7 @@ class Live:
 def _talk(client: LiplineClient, avatar_id: str, pcm: bytes) -> None:
     """A session: 1 s of speech, Clear, the rest, EndOfUtterance; the stream held until playback ends."""
     session = client.create_session(avatar_id, sample_rate=RATE)
-    finished = threading.Event()
+    finished, sent = threading.Event(), threading.Event()
     chunks = pcm_chunks(pcm, RATE, 20)
 
     def requests() -> Iterator[session_pb2.ConverseRequest]:
@@ -70,11 +70,13 @@ def _talk(client: LiplineClient, avatar_id: str, pcm: bytes) -> None:
                 yield session_pb2.ConverseRequest(clear=session_pb2.Clear())
             yield session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=chunk))
         yield session_pb2.ConverseRequest(end_of_utterance=session_pb2.EndOfUtterance())
+        sent.set()
         finished.wait(15)
 
     for response in client.converse(requests()):
         kind = response.WhichOneof("response")
-        if kind == "event" and response.event.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED:
+        # Clear ends a playback too: the one that counts comes after the end of the utterance.
+        if kind == "event" and response.event.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED and sent.is_set():
             finished.set()
             break
     client.close_session(session.id)
