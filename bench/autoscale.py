@@ -45,7 +45,14 @@ from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import run_session
 from services.local.autoscaler import Autoscaler
-from services.local.chart_scaling import HPA_SYNC_PERIOD_S, render_chart, scaling_objects, scrape_interval_s
+from services.local.chart_scaling import (
+    HPA_SYNC_PERIOD_S,
+    load_manifests,
+    render_chart,
+    save_manifests,
+    scaling_objects,
+    scrape_interval_s,
+)
 from services.local.cluster import LocalCluster
 from services.local.prometheus import PrometheusServer
 
@@ -71,6 +78,9 @@ class SessionRecord:
     ok: bool = False
     error: str = ""
     latency_p95_s: float = 0.0
+    utterances: int = 0
+    #: CreateSession answered RESOURCE_EXHAUSTED (every live worker full): retried after a second
+    refused: int = 0
 
 
 @dataclass
@@ -108,11 +118,20 @@ class Load:
         self.futures.append(self.pool.submit(self._session, record, t0, seconds))
 
     def _session(self, record: SessionRecord, t0: float, seconds: float) -> None:
-        """Utterances of the sample one after another for `seconds`, each its own session."""
+        """Utterances of the sample one after another for `seconds`, each its own session; a refused
+        CreateSession (the workers are full until the HPA adds one) is retried, as a client would."""
         until = time.monotonic() + seconds
         try:
             while time.monotonic() < until:
-                _, recorder = run_session(self.client, self.avatar_id, self.speech, write=lambda _: None)
+                try:
+                    _, recorder = run_session(self.client, self.avatar_id, self.speech, write=lambda _: None)
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        raise
+                    record.refused += 1
+                    time.sleep(1.0)
+                    continue
+                record.utterances += 1
                 lat = sorted(recorder.latencies())
                 record.latency_p95_s = max(record.latency_p95_s, lat[int(0.95 * (len(lat) - 1))] if lat else 0.0)
             record.ok = True
@@ -150,7 +169,9 @@ def back_at_min(scaler: Autoscaler) -> bool:
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     scale = args.time_scale
-    docs = render_chart(args.helm, CHART, RELEASE, NAMESPACE, args.set)
+    docs = (
+        load_manifests(args.rendered) if args.rendered else render_chart(args.helm, CHART, RELEASE, NAMESPACE, args.set)
+    )
     every = scaling_objects(docs, NAMESPACE, scale)
     unknown = set(args.scale) - set(every)
     if unknown:
@@ -169,7 +190,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     cluster = LocalCluster(
         workdir / "cluster", extra_args=stage_args(args), replicas=replicas, address_files=True, start_timeout_s=600
     )
-    prometheus = PrometheusServer(workdir / "prometheus", scrape_interval_s=scrape_s, rule_files=[RULES])
+    prometheus = PrometheusServer(
+        workdir / "prometheus", scrape_interval_s=scrape_s, rule_files=[RULES], binary=args.prometheus
+    )
     with cluster, prometheus:
         t0, t0_wall = time.monotonic(), time.time()
         scaler = Autoscaler(
@@ -271,6 +294,7 @@ def report(
         "jobs_lost": sum(1 for j in jobs if j["state"] not in ("succeeded", "failed")),
         "sessions": len(load.sessions),
         "sessions_failed": sum(1 for s in load.sessions if not s.ok),
+        "sessions_refused": sum(s.refused for s in load.sessions),
         "replica_exits": {r.name: r.exit_code for r in scaler.gone},
     }
     burst = next((p["t"] for p in phases if p["name"] == "burst"), 0.0)
@@ -390,6 +414,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--helm", default=shutil.which("helm", path=f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin") or "helm"
     )
+    p.add_argument("--prometheus", default="prometheus", help="the prometheus binary")
+    p.add_argument("--rendered", type=Path, default=None, help="the chart's objects from --render-only (no helm here)")
+    p.add_argument("--render-only", type=Path, default=None, help="write the rendered chart (with --set) as JSON, exit")
     p.add_argument("--time-scale", type=float, default=1.0, help="divide every window, period and interval by this")
     p.add_argument("--audio", type=Path, default=SAMPLES / "speech.wav", help="each job's speech")
     p.add_argument("--segment-seconds", type=float, default=0.8, help="the gateway's segment length")
@@ -417,6 +444,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.render_only:
+        save_manifests(render_chart(args.helm, CHART, RELEASE, NAMESPACE, args.set), args.render_only)
+        print(f"wrote {args.render_only}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="autoscale-") as tmp:
         workdir = args.workdir or Path(tmp)
         result = run(args, workdir)

@@ -204,7 +204,7 @@ class Autoscaler:
         try:
             rows = self.prometheus.query(metric.promql(live))
         except PrometheusError as exc:
-            _LOGGER.warning("metric query failed", extra={"stage": obj.stage, "metric": metric.name, "error": str(exc)})
+            _LOGGER.warning("%s: metric %s: query failed: %s", obj.stage, metric.name, exc)
             return None, None
         values = {r["metric"].get("pod", ""): float(r["value"][1]) for r in rows}
         if metric.kind == "pods":

@@ -19,6 +19,7 @@ policy period, the sync period and the scrape interval are divided by it; target
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -26,15 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from services.local.hpa import Behavior
 
 __all__ = [
     "HPA_SYNC_PERIOD_S",
     "MetricSpec",
     "ScalingObject",
+    "load_manifests",
     "render_chart",
+    "save_manifests",
     "scaling_objects",
     "scrape_interval_s",
     "speed_up",
@@ -87,7 +88,8 @@ class MetricSpec:
     empty_is_zero: bool = False
 
     def promql(self, pods: Sequence[str]) -> str:
-        return self.query.replace("{pods}", "|".join(re.escape(p) for p in pods) or "^$")
+        """The query for these pods (pod names are DNS labels: nothing in them needs escaping)."""
+        return self.query.replace("{pods}", "|".join(pods) or "^$")
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,34 @@ def render_chart(
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if out.returncode != 0:
         raise RuntimeError(f"helm template failed ({out.returncode}): {out.stderr.strip()}")
+    import yaml
+
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def save_manifests(docs: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """The rendered objects as JSON, the adapter rules' config.yaml as JSON too: a machine with no
+    helm (and no PyYAML) reads them with `load_manifests`."""
+    out = []
+    for doc in docs:
+        if doc.get("kind") == "ConfigMap" and doc["metadata"]["name"].endswith("-adapter-rules"):
+            doc = {**doc, "data": {"config.yaml": json.dumps(_parse(doc["data"]["config.yaml"]))}}
+        out.append(doc)
+    path.write_text(json.dumps(out))
+
+
+def load_manifests(path: Path) -> list[dict[str, Any]]:
+    return json.loads(path.read_text())
+
+
+def _parse(text: str) -> Any:
+    """JSON (what save_manifests writes), else YAML."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        import yaml
+
+        return yaml.safe_load(text)
 
 
 def _kind(docs: Sequence[Mapping[str, Any]], kind: str) -> list[Mapping[str, Any]]:
@@ -142,7 +171,7 @@ def scrape_interval_s(docs: Sequence[Mapping[str, Any]]) -> float:
 def _adapter_rules(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for cm in _kind(docs, "ConfigMap"):
         if cm["metadata"]["name"].endswith("-adapter-rules"):
-            return yaml.safe_load(cm["data"]["config.yaml"])
+            return _parse(cm["data"]["config.yaml"])
     raise ValueError("the rendered chart has no adapter rules ConfigMap (monitoring.adapterRules.configMap)")
 
 

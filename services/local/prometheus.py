@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 __all__ = ["PrometheusError", "PrometheusServer", "Target", "missing_reason", "pod_target"]
 
 
@@ -35,9 +33,9 @@ class PrometheusError(RuntimeError):
     """The server refused a query (bad PromQL, a timeout): its own message."""
 
 
-def missing_reason() -> str:
+def missing_reason(binary: str = "prometheus") -> str:
     """Why no Prometheus can start here ("" when one can)."""
-    if shutil.which("prometheus") is None:
+    if shutil.which(binary) is None:
         return "needs the prometheus server (Debian package 'prometheus'; bash scripts/install.sh installs it)"
     return ""
 
@@ -85,12 +83,14 @@ class PrometheusServer:
         scrape_interval_s: every target's scrape interval (the ServiceMonitor's `interval`).
         evaluation_interval_s: how often rules are evaluated (default: the scrape interval).
         rule_files: Prometheus rule files to load (the chart's files/prometheus-rules.yaml).
+        binary: the prometheus executable (a path, or a name on PATH).
     """
 
     workdir: Path
     scrape_interval_s: float = 15.0
     evaluation_interval_s: float = 0.0
     rule_files: Sequence[Path] = ()
+    binary: str = "prometheus"
     url: str = ""
     _process: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -106,7 +106,7 @@ class PrometheusServer:
         self.stop()
 
     def start(self, timeout_s: float = 60.0) -> None:
-        reason = missing_reason()
+        reason = missing_reason(self.binary)
         if reason:
             raise RuntimeError(reason)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -129,13 +129,14 @@ class PrometheusServer:
                 }
             ],
         }
-        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        # JSON is YAML: no YAML writer needed (the GPU host's Python may lack PyYAML).
+        (self.workdir / "prometheus.yml").write_text(json.dumps(config, indent=1))
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         log = (self.workdir / "prometheus.log").open("wb")
         self._process = subprocess.Popen(
             [
-                "prometheus",
+                self.binary,
                 f"--config.file={self.workdir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
