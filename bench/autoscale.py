@@ -149,9 +149,27 @@ class Load:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def stage_args(args: argparse.Namespace) -> dict[str, list[str]]:
-    lipsync = [f"--device={args.device}"] + ([f"--checkpoint={args.checkpoint}"] if args.checkpoint else [])
-    superres = [f"--device={args.device}"] + ([f"--checkpoint={args.sr_checkpoint}"] if args.sr_checkpoint else [])
+def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
+    """Each stage's flags. On a GPU without checkpoints the models get seeded weights (the GPU work is
+    the real network's; the procedural stand-in and Lanczos would leave the GPU idle and its metric 0)."""
+    lipsync, superres = [f"--device={args.device}"], [f"--device={args.device}", "--model=realesr-general-x4v3"]
+    gpu = args.device != "cpu"
+    if args.checkpoint:
+        lipsync.append(f"--checkpoint={args.checkpoint}")
+    elif gpu:
+        from bench.bench_lipsync_grpc import write_seeded_checkpoint
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        write_seeded_checkpoint(workdir / "wav2lip-seeded.pth")
+        lipsync.append(f"--checkpoint={workdir / 'wav2lip-seeded.pth'}")
+    if args.sr_checkpoint:
+        superres.append(f"--checkpoint={args.sr_checkpoint}")
+    elif gpu:
+        from bench.bench_superres_grpc import write_seeded_checkpoint as write_seeded_sr
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        write_seeded_sr(workdir / "sr-seeded.pth", "realesr-general-x4v3")
+        superres.append(f"--checkpoint={workdir / 'sr-seeded.pth'}")
     return {
         "lipsync": lipsync,
         "superres": superres,
@@ -188,7 +206,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         metrics = ", ".join(f"{m.name} ({m.kind}) target {m.target:g}" for m in o.metrics)
         print(f"  {o.stage}: {o.kind} {o.min_replicas}-{o.max_replicas} on {metrics}", flush=True)
     cluster = LocalCluster(
-        workdir / "cluster", extra_args=stage_args(args), replicas=replicas, address_files=True, start_timeout_s=600
+        workdir / "cluster",
+        extra_args=stage_args(args, workdir / "weights"),
+        replicas=replicas,
+        address_files=True,
+        start_timeout_s=600,
+        gpus=[g for g in args.gpus.split(",") if g],
     )
     prometheus = PrometheusServer(
         workdir / "prometheus", scrape_interval_s=scrape_s, rule_files=[RULES], binary=args.prometheus
@@ -409,6 +432,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sr-checkpoint", default="", help="Real-ESRGAN .pth (default: Lanczos)")
     p.add_argument(
         "--scale", default="render", help="comma-separated stages to autoscale (render,live,lipsync,superres,audio)"
+    )
+    p.add_argument(
+        "--gpus", default="", help="GPUs to spread the GPU stages' replicas over (replica i -> gpus[i %% n])"
     )
     p.add_argument("--set", action="append", default=[], help="a chart value, as helm --set (repeatable)")
     p.add_argument(
