@@ -213,6 +213,7 @@ class Rules:
     def from_spec(cls, spec: Mapping[str, Any] | None, up: bool) -> Rules:
         """The API server's defaults for what `spec` leaves out (autoscaling/v2 SetDefaults)."""
         spec = spec or {}
+        default_policies: tuple[Policy, ...]
         if up:
             default_policies = (Policy("Percent", 100, 15), Policy("Pods", 4, 15))
             default_window = 0.0
