@@ -442,6 +442,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--prometheus", default="prometheus", help="the prometheus binary")
     p.add_argument("--rendered", type=Path, default=None, help="the chart's objects from --render-only (no helm here)")
+    p.add_argument(
+        "--plot-only", type=Path, default=None, help="draw the PNG of a saved JSON (from a host without matplotlib)"
+    )
     p.add_argument("--render-only", type=Path, default=None, help="write the rendered chart (with --set) as JSON, exit")
     p.add_argument("--time-scale", type=float, default=1.0, help="divide every window, period and interval by this")
     p.add_argument("--audio", type=Path, default=SAMPLES / "speech.wav", help="each job's speech")
@@ -470,6 +473,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.plot_only:
+        png = args.plot_only.with_suffix(".png")
+        if not plot(json.loads(args.plot_only.read_text()), png):
+            raise SystemExit("--plot-only needs matplotlib")
+        print(f"wrote {png}")
+        return 0
     if args.render_only:
         save_manifests(render_chart(args.helm, CHART, RELEASE, NAMESPACE, args.set), args.render_only)
         print(f"wrote {args.render_only}")
