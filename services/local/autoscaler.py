@@ -206,12 +206,13 @@ class Autoscaler:
         except PrometheusError as exc:
             _LOGGER.warning("%s: metric %s: query failed: %s", obj.stage, metric.name, exc)
             return None, None
-        values = {r["metric"].get("pod", ""): float(r["value"][1]) for r in rows}
         if metric.kind == "pods":
+            values = {r["metric"].get("pod", ""): float(r["value"][1]) for r in rows}
             samples = {pod: PodSample(v, now) for pod, v in values.items()}
             value = sum(values.values()) / len(values) if values else None
             return pods_metric_replicas(current, pods, samples, metric.target, now_s=now), value
-        series = list(values.values()) or ([0.0] if metric.empty_is_zero else [])
+        # External: every series the query returns counts (the HPA sums them); KEDA reads nothing as 0.
+        series = [float(r["value"][1]) for r in rows] or ([0.0] if metric.empty_is_zero else [])
         total = sum(series) if series else None
         if metric.kind == "external-average":
             shown = None if total is None or current == 0 else total / current
