@@ -54,9 +54,8 @@ class Live:
     start_s: float
 
 
-def _talk(client: LiplineClient, avatar_id: str, pcm: bytes) -> None:
+def _talk(client: LiplineClient, session: session_pb2.Session, pcm: bytes) -> None:
     """A session: 1 s of speech, Clear, the rest, EndOfUtterance; the stream held until playback ends."""
-    session = client.create_session(avatar_id, sample_rate=RATE)
     finished, sent = threading.Event(), threading.Event()
     chunks = pcm_chunks(pcm, RATE, 20)
 
@@ -101,9 +100,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             with LiplineClient(cluster.gateway_address, timeout=120) as client:
                 avatar = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
                 speech = cut_wav((SAMPLES / "speech.wav").read_bytes(), 2.4)
-                talker = threading.Thread(target=_talk, args=(client, avatar.id, pcm_of_audio(speech, RATE) * 2))
+                session = client.create_session(avatar.id, sample_rate=RATE)
+                talker = threading.Thread(target=_talk, args=(client, session, pcm_of_audio(speech, RATE) * 2))
                 talker.start()
-                time.sleep(1.0)
                 # The one live worker is full: the gateway refuses a second session.
                 with pytest.raises(grpc.RpcError) as refused:
                     client.create_session(avatar.id, sample_rate=RATE)
