@@ -42,7 +42,7 @@ from lipline.v1 import lipsync_pb2_grpc, live_pb2, live_pb2_grpc, session_pb2, s
 from services.jobs.avatar_cache import AvatarCache, LocalAvatar
 from services.jobs.store import close_stores, open_stores
 from services.jobs.store.sessions import SessionState
-from services.live.clock import FrameClock
+from services.live.clock import FrameClock, FrameKind
 from services.live.encoders import DEFAULT_CRF, H264Encoder, JpegEncoder
 from services.live.face_link import FaceLink, FaceLinkSettings, avatar_reference_faces
 from services.live.frame_size import i420_scaler, output_size
@@ -97,6 +97,10 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
 
     async def load(self) -> None:
         s = self.settings
+        # Every frame kind exported from the start (0): a rate of skipped frames over all frames is 0,
+        # not nothing, before the first skip (the dashboard's share and LiplineLiveFramesLost read it).
+        for kind in (*(k.value for k in FrameKind), "dropped"):
+            self.metrics.live_frames.labels(kind)
         self.jobs, self.blobs = await open_stores(s)
         addresses = {"lipsync": s.lipsync_address}
         if s.superres_address:
