@@ -102,6 +102,13 @@ def test_every_public_rpc_finds_only_the_callers_own(tenants: Tenants, tmp_path:
     not_found(lambda: bob.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id)))
     assert acme2.wait(job.id).state == gateway_pb2.JOB_STATE_SUCCEEDED  # bob's cancel did nothing
 
+    covered.add("ListJobs")
+    assert [j.id for j in acme2.stub.ListJobs(gateway_pb2.ListJobsRequest()).jobs] == [job.id]
+    assert list(bob.stub.ListJobs(gateway_pb2.ListJobsRequest()).jobs) == []
+
+    covered.add("DeleteJob")
+    not_found(lambda: bob.stub.DeleteJob(gateway_pb2.DeleteJobRequest(job_id=job.id)))
+
     covered.add("DownloadOutput")
     not_found(lambda: bob.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id), timeout=30))
     assert acme2.download(job.id, tmp_path / "out.mp4") > 1000

@@ -162,6 +162,7 @@ class LiplineClient:
         crf: int = 0,
         loop: int = gateway_pb2.JobOptions.PING_PONG,
         request_id: str | None = None,
+        labels: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> gateway_pb2.Job:
         """Queue a job: the audio file's bytes, or `audio_uri` (`s3://` in the gateway's bucket, or
@@ -169,9 +170,26 @@ class LiplineClient:
         options = gateway_pb2.JobOptions(super_resolution=super_resolution, crf=crf, loop=loop)
         extra = self._request_id(gateway_pb2.SubmitJobRequest, request_id)
         request = gateway_pb2.SubmitJobRequest(
-            avatar_id=avatar_id, audio=audio, audio_uri=audio_uri, options=options, **extra
+            avatar_id=avatar_id, audio=audio, audio_uri=audio_uri, options=options, labels=labels or {}, **extra
         )
         return self._call("SubmitJob", lambda t: self.stub.SubmitJob(request, timeout=t), timeout, bool(extra))
+
+    def list_jobs(
+        self,
+        *,
+        states: Iterable[int] = (),
+        label_selector: str = "",
+        page_size: int = 0,
+        timeout: float | None = None,
+    ) -> Iterator[gateway_pb2.Job]:
+        """The caller's jobs, newest first, every page of them (filters as ListJobs has them)."""
+        request = gateway_pb2.ListJobsRequest(states=list(states), label_selector=label_selector, page_size=page_size)
+        return self._pages("ListJobs", request, "jobs", timeout)
+
+    def delete_job(self, job_id: str, *, timeout: float | None = None) -> None:
+        """Removes a finished job and its files (FAILED_PRECONDITION while it runs: cancel it first)."""
+        request = gateway_pb2.DeleteJobRequest(job_id=job_id)
+        self._call("DeleteJob", lambda t: self.stub.DeleteJob(request, timeout=t), timeout, True)
 
     def get_job(self, job_id: str, *, timeout: float | None = None) -> gateway_pb2.Job:
         request = gateway_pb2.GetJobRequest(job_id=job_id)

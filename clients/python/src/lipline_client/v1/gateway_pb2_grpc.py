@@ -72,6 +72,16 @@ class GatewayStub:
                 request_serializer=lipline_dot_v1_dot_gateway__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=lipline_dot_v1_dot_gateway__pb2.Job.FromString,
                 _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/lipline.v1.Gateway/ListJobs',
+                request_serializer=lipline_dot_v1_dot_gateway__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=lipline_dot_v1_dot_gateway__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
+        self.DeleteJob = channel.unary_unary(
+                '/lipline.v1.Gateway/DeleteJob',
+                request_serializer=lipline_dot_v1_dot_gateway__pb2.DeleteJobRequest.SerializeToString,
+                response_deserializer=lipline_dot_v1_dot_gateway__pb2.DeleteJobResponse.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/lipline.v1.Gateway/WatchJob',
                 request_serializer=lipline_dot_v1_dot_gateway__pb2.WatchJobRequest.SerializeToString,
@@ -130,7 +140,7 @@ class GatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListAvatars(self, request, context):
-        """Every avatar this gateway has cached.
+        """The caller's avatars, newest first, a page at a time (page_size, page_token).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -145,6 +155,7 @@ class GatewayServicer:
 
     def SubmitJob(self, request, context):
         """Starts rendering a lip-synced video of an avatar speaking the given audio. Returns at once.
+        With a request_id, a repeat of the same request (a retry) returns the job it made.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -159,6 +170,21 @@ class GatewayServicer:
 
     def CancelJob(self, request, context):
         """Stops a queued or running job (state CANCELLED); a finished job is returned unchanged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """The caller's jobs, newest first, a page at a time, filtered by state, creation time and labels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteJob(self, request, context):
+        """Removes a finished job (SUCCEEDED, FAILED or CANCELLED) and its files at once; FAILED_PRECONDITION
+        for a queued or running one (cancel it first).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -259,6 +285,16 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=lipline_dot_v1_dot_gateway__pb2.CancelJobRequest.FromString,
                     response_serializer=lipline_dot_v1_dot_gateway__pb2.Job.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=lipline_dot_v1_dot_gateway__pb2.ListJobsRequest.FromString,
+                    response_serializer=lipline_dot_v1_dot_gateway__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'DeleteJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteJob,
+                    request_deserializer=lipline_dot_v1_dot_gateway__pb2.DeleteJobRequest.FromString,
+                    response_serializer=lipline_dot_v1_dot_gateway__pb2.DeleteJobResponse.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
@@ -487,6 +523,60 @@ class Gateway:
             '/lipline.v1.Gateway/CancelJob',
             lipline_dot_v1_dot_gateway__pb2.CancelJobRequest.SerializeToString,
             lipline_dot_v1_dot_gateway__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lipline.v1.Gateway/ListJobs',
+            lipline_dot_v1_dot_gateway__pb2.ListJobsRequest.SerializeToString,
+            lipline_dot_v1_dot_gateway__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lipline.v1.Gateway/DeleteJob',
+            lipline_dot_v1_dot_gateway__pb2.DeleteJobRequest.SerializeToString,
+            lipline_dot_v1_dot_gateway__pb2.DeleteJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
