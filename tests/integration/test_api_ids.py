@@ -225,12 +225,12 @@ def test_list_avatars_pages_newest_first(api: Api) -> None:
 
 def test_delete_job_removes_a_finished_job_and_its_files(api: Api) -> None:
     blob_dir: Path = api.cluster.blob_dir
-    running = api.acme.submit(api.avatar.id, cut_wav(SPEECH, 4.0))
+    running = api.acme.submit_job(api.avatar.id, cut_wav(SPEECH, 4.0))
     code, details = code_of(lambda: api.acme.stub.DeleteJob(gateway_pb2.DeleteJobRequest(job_id=running.id)))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "cancel it first (CancelJob)" in details, details
     api.acme.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=running.id))
 
-    job = api.acme.submit(api.avatar.id, cut_wav(SPEECH, 0.4))
+    job = api.acme.submit_job(api.avatar.id, cut_wav(SPEECH, 0.4))
     assert api.acme.wait(job.id).state == gateway_pb2.JOB_STATE_SUCCEEDED
     assert (blob_dir / "outputs" / f"{job.id}.mp4").exists()
     code, _ = code_of(lambda: api.bob.stub.DeleteJob(gateway_pb2.DeleteJobRequest(job_id=job.id)))

@@ -31,6 +31,7 @@ import torch
 import yaml
 
 from lipline.v1 import gateway_pb2, session_pb2
+from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import pcm_chunks, pcm_of_audio
 from services.local.cluster import REPO_ROOT, LocalCluster
@@ -104,8 +105,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 talker = threading.Thread(target=_talk, args=(client, session, pcm_of_audio(speech, RATE) * 2))
                 talker.start()
                 # The one live worker is full: the gateway refuses a second session.
-                with pytest.raises(grpc.RpcError) as refused:
-                    client.create_session(avatar.id, sample_rate=RATE)
+                with (
+                    LiplineClient(cluster.gateway_address, timeout=30, retry=NO_RETRY) as once,
+                    pytest.raises(grpc.RpcError) as refused,
+                ):
+                    once.create_session(avatar.id, sample_rate=RATE)
                 assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 jobs = [client.submit_job(avatar.id, speech, super_resolution=True).id for _ in range(2)]
                 for job in jobs:
