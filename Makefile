@@ -24,13 +24,13 @@ test-integration: install ## integration tests only (every service as a process 
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 lint: install ## ruff (style, imports, syntax), the formatter's check and the type checker, as the suite runs them
-	.venv/bin/ruff check services tests scripts bench
-	.venv/bin/ruff format --check services tests scripts bench
+	.venv/bin/ruff check services tests scripts bench clients
+	.venv/bin/ruff format --check services tests scripts bench clients
 	$(PY) -m mypy
 
 fmt: install ## fix what ruff can (imports, syntax) and format the tree
-	.venv/bin/ruff check --fix services tests scripts bench
-	.venv/bin/ruff format services tests scripts bench
+	.venv/bin/ruff check --fix services tests scripts bench clients
+	.venv/bin/ruff format services tests scripts bench clients
 
 protos: install ## regenerate the gRPC stubs from protos/
 	$(PY) scripts/gen_protos.py --force

@@ -99,7 +99,7 @@ def measure(cluster: LocalCluster, data: bytes, audio: bytes, timeout: float = 6
         started = time.monotonic()
         avatar = client.create_avatar(data)
         created = time.monotonic() - started
-        job = client.wait(client.submit(avatar.id, audio).id)
+        job = client.wait(client.submit_job(avatar.id, audio).id)
         rendered = time.monotonic() - started - created
     finally:
         client.close()

@@ -272,7 +272,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                 if args.warmup_seconds > 0:
                     t = time.perf_counter()
                     warm = client.wait(
-                        client.submit(
+                        client.submit_job(
                             avatar.id,
                             build_speech(args.warmup_seconds, args.audio_rate),
                             super_resolution=sr,
@@ -445,7 +445,7 @@ def submit_and_wait(
 ) -> dict:
     """One job, SubmitJob to its final WatchJob event, timed on the client (queueing in the gateway included)."""
     submitted_at = time.perf_counter()
-    submitted = client.submit(avatar_id, speech, super_resolution=sr, crf=crf)
+    submitted = client.submit_job(avatar_id, speech, super_resolution=sr, crf=crf)
     submit_rpc = time.perf_counter() - submitted_at
     job = client.wait(submitted.id, on_event)
     finished_at = time.perf_counter()

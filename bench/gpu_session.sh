@@ -7,6 +7,8 @@
 #   bash bench/gpu_session.sh e2e        carry .whlcv : adds OpenCV 4 (Haar) to .devsite, 60 s 720p e2e
 #   bash bench/gpu_session.sh jobs       (after e2e)  : 16 concurrent 30 s jobs with 16, 8, 4, 2, 1 render workers
 #   bash bench/gpu_session.sh verify     (after services): the GPU metric, --warm-cache-only, auto's compile fallback
+#   bash bench/gpu_session.sh autoscale  (after services and e2e; carry .prom): bench/autoscale.py, the chart's HPAs on
+#                                        real replicas through a burst and back; METRIC=gpu|queue
 #   bash bench/gpu_session.sh live       (after services and e2e, or carry .whlcv): bench_live.py, N concurrent live
 #                                        sessions through the gateway; SIZE=512x512|1280x720 PRESET=ultrafast|veryfast
 #                                        CODECS=h264,jpeg|h264|jpeg (one call per size and preset: the preset is the workers')
@@ -132,7 +134,22 @@ live)  # issue 19's table: N concurrent live sessions (bench/bench_live.py); nee
   for log in "$OUT/$name-work"/cluster/*.log; do [ -f "$log" ] && tail -2000 "$log" > "$OUT/$name-$(basename "$log")"; done
   rm -rf "$OUT/$name-work"
   ;;
-*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live [...]" >&2; exit 2 ;;
+autoscale)  # issue 22: the chart's HPAs driving real replicas (bench/autoscale.py); needs OpenCV 4 (Haar) for CreateAvatar.
+  # No helm and no prometheus on the host: carry .prom/ with prometheus.xz (Debian's static binary, xz -9) and the
+  # chart rendered here: `python bench/autoscale.py --render-only .prom/chart-gpu.json` (the GPU metric) and
+  # `... --set stages.lipsync.autoscaling.metric=queue --set stages.superres.autoscaling.metric=queue
+  # --render-only .prom/chart-queue.json`. METRIC=gpu|queue picks one; TIME_SCALE (5) divides windows and periods.
+  [ -x .devsite/prometheus ] || xz -dc .prom/prometheus.xz > .devsite/prometheus && chmod +x .devsite/prometheus
+  metric=${METRIC:-gpu}; name=autoscale-$metric
+  timeout 590 python3 bench/autoscale.py --device cuda --prometheus .devsite/prometheus \
+    --rendered ".prom/chart-$metric.json" --time-scale "${TIME_SCALE:-5}" --scale render,live,lipsync,superres \
+    --super-resolution --burst-jobs "${JOBS:-32}" --sessions "${SESSIONS:-48}" --plateau-s "${PLATEAU_S:-120}" \
+    --plateau-jobs-per-s 1 --max-idle-s 300 --log-level INFO --workdir "$OUT/$name-work" --out "$OUT/$name.json" "$@" 2>&1 \
+    | grep -vE '^\s*$' | tail -60 | tee "$OUT/$name.txt"
+  for log in "$OUT/$name-work"/cluster/*.log; do [ -f "$log" ] && tail -500 "$log" > "$OUT/$name-$(basename "$log")"; done
+  rm -rf "$OUT/$name-work"
+  ;;
+*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live|autoscale [...]" >&2; exit 2 ;;
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
 ( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$phase.tgz" -print0 \

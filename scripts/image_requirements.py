@@ -61,6 +61,14 @@ DEV = frozenset(
         "rpds-py",
         "kubernetes-validate",
         "importlib-resources",
+        # bench/autoscale.py's plot (optional there: JSON without it)
+        "matplotlib",
+        "contourpy",
+        "cycler",
+        "fonttools",
+        "kiwisolver",
+        "pillow",
+        "pyparsing",
     }
 )
 # torch and the packages in the lock that only torch requires.

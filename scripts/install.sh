@@ -40,15 +40,19 @@ if [[ ! -x $VENV/bin/python ]]; then
   fi
 fi
 stamp=$VENV/.lipline-lock.sha256
-want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.lock pyproject.toml clients/python/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "install: pip install -r requirements.lock (torch is the CPU build; GPU images pin their own)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.lock
   # setuptools prints pages of advice about editable installs; show its output only if it fails.
-  if ! out=$("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1); then
-    echo "$out" >&2
-    exit 1
-  fi
+  # The project itself, and the client package backends install (clients/python: lipline-client,
+  # whose generated stubs are committed), both editable: the services' CLI client and tests use it.
+  for project in . ./clients/python; do
+    if ! out=$("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$project" 2>&1); then
+      echo "$out" >&2
+      exit 1
+    fi
+  done
   echo "$want" > "$stamp"
 fi
 

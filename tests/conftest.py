@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,14 @@ import pytest
 
 REFERENCE_DIR = Path(__file__).parent / "data" / "reference"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+CLIENT_SRC = REPO_ROOT / "clients" / "python" / "src"
+
+# The client package (clients/python) is installed editable by scripts/install.sh; a virtual
+# environment made before it existed (or shared by several checkouts) may lack it: then this
+# checkout's copy is used, here and in the processes the tests start (the smoke check, the demo).
+if importlib.util.find_spec("lipline_client") is None:
+    sys.path.insert(0, str(CLIENT_SRC))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CLIENT_SRC), os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(scope="session")

@@ -15,22 +15,24 @@ import dataclasses
 import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 import grpc
 import numpy as np
+from google.protobuf.timestamp_pb2 import Timestamp
 
-from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc
+from lipline.v1 import gateway_pb2, lipsync_pb2, lipsync_pb2_grpc
+from services.gateway.request_ids import request_key
 from services.gateway.settings import GatewaySettings
 from services.jobs.avatars import AvatarMeta, content_hash, new_avatar_id, prefix, save_avatar_files
 from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import AvatarRecord, JobStore
+from services.jobs.store.jobs import AvatarRecord, JobStore, RequestKind, request_reused_message
 from services.media.crops import IMG_SIZE, Box, crop_and_resize
 from services.media.decode import AvatarFrames, open_avatar
 from services.media.wire import image_to_proto
 from services.serving.channels import StageFailed, stage_error_message
-from services.serving.errors import InvalidMedia, NotReady
+from services.serving.errors import InvalidMedia, InvalidRequest, NotReady
 from services.serving.tracing import outgoing_metadata
 
 _LOGGER = logging.getLogger(__name__)
@@ -39,6 +41,23 @@ MESSAGE_BYTES = 16 * 1024 * 1024  # fewer frames per message above this (1080p: 
 DETECT_ATTEMPTS = 3  # a replica draining or a connection reaching its age ends the stream UNAVAILABLE
 
 OpenFrames = Callable[[], AvatarFrames]
+
+
+def avatar_to_proto(avatar: AvatarRecord) -> gateway_pb2.Avatar:
+    """The public view of an avatar's record."""
+    created = Timestamp()
+    created.FromNanoseconds(int(avatar.create_time * 1e9))
+    return gateway_pb2.Avatar(
+        id=avatar.id,
+        name=avatar.name,
+        frame_count=avatar.frame_count,
+        fps=avatar.fps,
+        width=avatar.width,
+        height=avatar.height,
+        faces_found=avatar.faces_found,
+        create_time=created,
+        labels=dict(avatar.labels),
+    )
 
 
 async def _chunks(open_frames: OpenFrames) -> AsyncIterator[list[np.ndarray]]:
@@ -183,6 +202,8 @@ class AvatarUpload:
     data: bytes
     name: str
     photo_fps: float
+    request_id: str = ""  # a checked UUID (services.gateway.request_ids), or "" for none
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # checked (services.gateway.labels)
 
 
 async def add_avatar(
@@ -197,11 +218,22 @@ async def add_avatar(
     """The tenant's avatar for this upload: the one it already has for the same bytes (the content
     index; another tenant's is never found), else a new one prepared (`create_avatar`) and recorded.
     On any failure nothing is left under the new id; a concurrent upload of the same bytes by the
-    same tenant that was recorded first wins, and this one's blobs are deleted."""
+    same tenant that was recorded first wins, and this one's blobs are deleted.
+
+    With a request id: a repeat within the window returns the avatar the first made (InvalidRequest
+    when the same id comes with other bytes, name or labels); the id is recorded with the avatar."""
     digest = await asyncio.to_thread(content_hash, upload.data, upload.photo_fps)  # up to 200 MB: off the event loop
+    fields = {"content_hash": digest, "name": upload.name, "labels": dict(upload.labels)}
+    key = request_key(upload.request_id, fields, settings.request_id_window_s)
+    if key is not None:
+        earlier = await asyncio.to_thread(jobs.find_request, tenant, RequestKind.AVATAR, key.request_id, key.window_s)
+        if earlier is not None:
+            if earlier.digest != key.digest:
+                raise InvalidRequest(request_reused_message(RequestKind.AVATAR, key.request_id))
+            return await asyncio.to_thread(jobs.get_avatar, earlier.target_id, tenant)
     known = await asyncio.to_thread(jobs.find_avatar, tenant, digest)
-    if known is not None:
-        return known
+    if known is not None:  # with a request id, recorded for the known avatar
+        return known if key is None else await asyncio.to_thread(jobs.put_avatar, known, key)
     aid = new_avatar_id()
     recording = False
     try:
@@ -218,7 +250,9 @@ async def add_avatar(
         )
         recording = True
         stored = await asyncio.to_thread(
-            jobs.put_avatar, dataclasses.replace(record, tenant=tenant, content_hash=digest)
+            jobs.put_avatar,
+            dataclasses.replace(record, tenant=tenant, content_hash=digest, labels=dict(upload.labels)),
+            key,
         )
     except BaseException as exc:  # a random id is never written again: leave nothing under it...
         # ...unless cancelled while put_avatar may still commit in its thread: deleting the blobs

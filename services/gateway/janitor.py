@@ -1,4 +1,5 @@
-"""The avatar janitor: purges the data of deleted avatars once no QUEUED or RUNNING job uses them.
+"""The avatar janitor: purges the data of deleted avatars once no QUEUED or RUNNING job uses them,
+and forgets request ids older than the idempotency window (no repeat can find them any more).
 
 DeleteAvatar only marks an avatar deleted (it disappears for its tenant at once), so a job that was
 already submitted keeps reading its frames and finishes. Its blobs and row go when the last such
@@ -34,10 +35,12 @@ def purge_deleted_avatars(jobs: JobStore, blobs: BlobStore, avatar_id: str | Non
 
 
 class AvatarJanitor:
-    """A task on the gateway's event loop: `purge_deleted_avatars` every `interval_s` seconds."""
+    """A task on the gateway's event loop: `purge_deleted_avatars` every `interval_s` seconds, and
+    the request ids older than `request_window_s`."""
 
-    def __init__(self, jobs: JobStore, blobs: BlobStore, interval_s: float) -> None:
+    def __init__(self, jobs: JobStore, blobs: BlobStore, interval_s: float, request_window_s: float) -> None:
         self._jobs, self._blobs, self._interval_s = jobs, blobs, interval_s
+        self._request_window_s = request_window_s
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -49,9 +52,10 @@ class AvatarJanitor:
             await asyncio.sleep(self._interval_s)
             try:
                 purged = await asyncio.to_thread(purge_deleted_avatars, self._jobs, self._blobs)
+                await asyncio.to_thread(self._jobs.purge_requests, self._request_window_s)
             except Exception as exc:  # noqa: BLE001 - a store that is down now: the next round retries
                 _LOGGER.warning(
-                    "avatar janitor: purging deleted avatars failed (%s: %s); retrying in %.0f s",
+                    "avatar janitor: purging deleted avatars or old request ids failed (%s: %s); retrying in %.0f s",
                     type(exc).__name__,
                     exc,
                     self._interval_s,

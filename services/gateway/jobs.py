@@ -62,6 +62,7 @@ def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
         options=options,
         create_time=_timestamp(job.create_time),
         stage_seconds=stage_seconds,
+        labels=dict(job.labels),
     )
 
 

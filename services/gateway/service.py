@@ -7,7 +7,8 @@ prepares what every job needs once (the audio checks, mel windows and AAC track)
 Every request field is bounded before it costs anything: ids that cannot exist (longer than 64
 characters, or characters an id never has) are NOT_FOUND without a store read, names are at most
 MAX_NAME_CHARS, audio and avatar uploads have byte limits, options have ranges, and responses have a
-size bound (ListAvatars at most MAX_LIST_AVATARS, DownloadOutput chunks within DOWNLOAD_CHUNK_*).
+size bound (list pages at most 1000 rows and half the message limit, DownloadOutput chunks within
+DOWNLOAD_CHUNK_*); labels have Kubernetes' rules (services.gateway.labels).
 Per client (services.serving.interceptor: the API key's tenant, else the x-api-key metadata or the
 IP address) the interceptor caps concurrent calls and SubmitJob caps queued + running jobs.
 
@@ -16,8 +17,15 @@ every RPC finds only the caller's own; another tenant's id answers NOT_FOUND exa
 never existed (PERMISSION_DENIED would confirm that it exists). Avatar ids are random; the same
 tenant's same upload finds its avatar again through the store's per-tenant content index.
 
+Creates are idempotent with a request_id (services.gateway.request_ids): a retry returns what the
+first made. Lists are newest first in pages with signed keyset tokens (services.gateway.lists, .pages).
+DeleteJob removes a finished job's blobs, then its row.
+
 DeleteAvatar hides the avatar at once and purges its data when no QUEUED or RUNNING job and no live
 session uses it (services.gateway.janitor), so jobs submitted before the delete finish.
+
+Inputs and outputs by reference: SubmitJob's audio_uri is fetched by services.gateway.audio_uri
+(then checked like uploaded bytes); GetOutputUrl signs an S3 URL of the output (blob stores on S3).
 
 Live sessions (services.gateway.sessions, .converse, .live_workers) are rows in the job store placed
 on live workers; the gateway relays each Converse stream to the worker holding its session.
@@ -28,17 +36,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import audio_pb2_grpc, gateway_pb2, gateway_pb2_grpc, lipsync_pb2_grpc, session_pb2
-from services.gateway.avatars import AvatarUpload, add_avatar
+from services.gateway.audio_uri import AudioFetcher
+from services.gateway.avatars import AvatarUpload, add_avatar, avatar_to_proto
 from services.gateway.converse import converse
 from services.gateway.janitor import AvatarJanitor, purge_deleted_avatars
 from services.gateway.jobs import job_to_proto
+from services.gateway.labels import check_labels
+from services.gateway.lists import list_avatars, list_jobs
 from services.gateway.live_workers import LiveWorkers
+from services.gateway.pages import PAGE_KEY_NAME, PageTokens
+from services.gateway.request_ids import check_request_id
 from services.gateway.sessions import SessionRequest, check_session_id, close_session, create_session, session_to_proto
 from services.gateway.settings import GatewaySettings
 from services.gateway.submit import Caller, JobRequest, submit_job
@@ -46,7 +60,7 @@ from services.jobs.avatars import is_avatar_id
 from services.jobs.integrity import OutputCheck, damaged
 from services.jobs.layout import job_prefix, output_key
 from services.jobs.store import close_stores, open_stores
-from services.jobs.store.jobs import AvatarRecord, JobState
+from services.jobs.store.jobs import JobState
 from services.serving.discovery import DiscoveredStageClients
 from services.serving.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
 from services.serving.interceptor import CLIENT_ID, REQUEST_ID, TENANT
@@ -58,27 +72,11 @@ _LOGGER = logging.getLogger(__name__)
 WATCH_HEARTBEAT_S = 5.0  # WatchJob re-sends the job at least this often (progress of long stages, liveness)
 MAX_NAME_CHARS = 256
 MAX_ID_CHARS = 64
-MAX_LIST_AVATARS = 1000  # ListAvatars answers the oldest this many (the API has no paging yet)
 DOWNLOAD_CHUNK_MIN = 64 * 1024  # smaller chunk_bytes requests are raised to this
 DOWNLOAD_CHUNK_DEFAULT = 1 << 20  # chunk_bytes unset
 DOWNLOAD_CHUNK_MAX = 1 << 20  # larger requests are lowered to this: a stream blocked on a client
 #   that stopped reading holds ~4 copies of a chunk (ours, the message, its serialization, gRPC's), so
 #   the gateway's worst case is max_concurrent_streams x 4 MiB
-
-
-def _avatar_proto(avatar: AvatarRecord) -> gateway_pb2.Avatar:
-    created = Timestamp()
-    created.FromNanoseconds(int(avatar.create_time * 1e9))
-    return gateway_pb2.Avatar(
-        id=avatar.id,
-        name=avatar.name,
-        frame_count=avatar.frame_count,
-        fps=avatar.fps,
-        width=avatar.width,
-        height=avatar.height,
-        faces_found=avatar.faces_found,
-        create_time=created,
-    )
 
 
 def _check_avatar_id(avatar_id: str) -> None:
@@ -117,10 +115,14 @@ def download_chunk_bytes(requested: int, max_message_bytes: int) -> int:
 async def _avatar_upload(
     request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], max_bytes: int
 ) -> AvatarUpload:
-    """CreateAvatar's stream, decoded: the first non-empty name and photo_fps, every message's name
-    bounded, the bytes joined (TooLarge past `max_bytes`, as soon as the stream crosses it)."""
+    """CreateAvatar's stream, decoded: the first non-empty name and photo_fps, the first message's
+    request_id and labels (checked), every message's name bounded, the bytes joined (TooLarge past
+    `max_bytes`, as soon as the stream crosses it)."""
     name, photo_fps, chunks, size = "", 0.0, [], 0
+    request_id, labels, first = "", {}, True
     async for request in request_iterator:
+        if first:
+            request_id, labels, first = check_request_id(request.request_id), check_labels(request.labels), False
         _check_name(request.name)  # every message's, at once (only the first non-empty one is used)
         name = name or request.name
         photo_fps = photo_fps or request.photo_fps
@@ -135,13 +137,14 @@ async def _avatar_upload(
     data = b"".join(chunks)
     if not data:
         raise InvalidMedia("avatar is empty: send the bytes of a photo or a video")
-    return AvatarUpload(data, name, photo_fps)
+    return AvatarUpload(data, name, photo_fps, request_id, labels)
 
 
-def _job_request(request: gateway_pb2.SubmitJobRequest, max_audio_bytes: int) -> JobRequest:
-    """SubmitJob's request, decoded: its sizes and ranges checked, only the known options kept."""
-    if len(request.audio) > max_audio_bytes:
-        raise TooLarge(f"audio is {len(request.audio)} bytes; the limit is {max_audio_bytes}")
+def _job_request(request: gateway_pb2.SubmitJobRequest, audio: bytes, max_audio_bytes: int) -> JobRequest:
+    """SubmitJob's request, decoded: its sizes and ranges checked, only the known options kept.
+    `audio` is the request's bytes, or what its audio_uri held (checked the same way)."""
+    if len(audio) > max_audio_bytes:
+        raise TooLarge(f"audio is {len(audio)} bytes; the limit is {max_audio_bytes}")
     if request.options.crf > 51:
         raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
     # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
@@ -151,7 +154,19 @@ def _job_request(request: gateway_pb2.SubmitJobRequest, max_audio_bytes: int) ->
     if options.loop not in gateway_pb2.JobOptions.LoopMode.values():
         raise InvalidRequest(f"loop {options.loop} is not one of PING_PONG (0) or WRAP (1)")
     _check_avatar_id(request.avatar_id)
-    return JobRequest(request.avatar_id, request.audio, options.SerializeToString())
+    return JobRequest(
+        request.avatar_id,
+        audio,
+        options.SerializeToString(),
+        check_request_id(request.request_id),
+        check_labels(request.labels),
+    )
+
+
+def _check_audio_source(request: gateway_pb2.SubmitJobRequest) -> None:
+    """Exactly one of audio and audio_uri (an empty upload is the audio stage's INVALID_ARGUMENT, as before)."""
+    if request.audio and request.audio_uri:
+        raise InvalidRequest("send the audio's bytes (audio) or where to fetch them (audio_uri), not both")
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -166,29 +181,20 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         svc = self._svc
         upload = await _avatar_upload(request_iterator, svc.settings.max_avatar_bytes)
         record = await add_avatar(svc.jobs, svc.blobs, svc.lipsync, svc.settings, upload, _tenant(), REQUEST_ID.get())
-        return _avatar_proto(record)
+        return avatar_to_proto(record)
 
     async def GetAvatar(
         self, request: gateway_pb2.GetAvatarRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.Avatar:
         _check_avatar_id(request.avatar_id)
-        return _avatar_proto(await asyncio.to_thread(self._svc.jobs.get_avatar, request.avatar_id, _tenant()))
+        return avatar_to_proto(await asyncio.to_thread(self._svc.jobs.get_avatar, request.avatar_id, _tenant()))
 
     async def ListAvatars(
         self, request: gateway_pb2.ListAvatarsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListAvatarsResponse:
-        """The oldest MAX_LIST_AVATARS avatars, and never more than half the message limit in bytes
-        (names are bounded, so 1000 avatars take at most ~1.3 MB; the byte bound matters only when
-        max_message_bytes is set near its 1 MiB minimum)."""
-        avatars = await asyncio.to_thread(self._svc.jobs.list_avatars, MAX_LIST_AVATARS, _tenant())
-        response, budget = gateway_pb2.ListAvatarsResponse(), self._svc.settings.max_message_bytes // 2
-        for record in avatars:
-            avatar = _avatar_proto(record)
-            budget -= avatar.ByteSize() + 4  # + the field's tag and length
-            if budget < 0:
-                break
-            response.avatars.append(avatar)
-        return response
+        """A page of the caller's avatars, newest first (services.gateway.lists)."""
+        svc = self._svc
+        return await list_avatars(svc.jobs, svc.pages, _tenant(), request, svc.settings.max_message_bytes)
 
     async def DeleteAvatar(
         self, request: gateway_pb2.DeleteAvatarRequest, context: grpc.aio.ServicerContext
@@ -210,7 +216,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self, request: gateway_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.Job:
         svc = self._svc
-        job_request = _job_request(request, svc.settings.max_audio_bytes)
+        _check_audio_source(request)
+        _job_request(request, request.audio, svc.settings.max_audio_bytes)  # the cheap checks before a fetch
+        if request.audio_uri:
+            audio = await svc.audio_fetcher.fetch(request.audio_uri)
+            _LOGGER.info("audio_uri fetched", extra={"audio_uri": request.audio_uri[:200], "bytes": len(audio)})
+        else:
+            audio = request.audio
+        job_request = _job_request(request, audio, svc.settings.max_audio_bytes)
         caller = Caller(_tenant(), CLIENT_ID.get(), REQUEST_ID.get(), context_carrier())
         return job_to_proto(await submit_job(svc.jobs, svc.blobs, svc.audio, svc.settings, job_request, caller))
 
@@ -232,6 +245,34 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await asyncio.to_thread(svc.blobs.delete_prefix, job_prefix(job.id))
             _LOGGER.info("job cancelled", extra={"job_id": job.id})
         return job_to_proto(job)
+
+    async def ListJobs(
+        self, request: gateway_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListJobsResponse:
+        """A page of the caller's jobs, newest first, filtered (services.gateway.lists)."""
+        svc = self._svc
+        return await list_jobs(svc.jobs, svc.pages, _tenant(), request, svc.settings.max_message_bytes)
+
+    async def DeleteJob(
+        self, request: gateway_pb2.DeleteJobRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.DeleteJobResponse:
+        """A finished job's blobs (its upload, mels, segments and output), then its row. Blobs first:
+        a gateway that dies between the two leaves a job whose DeleteJob can be sent again, never
+        files that no row leads to. FAILED_PRECONDITION for a queued or running job, before anything
+        is deleted (its workers would write more)."""
+        svc = self._svc
+        _check_job_id(request.job_id)
+        tenant = _tenant()
+        job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, tenant)
+        if not job.terminal:
+            raise FailedPrecondition(
+                f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; cancel it first (CancelJob), then delete it"
+            )
+        await asyncio.to_thread(svc.blobs.delete_prefix, job_prefix(job.id))
+        await asyncio.to_thread(svc.blobs.delete, output_key(job.id))
+        await asyncio.to_thread(svc.jobs.delete_job, job.id, tenant)
+        _LOGGER.info("job deleted", extra={"job_id": job.id})
+        return gateway_pb2.DeleteJobResponse()
 
     async def WatchJob(
         self, request: gateway_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
@@ -287,6 +328,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         finally:  # a cancelled download closes its file (or S3 stream) now, not at garbage collection
             with contextlib.suppress(Exception):  # ValueError if a cancelled read is still running
                 getattr(chunks, "close", lambda: None)()
+
+    async def GetOutputUrl(
+        self, request: gateway_pb2.GetOutputUrlRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetOutputUrlResponse:
+        """A presigned URL of the output (signed locally: no blob store call), for the caller's own
+        SUCCEEDED job; FAILED_PRECONDITION before that and on a blob store without such URLs."""
+        svc = self._svc
+        _check_job_id(request.job_id)
+        job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, _tenant())
+        if job.state != JobState.SUCCEEDED:
+            raise FailedPrecondition(
+                f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED"
+            )
+        ttl = svc.settings.output_url_ttl_s
+        expires = time.time() + ttl
+        url = await asyncio.to_thread(svc.blobs.presigned_url, output_key(job.id), ttl)
+        if url is None:
+            raise FailedPrecondition(
+                "this gateway's blob store is a folder, which has no download URLs (they need S3); use DownloadOutput"
+            )
+        expire_time = Timestamp()
+        expire_time.FromNanoseconds(int(expires * 1e9))
+        return gateway_pb2.GetOutputUrlResponse(url=url, expire_time=expire_time)
 
     # -- live sessions --------------------------------------------------------------------------
 
@@ -345,8 +409,10 @@ class GatewayService(Service[GatewaySettings]):
         self.live = LiveWorkers(
             self.jobs, s.max_message_bytes, s.live_worker_fresh_s, s.live_open_timeout_s, s.session_retry_after_ms
         )
-        self.janitor = AvatarJanitor(self.jobs, self.blobs, s.avatar_purge_interval_s)
+        self.pages = PageTokens(await asyncio.to_thread(self.jobs.shared_key, PAGE_KEY_NAME))
+        self.janitor = AvatarJanitor(self.jobs, self.blobs, s.avatar_purge_interval_s, s.request_id_window_s)
         self.janitor.start()
+        self.audio_fetcher = AudioFetcher(s, self.blobs)
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
         self.clients = DiscoveredStageClients(
             {"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes
@@ -367,6 +433,8 @@ class GatewayService(Service[GatewaySettings]):
     async def close(self) -> None:
         if hasattr(self, "janitor"):
             await self.janitor.close()
+        if hasattr(self, "audio_fetcher"):
+            await self.audio_fetcher.close()
         if hasattr(self, "feed"):
             await self.feed.close()
         if hasattr(self, "live"):

@@ -72,6 +72,23 @@ class GatewaySettings(StoreSettings):
         2000,
         "the retry-after-ms hint of a CreateSession refused because no live worker has room (when the workers gave none)",
     )
+    audio_uri_hosts: str = setting(
+        "",
+        "hosts SubmitJob's audio_uri may fetch https:// audio from, comma-separated: `host` (port 443) or `host:port`; "
+        "empty = https audio URIs are refused (s3:// URIs in the blob store's bucket work whenever it is on S3)",
+    )
+    audio_uri_ca_file: str = setting(
+        "", "PEM bundle of the CAs an audio_uri host's certificate may chain to (empty = the system's roots)"
+    )
+    audio_uri_timeout_s: float = setting(
+        30.0, "the longest fetching an audio_uri may take, redirects included; slower is DEADLINE_EXCEEDED"
+    )
+    output_url_ttl_s: float = setting(3600.0, "how long a GetOutputUrl URL works (S3 presigned URLs: at most 7 days)")
+    request_id_window_s: float = setting(
+        86400.0,
+        "how long a SubmitJob or CreateAvatar request_id is remembered: a repeat within this returns what the first made, "
+        "one after it makes a new job or avatar",
+    )
     segment_seconds: float = setting(2.0, "length of a render segment (the unit of work a render worker claims)")
     stage_wait_s: float = setting(60.0, "at start-up, how long to wait for the stages to be SERVING")
 
@@ -82,6 +99,8 @@ class GatewaySettings(StoreSettings):
             problems.append(f"segment_seconds must be in 0.2..60, got {self.segment_seconds}")
         if not 0.1 <= self.avatar_purge_interval_s <= 3600:
             problems.append(f"avatar_purge_interval_s must be in 0.1..3600, got {self.avatar_purge_interval_s}")
+        if not 1 <= self.request_id_window_s <= 30 * 86400:
+            problems.append(f"request_id_window_s must be in 1..2592000 (30 days), got {self.request_id_window_s}")
         if self.max_active_jobs < 1:
             problems.append(f"max_active_jobs must be >= 1, got {self.max_active_jobs}")
         if self.max_active_jobs_per_client < 0:
@@ -100,5 +119,9 @@ class GatewaySettings(StoreSettings):
             problems.append(f"max_streams_per_client must be >= 0 (0 = no cap), got {self.max_streams_per_client}")
         if self.max_concurrent_streams < 0:
             problems.append(f"max_concurrent_streams must be >= 0 (0 = no cap), got {self.max_concurrent_streams}")
+        if not 0.1 <= self.audio_uri_timeout_s <= 3600:
+            problems.append(f"audio_uri_timeout_s must be in 0.1..3600, got {self.audio_uri_timeout_s}")
+        if not 1 <= self.output_url_ttl_s <= 7 * 86400:
+            problems.append(f"output_url_ttl_s must be in 1..604800 (S3's 7 days), got {self.output_url_ttl_s}")
         if problems:
             raise ValueError("; ".join(problems))

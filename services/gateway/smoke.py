@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         avatar = None
         try:
             # Avatar ids are content-addressed: a user's avatar made from the same sample must survive.
-            existing = client.avatar_ids()
+            existing = {a.id for a in client.list_avatars()}
             avatar, job = render_file(
                 client,
                 args.avatar,

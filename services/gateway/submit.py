@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -29,15 +30,16 @@ import numpy as np
 
 from lipline.v1 import audio_pb2, audio_pb2_grpc
 from services.gateway.jobs import segment_bounds
+from services.gateway.request_ids import request_key
 from services.gateway.settings import GatewaySettings
 from services.jobs.layout import job_prefix, mels_key, segment_indices, upload_key
 from services.jobs.segment_audio import pack_segment_audio
 from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import Job, JobStore, NewJob
+from services.jobs.store.jobs import Job, JobStore, NewJob, RequestKey, RequestKind, request_reused_message
 from services.media.speech import speech_envelope
 from services.media.wire import MEL_BANDS, MEL_BYTES, MEL_STEP
 from services.serving.channels import StageFailed
-from services.serving.errors import InvalidMedia, TooLarge
+from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
 from services.serving.tracing import outgoing_metadata
 
 _LOGGER = logging.getLogger(__name__)
@@ -135,6 +137,21 @@ class JobRequest:
     avatar_id: str
     audio: bytes
     options: bytes  # a serialized lipline.v1.JobOptions holding only the fields this lipline knows
+    request_id: str = ""  # a checked UUID (services.gateway.request_ids), or "" for none
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # checked (services.gateway.labels)
+
+    def key(self, window_s: float) -> RequestKey | None:
+        """The idempotency key: the request id and a digest of what defines the job (the audio by its
+        sha256); None without a request id."""
+        if not self.request_id:
+            return None
+        fields = {
+            "avatar_id": self.avatar_id,
+            "audio_sha256": hashlib.sha256(self.audio).hexdigest(),
+            "options": self.options.hex(),
+            "labels": dict(self.labels),
+        }
+        return request_key(self.request_id, fields, window_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,8 +175,21 @@ async def submit_job(
 ) -> Job:
     """Queue a job: the caller's avatar (NotFound unless it is the tenant's and not deleted), the
     limits on active jobs (TooLarge), the audio stage's checks and mel windows, then the job and its
-    tasks in one transaction. On any failure nothing of the job is left in the blob store."""
+    tasks in one transaction. On any failure nothing of the job is left in the blob store.
+
+    With a request id: a repeat within the window returns the first one's job before any work (and
+    a concurrent duplicate that got past that check finds it in create_job, which drops this one's
+    blobs); the same id with another request is InvalidRequest."""
     s = settings
+    key = await asyncio.to_thread(request.key, s.request_id_window_s)  # hashes up to 50 MB: off the loop
+    if key is not None:
+        earlier = await asyncio.to_thread(
+            jobs.find_request, caller.tenant, RequestKind.JOB, key.request_id, key.window_s
+        )
+        if earlier is not None:
+            if earlier.digest != key.digest:
+                raise InvalidRequest(request_reused_message(RequestKind.JOB, key.request_id))
+            return await asyncio.to_thread(jobs.get_job, earlier.target_id, caller.tenant)
     avatar = await asyncio.to_thread(jobs.get_avatar, request.avatar_id, caller.tenant)
     stats = await asyncio.to_thread(jobs.queue_stats)
     if stats.active_jobs >= s.max_active_jobs:  # cheap early refusal; create_job enforces it atomically
@@ -182,12 +212,17 @@ async def submit_job(
             trace_context=caller.trace_context,
             tenant=caller.tenant,
             audio_task=True,  # the AAC track is encoded by a worker, beside the segments
+            labels=request.labels,
         )
         # check_avatar: still this tenant's and not deleted, in the job's own transaction
-        job = await asyncio.to_thread(jobs.create_job, new, s.max_active_jobs, s.max_active_jobs_per_client, True)
+        job = await asyncio.to_thread(jobs.create_job, new, s.max_active_jobs, s.max_active_jobs_per_client, True, key)
     except BaseException:
         await asyncio.shield(asyncio.to_thread(blobs.delete_prefix, job_prefix(job_id)))
         raise
+    if job.id != job_id:  # a concurrent duplicate of this request made the job first
+        await asyncio.to_thread(blobs.delete_prefix, job_prefix(job_id))
+        _LOGGER.info("job request repeated", extra={"job_id": job.id})
+        return job
     _LOGGER.info(
         "job submitted",
         extra={

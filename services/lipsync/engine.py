@@ -66,7 +66,10 @@ class CropBank:
                 raise TooLarge(f"more than {self.max_crops} reference crops in one stream")
             if crop_index in self._rows:
                 self._flush()
-                self._tensor[self._rows[crop_index]] = torch.from_numpy(face).to(self.device)
+                # The bank was (re)built inside the model thread's inference_mode (`tensor`), so it is an
+                # inference tensor: updated in place only under inference_mode too (outside, torch refuses).
+                with torch.inference_mode():
+                    self._tensor[self._rows[crop_index]] = torch.from_numpy(face).to(self.device)
                 self._settle()
                 return
             self._rows[crop_index] = len(self._rows)

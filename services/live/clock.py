@@ -40,6 +40,11 @@ class FrameCounts:
     speech: int = 0
     idle: int = 0
     skipped: int = 0
+    # why frames were skipped (they add up to `skipped`): the worker stalled past their slots, their face
+    # was not back in time (or failed), or they were made after their slot ended
+    skipped_stall: int = 0
+    skipped_face: int = 0
+    skipped_render: int = 0
 
     @property
     def total(self) -> int:
@@ -121,6 +126,7 @@ class FrameClock:
             return None
         skipped = range(self._next, due)
         self.counts.skipped += len(skipped)
+        self.counts.skipped_stall += len(skipped)
         self._next = due + 1
         return Slot(due, skipped)
 
@@ -148,9 +154,14 @@ class FrameClock:
         else:
             raise ValueError("a sent frame is speech or idle; `dropped` counts a frame made too late")
 
-    def dropped(self) -> None:
-        """Counts a frame that was made but finished after its slot ended (`is_late`): skipped, not sent."""
+    def dropped(self, face_late: bool = False) -> None:
+        """Counts a frame that was made but not sent: finished after its slot ended (`is_late`), or, with
+        ``face_late``, given up because its face was not back in time."""
         self.counts.skipped += 1
+        if face_late:
+            self.counts.skipped_face += 1
+        else:
+            self.counts.skipped_render += 1
 
     def timestamp_ms(self, frame: int) -> float:
         """The frame's presentation time from the session's start, in ms."""

@@ -33,7 +33,7 @@ from lipline.v1 import session_pb2
 from services.live.audio_retime import frame_sample_range
 from services.live.clock import NS_PER_S, FrameKind
 from services.live.send_queue import SendQueue
-from services.live.session import Event, EventKind, LiveSession, Tick
+from services.live.session import Event, EventKind, FrameWork, LiveSession, Tick
 from services.serving.errors import LiplineError
 from services.serving.metrics import Metrics
 
@@ -188,6 +188,9 @@ class SessionRunner:
                 work = self.live.begin_tick()
                 if work is None:
                     continue
+                if work.pending is not None:  # its face is not back yet: wait for it within the grace
+                    await self._wait_for_face(work)
+                    self.live.settle(work)
                 tick = await loop.run_in_executor(self.pool, self.live.render, work)
                 if (
                     self.stream is stream
@@ -203,6 +206,16 @@ class SessionRunner:
             )
         finally:
             self.live.close()
+
+    async def _wait_for_face(self, work: FrameWork) -> None:
+        """Waits for a speech frame's face up to the session's grace, and never past the first half of
+        its slot (the rest is the compositor's and the encoder's): a face back a little late costs that
+        frame a few ms of latency instead of a skipped frame."""
+        clock = self.live.clock
+        slot_left_s = (clock.due_ns(work.frame + 1) - clock.now_ns()) / NS_PER_S
+        timeout = min(self.live.grace_s, slot_left_s / 2)
+        if timeout > 0 and isinstance(work.pending, asyncio.Future):
+            await asyncio.wait([work.pending], timeout=timeout)
 
     async def _wait_for_stream(self) -> None:
         remaining = self.idle_timeout_s - (time.monotonic() - self.detached_since)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -41,7 +42,7 @@ from lipline.v1 import lipsync_pb2_grpc, live_pb2, live_pb2_grpc, session_pb2, s
 from services.jobs.avatar_cache import AvatarCache, LocalAvatar
 from services.jobs.store import close_stores, open_stores
 from services.jobs.store.sessions import SessionState
-from services.live.clock import FrameClock
+from services.live.clock import FrameClock, FrameKind
 from services.live.encoders import DEFAULT_CRF, H264Encoder, JpegEncoder
 from services.live.face_link import FaceLink, FaceLinkSettings, avatar_reference_faces
 from services.live.frame_size import i420_scaler, output_size
@@ -96,6 +97,10 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
 
     async def load(self) -> None:
         s = self.settings
+        # Every frame kind exported from the start (0): a rate of skipped frames over all frames is 0,
+        # not nothing, before the first skip (the dashboard's share and LiplineLiveFramesLost read it).
+        for kind in (*(k.value for k in FrameKind), "dropped"):
+            self.metrics.live_frames.labels(kind)
         self.jobs, self.blobs = await open_stores(s)
         addresses = {"lipsync": s.lipsync_address}
         if s.superres_address:
@@ -110,7 +115,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         self.link = FaceLink(
             lambda: clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub),
             superres,
-            FaceLinkSettings(),
+            FaceLinkSettings(flush_interval_s=s.face_flush_ms / 1000),
             on_message=self._on_link_message,
         )
         await self.link.start()
@@ -233,6 +238,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 max_queued_seconds=s.max_queued_audio_s,
                 submit_face=submit_face,
                 lead_s=s.face_lead_s,
+                face_grace_s=s.face_grace_s,
                 max_chunk_ms=s.max_chunk_ms,
                 scale=i420_scaler(meta.width, meta.height, width, height),
             )
@@ -376,6 +382,8 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 "session_id": runner.session_id,
                 "state": session_pb2.SessionState.Name(ending.state),
                 "reason": ending.error,
+                "frames": dataclasses.asdict(runner.live.counts),
+                "dropped_for_slow_reader": runner.dropped,
             },
         )
         if ending.state != session_pb2.SESSION_STATE_ACTIVE:  # ACTIVE: it goes on elsewhere (drain, a lost lease)

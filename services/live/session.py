@@ -152,6 +152,9 @@ class FrameWork:
     arrived_ns: int | None
     utterance: int | None
     skip: bool = False  # the face was not back in time (or failed): nothing is drawn nor sent
+    #: a face not back at the slot's start, still within the session's grace: the caller may wait for
+    #: it (at most `LiveSession.grace_s`, inside the slot), then `settle` reads it or skips the frame
+    pending: FaceTicket | None = None
 
 
 class LiveSession:
@@ -168,6 +171,8 @@ class LiveSession:
         max_queued_seconds: the bound on queued, unplayed speech (backpressure).
         submit_face: asks for a frame's face ahead of its slot (the worker's FaceLink).
         lead_s: how far ahead of its slot a speech frame is planned; 0: at its slot (a FaceGenerator).
+        face_grace_s: how long past its slot's start a frame may wait for a face not back yet (the
+            frame is then sent that much later within its slot, instead of skipped); 0: never wait.
         max_chunk_ms: the longest chunk `push_audio` takes.
         scale: the output frame from the compositor's (the session's size, when it is not the avatar's).
     """
@@ -185,6 +190,7 @@ class LiveSession:
         lead_s: float = 0.0,
         max_chunk_ms: int = MAX_CHUNK_MS,
         scale: Callable[[np.ndarray], np.ndarray] | None = None,
+        face_grace_s: float = 0.0,
     ) -> None:
         self.idle = idle
         self.compositor = compositor
@@ -199,6 +205,7 @@ class LiveSession:
         self.sample_rate = sample_rate
         check_sample_rate(sample_rate)  # before any audio, not at the first chunk
         self.lead_ns = round(lead_s * NS_PER_S)
+        self.grace_s = face_grace_s
         self.max_chunk_ms = max_chunk_ms
         self.scale = scale
         self.queue = SpeechQueue(sample_rate, clock.fps, max_samples=round(max_queued_seconds * sample_rate))
@@ -359,36 +366,47 @@ class LiveSession:
             return FrameWork(slot.frame, FrameKind.IDLE, template, None, audio, events, slot.skipped, None, None)
         audio.append(planned.audio)
         events += planned.events
-        face, skip = None, False
-        if planned.face is None:
-            skip = True
-        elif not planned.face.done():
-            planned.face.cancel()
-            skip = True
-        else:
-            try:
-                face = planned.face.result()
-            except BaseException as exc:  # noqa: BLE001 - late, cancelled or a stage error: the frame is skipped, the session goes on
-                self.face_failures += 1
-                self.last_face_error = exc
-                skip = True
-        return FrameWork(
+        work = FrameWork(
             slot.frame,
             FrameKind.SPEECH,
             template,
-            face,
+            None,
             audio,
             events,
             slot.skipped,
             planned.arrived_ns,
             planned.utterance,
-            skip,
+            skip=planned.face is None,
+            pending=planned.face,
         )
+        if planned.face is not None and (planned.face.done() or self.grace_s <= 0):
+            self.settle(work)
+        return work
+
+    def settle(self, work: FrameWork) -> FrameWork:
+        """Reads the face of a work whose face was `pending`: used if it is back now, else cancelled and the
+        frame skipped (a late face is useless live). Call it on the session's thread before `render`."""
+        ticket, work.pending = work.pending, None
+        if ticket is None:
+            return work
+        if not ticket.done():
+            ticket.cancel()
+            work.skip = True
+            return work
+        try:
+            work.face = ticket.result()
+        except BaseException as exc:  # noqa: BLE001 - late, cancelled or a stage error: the frame is skipped, the session goes on
+            self.face_failures += 1
+            self.last_face_error = exc
+            work.skip = True
+        return work
 
     def render(self, work: FrameWork) -> Tick:
         """Composites and encodes the slot's frame (or skips it); safe off the session's thread."""
+        if work.pending is not None:
+            raise RuntimeError("render before settle: the frame's face is still pending")
         if work.skip:
-            self.clock.dropped()
+            self.clock.dropped(face_late=True)
             return Tick(
                 None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
             )
@@ -409,9 +427,10 @@ class LiveSession:
         return Tick(encoded, work.kind, work.audio, work.events, work.skipped, latency, work.utterance, work.frame)
 
     def tick(self) -> Tick | None:
-        """The frame due now, made and encoded (None: none is due yet; wait `clock.seconds_until_next()`)."""
+        """The frame due now, made and encoded (None: none is due yet; wait `clock.seconds_until_next()`).
+        A face still pending is not waited for (the caller that waits uses `begin_tick`, `settle`, `render`)."""
         work = self.begin_tick()
-        return None if work is None else self.render(work)
+        return None if work is None else self.render(self.settle(work))
 
     def force_keyframe(self) -> None:
         """The next frame is a keyframe (a resumed stream starts decoding there)."""

@@ -45,6 +45,9 @@ class LocalCluster:
     job_store: str = ""
     #: blob store URL; default a folder in workdir
     blob_store: str = ""
+    #: callers find a stage's replicas in an address file (`file://`, services.serving.discovery) instead
+    #: of a fixed list, so replicas can come and go (the local autoscaler rewrites the files)
+    address_files: bool = False
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,6 +83,8 @@ class LocalCluster:
                     self.start_service(name)
                 for name in names:
                     self._wait_ready(name)
+                for stage in wave:
+                    self.publish_addresses(stage, self.replica_names(stage))
         except BaseException:
             self.stop()
             raise
@@ -95,14 +100,30 @@ class LocalCluster:
         return name.split("-", 1)[0]
 
     def store_args(self, service: str) -> list[str]:
-        """The flags a stage gets from the cluster: the stores, its stages' addresses (all replicas)."""
+        """The flags a stage gets from the cluster: the stores, its stages' addresses (all replicas, or their file)."""
         s = REGISTRY[service]
         args = [f"--job-store={self.job_store}", f"--blob-store={self.blob_store}"] if s.stores else []
         args += [
-            f"--{stage}-address={','.join(self.processes[n].address for n in self.replica_names(stage))}"
+            f"--{stage}-address=file://{self.address_file(stage)}"
+            if self.address_files
+            else f"--{stage}-address={','.join(self.processes[n].address for n in self.replica_names(stage))}"
             for stage in s.calls
         ]
         return args
+
+    def address_file(self, stage: str) -> Path:
+        return self.workdir / "addresses" / f"{stage}.txt"
+
+    def publish_addresses(self, stage: str, names: list[str]) -> None:
+        """With address_files, write the addresses of `names` as the stage's list (atomically: a
+        reader never sees half a file). Callers pick the change up within their poll (0.5 s)."""
+        if not self.address_files or stage not in STAGES:
+            return
+        path = self.address_file(stage)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{self.processes[n].address}\n" for n in names))
+        tmp.replace(path)
 
     def start_service(self, name: str, wait: bool = False) -> None:
         """(Re)start a process by name with the cluster's flags and extra_args (tests restart one after a kill)."""

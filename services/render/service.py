@@ -49,6 +49,10 @@ class RenderService(Service[RenderSettings]):
 
     async def load(self) -> None:
         s = self.settings
+        # Both final statuses a worker counts exported from the start (0): LiplineJobsFailing's failed
+        # share is then 0, not nothing, until the first failure.
+        for status in ("succeeded", "failed"):
+            self.metrics.jobs.labels(status)
         self.jobs, self.blobs = await open_stores(s)
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
         self.clients = DiscoveredStageClients(

@@ -81,6 +81,12 @@ class FailedPrecondition(LiplineError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class TimedOut(LiplineError):
+    """Something the server waited on took longer than its limit (an audio_uri's host sending slowly)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class DataLoss(LiplineError):
     """Stored data that does not match its record (a truncated or corrupted output): retrying will not
     help; the job must be rendered again."""

@@ -26,6 +26,7 @@ peer's IP address ("ip:<addr>"; every connection from one host is one client). H
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -166,6 +167,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     async for response in behavior(request, context):
                         yield response
+                except GeneratorExit:
+                    # gRPC stopped taking responses (the client cancelled or went away) and closes the
+                    # generator at its yield: a cancel, with nothing left to send a status on.
+                    call.code = grpc.StatusCode.CANCELLED
+                    raise
                 except BaseException as exc:  # noqa: BLE001
                     await call.fail(exc)
 
@@ -205,9 +211,12 @@ class _Call:
         m.request_seconds.labels(m.stage, self.method).observe(time.perf_counter() - self._start)
         tracing.set_status(self._span, self.code)
         self._span_cm.__exit__(None, None, None)
-        TENANT.reset(self._tenant_token)
-        CLIENT_ID.reset(self._client_token)
-        REQUEST_ID.reset(self._token)
+        # A streaming handler's generator may be closed from another context (its finaliser, after the
+        # client went away): the tokens belong to the handler's context, which is gone with it.
+        with contextlib.suppress(ValueError):
+            TENANT.reset(self._tenant_token)
+            CLIENT_ID.reset(self._client_token)
+            REQUEST_ID.reset(self._token)
 
     async def check_ready(self) -> None:
         if not self.owner._ready.is_set():

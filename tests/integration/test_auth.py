@@ -21,41 +21,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lipline.v1 import audio_pb2, gateway_pb2
+from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient, render_file
 from services.local.cluster import REPO_ROOT, STAGES, LocalCluster
+from tests.helpers.certificates import make_certificate
 from tests.integration.util import SAMPLES, health_status, start_cluster
 
 GATEWAY = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
-
-
-def make_certificate(folder: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for localhost and 127.0.0.1 (PEM files cert, key)."""
-    cert, key = folder / "tls.crt", folder / "tls.key"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "2",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 class Secured:
@@ -164,11 +136,16 @@ def test_a_job_completes_over_tls_with_the_key(secured: Secured, tmp_path: Path)
 def test_plaintext_to_the_tls_port_fails(secured: Secured) -> None:
     with (
         LiplineClient(
-            secured.cluster.gateway_address, timeout=5, api_key=secured.keys["alice"], tls=False, tls_ca_file=""
+            secured.cluster.gateway_address,
+            timeout=5,
+            api_key=secured.keys["alice"],
+            tls=False,
+            tls_ca_file="",
+            retry=NO_RETRY,
         ) as client,
         pytest.raises(grpc.RpcError) as caught,
     ):
-        client.avatar_ids()
+        client.list_avatars()
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 

@@ -49,7 +49,7 @@ def test_replicas_follow_the_address_file(discovered: tuple[LocalCluster, Path])
 
         def submit_jobs() -> None:  # keep the worker busy, a job at a time, until told to stop
             while not stop.is_set():
-                job = client.wait(client.submit(avatar.id, audio).id)
+                job = client.wait(client.submit_job(avatar.id, audio).id)
                 if job.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                     errors.append(f"{job.id}: {job.error}")
 

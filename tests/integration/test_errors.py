@@ -119,7 +119,7 @@ def test_message_over_gateway_limit(mclient: LiplineClient, avatar: gateway_pb2.
 def test_multichannel_wav_renders(mclient: LiplineClient, avatar: gateway_pb2.Avatar, channels: int) -> None:
     # A 2 s WAV with 8 or 16 channels used to kill the gateway (SIGSEGV in the decoder); the autouse
     # fixture checks that every process is still alive and serving afterwards.
-    job = mclient.submit(avatar.id, multichannel_wav(2.0, channels))
+    job = mclient.submit_job(avatar.id, multichannel_wav(2.0, channels))
     done = mclient.wait(job.id)
     assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
     assert done.total_frames == 50
@@ -200,7 +200,7 @@ def test_unknown_job(mclient: LiplineClient) -> None:
 def test_download_of_unfinished_job(mclient: LiplineClient, avatar: gateway_pb2.Avatar, cluster: LocalCluster) -> None:
     # 60 s of audio = 1,500 frames: seconds of work, so the job is surely not finished yet. It is
     # rendered as 75 segments (the session cluster's are 0.8 s): a cancel removes every one.
-    job = mclient.submit(avatar.id, encode_tone("wav", 60.0, rate=16000, channels=1))
+    job = mclient.submit_job(avatar.id, encode_tone("wav", 60.0, rate=16000, channels=1))
     stub = mclient.stub
     download = lambda: stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id))  # noqa: E731
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, download, "SUCCEEDED")
@@ -324,7 +324,7 @@ def test_poisoned_generate_stream_fails_alone(
 ) -> None:
     # A stream asking for a 65535x65535 paste size, sent while three normal jobs run, used to fail
     # all three (its item failed the shared batch). Now it fails alone, at the edge.
-    jobs = [mclient.submit(avatar.id, speech_bytes) for _ in range(3)]
+    jobs = [mclient.submit_job(avatar.id, speech_bytes) for _ in range(3)]
     poisoned = crop_request(image_to_proto(FACE))
     poisoned.crops[0].paste_width = poisoned.crops[0].paste_height = 65535
     for _ in range(3):

@@ -206,17 +206,17 @@ def test_jobs_per_client_are_capped(fx: Fixture) -> None:
     audio = cut_wav((SAMPLES / "speech.wav").read_bytes(), 1.0)
     with LiplineClient(address, timeout=60, api_key="x") as x, LiplineClient(address, timeout=60, api_key="y") as y:
         avatar = x.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
-        jobs = [x.submit(avatar.id, audio) for _ in range(JOBS_PER_CLIENT)]
+        jobs = [x.submit_job(avatar.id, audio) for _ in range(JOBS_PER_CLIENT)]
         assert {fx.store.get_job(j.id).owner for j in jobs} == {"key:x"}
         with pytest.raises(grpc.RpcError) as err:
-            x.submit(avatar.id, audio)
+            x.submit_job(avatar.id, audio)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "'key:x'" in err.value.details() and f"limit {JOBS_PER_CLIENT} for one client" in err.value.details()
         # Another client still gets its jobs queued; a cancelled job frees its owner's slot.
-        other = y.submit(avatar.id, audio)
+        other = y.submit_job(avatar.id, audio)
         assert fx.store.get_job(other.id).owner == "key:y"
         x.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=jobs[0].id), timeout=10)
-        jobs.append(x.submit(avatar.id, audio))
+        jobs.append(x.submit_job(avatar.id, audio))
         for job in [*jobs, other]:  # leave nothing queued for the tests after this one
             y.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=10)
 
@@ -308,14 +308,20 @@ def test_every_request_field_is_bounded(fx: Fixture) -> None:
         assert fx.store.get_job(job.id).options == gateway_pb2.JobOptions(crf=20).SerializeToString()
         client.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=10)
 
-    # ListAvatars answers at most 1000 avatars (oldest first), with names of the longest kind.
+    # A ListAvatars page holds at most 1000 avatars (newest first), with names of the longest kind;
+    # the next page has the rest.
     now = time.time()
     for i in range(1001):
         fx.store.put_avatar(AvatarRecord(f"{i:024x}", "\U0001f600" * 256, 25.0, 1, 64, 64, 1, now + i))
     with LiplineClient(address, timeout=60, api_key="lister") as client:
-        listed = client.stub.ListAvatars(gateway_pb2.ListAvatarsRequest(), timeout=30).avatars
-    assert len(listed) == 1000
-    assert [a.create_time.ToNanoseconds() for a in listed] == sorted(a.create_time.ToNanoseconds() for a in listed)
+        page = client.stub.ListAvatars(gateway_pb2.ListAvatarsRequest(page_size=5000), timeout=30)
+        rest = client.stub.ListAvatars(
+            gateway_pb2.ListAvatarsRequest(page_size=5000, page_token=page.next_page_token), timeout=30
+        )
+    listed = page.avatars
+    assert len(listed) == 1000 and rest.avatars[0].id == f"{0:024x}"  # then the test's own, older avatars
+    times = [a.create_time.ToNanoseconds() for a in listed]
+    assert times == sorted(times, reverse=True)
 
 
 def test_wait_survives_a_gateway_restart(fx: Fixture) -> None:

@@ -150,7 +150,7 @@ def no_temporary_files(root: Path) -> list[str]:
 def test_the_only_lipsync_replica_away_for_seconds_mid_job_fails_nothing(
     fcluster: LocalCluster, avatar: gateway_pb2.Avatar, client: LiplineClient, how: str
 ) -> None:
-    job = client.submit(avatar.id, speech(8.0))
+    job = client.submit_job(avatar.id, speech(8.0))
     wait_mid_job(client, job.id)
     if how == "sigterm":
         assert fcluster.terminate("lipsync") == 0
@@ -175,7 +175,7 @@ def test_a_blob_store_spell_mid_job_is_ridden_out_and_answered_clearly(
     if fcluster.no_mount:
         pytest.skip(fcluster.no_mount)
     root = fcluster.blob_dir
-    job = client.submit(avatar.id, speech(20.0))
+    job = client.submit_job(avatar.id, speech(20.0))
     wait_mid_job(client, job.id)
     filler = None
     if spell == "read-only":
@@ -188,7 +188,7 @@ def test_a_blob_store_spell_mid_job_is_ridden_out_and_answered_clearly(
         words = "is read-only" if spell == "read-only" else "is full"
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:
-            client.submit(avatar.id, speech(2.0))
+            client.submit_job(avatar.id, speech(2.0))
         assert time.monotonic() - started < 10
         assert info.value.code() == code, info.value.details()
         assert f"the blob store {root} {words}" in info.value.details()
@@ -294,7 +294,7 @@ def test_rows_that_cannot_run_are_quarantined_and_never_stop_the_workers(
     assert info.value.code() == grpc.StatusCode.DATA_LOSS, info.value.details()
     assert "state 99 is not one of" in info.value.details()
 
-    normal = client.submit(avatar.id, speech(2.0))
+    normal = client.submit_job(avatar.id, speech(2.0))
     done = client.wait(normal.id)
     assert done.state == SUCCEEDED, done.error
     quarantined = eventually(
@@ -391,7 +391,7 @@ def test_postgres_down_mid_job_answers_unavailable_fast_and_the_job_finishes(tmp
         try:
             with LiplineClient(cluster.gateway_address, timeout=240) as client:
                 photo = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
-                job = client.submit(photo.id, speech(16.0))
+                job = client.submit_job(photo.id, speech(16.0))
                 wait_mid_job(client, job.id)
                 pg.shut_down()
                 try:
@@ -408,7 +408,7 @@ def test_postgres_down_mid_job_answers_unavailable_fast_and_the_job_finishes(tmp
                 done = client.wait(job.id)
                 assert done.state == SUCCEEDED, done.error
                 assert done.frames_done == done.total_frames
-                again = client.wait(client.submit(photo.id, speech(2.0)).id)
+                again = client.wait(client.submit_job(photo.id, speech(2.0)).id)
                 assert again.state == SUCCEEDED, again.error
                 for name in RENDERERS:
                     assert health_status(cluster.processes[name].address) == health_pb2.HealthCheckResponse.SERVING

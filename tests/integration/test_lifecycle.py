@@ -103,7 +103,7 @@ def test_metrics_after_a_job(cluster: LocalCluster, client: LiplineClient, avata
     before = {name: scrape(cluster, name) for name in ALL + WORKERS}
     avatar = client.create_avatar(avatar_bytes)
     job = client.wait(
-        client.submit(avatar.id, encode_tone("wav", 1.0, rate=16000, channels=1), super_resolution=True).id
+        client.submit_job(avatar.id, encode_tone("wav", 1.0, rate=16000, channels=1), super_resolution=True).id
     )
     assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
     after = {name: scrape(cluster, name) for name in ALL + WORKERS}

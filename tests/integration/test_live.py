@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from lipline.v1 import session_pb2
+from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import frame_audio, pcm_chunks, pcm_of_audio, run_session, write_mp4
 from services.jobs.store import open_job_store
@@ -253,8 +254,10 @@ def test_admission_refuses_a_third_session_and_leaves_the_two_alone(live: Live) 
     streams = [Stream(live.client, s) for s in (first, second)]
     for s in streams:
         s.wait(lambda s=s: len(s.frames) > 5, "frames of the two sessions")
-    with pytest.raises(grpc.RpcError) as refused:
-        live.client.create_session(live.avatar_id)
+    # Without retries: the client package would wait for room as retry-after-ms says (what a backend wants).
+    with LiplineClient(live.cluster.gateway_address, timeout=30, retry=NO_RETRY) as once:
+        with pytest.raises(grpc.RpcError) as refused:
+            once.create_session(live.avatar_id)
     assert (
         refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         and "no live worker has room" in refused.value.details()

@@ -72,14 +72,14 @@ def test_a_short_job_submitted_after_a_long_one_is_not_queued_behind_it(
     long_cluster: LocalCluster, small_avatar: gateway_pb2.Avatar
 ) -> None:
     with client_of(long_cluster, "alice") as alice, client_of(long_cluster, "bob") as bob:
-        long_job = alice.submit(small_avatar.id, speech(30.0))
+        long_job = alice.submit_job(small_avatar.id, speech(30.0))
         assert long_job.total_frames == 750  # 30 segments of 25 frames
         eventually(
             lambda: alice.stub.GetJob(gateway_pb2.GetJobRequest(job_id=long_job.id), timeout=30).frames_done >= 25,
             timeout=120,
             what="the long job's first segment",
         )
-        short = bob.submit(small_avatar.id, speech(5.0))
+        short = bob.submit_job(small_avatar.id, speech(5.0))
         done = bob.wait(short.id)
         long_now = alice.stub.GetJob(gateway_pb2.GetJobRequest(job_id=long_job.id), timeout=30)
         alice.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=long_job.id), timeout=30)
@@ -97,7 +97,7 @@ def test_watchjob_outlives_the_connection_age(long_cluster: LocalCluster, small_
     2 s after the old limit, so the test does not depend on how fast this machine renders)."""
     cancel_after = OLD_STREAM_LIMIT_S + 2.0
     with client_of(long_cluster, "carol") as carol:
-        job = carol.submit(small_avatar.id, speech(300.0))
+        job = carol.submit_job(small_avatar.id, speech(300.0))
         cancel = threading.Timer(
             cancel_after, lambda: carol.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id), timeout=30)
         )
@@ -131,7 +131,7 @@ def test_a_damaged_output_ends_the_download_with_data_loss(
     long_cluster: LocalCluster, small_avatar: gateway_pb2.Avatar
 ) -> None:
     with client_of(long_cluster, "dave") as dave:
-        job = dave.wait(dave.submit(small_avatar.id, speech(2.0)).id)
+        job = dave.wait(dave.submit_job(small_avatar.id, speech(2.0)).id)
         assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
 
         def download() -> tuple[bytes, grpc.RpcError | None]:

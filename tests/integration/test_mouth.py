@@ -65,7 +65,7 @@ def mouth_distances(cluster, avatar, tmp_path_factory: pytest.TempPathFactory) -
     with LiplineClient(cluster.gateway_address, timeout=180) as client:
         avatar_id = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes(), name="mouth").id
         for k, (name, audio) in enumerate(variants.items()):
-            job = client.submit(avatar_id, pcm_wav(audio, RATE), super_resolution=False, crf=CRF)
+            job = client.submit_job(avatar_id, pcm_wav(audio, RATE), super_resolution=False, crf=CRF)
             done = client.wait(job.id)
             assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
             path = folder / f"out-{k}.mp4"

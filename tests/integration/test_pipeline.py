@@ -158,15 +158,15 @@ def test_get_list_delete_avatar(client: LiplineClient, photo: gateway_pb2.Avatar
     # Same bytes at another photo_fps is another avatar: a private one this test may delete.
     mine = client.create_avatar(avatar_bytes, name="to delete", photo_fps=30)
     assert mine.id != photo.id and mine.fps == 30.0
-    listed = {a.id: a for a in client.stub.ListAvatars(gateway_pb2.ListAvatarsRequest()).avatars}
-    assert {photo.id, mine.id} <= listed.keys()
-    assert listed[mine.id].name == "to delete"
+    # Newest first: the one just made leads the first page; every page together holds both.
+    assert client.stub.ListAvatars(gateway_pb2.ListAvatarsRequest(page_size=1)).avatars[0].name == "to delete"
+    assert {photo.id, mine.id} <= {a.id for a in client.list_avatars()}
 
     client.stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=mine.id))
     with pytest.raises(grpc.RpcError) as err:
         client.stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=mine.id))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    listed = {a.id for a in client.stub.ListAvatars(gateway_pb2.ListAvatarsRequest()).avatars}
+    listed = {a.id for a in client.list_avatars()}
     assert mine.id not in listed and photo.id in listed
     with pytest.raises(grpc.RpcError) as err:
         client.stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=mine.id))

@@ -10,12 +10,7 @@ service discovery would attach them.
 
 from __future__ import annotations
 
-import json
-import shutil
-import socket
 import subprocess
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +21,7 @@ import yaml
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
 from services.local.cluster import REPO_ROOT, LocalCluster
+from services.local.prometheus import PrometheusServer, Target, missing_reason
 from tests.helpers.tools import helm_binary
 from tests.integration.util import eventually
 
@@ -34,25 +30,7 @@ ADAPTER = REPO_ROOT / "helm" / "lipline" / "files" / "adapter-rules.yaml"
 NAMESPACE = "lipline-test"
 RELEASE = "lipline"  # the chart names its objects lipline-<stage> for this release name
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("prometheus") is None,
-    reason="needs the prometheus server (Debian package 'prometheus'; bash scripts/install.sh installs it)",
-)
-
-
-class Prometheus:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def api(self, path: str, **params: str) -> Any:
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=10) as resp:
-            body = json.load(resp)
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        return self.api("query", query=expr)["result"]
+pytestmark = pytest.mark.skipif(bool(missing_reason()), reason=missing_reason() or "prometheus")
 
 
 def _pod(service: str) -> str:
@@ -60,62 +38,19 @@ def _pod(service: str) -> str:
     return f"{RELEASE}-{service}-7c9f5-x2x4q"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
-    workdir = tmp_path_factory.mktemp("prometheus")
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES)],
-        "scrape_configs": [
-            {
-                "job_name": "lipline",
-                "static_configs": [
-                    {"targets": [f"127.0.0.1:{p.metrics_port}"], "labels": {"namespace": NAMESPACE, "pod": _pod(name)}}
-                    for name, p in cluster.processes.items()
-                ],
-            }
-        ],
-    }
-    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
-    log = (workdir / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    prom = Prometheus(f"http://127.0.0.1:{port}")
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            pytest.fail(f"prometheus exited {proc.returncode}: {(workdir / 'prometheus.log').read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    try:
-        eventually(ready, 30, "prometheus to be ready")
+def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    with PrometheusServer(tmp_path_factory.mktemp("prometheus"), scrape_interval_s=1.0, rule_files=[RULES]) as prom:
+        prom.set_targets(
+            [
+                Target(f"127.0.0.1:{p.metrics_port}", {"namespace": NAMESPACE, "pod": _pod(name)})
+                for name, p in cluster.processes.items()
+            ]
+        )
         yield prom
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()
 
 
-def test_prometheus_scrapes_every_service(prometheus: Prometheus, cluster: LocalCluster) -> None:
+def test_prometheus_scrapes_every_service(prometheus: PrometheusServer, cluster: LocalCluster) -> None:
     def all_up() -> list[dict[str, Any]]:
         targets = prometheus.api("targets")["activeTargets"]
         return targets if len(targets) == len(cluster.processes) and all(t["health"] == "up" for t in targets) else []
@@ -125,10 +60,10 @@ def test_prometheus_scrapes_every_service(prometheus: Prometheus, cluster: Local
 
 
 def test_a_job_shows_up_per_stage_and_in_the_chart_rules(
-    prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
+    prometheus: PrometheusServer, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
 ) -> None:
     avatar = client.create_avatar(avatar_bytes)
-    job = client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
+    job = client.wait(client.submit_job(avatar.id, speech_bytes, super_resolution=True).id)
     assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
 
     def stages_with_items() -> set[str]:
@@ -148,7 +83,7 @@ def test_a_job_shows_up_per_stage_and_in_the_chart_rules(
     eventually(lambda: prometheus.query(succeeded), what="the gateway's count of succeeded jobs")
 
 
-def test_every_chart_rule_loads_and_evaluates_cleanly(prometheus: Prometheus) -> None:
+def test_every_chart_rule_loads_and_evaluates_cleanly(prometheus: PrometheusServer) -> None:
     expected = {
         r.get("record") or r.get("alert") for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
     }
@@ -181,11 +116,11 @@ def _adapter_query(rule: dict[str, Any], services: tuple[str, ...] = ("lipsync",
 
 
 def test_adapter_queries_give_one_value_per_pod(
-    prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
+    prometheus: PrometheusServer, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
 ) -> None:
     rules = {r["name"]["as"]: r for r in yaml.safe_load(ADAPTER.read_text())["rules"]}
     avatar = client.create_avatar(avatar_bytes)
-    client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
+    client.wait(client.submit_job(avatar.id, speech_bytes, super_resolution=True).id)
 
     queue = _adapter_query(rules["lipline_stage_queue_mean_seconds"])
     rows = eventually(lambda: prometheus.query(queue), what=f"a value of {queue}")
@@ -210,7 +145,7 @@ def _check_gpu_rows(rows: list[dict[str, Any]]) -> None:
 
 
 def test_keda_trigger_queries_as_rendered_by_the_chart(
-    prometheus: Prometheus, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
+    prometheus: PrometheusServer, client: LiplineClient, avatar_bytes: bytes, speech_bytes: bytes
 ) -> None:
     helm = helm_binary()
     rendered = subprocess.run(
@@ -245,7 +180,7 @@ def test_keda_trigger_queries_as_rendered_by_the_chart(
     rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-render"]), what="the render KEDA query")
     assert len(rows) == 1 and float(rows[0]["value"][1]) >= 0
     avatar = client.create_avatar(avatar_bytes)
-    client.wait(client.submit(avatar.id, speech_bytes, super_resolution=True).id)
+    client.wait(client.submit_job(avatar.id, speech_bytes, super_resolution=True).id)
     # superres scales on queue time, which the job above gives a value.
     rows = eventually(lambda: prometheus.query(triggers[f"{RELEASE}-superres"]), what="the superres KEDA query")
     assert len(rows) == 1 and float(rows[0]["value"][1]) >= 0

@@ -160,7 +160,7 @@ def assert_every_frame_in_order(client: LiplineClient, job: gateway_pb2.Job, tmp
 def test_worker_killed_mid_segment(
     rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path
 ) -> None:
-    job = client.submit(template.id, speech_seconds(6.0))
+    job = client.submit_job(template.id, speech_seconds(6.0))
     wait_claimed(rcluster, "render-1", job.id)
     rcluster.kill("render-1")  # mid-segment: no drain, its lease simply stops being renewed
     assert_every_frame_in_order(client, job, tmp_path)
@@ -170,7 +170,7 @@ def test_worker_killed_mid_segment(
 def test_stage_replica_killed_mid_job(
     rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str
 ) -> None:
-    job = client.submit(template.id, speech_seconds(6.0), super_resolution=True)
+    job = client.submit_job(template.id, speech_seconds(6.0), super_resolution=True)
     eventually(
         lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).state == gateway_pb2.JOB_STATE_RUNNING,
         every=0.02,
@@ -183,7 +183,7 @@ def test_stage_replica_killed_mid_job(
 def test_cancel_mid_job_stops_every_worker_and_leaves_nothing(
     rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient
 ) -> None:
-    job = client.submit(template.id, speech_seconds(7.5))
+    job = client.submit_job(template.id, speech_seconds(7.5))
     eventually(
         lambda: client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).frames_done > 0,
         every=0.02,
@@ -205,7 +205,7 @@ def test_cancel_mid_job_stops_every_worker_and_leaves_nothing(
 def test_gateway_killed_and_restarted(rcluster: LocalCluster, template: gateway_pb2.Avatar, tmp_path: Path) -> None:
     address = rcluster.gateway_address
     with LiplineClient(address, timeout=120) as client:
-        job = client.submit(template.id, speech_seconds(6.0))
+        job = client.submit_job(template.id, speech_seconds(6.0))
     rcluster.kill("gateway")
     rcluster.restart("gateway")  # same port: the same address works again
     with LiplineClient(address, timeout=120) as client:
@@ -220,7 +220,7 @@ def test_two_gateways_answer_for_each_other(rcluster: LocalCluster, tmp_path: Pa
     with one, two:
         avatar = one.create_avatar(avatar_bytes, name="shared")
         assert two.stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=avatar.id)).id == avatar.id
-        job = two.submit(avatar.id, speech_seconds(4.0))
+        job = two.submit_job(avatar.id, speech_seconds(4.0))
         seen: dict[str, list[gateway_pb2.Job]] = {"one": [], "two": []}
 
         def watch(name: str, c: LiplineClient) -> None:
@@ -248,7 +248,7 @@ def test_postgres_restart_mid_job(
     _, server = store_url
     if server is None:
         pytest.skip("PostgreSQL only: SQLite is a file, there is no server to restart")
-    job = client.submit(template.id, speech_seconds(6.0))
+    job = client.submit_job(template.id, speech_seconds(6.0))
     wait_claimed(rcluster, "render", job.id)
     started = time.monotonic()
     server.restart()
@@ -277,7 +277,7 @@ def test_sixteen_concurrent_jobs_and_a_light_gateway(
     rcluster: LocalCluster, template: gateway_pb2.Avatar, client: LiplineClient
 ) -> None:
     audio = speech_seconds(3.0)
-    jobs = [client.submit(template.id, audio) for _ in range(16)]
+    jobs = [client.submit_job(template.id, audio) for _ in range(16)]
     peak = 0.0
     pid = rcluster.processes["gateway"].process.pid
     for job in jobs:
@@ -307,7 +307,7 @@ def test_ten_minute_clip_keeps_worker_memory_flat(
     photo = cv2.resize(cv2.imread(str(SAMPLES / "avatar.jpg")), (256, 256), interpolation=cv2.INTER_AREA)
     ok, jpeg = cv2.imencode(".jpg", photo)
     avatar = client.create_avatar(jpeg.tobytes(), name="small")
-    job = client.submit(avatar.id, long_speech(600.0))
+    job = client.submit_job(avatar.id, long_speech(600.0))
     assert job.total_frames == 15_000
     pids = {name: rcluster.processes[name].process.pid for name in rcluster.replica_names("render")}
     samples: dict[str, list[tuple[int, float]]] = {name: [] for name in pids}
@@ -336,7 +336,7 @@ def test_a_stage_failure_fails_the_job_with_the_stages_status(
     # until the attempts run out. The job must end FAILED with that status, never CANCELLED.
     for name in rcluster.replica_names("lipsync"):
         rcluster.kill(name)
-    job = client.submit(template.id, speech_seconds(2.0))
+    job = client.submit_job(template.id, speech_seconds(2.0))
     done = client.wait(job.id)
     assert done.state == gateway_pb2.JOB_STATE_FAILED, done
     assert done.error_code == grpc.StatusCode.UNAVAILABLE.value[0], done

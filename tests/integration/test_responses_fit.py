@@ -133,7 +133,7 @@ def test_close_up_photo_renders(fcluster: LocalCluster, super_resolution: bool, 
     with LiplineClient(fcluster.gateway_address, timeout=300) as client:
         avatar = client.create_avatar(photo, name="close-up")
         assert (avatar.width, avatar.height, avatar.faces_found) == (CLOSE_UP, CLOSE_UP, 1)
-        job = client.submit(avatar.id, audio, super_resolution=super_resolution)
+        job = client.submit_job(avatar.id, audio, super_resolution=super_resolution)
         done = client.wait(job.id)
         assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
         assert abs(done.total_frames - SPEECH_S * avatar.fps) <= 1, (done.total_frames, avatar.fps)

@@ -37,7 +37,7 @@ def test_jobs_are_spread_over_replicas(
         avatar = client.create_avatar(avatar_bytes)
 
         def one_job(i: int) -> gateway_pb2.Job:
-            job = client.submit(avatar.id, audio, super_resolution=True)
+            job = client.submit_job(avatar.id, audio, super_resolution=True)
             return client.wait(job.id)
 
         with concurrent.futures.ThreadPoolExecutor(4) as pool:

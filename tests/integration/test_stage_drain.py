@@ -97,7 +97,7 @@ def test_stage_replica_sigterm_mid_job(
     dcluster: LocalCluster, numbered: gateway_pb2.Avatar, client: LiplineClient, tmp_path: Path, stage: str
 ) -> None:
     name = f"{stage}-1"
-    job = client.submit(numbered.id, speech(7.5), super_resolution=True)
+    job = client.submit_job(numbered.id, speech(7.5), super_resolution=True)
     try:
         # SIGTERM while the replica holds accepted items (a stream mid-flight), or, if the polling never
         # sees one, once a first segment is done: either way mid-job.
@@ -141,7 +141,7 @@ def test_connection_age_expiry_mid_job(tmp_path_factory: pytest.TempPathFactory,
             # the render streams run over several generations of connections.
             started, rounds = time.monotonic(), 0
             while rounds == 0 or time.monotonic() - started < AGE_TEST_S:
-                jobs = [client.submit(avatar.id, speech(8.0), super_resolution=sr) for sr in (True, False)]
+                jobs = [client.submit_job(avatar.id, speech(8.0), super_resolution=sr) for sr in (True, False)]
                 results: dict[str, gateway_pb2.Job] = {}
                 threads = [
                     threading.Thread(target=lambda j=j: results.__setitem__(j.id, client.wait(j.id))) for j in jobs

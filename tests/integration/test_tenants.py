@@ -81,13 +81,13 @@ def test_every_public_rpc_finds_only_the_callers_own(tenants: Tenants, tmp_path:
     assert "does not exist" in not_found(lambda: bob.stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=avatar.id)))
 
     covered.add("ListAvatars")
-    assert acme.avatar_ids() == acme2.avatar_ids() == {avatar.id}
-    assert bob.avatar_ids() == {bobs.id}
+    assert {a.id for a in acme.list_avatars()} == {a.id for a in acme2.list_avatars()} == {avatar.id}
+    assert {a.id for a in bob.list_avatars()} == {bobs.id}
 
     covered.add("SubmitJob")
     speech = cut_wav((SAMPLES / "speech.wav").read_bytes(), 1.6)
-    assert "does not exist" in not_found(lambda: bob.submit(avatar.id, speech))
-    job = acme.submit(avatar.id, speech)
+    assert "does not exist" in not_found(lambda: bob.submit_job(avatar.id, speech))
+    job = acme.submit_job(avatar.id, speech)
 
     covered.add("GetJob")
     assert acme2.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).id == job.id
@@ -102,9 +102,22 @@ def test_every_public_rpc_finds_only_the_callers_own(tenants: Tenants, tmp_path:
     not_found(lambda: bob.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id)))
     assert acme2.wait(job.id).state == gateway_pb2.JOB_STATE_SUCCEEDED  # bob's cancel did nothing
 
+    covered.add("ListJobs")
+    assert [j.id for j in acme2.stub.ListJobs(gateway_pb2.ListJobsRequest()).jobs] == [job.id]
+    assert list(bob.stub.ListJobs(gateway_pb2.ListJobsRequest()).jobs) == []
+
+    covered.add("DeleteJob")
+    not_found(lambda: bob.stub.DeleteJob(gateway_pb2.DeleteJobRequest(job_id=job.id)))
+
     covered.add("DownloadOutput")
     not_found(lambda: bob.stub.DownloadOutput(gateway_pb2.DownloadOutputRequest(job_id=job.id), timeout=30))
     assert acme2.download(job.id, tmp_path / "out.mp4") > 1000
+
+    covered.add("GetOutputUrl")  # the tenant is checked before the blob store (a folder here: no URLs)
+    not_found(lambda: bob.get_output_url(job.id))
+    with pytest.raises(grpc.RpcError) as caught:
+        acme2.get_output_url(job.id)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
     covered.add("CreateSession")
     assert "does not exist" in not_found(lambda: bob.create_session(avatar.id))
@@ -127,7 +140,7 @@ def test_every_public_rpc_finds_only_the_callers_own(tenants: Tenants, tmp_path:
     not_found(lambda: bob.stub.DeleteAvatar(gateway_pb2.DeleteAvatarRequest(avatar_id=avatar.id)))
     assert acme.stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=avatar.id)) == avatar
     bob.delete_avatar(bobs.id)  # his own
-    assert bob.avatar_ids() == set() and acme.avatar_ids() == {avatar.id}
+    assert {a.id for a in bob.list_avatars()} == set() and {a.id for a in acme.list_avatars()} == {avatar.id}
     acme.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=job.id))  # finished: unchanged, found
 
     # A later RPC of the public API must be added here, with its NOT_FOUND for another tenant.
@@ -139,7 +152,7 @@ def test_deleting_an_avatar_while_a_job_renders_from_it(tenants: Tenants) -> Non
     avatar = acme.create_avatar((SAMPLES / "avatar.jpg").read_bytes(), name="to delete", photo_fps=20)
     blobs = cluster.blob_dir / "avatars" / avatar.id
     assert blobs.is_dir()
-    job = acme.submit(avatar.id, (SAMPLES / "speech.wav").read_bytes())  # 7.7 s: ~19 segments of 0.4 s
+    job = acme.submit_job(avatar.id, (SAMPLES / "speech.wav").read_bytes())  # 7.7 s: ~19 segments of 0.4 s
     assert job.total_frames > 100
 
     def started() -> bool:
@@ -150,8 +163,8 @@ def test_deleting_an_avatar_while_a_job_renders_from_it(tenants: Tenants) -> Non
     eventually(started, timeout=120, what="the job's first segment", every=0.05)
     acme.delete_avatar(avatar.id)
     assert not_found(lambda: acme.stub.GetAvatar(gateway_pb2.GetAvatarRequest(avatar_id=avatar.id)))
-    assert avatar.id not in acme.avatar_ids()
-    not_found(lambda: acme.submit(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), 1.0)))
+    assert avatar.id not in {a.id for a in acme.list_avatars()}
+    not_found(lambda: acme.submit_job(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), 1.0)))
     not_found(lambda: acme.delete_avatar(avatar.id))
     assert blobs.is_dir()  # kept for the job
 

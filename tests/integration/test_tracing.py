@@ -74,7 +74,7 @@ def test_a_job_is_one_trace(collector: tuple[Collector, int], tmp_path: Path) ->
     with start_cluster(tmp_path, env=env, extra_args={"gateway": ["--segment-seconds=0.8"]}) as cluster:
         with LiplineClient(cluster.gateway_address, timeout=120) as client:
             avatar = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes(), name="traced")
-            job = client.submit(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), 2.0))
+            job = client.submit_job(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), 2.0))
             done = client.wait(job.id)
             assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
 

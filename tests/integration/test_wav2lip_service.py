@@ -63,7 +63,7 @@ def one_second() -> bytes:
 def test_job_with_wav2lip(w2l_cluster: LocalCluster, avatar_bytes: bytes, one_second: bytes, tmp_path: Path) -> None:
     with LiplineClient(w2l_cluster.gateway_address, timeout=120.0) as client:
         avatar = client.create_avatar(avatar_bytes)
-        job = client.wait(client.submit(avatar.id, one_second).id)
+        job = client.wait(client.submit_job(avatar.id, one_second).id)
         assert job.state == gateway_pb2.JOB_STATE_SUCCEEDED, job.error
         assert [(m.name, m.backend, m.precision) for m in job.models] == [("wav2lip", "cpu", "fp32")]
         client.download(job.id, tmp_path / "out.mp4")

@@ -133,7 +133,7 @@ def render_template(folder: Path, source: Path, audio_seconds: float, crf: int, 
     with start_cluster(folder / "cluster", extra_args={"gateway": ["--segment-seconds=1.0"]}) as cluster:
         with LiplineClient(cluster.gateway_address, timeout=180) as client:
             avatar = client.create_avatar(source.read_bytes(), name=name)
-            job = client.submit(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), audio_seconds), crf=crf)
+            job = client.submit_job(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), audio_seconds), crf=crf)
             done = client.wait(job.id)
             assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
             output = folder / "output.mp4"

@@ -99,3 +99,20 @@ def test_every_service_and_rpc_is_documented(proto: Path) -> None:
             f"{name}.{lines[i].split()[1].split('(')[0]}" for i in rpcs if not _has_comment_above(lines, i)
         ]
     assert undocumented == [], f"{proto.name}: services/rpcs without a comment: {undocumented}"
+
+
+def test_the_client_packages_stubs_are_fresh() -> None:
+    """clients/python carries its generated modules (committed, imports rewritten to lipline_client.v1):
+    they must be what scripts/gen_protos.py makes from protos/ now. Regenerate with
+    `.venv/bin/python scripts/gen_protos.py --force` and commit the result."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_protos", REPO_ROOT / "scripts" / "gen_protos.py")
+    assert spec is not None and spec.loader is not None
+    gen_protos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_protos)
+    committed = gen_protos.CLIENT_DIR
+    for name, text in gen_protos.client_modules().items():
+        path = committed / name
+        assert path.is_file() and path.read_text() == text, f"{path.relative_to(REPO_ROOT)} is stale"
+        assert "from lipline.v1" not in text

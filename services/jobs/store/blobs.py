@@ -68,6 +68,11 @@ class BlobStore(abc.ABC):
     def list(self, prefix: str) -> list[str]:
         """Keys starting with `prefix`, sorted."""
 
+    def presigned_url(self, key: str, expires_s: float) -> str | None:
+        """A URL a plain HTTP GET reads the object from for `expires_s` seconds without credentials,
+        or None where the store has no such URLs (a folder). Signing is local: the key is not read."""
+        return None
+
     def close(self) -> None:
         """Release connections."""
 

@@ -15,6 +15,11 @@ answer for any job, and render workers on many pods must share out the work. The
   blobs stay until no QUEUED or RUNNING job and no live session uses it (the gateway's janitor
   then purges them).
 - **live sessions and live workers** (services.jobs.store.sessions): which worker holds each session.
+- **request ids** of idempotent creates: (tenant, kind, request id) -> the job or avatar the first
+  request made and a digest of that request, so a retry finds it again (`RequestKey`). The row is
+  the unique key: of concurrent duplicates, one inserts it and makes the object; the others find it.
+- **labels** of jobs and avatars (ListJobs filters on a job's), and **shared keys** (random
+  secrets every gateway replica reads alike, e.g. the page tokens' HMAC key).
 
 Every avatar and job belongs to a tenant (services.serving.tenants). The gateway's methods take the
 caller's tenant and find only that tenant's rows (NotFound otherwise, as for an id that never
@@ -34,7 +39,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from services.jobs.store.sessions import SessionStore
 from services.serving.tenants import IMPLICIT_TENANT
@@ -68,6 +73,62 @@ class TaskKind(str, enum.Enum):
     JOIN = "join"  # stream-copy the segments and the AAC track into the output
 
 
+class RequestKind(str, enum.Enum):
+    """What a request id created: ids are per tenant and per kind."""
+
+    JOB = "job"
+    AVATAR = "avatar"
+
+
+def request_reused_message(kind: RequestKind, request_id: str) -> str:
+    """INVALID_ARGUMENT's text for a request id sent again with another request."""
+    what = "audio, avatar, options or labels" if kind is RequestKind.JOB else "bytes, name, photo_fps or labels"
+    return (
+        f"request_id {request_id} was already used for a different {kind.value} request (other {what}); "
+        "a retry must repeat the request exactly, and a new request needs a new request_id"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestKey:
+    """A create's idempotency key: the client's request id, a digest of its canonical request (the
+    same id with another request is refused), and how long a repeat finds the first's result."""
+
+    request_id: str
+    digest: str
+    window_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestRecord:
+    """A request id as the store keeps it: what it made (`target_id`) and when."""
+
+    kind: RequestKind
+    request_id: str
+    digest: str
+    target_id: str
+    create_time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PageCursor:
+    """The last row of a page: the next page starts after it in newest-first (create_time, id) order.
+    A keyset, not an offset, so rows inserted while a client pages never shift what comes next."""
+
+    create_time: float
+    id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFilter:
+    """ListJobs' filters; every one that is set must hold."""
+
+    states: frozenset[JobState] = frozenset()  # any of these (all when empty)
+    created_after: float | None = None  # create_time >= this
+    created_before: float | None = None  # create_time < this
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # every one of these pairs
+
+
 @dataclasses.dataclass(frozen=True)
 class NewJob:
     """What SubmitJob knows when it creates a job."""
@@ -84,6 +145,7 @@ class NewJob:
     trace_context: str = ""  # the submitting request's trace context (JSON of W3C headers), or ""
     tenant: str = IMPLICIT_TENANT  # who may see the job (services.serving.tenants)
     audio_task: bool = False  # an audio task (the AAC track) beside the segments: SubmitJob's jobs have one
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the client's, checked by the gateway
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +175,7 @@ class Job:
     trace_context: str = ""  # see NewJob
     tenant: str = IMPLICIT_TENANT
     output_sha256: str = ""  # hex sha256 of the output once SUCCEEDED ('' for jobs older than the record)
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
@@ -156,6 +219,7 @@ class AvatarRecord:
     # services.jobs.avatars.content_hash of the upload: the same tenant's same upload is the same
     # avatar (dedup within a tenant only; "" = none, never deduplicated)
     content_hash: str = ""
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,9 +254,19 @@ class JobStore(SessionStore):
     # -- jobs (gateway) ---------------------------------------------------------------------------
     @abc.abstractmethod
     def create_job(
-        self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False
+        self,
+        job: NewJob,
+        max_active: int = 0,
+        max_active_per_owner: int = 0,
+        check_avatar: bool = False,
+        request: RequestKey | None = None,
     ) -> Job:
-        """Insert the job (QUEUED), its audio task if it asks for one and its segment tasks
+        """With `request`: when the job's tenant already made a job with that request id within
+        `request.window_s`, that job is returned and nothing is inserted (the caller sees another id
+        than its own and drops what it prepared); InvalidRequest when that request's digest differs.
+        The id is recorded in the job's transaction, first, so of concurrent duplicates exactly one
+        inserts a job (the others wait for its commit, then find it). Limits are not checked for a
+        repeat. Otherwise: insert the job (QUEUED), its audio task if it asks for one and its segment tasks
         (WAITING) and its join (BLOCKED) in one transaction. TooLarge when `max_active` (>0) QUEUED+RUNNING jobs exist, or the owner has
         `max_active_per_owner` (>0). With `check_avatar` (the gateway), NotFound unless the job's
         avatar exists, is not deleted and belongs to the job's tenant, checked in the same
@@ -202,6 +276,31 @@ class JobStore(SessionStore):
     @abc.abstractmethod
     def get_job(self, job_id: str, tenant: str | None = None) -> Job:
         """NotFound unless the job exists and belongs to `tenant` (None: any tenant, workers only)."""
+
+    @abc.abstractmethod
+    def list_jobs(self, tenant: str, where: JobFilter, after: PageCursor | None = None, limit: int = 50) -> list[Job]:
+        """The tenant's jobs that pass `where`, newest first by (create_time, id), starting after
+        `after` (a page's last job), at most `limit`."""
+
+    @abc.abstractmethod
+    def delete_job(self, job_id: str, tenant: str | None = None) -> Job:
+        """Remove a terminal job's row, its labels and its request ids (a repeat of its SubmitJob then
+        makes a new job); returns the job as it was. FailedPrecondition while it is QUEUED or RUNNING,
+        NotFound unless it belongs to `tenant`. Its blobs are the caller's to delete (first)."""
+
+    @abc.abstractmethod
+    def find_request(self, tenant: str, kind: RequestKind, request_id: str, window_s: float) -> RequestRecord | None:
+        """The tenant's request id of that kind if it was recorded within the last `window_s`."""
+
+    @abc.abstractmethod
+    def purge_requests(self, older_than_s: float) -> int:
+        """Delete request ids recorded more than `older_than_s` ago (no repeat can find them any
+        more); returns how many."""
+
+    @abc.abstractmethod
+    def shared_key(self, name: str) -> bytes:
+        """A random 32-byte secret named `name`, made by the first caller and the same for every
+        process on this store from then on (no operator configuration to keep in step)."""
 
     @abc.abstractmethod
     def cancel_job(self, job_id: str, tenant: str | None = None) -> Job:
@@ -273,10 +372,12 @@ class JobStore(SessionStore):
 
     # -- avatars (gateway) ------------------------------------------------------------------------
     @abc.abstractmethod
-    def put_avatar(self, avatar: AvatarRecord) -> AvatarRecord:
+    def put_avatar(self, avatar: AvatarRecord, request: RequestKey | None = None) -> AvatarRecord:
         """Insert, and return what is stored: the existing live avatar when the tenant already has one
         with the same `content_hash` (a concurrent upload of the same bytes won; the caller drops its
-        own copy), or the one with the same id."""
+        own copy), or the one with the same id. With `request`, as create_job: the avatar an earlier
+        request with that id made (InvalidRequest if its digest differs), else the id is recorded
+        for what this returns."""
 
     @abc.abstractmethod
     def get_avatar(self, avatar_id: str, tenant: str | None = None) -> AvatarRecord:
@@ -287,13 +388,17 @@ class JobStore(SessionStore):
         """The tenant's live avatar of that content, if any (CreateAvatar's dedup)."""
 
     @abc.abstractmethod
-    def list_avatars(self, limit: int = 1000, tenant: str | None = None) -> list[AvatarRecord]:
-        """The live avatars of `tenant` (None: all), oldest first, at most `limit`."""
+    def list_avatars(
+        self, limit: int = 1000, tenant: str | None = None, after: PageCursor | None = None
+    ) -> list[AvatarRecord]:
+        """The live avatars of `tenant` (None: all), newest first by (create_time, id), starting
+        after `after` (a page's last avatar), at most `limit`."""
 
     @abc.abstractmethod
     def delete_avatar(self, avatar_id: str, tenant: str | None = None) -> None:
         """Mark the avatar deleted: absent for get/list/find and new jobs from now on; its row and data
-        stay until `purgeable_avatars` lists it. NotFound when absent, deleted or another tenant's."""
+        stay until `purgeable_avatars` lists it; its request ids are forgotten (a repeat of its
+        CreateAvatar makes a new one). NotFound when absent, deleted or another tenant's."""
 
     @abc.abstractmethod
     def purgeable_avatars(self, limit: int = 100, avatar_id: str | None = None) -> list[str]:

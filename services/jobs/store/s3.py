@@ -215,6 +215,12 @@ class S3BlobStore(BlobStore):
 
         return sorted(self._call(prefix, collect))
 
+    def presigned_url(self, key: str, expires_s: float) -> str:
+        """An S3 presigned GET URL (SigV4 query string) of `key`, signed with the store's credentials;
+        S3 caps its life at 7 days."""
+        check_key(key)
+        return self._call(key, lambda: obstore.sign(self._store, "GET", key, timedelta(seconds=expires_s)))
+
     # -- helpers ----------------------------------------------------------------------------------
 
     def _rechunk(self, key: str, result: Any, chunk_bytes: int) -> Iterator[bytes]:

@@ -21,7 +21,7 @@ from services.gateway.settings import GatewaySettings
 from services.jobs.avatars import content_hash, prefix
 from services.jobs.store.jobs import AvatarRecord
 from services.serving.channels import StageFailed
-from services.serving.errors import InvalidMedia, NotReady, StoreUnavailable
+from services.serving.errors import InvalidMedia, InvalidRequest, NotReady, StoreUnavailable
 from tests.helpers.stores import Stores, temp_stores
 
 SETTINGS = GatewaySettings()
@@ -137,6 +137,34 @@ def test_two_concurrent_same_uploads_keep_one_avatar_and_one_set_of_blobs(stores
     assert one == two and finder.calls == 2
     assert {k.split("/")[1] for k in stores.blob_keys()} == {one.id}  # the loser's blobs are gone
     assert stores.jobs.list_avatars(tenant="acme") == [one]
+
+
+RID = "5b0c3d52-8a3e-4b1f-9a37-0c6f2b7d9e11"
+
+
+def test_a_request_id_returns_its_avatar_and_refuses_another_request(stores: Stores) -> None:
+    finder = FaceFinder()
+    upload = AvatarUpload(photo(), "ann", 25.0, RID, {"user": "u1"})
+    (first,) = create(stores, finder, (upload, "acme"))
+    assert first.labels == {"user": "u1"}
+    (again,) = create(stores, finder, (upload, "acme"))
+    assert again == first and finder.calls == 1
+    for other in (AvatarUpload(photo(1), "ann", 25.0, RID, {"user": "u1"}), AvatarUpload(photo(), "bo", 25.0, RID)):
+        with pytest.raises(InvalidRequest, match=f"request_id {RID} was already used for a different avatar request"):
+            create(stores, finder, (other, "acme"))
+    # Known bytes under a new request id: the known avatar, and the id now names it.
+    rid2 = "00000000-0000-4000-8000-000000000002"
+    (known,) = create(stores, finder, (AvatarUpload(photo(), "ann", 25.0, rid2), "acme"))
+    assert known.id == first.id and finder.calls == 1
+    (globex,) = create(stores, finder, (upload, "globex"))  # the id is acme's only
+    assert globex.id != first.id
+
+
+def test_concurrent_uploads_with_one_request_id_keep_one_avatar(stores: Stores) -> None:
+    finder = FaceFinder(arrivals=2)  # both pass the lookups before either is recorded
+    one, two = create(stores, finder, *[(AvatarUpload(photo(), "ann", 25.0, RID), "acme")] * 2)
+    assert one == two and finder.calls == 2
+    assert {k.split("/")[1] for k in stores.blob_keys()} == {one.id}
 
 
 def test_no_face_is_invalid_media_and_leaves_nothing(stores: Stores) -> None:

@@ -22,7 +22,7 @@ from services.jobs.layout import mels_key, upload_key
 from services.jobs.segment_audio import unpack_segment_audio
 from services.jobs.store.jobs import AvatarRecord, Job, JobState, TaskKind
 from services.serving.channels import StageFailed
-from services.serving.errors import NotFound, TooLarge
+from services.serving.errors import InvalidRequest, NotFound, TooLarge
 from services.serving.metrics import Metrics
 from services.serving.server import ServiceRunner
 from tests.helpers.audio_files import encode_tone
@@ -30,6 +30,7 @@ from tests.helpers.stores import Stores, temp_stores
 
 T = TypeVar("T")
 AVATAR = "0123456789abcdef01234567"
+RID = "5b0c3d52-8a3e-4b1f-9a37-0c6f2b7d9e11"
 FPS = 25.0
 
 
@@ -140,3 +141,40 @@ def test_a_job_the_store_refuses_leaves_no_blobs(stores: Stores) -> None:
     with pytest.raises(TooLarge, match="client 'tenant:acme' has 1 jobs queued or running"):
         submit(stores, max_active_jobs_per_client=1)
     assert stores.blob_keys() == keys
+
+
+def submit_many(stores: Stores, requests: list[JobRequest], metrics: Metrics) -> list[Job]:
+    """Submit `requests` concurrently on one event loop (as one gateway would)."""
+    s = dataclasses.replace(GatewaySettings(), segment_seconds=1.0)
+    caller = Caller("acme", "tenant:acme", "req-1")
+
+    async def run(stub: audio_pb2_grpc.AudioServiceStub) -> list[Job]:
+        return list(
+            await asyncio.gather(*(submit_job(stores.jobs, stores.blobs, stub, s, r, caller) for r in requests))
+        )
+
+    return with_audio(run, metrics)
+
+
+def test_a_repeated_request_id_returns_the_first_job_without_work(stores: Stores) -> None:
+    audio = encode_tone("wav", 1.2, rate=16000, channels=1)
+    request = JobRequest(AVATAR, audio, b"\x08\x01", RID, {"order": "1"})
+    metrics = Metrics("audio")
+    first = submit_many(stores, [request], metrics)[0]
+    keys = stores.blob_keys()
+    again = submit_many(stores, [request], metrics)[0]
+    assert (again.id, again.labels, extract_calls(metrics)) == (first.id, {"order": "1"}, 1)  # no second decode
+    with pytest.raises(InvalidRequest, match=f"request_id {RID} was already used for a different job request"):
+        submit_many(stores, [dataclasses.replace(request, labels={"order": "2"})], metrics)
+    assert stores.blob_keys() == keys
+
+
+def test_concurrent_duplicates_make_one_job_and_leave_only_its_blobs(stores: Stores) -> None:
+    audio = encode_tone("wav", 1.2, rate=16000, channels=1)
+    request = JobRequest(AVATAR, audio, b"\x08\x01", RID)
+    metrics = Metrics("audio")
+    jobs = submit_many(stores, [request] * 4, metrics)
+    assert extract_calls(metrics) == 4  # all four passed the early lookup: create_job settled it
+    assert len({j.id for j in jobs}) == 1
+    assert stores.jobs.queue_stats().active_jobs == 1
+    assert {k.split("/")[1] for k in stores.blob_keys()} == {jobs[0].id}  # the losers' uploads are gone

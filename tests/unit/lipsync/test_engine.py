@@ -9,7 +9,7 @@ import torch
 from services.inference.backends import make_backend
 from services.inference.checkpoints import seeded_state_dict
 from services.lipsync import prep
-from services.lipsync.engine import GenerateChunk, LipSyncEngine
+from services.lipsync.engine import CropBank, GenerateChunk, LipSyncEngine
 from services.lipsync.wav2lip import Wav2Lip
 from services.serving.errors import InvalidRequest, TooLarge
 
@@ -145,3 +145,19 @@ def test_engine_on_cuda_matches_cpu(model: Wav2Lip) -> None:
         results.append(np.stack(out.arrays()).astype(int))
     cpu, gpu = results
     assert np.abs(cpu - gpu).mean() < 1.0 and np.abs(cpu - gpu).max() <= 8
+
+
+def test_a_crop_sent_again_replaces_the_one_the_model_has_read() -> None:
+    """A live worker's face link re-sends a crop index (a session took over a freed index) after the model
+    thread has read the bank inside inference_mode: the replacement lands (it once raised "Inplace update
+    to inference tensor outside InferenceMode", failing the whole Generate stream)."""
+    bank = CropBank(torch.device("cpu"), max_crops=4)
+    first, second = (np.full((96, 96, 3), v, np.uint8) for v in (10, 200))
+    bank.add(0, first)
+    bank.add(1, first)
+    with torch.inference_mode():  # what the model thread does with it
+        assert int(bank.tensor()[0].max()) == 10
+    bank.add(0, second)
+    with torch.inference_mode():
+        rows = bank.tensor()
+        assert int(rows[0].min()) == 200 and int(rows[1].max()) == 10

@@ -384,6 +384,40 @@ def test_a_face_not_back_at_its_slot_skips_that_frame_only(template, speech_pcm)
     assert len(decode_h264(run.ticks)) == len(run.ticks) - 1  # never encoded: the next frames decode
 
 
+def test_within_the_grace_a_late_face_is_waited_for_and_used(template, speech_pcm) -> None:
+    """With face_grace_s, a face not back at its slot's start is pending: back within the grace, the frame
+    is drawn with it (not skipped); still missing when the caller gives up, the frame is skipped."""
+    clock = FakeClock()
+    stage = Stage(clock, delay_ms=30)
+    session = make_session(
+        template, clock, codec="jpeg", generate=None, submit_face=stage.submit, lead_s=0.04, face_grace_s=0.02
+    )
+    stage.never = {9, 12}
+    pcm = speech_pcm[RATE][: RATE // 2]
+    for i in range(0, len(pcm), STEP):
+        session.push_audio(pcm[i : i + STEP].tobytes())
+    session.end_utterance()
+    sent, skipped = [], []
+    for _ in range(60):
+        clock.advance_ms(10)
+        stage.answer()
+        work = session.begin_tick()
+        if work is None:
+            continue
+        if work.pending is not None:
+            assert work.frame in stage.never and not work.pending.done()
+            if work.frame == 9:  # back 5 ms into its slot, within the grace
+                clock.advance_ms(5)
+                stage.tickets[9].answered = True
+            session.settle(work)
+        tick = session.render(work)
+        (sent if tick.frame is not None else skipped).append(tick)
+    assert [t.slot for t in skipped] == [12] and stage.tickets[12].given_up
+    late = next(t for t in sent if t.slot == 9)
+    assert late.kind is FrameKind.SPEECH and late.frame is not None
+    assert session.counts.skipped == session.counts.skipped_face == 1 and session.face_failures == 0
+
+
 def test_clear_drops_the_planned_frames_and_says_what_played(template, speech_pcm) -> None:
     clock = FakeClock()
     stage = Stage(clock, delay_ms=30)

@@ -8,6 +8,8 @@ observed. Each test is a plain function running its own event loop (`asyncio.run
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -407,3 +409,27 @@ def test_a_stream_blocked_on_a_client_that_stopped_reading_counts_until_cancelle
         await until(lambda: runner.limits.total == 0, "the blocked stream's slot to be free")
 
     run_server(test, max_concurrent_streams=5, max_streams_per_client=3)
+
+
+def test_a_stream_the_client_cancels_while_it_is_sending_ends_cancelled_not_crashed(caplog) -> None:
+    """A client that cancels a stream the handler is still producing leaves gRPC's generator suspended at
+    its `yield`; it is closed later (GeneratorExit, possibly in another context). That is a cancel, not a
+    crash: no "crashed" log, no second status, no "Task exception was never retrieved", the slot is freed."""
+
+    async def test(service: EchoService, runner: ServiceRunner, channel: grpc.aio.Channel) -> None:
+        for _ in range(8):
+            call = channel.unary_stream(f"/{SERVICE}/Flood")(b"", timeout=30)
+            await call.read()
+            call.cancel()
+        await until(lambda: runner.limits.total == 0, "the cancelled streams' slots to be free")
+        gc.collect()  # closes the generators left at their yield
+        await asyncio.sleep(0.2)
+        gc.collect()
+        await asyncio.sleep(0.2)
+        assert requests_count(service, "Flood", "INTERNAL") == 0
+
+    with caplog.at_level(logging.ERROR):
+        run_server(test)
+    gc.collect()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors

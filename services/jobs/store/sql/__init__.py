@@ -2,8 +2,8 @@
 
 The parts, apart as procrastinate keeps its SQL from its rules: `tx` (what a driver provides),
 `schema` (tables and migrations), `rows` (rows <-> dataclasses), `rules` (pure decisions and the
-texts they produce), `store` (the JobStore over a transaction), `feed` (the waiting half of a
-change feed); the claim's order is `services.jobs.store.fair_claim`.
+texts they produce), `requests` (the request ids of idempotent creates), `store` (the JobStore
+over a transaction), `feed` (the waiting half of a change feed); the claim's order is `services.jobs.store.fair_claim`.
 
 The two stores differ only in how a transaction runs (BEGIN IMMEDIATE on one file, or a pooled
 connection with row locks), whose clock counts, and how changes are announced (NOTIFY or nothing).
@@ -18,6 +18,8 @@ task row; a claim that finds a task out of attempts fails its job in a transacti
 An avatar's row comes before everything else: create_job (with check_avatar) holds it FOR SHARE
 while it inserts the job, DeleteAvatar's UPDATE and the purge's DELETE take it alone, so a job
 inserted beside a delete is committed before the delete is, and the purge (after it) counts it.
+A request id's row (`requests`) is claimed before everything else in create_job and put_avatar; the
+deletes that forget request ids take them last, after the job's or avatar's row.
 
 Tenants: the gateway-facing reads and changes take a `tenant` and add `AND tenant = ?`; None (the
 render workers) adds nothing.

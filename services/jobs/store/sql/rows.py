@@ -36,7 +36,7 @@ def _row_problem(row: Row, exc: Exception) -> str:
         JobState(row["state"])
     except (ValueError, TypeError):
         return f"state {row['state']!r} is not one of {', '.join(f'{int(s)} ({s.name})' for s in JobState)}"
-    for name in ("models", "stage_seconds"):
+    for name in ("models", "stage_seconds", "labels"):
         try:
             json.loads(row[name])
         except (ValueError, TypeError):
@@ -71,11 +71,18 @@ def _job_from_row(row: Row) -> Job:
         trace_context=row["trace_context"],
         tenant=row["tenant"],
         output_sha256=row["output_sha256"],
+        labels=json.loads(row["labels"]),
     )
 
 
 def avatar_from_row(row: Row) -> AvatarRecord:
-    return AvatarRecord(**{f.name: row[f.name] for f in dataclasses.fields(AvatarRecord)})
+    fields = {f.name: row[f.name] for f in dataclasses.fields(AvatarRecord)}
+    return AvatarRecord(**{**fields, "labels": json.loads(fields["labels"])})
+
+
+def avatar_to_row(avatar: AvatarRecord) -> dict[str, object]:
+    """The avatar's columns (labels as JSON)."""
+    return {**dataclasses.asdict(avatar), "labels": encode_json(dict(avatar.labels))}
 
 
 def add_seconds(total: Mapping[str, float], more: Mapping[str, float]) -> dict[str, float]:

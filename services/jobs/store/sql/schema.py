@@ -7,14 +7,15 @@ do not migrate twice). A database newer than this lipline is refused, not guesse
 
 from __future__ import annotations
 
-from services.jobs.store.jobs import TaskKind, TaskState
+from services.jobs.store.jobs import RequestKind, TaskKind, TaskState
 from services.jobs.store.sql.tx import Tx
 from services.serving.tenants import IMPLICIT_TENANT
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # The key of the transaction-scoped advisory lock that serializes migrations (PostgreSQL); arbitrary.
 MIGRATE_LOCK = 0x6C69706C696E01
 _TASK_KINDS = ", ".join(f"'{k.value}'" for k in TaskKind)
+_REQUEST_KINDS = ", ".join(f"'{k.value}'" for k in RequestKind)
 #: stands for the dialect's binary type (BLOB or BYTEA) in a migration's statements
 BLOB_TYPE = "{blob_type}"
 
@@ -88,6 +89,38 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX IF NOT EXISTS live_sessions_avatar ON live_sessions (avatar_id, state)",
         "CREATE INDEX IF NOT EXISTS live_sessions_tenant ON live_sessions (tenant, state)",
         "CREATE INDEX IF NOT EXISTS live_sessions_worker ON live_sessions (worker_id, state)",
+    ],
+    # an API backends build on (issue 21): labels on jobs and avatars (JSON, as given; job_labels is
+    # what ListJobs' label selector searches), the request ids of idempotent creates (one row per
+    # tenant, kind and id: the unique key that makes concurrent duplicates create one object), keys
+    # the gateways share (the page tokens' HMAC key) and the index of the newest-first keyset pages
+    8: [
+        "ALTER TABLE jobs ADD COLUMN labels TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE avatars ADD COLUMN labels TEXT NOT NULL DEFAULT '{}'",
+        """CREATE TABLE IF NOT EXISTS job_labels (
+            job_id TEXT NOT NULL,
+            label_key TEXT NOT NULL,
+            label_value TEXT NOT NULL,
+            PRIMARY KEY (job_id, label_key)
+        )""",
+        "CREATE INDEX IF NOT EXISTS job_labels_pair ON job_labels (label_key, label_value)",
+        f"""CREATE TABLE IF NOT EXISTS request_ids (
+            tenant TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ({_REQUEST_KINDS})),
+            request_id TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            target_id TEXT NOT NULL,
+            create_time DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (tenant, kind, request_id)
+        )""",
+        "CREATE INDEX IF NOT EXISTS request_ids_target ON request_ids (kind, target_id)",
+        "CREATE INDEX IF NOT EXISTS request_ids_time ON request_ids (create_time)",
+        """CREATE TABLE IF NOT EXISTS shared_keys (
+            name TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS jobs_tenant_page ON jobs (tenant, create_time, id)",
+        "CREATE INDEX IF NOT EXISTS avatars_tenant_page ON avatars (tenant, create_time, id)",
     ],
 }
 

@@ -4,7 +4,7 @@ dialects (see the package's docstring for the lock order and tenants)."""
 from __future__ import annotations
 
 import abc
-import dataclasses
+import secrets
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -14,15 +14,21 @@ from services.jobs.store.fair_claim import claim_params, claim_select
 from services.jobs.store.jobs import (
     AvatarRecord,
     Job,
+    JobFilter,
     JobState,
     JobStore,
     NewJob,
+    PageCursor,
     QueueStats,
+    RequestKey,
+    RequestKind,
+    RequestRecord,
     Task,
     TaskKind,
     TaskState,
 )
-from services.jobs.store.sql.rows import add_seconds, avatar_from_row, encode_json, job_from_row
+from services.jobs.store.sql.requests import claim_request, find_request, forget_requests, retarget_request
+from services.jobs.store.sql.rows import add_seconds, avatar_from_row, avatar_to_row, encode_json, job_from_row
 from services.jobs.store.sql.rules import (
     ABORTED,
     ACTIVE,
@@ -45,12 +51,40 @@ from services.jobs.store.sql.rules import (
 from services.jobs.store.sql.schema import migrate
 from services.jobs.store.sql.sessions import SqlSessionStore, alive
 from services.jobs.store.sql.tx import Tx
-from services.serving.errors import NotFound, TooLarge
+from services.serving.errors import FailedPrecondition, NotFound, TooLarge
 
 T = TypeVar("T")
 
 # The key of the transaction-scoped advisory lock that serializes limit checks (PostgreSQL); arbitrary.
 CREATE_LOCK = 0x6C69706C696E02
+_NEWEST_FIRST = " ORDER BY create_time DESC, id DESC LIMIT ?"
+
+
+def _after(cursor: PageCursor | None, alias: str = "") -> tuple[str, tuple]:
+    """The keyset condition of the page after `cursor` in newest-first (create_time, id) order."""
+    if cursor is None:
+        return "", ()
+    t, i = f"{alias}create_time", f"{alias}id"
+    return f" AND ({t} < ? OR ({t} = ? AND {i} < ?))", (cursor.create_time, cursor.create_time, cursor.id)
+
+
+def _job_filter(where: JobFilter) -> tuple[str, list]:
+    """ListJobs' filters as SQL conditions (each prefixed with AND) and their parameters."""
+    sql, params = "", list[object]()
+    if where.states:
+        states = sorted(int(s) for s in where.states)
+        sql += f" AND state IN ({', '.join('?' * len(states))})"
+        params += states
+    if where.created_after is not None:
+        sql += " AND create_time >= ?"
+        params.append(where.created_after)
+    if where.created_before is not None:
+        sql += " AND create_time < ?"
+        params.append(where.created_before)
+    for key, value in sorted(where.labels.items()):
+        sql += " AND EXISTS (SELECT 1 FROM job_labels l WHERE l.job_id = jobs.id AND l.label_key = ? AND l.label_value = ?)"
+        params += [key, value]
+    return sql, params
 
 
 class SqlJobStore(SqlSessionStore, JobStore):
@@ -143,11 +177,20 @@ class SqlJobStore(SqlSessionStore, JobStore):
 
     # -- jobs ---------------------------------------------------------------------------------------
     def create_job(
-        self, job: NewJob, max_active: int = 0, max_active_per_owner: int = 0, check_avatar: bool = False
+        self,
+        job: NewJob,
+        max_active: int = 0,
+        max_active_per_owner: int = 0,
+        check_avatar: bool = False,
+        request: RequestKey | None = None,
     ) -> Job:
         segments = [(int(start), int(end)) for start, end in job.segments]
 
         def run(tx: Tx) -> Job:
+            if request is not None:  # first: a repeat checks nothing else and inserts nothing
+                earlier = claim_request(tx, job.tenant, RequestKind.JOB, request, job.id)
+                if earlier is not None:
+                    return self._job(tx, earlier, tenant=job.tenant)
             if check_avatar:
                 self._live_avatar(tx, job.avatar_id, job.tenant, self.share_lock)
             if max_active > 0 or max_active_per_owner > 0:
@@ -178,9 +221,14 @@ class SqlJobStore(SqlSessionStore, JobStore):
                 "create_time": now,
                 "trace_context": job.trace_context,
                 "tenant": job.tenant,
+                "labels": encode_json(dict(job.labels)),
             }
             tx.execute(
                 f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values())
+            )
+            tx.executemany(
+                "INSERT INTO job_labels (job_id, label_key, label_value) VALUES (?, ?, ?)",
+                [(job.id, key, value) for key, value in job.labels.items()],
             )
             tasks = job_tasks(segments, job.total_frames, job.audio_task)
             join_state = TaskState.BLOCKED if len(tasks) > 1 else TaskState.WAITING
@@ -207,6 +255,54 @@ class SqlJobStore(SqlSessionStore, JobStore):
 
     def get_job(self, job_id: str, tenant: str | None = None) -> Job:
         return self._transaction(lambda tx: self._job(tx, job_id, tenant=tenant), write=False)
+
+    def list_jobs(self, tenant: str, where: JobFilter, after: PageCursor | None = None, limit: int = 50) -> list[Job]:
+        filters, params = _job_filter(where)
+        page, cursor = _after(after)
+        rows = self._transaction(
+            lambda tx: tx.query(
+                f"SELECT * FROM jobs WHERE tenant = ?{filters}{page}{_NEWEST_FIRST}",
+                (tenant, *params, *cursor, int(limit)),
+            ),
+            write=False,
+        )
+        return [job_from_row(row) for row in rows]
+
+    def delete_job(self, job_id: str, tenant: str | None = None) -> Job:
+        def run(tx: Tx) -> Job:
+            self._lock_tasks(tx, job_id)  # the lock order: task rows (a terminal job has none) before the job's
+            job = self._job(tx, job_id, lock=True, tenant=tenant)
+            if not job.terminal:
+                raise FailedPrecondition(
+                    f"job {job_id} is {job.state.name}; cancel it first (CancelJob), then delete it"
+                )
+            tx.execute("DELETE FROM tasks WHERE job_id = ?", (job_id,))
+            tx.execute("DELETE FROM job_labels WHERE job_id = ?", (job_id,))
+            forget_requests(tx, RequestKind.JOB, job_id)
+            tx.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            tx.notify(job_id)
+            return job
+
+        return self._transaction(run)
+
+    # -- request ids and shared keys ----------------------------------------------------------------
+    def find_request(self, tenant: str, kind: RequestKind, request_id: str, window_s: float) -> RequestRecord | None:
+        return self._transaction(lambda tx: find_request(tx, tenant, kind, request_id, window_s), write=False)
+
+    def purge_requests(self, older_than_s: float) -> int:
+        return self._transaction(
+            lambda tx: tx.execute("DELETE FROM request_ids WHERE create_time <= ?", (tx.now() - older_than_s,))
+        )
+
+    def shared_key(self, name: str) -> bytes:
+        def run(tx: Tx) -> bytes:
+            tx.execute(
+                "INSERT INTO shared_keys (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                (name, secrets.token_hex(32)),
+            )
+            return bytes.fromhex(tx.only("SELECT value FROM shared_keys WHERE name = ?", (name,))["value"])
+
+        return self._transaction(run)
 
     def cancel_job(self, job_id: str, tenant: str | None = None) -> Job:
         def run(tx: Tx) -> Job:
@@ -427,18 +523,27 @@ class SqlJobStore(SqlSessionStore, JobStore):
             raise NotFound(f"avatar {avatar_id!r} does not exist; create it with CreateAvatar")
         return avatar_from_row(row)
 
-    def put_avatar(self, avatar: AvatarRecord) -> AvatarRecord:
-        values = dataclasses.asdict(avatar)
+    def put_avatar(self, avatar: AvatarRecord, request: RequestKey | None = None) -> AvatarRecord:
+        values = avatar_to_row(avatar)
 
         def run(tx: Tx) -> AvatarRecord:
+            if request is not None:  # first, as in create_job
+                earlier = claim_request(tx, avatar.tenant, RequestKind.AVATAR, request, avatar.id)
+                if earlier is not None:
+                    return self._live_avatar(tx, earlier, avatar.tenant)
             # No conflict target: a repeated id and the tenant's live content index both do nothing.
             tx.execute(
                 f"INSERT INTO avatars ({', '.join(values)}) VALUES ({', '.join('?' * len(values))}) ON CONFLICT DO NOTHING",
                 list(values.values()),
             )
-            if avatar.content_hash and (same := self._find_avatar(tx, avatar.tenant, avatar.content_hash)) is not None:
-                return same
-            return avatar_from_row(tx.only("SELECT * FROM avatars WHERE id = ?", (avatar.id,)))
+            stored = None
+            if avatar.content_hash:
+                stored = self._find_avatar(tx, avatar.tenant, avatar.content_hash)
+            if stored is None:
+                stored = avatar_from_row(tx.only("SELECT * FROM avatars WHERE id = ?", (avatar.id,)))
+            if request is not None and stored.id != avatar.id:  # the tenant's avatar of the same bytes
+                retarget_request(tx, avatar.tenant, RequestKind.AVATAR, request.request_id, stored.id)
+            return stored
 
         return self._transaction(run)
 
@@ -458,13 +563,14 @@ class SqlJobStore(SqlSessionStore, JobStore):
             else None
         )
 
-    def list_avatars(self, limit: int = 1000, tenant: str | None = None) -> list[AvatarRecord]:
+    def list_avatars(
+        self, limit: int = 1000, tenant: str | None = None, after: PageCursor | None = None
+    ) -> list[AvatarRecord]:
         mine = "" if tenant is None else " AND tenant = ?"
-        params = (int(limit),) if tenant is None else (tenant, int(limit))
+        page, cursor = _after(after)
+        params = (*(() if tenant is None else (tenant,)), *cursor, int(limit))
         rows = self._transaction(
-            lambda tx: tx.query(
-                f"SELECT * FROM avatars WHERE {self._LIVE}{mine} ORDER BY create_time, id LIMIT ?", params
-            ),
+            lambda tx: tx.query(f"SELECT * FROM avatars WHERE {self._LIVE}{mine}{page}{_NEWEST_FIRST}", params),
             write=False,
         )
         return [avatar_from_row(row) for row in rows]
@@ -474,9 +580,12 @@ class SqlJobStore(SqlSessionStore, JobStore):
         params: tuple = (avatar_id,) if tenant is None else (avatar_id, tenant)
 
         def run(tx: Tx) -> int:
-            return tx.execute(
+            deleted = tx.execute(
                 f"UPDATE avatars SET deleted_time = ? WHERE id = ? AND {self._LIVE}{mine}", (tx.now(), *params)
             )
+            if deleted:
+                forget_requests(tx, RequestKind.AVATAR, avatar_id)
+            return deleted
 
         if not self._transaction(run):
             raise NotFound(f"avatar {avatar_id!r} does not exist")

@@ -571,14 +571,14 @@ def test_avatars(job_store: JobStore) -> None:
     job_store.put_avatar(avatar("c", t=3.0))
     job_store.put_avatar(avatar("a", name="other", t=9.0))  # same content hash: left as it is
     assert job_store.get_avatar("a") == avatar("a", t=1.0)
-    assert [a.id for a in job_store.list_avatars()] == ["a", "b", "c"]
-    assert [a.id for a in job_store.list_avatars(limit=2)] == ["a", "b"]
+    assert [a.id for a in job_store.list_avatars()] == ["c", "b", "a"]  # newest first
+    assert [a.id for a in job_store.list_avatars(limit=2)] == ["c", "b"]
     job_store.delete_avatar("b")
     with pytest.raises(NotFound, match="'b'"):
         job_store.get_avatar("b")
     with pytest.raises(NotFound, match="'b'"):
         job_store.delete_avatar("b")
-    assert [a.id for a in job_store.list_avatars()] == ["a", "c"]
+    assert [a.id for a in job_store.list_avatars()] == ["c", "a"]
 
 
 # -- concurrency ---------------------------------------------------------------------------------------
