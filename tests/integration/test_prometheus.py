@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +26,7 @@ import yaml
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
 from services.local.cluster import REPO_ROOT, LocalCluster
+from tests.helpers.ports import PORT_TRIES, free_port, port_taken
 from tests.helpers.tools import helm_binary
 from tests.integration.util import eventually
 
@@ -60,14 +61,20 @@ def _pod(service: str) -> str:
     return f"{RELEASE}-{service}-7c9f5-x2x4q"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def live_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The shared cluster with a live worker for this module (its sessions' gauge feeds an adapter rule
+    and a KEDA trigger); the other modules' clusters have none."""
+    cluster.add_replica("live")
+    try:
+        yield cluster
+    finally:
+        cluster.remove_replica("live")
 
 
 @pytest.fixture(scope="module")
-def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+def prometheus(live_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    cluster = live_cluster
     workdir = tmp_path_factory.mktemp("prometheus")
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -83,36 +90,49 @@ def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
         ],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
-    log = (workdir / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    prom = Prometheus(f"http://127.0.0.1:{port}")
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            pytest.fail(f"prometheus exited {proc.returncode}: {(workdir / 'prometheus.log').read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
+    proc, prom = _start_prometheus(workdir)
     try:
-        eventually(ready, 30, "prometheus to be ready")
         yield prom
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-        log.close()
+
+
+def _start_prometheus(workdir: Path) -> tuple[subprocess.Popen[bytes], Prometheus]:
+    """Prometheus with workdir's config on a free port, ready; on another port when a parallel test
+    took the one picked before Prometheus bound it."""
+    for attempt in range(PORT_TRIES):
+        port = free_port()
+        log_path = workdir / f"prometheus-{attempt}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={workdir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={workdir / f'data-{attempt}'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        prom = Prometheus(f"http://127.0.0.1:{port}")
+
+        def ready_or_exited(proc: subprocess.Popen[bytes] = proc, prom: Prometheus = prom) -> bool:
+            if proc.poll() is not None:
+                return True
+            try:
+                with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as resp:
+                    return resp.status == 200
+            except OSError:
+                return False
+
+        eventually(ready_or_exited, 30, "prometheus to be ready")
+        if proc.poll() is None:
+            return proc, prom
+        log_text = log_path.read_text(errors="replace")
+        if not port_taken(log_text):
+            pytest.fail(f"prometheus exited {proc.returncode}: {log_text[-2000:]}")
+    pytest.fail(f"prometheus found no free port in {PORT_TRIES} tries: {log_text[-2000:]}")
 
 
 def test_prometheus_scrapes_every_service(prometheus: Prometheus, cluster: LocalCluster) -> None:
