@@ -43,6 +43,8 @@ DEV = frozenset(
     {
         "pytest",
         "pytest-timeout",
+        "pytest-xdist",
+        "execnet",
         "iniconfig",
         "pluggy",
         "pygments",

@@ -6,10 +6,13 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.helpers import ports
 
 REFERENCE_DIR = Path(__file__).parent / "data" / "reference"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +40,13 @@ def mel_vector() -> dict[str, np.ndarray]:
 @pytest.fixture(scope="session")
 def inference_facts() -> dict:
     return json.loads((REFERENCE_DIR / "inference_facts.json").read_text())
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 where connections are refused, held for the test (tests.helpers.ports)."""
+    with ports.refused_port() as port:
+        yield port
 
 
 def load_reference_json(name: str) -> dict:

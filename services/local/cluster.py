@@ -2,10 +2,11 @@
 
 Used by the demo (`python -m services.local`) and the integration tests: the same processes, the
 same flags and the same health checks as in a pod, just on one machine: every stage of the registry
-(services.serving.stages), one or more gateways and two or more render workers, sharing the embedded
-stores (an SQLite file and a local folder) or the ones given (a PostgreSQL DSN, S3). Ports are picked
-by the OS (port 0) and read back from each service's --port-file once it reports SERVING
-(services.local.process, which the benchmarks use too).
+(services.serving.stages), one or more gateways, two or more render workers and, when asked, live
+workers (`python -m services.local serve` starts one), sharing the embedded stores (an SQLite file
+and a local folder) or the ones given (a PostgreSQL DSN, S3). Ports are picked by the OS (port 0)
+and read back from each service's --port-file once it reports SERVING (services.local.process,
+which the benchmarks use too).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ class LocalCluster:
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     start_timeout_s: float = 120.0
-    #: replicas per service (default 1; render 2; web 0: the page is for people, local mode's serve
-    #: and the browser tests start it). Replica 0 is named after the service, the others
+    #: replicas per service (default 1; render 2; live 0 and web 0: started where asked, by local mode's
+    #: serve and the tests of live sessions and of the page). Replica 0 is named after the service, the others
     #: "<name>-<i>"; callers get all of a stage's addresses and balance calls over them (round-robin).
+    #: Live workers are opt-in (`replicas={"live": 1}`): only live sessions need one, and most clusters
+    #: (the demo, the job benchmarks, most integration tests) render jobs only.
     replicas: dict[str, int] = field(default_factory=dict)
     #: GPUs to spread the GPU stages' replicas over (CUDA_VISIBLE_DEVICES, replica i -> gpus[i % n]).
     gpus: list[str] = field(default_factory=list)
@@ -51,7 +54,7 @@ class LocalCluster:
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.replicas = {"render": 2, "web": 0, **self.replicas}
+        self.replicas = {"render": 2, "live": 0, "web": 0, **self.replicas}
         self.job_store = self.job_store or f"sqlite:///{self.workdir / 'lipline.db'}"
         self.blob_store = self.blob_store or str(self.workdir / "blobs")
 
@@ -144,6 +147,24 @@ class LocalCluster:
             raise RuntimeError(f"{name} is still running")
         self._start(name, [*old.args, f"--port={old.port}"], old.module)
         self._wait_ready(name)
+
+    def add_replica(self, stage: str) -> str:
+        """Start one more replica of `stage` in the running cluster, wait until it serves; its name.
+
+        Its callers keep the addresses they were started with, so this suits stages nobody dials
+        directly: live workers, which the gateway finds through the job store (a test adds one to a
+        shared cluster instead of starting a cluster of its own).
+        """
+        self.replicas[stage] = self.replicas.get(stage, 1) + 1
+        name = self.replica_names(stage)[-1]
+        self.start_service(name, wait=True)
+        return name
+
+    def remove_replica(self, stage: str) -> int:
+        """SIGTERM the newest replica of `stage`, wait for it to drain and forget it; its exit code."""
+        name = self.replica_names(stage)[-1]
+        self.replicas[stage] -= 1
+        return self.processes.pop(name).terminate()
 
     def kill(self, name: str) -> None:
         """SIGKILL one process (no drain) and reap it."""

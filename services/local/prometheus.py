@@ -64,6 +64,10 @@ def pod_target(metrics_address: str, namespace: str, release: str, stage: str, p
     return Target(metrics_address, labels)
 
 
+#: how often `start` picks another port after the one it probed was taken
+PORT_TRIES = 3
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,29 +135,37 @@ class PrometheusServer:
         }
         # JSON is YAML: no YAML writer needed (the GPU host's Python may lack PyYAML).
         (self.workdir / "prometheus.yml").write_text(json.dumps(config, indent=1))
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        log = (self.workdir / "prometheus.log").open("wb")
-        self._process = subprocess.Popen(
-            [
-                self.binary,
-                f"--config.file={self.workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                # Grafana asks for ranges up to now; small lookback so a stopped replica's series end soon.
-                "--query.lookback-delta=5m",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while not self._ready():
-            if self._process.poll() is not None:
-                raise RuntimeError(f"prometheus exited {self._process.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"prometheus not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.1)
+        # The port is probed, then bound by Prometheus: another process (a parallel test run) may take it
+        # in between, so a start that fails with "address already in use" tries another port.
+        for attempt in range(PORT_TRIES):
+            port = _free_port()
+            self.url = f"http://127.0.0.1:{port}"
+            log = (self.workdir / "prometheus.log").open("wb")
+            self._process = subprocess.Popen(
+                [
+                    self.binary,
+                    f"--config.file={self.workdir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={self.workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    # Grafana asks for ranges up to now; small lookback so a stopped replica's series end soon.
+                    "--query.lookback-delta=5m",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            log.close()
+            deadline = time.monotonic() + timeout_s
+            while not self._ready():
+                if self._process.poll() is not None:
+                    tail = self.log_tail()
+                    if "address already in use" in tail.lower() and attempt + 1 < PORT_TRIES:
+                        break
+                    raise RuntimeError(f"prometheus exited {self._process.returncode}:\n{tail}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"prometheus not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+                time.sleep(0.1)
+            else:
+                return
 
     def log_tail(self, chars: int = 3000) -> str:
         path = self.workdir / "prometheus.log"

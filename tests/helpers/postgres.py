@@ -14,13 +14,14 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import psycopg
+
+from tests.helpers.ports import PORT_TRIES, free_port, port_taken
 
 MISSING_REASON = (
     "needs the PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb and postgres): "
@@ -58,12 +59,6 @@ def missing_reason() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PostgresServer:
     """`with PostgresServer() as pg: pg.url` -- a fresh cluster (user `lipline`, trust auth) on 127.0.0.1.
 
@@ -79,7 +74,8 @@ class PostgresServer:
             raise RuntimeError(MISSING_REASON)
         self.bindir = bindir
         self.start_timeout = start_timeout
-        self.port = _free_port()
+        self.port = free_port()
+        self._served = False  # once it has accepted connections, its port stays (restart)
         self._proc: subprocess.Popen | None = None
         self._run_as: pwd.struct_passwd | None = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
         # Under root: /tmp (mode 1777) is reachable by the postgres user; our own folder is handed over.
@@ -138,8 +134,26 @@ class PostgresServer:
                 raise RuntimeError(f"initdb failed ({proc.returncode}):\n{self.log_tail()}")
 
     def start(self) -> PostgresServer:
+        """Start (initdb first if needed) and wait for connections. A first start whose port a parallel
+        test took meanwhile tries another; a restart keeps its port (clients hold URLs with it)."""
         if not self.data.exists():
             self._initdb()
+        for _ in range(PORT_TRIES):
+            log_start = self.log.stat().st_size if self.log.exists() else 0
+            self._launch()
+            try:
+                self._wait_ready()
+                break
+            except RuntimeError:
+                if self._served or not port_taken(self.log_tail_since(log_start)):
+                    raise
+                self.port = free_port()
+        else:
+            raise RuntimeError(f"postgres found no free port in {PORT_TRIES} tries:\n{self.log_tail()}")
+        self._served = True
+        return self
+
+    def _launch(self) -> None:
         log = open(self.log, "ab")
         try:
             self._proc = self._run(
@@ -167,8 +181,6 @@ class PostgresServer:
             )
         finally:
             log.close()
-        self._wait_ready()
-        return self
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -176,15 +188,17 @@ class PostgresServer:
             if self._proc is not None and self._proc.poll() is not None:
                 raise RuntimeError(f"postgres exited with {self._proc.returncode}:\n{self.log_tail()}")
             try:
-                with psycopg.connect(self.url, connect_timeout=2):
+                with psycopg.connect(self.url, connect_timeout=2) as conn:
+                    row = conn.execute("SHOW data_directory").fetchone()
+                # Another test's server on a port both probed answers too: ours fails to bind and exits.
+                if row is not None and Path(row[0]).resolve() == self.data.resolve():
                     return
             except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    self._terminate()
-                    raise RuntimeError(
-                        f"postgres did not accept connections in {self.start_timeout} s:\n{self.log_tail()}"
-                    ) from None
-                time.sleep(0.05)
+                pass
+            if time.monotonic() > deadline:
+                self._terminate()
+                raise RuntimeError(f"postgres did not accept connections in {self.start_timeout} s:\n{self.log_tail()}")
+            time.sleep(0.05)
 
     def _terminate(self) -> None:
         """Fast shutdown (SIGINT: roll back, disconnect clients, checkpoint); kill if it lingers."""
@@ -215,6 +229,15 @@ class PostgresServer:
         """Stop the server and delete its files."""
         self._terminate()
         shutil.rmtree(self.base, ignore_errors=True)
+
+    def log_tail_since(self, offset: int) -> str:
+        """The log written after byte `offset` (one start's lines)."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def log_tail(self, chars: int = 4000) -> str:
         try:

@@ -12,7 +12,6 @@ The server listens on 127.0.0.1 on a free port, keeps everything in memory and i
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,8 @@ from types import TracebackType
 
 import pytest
 
+from tests.helpers.ports import PORT_TRIES, free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MOTO_SERVER = REPO_ROOT / ".venv-s3server" / "bin" / "moto_server"
 START_TIMEOUT_S = 30.0
@@ -34,12 +35,6 @@ def moto_server_binary() -> Path:
     if not os.access(MOTO_SERVER, os.X_OK):
         pytest.skip(f"needs the S3 test server {MOTO_SERVER.relative_to(REPO_ROOT)} (run `bash scripts/install.sh`)")
     return MOTO_SERVER
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:
@@ -60,8 +55,8 @@ class S3Server:
     def __enter__(self) -> S3Server:
         binary = moto_server_binary()
         last_error = ""
-        for _ in range(3):  # the free port can be taken between probing and binding it; try another
-            self.port = _free_port()
+        for _ in range(PORT_TRIES):  # the free port can be taken between probing and binding it; try another
+            self.port = free_port()
             self.endpoint = f"http://127.0.0.1:{self.port}"
             self._log = tempfile.NamedTemporaryFile(prefix="moto-server-", suffix=".log")
             self._proc = subprocess.Popen(

@@ -46,7 +46,9 @@ def tenants(job_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     keys = {name: secrets.token_urlsafe(24) for name in ("acme/ci", "acme/rotated", "bob")}
     (workdir / "api-keys").write_text("# tenant/name:key\n" + "".join(f"{n}:{k}\n" for n, k in keys.items()))
     gateway = [f"--api-keys-file={workdir / 'api-keys'}", "--segment-seconds=0.4", "--avatar-purge-interval-s=1"]
-    with start_cluster(workdir / "cluster", job_store=job_store_url, extra_args={"gateway": gateway}) as cluster:
+    with start_cluster(
+        workdir / "cluster", job_store=job_store_url, extra_args={"gateway": gateway}, replicas={"live": 1}
+    ) as cluster:
         clients = [LiplineClient(cluster.gateway_address, timeout=180, api_key=keys[n]) for n in keys]
         try:
             yield Tenants(cluster, *clients)

@@ -50,7 +50,16 @@ FORBIDDEN_WITHOUT_MODELS = {
     "hypothesis",
 }
 # The test tools (pyproject's `dev` extra): in no image at all.
-TEST_TOOLS = {"pytest", "pytest-timeout", "hypothesis", "grpcio-tools", "kubernetes-validate", "jsonschema"}
+TEST_TOOLS = {
+    "pytest",
+    "pytest-timeout",
+    "pytest-xdist",
+    "execnet",
+    "hypothesis",
+    "grpcio-tools",
+    "kubernetes-validate",
+    "jsonschema",
+}
 
 
 def _image_requirements():

@@ -49,5 +49,8 @@ def test_replica_names_and_the_flags_a_stage_gets(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path, job_store="sqlite:///j.db", replicas={"lipsync": 3})
     assert cluster.replica_names("lipsync") == ["lipsync", "lipsync-1", "lipsync-2"]
     assert cluster.replica_names("audio") == ["audio"]
+    assert cluster.replica_names("render") == ["render", "render-1"]
+    assert cluster.replica_names("live") == []  # live workers only when asked for
+    assert LocalCluster(tmp_path, replicas={"live": 1}).replica_names("live") == ["live"]
     assert cluster.service_of("lipsync-2") == "lipsync"
     assert cluster.store_args("audio") == []  # no stores, calls nobody

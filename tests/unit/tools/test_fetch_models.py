@@ -165,12 +165,8 @@ def test_retries_run_out(web: tuple[str, list[str]], dest: Path) -> None:
     assert asked == ["/flaky.pth"] * 2 and not _leftovers(dest)
 
 
-def test_a_refused_connection_exits_1(dest: Path) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_a_refused_connection_exits_1(dest: Path, refused_port: int) -> None:
+    port = refused_port  # bound, never listening: nobody else can take it during the test
     assert _run(dest, ("w.pth", f"http://127.0.0.1:{port}/w.pth", SHA), retries=0) == EXIT_FETCH_FAILED
 
 

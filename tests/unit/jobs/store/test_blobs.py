@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import threading
 import time
 import uuid
@@ -328,10 +327,8 @@ def test_concurrent_put_and_delete_prefix_in_one_folder(blob_store: BlobStore) -
     assert not errors
 
 
-def test_s3_unreachable_is_store_unavailable() -> None:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_s3_unreachable_is_store_unavailable(refused_port: int) -> None:
+    port = refused_port  # bound, never listening: nobody else can take it during the test
     env = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -662,12 +661,10 @@ def test_two_processes_claim_each_segment_exactly_once(job_store: JobStore, stor
 
 
 # -- PostgreSQL outages --------------------------------------------------------------------------------
-def test_postgres_unreachable_raises_store_unavailable_quickly() -> None:
+def test_postgres_unreachable_raises_store_unavailable_quickly(refused_port: int) -> None:
     from services.jobs.store.postgres import PostgresJobStore
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here once closed
+    port = refused_port  # bound, never listening: nobody else can take it during the test
     store = PostgresJobStore(f"postgresql://lipline:secret@127.0.0.1:{port}/nowhere", pool_timeout_s=1.0)
     try:
         start = time.monotonic()
