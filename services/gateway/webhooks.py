@@ -24,6 +24,7 @@ callback_retry_window_s after the job ended; then GAVE_UP.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -127,6 +128,15 @@ def delivery_to_proto(delivery: Delivery | None) -> gateway_pb2.WebhookDelivery:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """How one POST went: `result` is lipline_webhook_attempts_total's label."""
+
+    result: str  # delivered (2xx), failed (another status), timeout, unreachable
+    status: int  # the HTTP status; 0 when none came
+    error: str  # "" when delivered
+
+
 def backoff_s(failures: int, first_s: float, max_s: float) -> float:
     """The wait after the `failures`-th failed attempt: first_s doubled per failure, capped, with
     jitter (0.5..1 of it) so receivers that come back are not hit by every gateway at once."""
@@ -179,17 +189,17 @@ class WebhookSender:
     async def _deliver(self, delivery: Delivery) -> None:
         try:
             try:
-                status, error = await self._attempt(delivery)
-            except NotFound:
-                status, error = 0, "the job was deleted before its webhook was delivered"
-            delivered = 200 <= status < 300
+                attempt = await self._attempt(delivery)
+            except NotFound:  # DeleteJob took the row too: nothing to record, nothing to retry
+                _LOGGER.info("webhook %s: its job %s was deleted; not sent", delivery.id, delivery.job_id)
+                return
+            delivered = attempt.result == "delivered"
             retry_after: float | None = None
-            if not delivered and not error.startswith("the job was deleted"):
+            if not delivered:
                 wait = backoff_s(delivery.attempts, self._s.callback_backoff_s, self._s.callback_backoff_max_s)
                 if time.time() + wait < delivery.create_time + self._s.callback_retry_window_s:
                     retry_after = wait
-            result = "delivered" if delivered else ("timeout" if status == 0 and "no answer" in error else "failed")
-            self._metrics.webhook_attempts.labels(result).inc()
+            self._metrics.webhook_attempts.labels(attempt.result).inc()
             if not delivered and retry_after is None:
                 self._metrics.webhook_attempts.labels("gave_up").inc()
             log = _LOGGER.info if delivered else _LOGGER.warning
@@ -199,12 +209,15 @@ class WebhookSender:
                     "job_id": delivery.job_id,
                     "delivery_id": delivery.id,
                     "attempt": delivery.attempts,
-                    "status": status,
-                    "error": error,
+                    "status": attempt.status,
+                    "error": attempt.error,
                     "retry_in_s": retry_after,
                 },
             )
-            if not await asyncio.to_thread(self._jobs.finish_delivery, delivery, status, error, delivered, retry_after):
+            recorded = await asyncio.to_thread(
+                self._jobs.finish_delivery, delivery, attempt.status, attempt.error, delivered, retry_after
+            )
+            if not recorded:
                 _LOGGER.warning("webhook %s: the lease ran out before the attempt was recorded", delivery.id)
         except Exception:  # one delivery's trouble never stops the others; its lease expires
             _LOGGER.exception(
@@ -213,12 +226,14 @@ class WebhookSender:
         finally:
             self._slots.release()
 
-    async def _attempt(self, delivery: Delivery) -> tuple[int, str]:
-        """One POST: (HTTP status, "") or (0 or the status, what went wrong)."""
+    async def _attempt(self, delivery: Delivery) -> Attempt:
+        """One POST of the job's current view (NotFound when the job is gone)."""
         job = await asyncio.to_thread(self._jobs.get_job, delivery.job_id)
         secret = self._rules.secrets.get(delivery.tenant)
         if secret is None:
-            return 0, f"tenant {delivery.tenant!r} has no webhook secret any more (webhook_secrets_file)"
+            return Attempt(
+                "failed", 0, f"tenant {delivery.tenant!r} has no webhook secret any more (webhook_secrets_file)"
+            )
         body = json_format.MessageToJson(job_to_proto(job), indent=None).encode()
         timestamp = str(int(time.time()))
         headers = {
@@ -236,9 +251,10 @@ class WebhookSender:
                     delivery.url, data=body, headers=headers, allow_redirects=False
                 ) as response:
                     await response.content.read(64 * 1024)  # what the receiver says is not kept
-                    ok = 200 <= response.status < 300
-                    return response.status, "" if ok else f"the receiver answered HTTP {response.status}"
+                    if 200 <= response.status < 300:
+                        return Attempt("delivered", response.status, "")
+                    return Attempt("failed", response.status, f"the receiver answered HTTP {response.status}")
         except TimeoutError:
-            return 0, f"no answer within callback_timeout_s ({timeout:g} s)"
+            return Attempt("timeout", 0, f"no answer within callback_timeout_s ({timeout:g} s)")
         except aiohttp.ClientError as exc:
-            return 0, f"could not reach the receiver: {type(exc).__name__}: {exc}"
+            return Attempt("unreachable", 0, f"could not reach the receiver: {type(exc).__name__}: {exc}")
