@@ -148,6 +148,8 @@ class WebhookSender:
 
     def __init__(self, jobs: JobStore, rules: CallbackRules, settings: GatewaySettings, metrics: Metrics) -> None:
         self._jobs, self._rules, self._s, self._metrics = jobs, rules, settings, metrics
+        for result in ("delivered", "failed", "timeout", "unreachable", "gave_up"):
+            metrics.webhook_attempts.labels(result)  # exported from 0, so a rate has data before the first
         # The lease outlives a post cut at the timeout, with time to record it.
         self._lease_s = 2 * settings.callback_timeout_s + 1.0
         self._slots = asyncio.Semaphore(settings.callback_concurrency)
