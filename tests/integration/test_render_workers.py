@@ -196,7 +196,9 @@ def test_cancel_mid_job_stops_every_worker_and_leaves_nothing(
     assert [render_busy(rcluster, n) for n in rcluster.replica_names("render")] == [0.0, 0.0]
     job_blobs = rcluster.blob_dir / "jobs" / job.id
     eventually(
-        lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")), timeout=5, what="the job's blobs to be removed"
+        lambda: not job_blobs.exists() or not any(job_blobs.rglob("*")),
+        timeout=30,
+        what="the job's blobs to be removed",
     )
     assert not (rcluster.blob_dir / "outputs" / f"{job.id}.mp4").exists()
     assert client.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job.id)).state == gateway_pb2.JOB_STATE_CANCELLED

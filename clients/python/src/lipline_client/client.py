@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from lipline_client.retry import RetryPolicy, retry_delay_s
+from lipline_client.retry import RESUME_POLICY, RetryPolicy, retry_delay_s
 from lipline_client.v1 import gateway_pb2, gateway_pb2_grpc, session_pb2
 
 _LOGGER = logging.getLogger(__name__)
@@ -106,6 +106,9 @@ class LiplineClient:
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
+        # `wait` follows a job for minutes: a rolling restart of the gateways (a new pod takes seconds
+        # to serve) must not end it, so by default it resumes for longer than one call retries.
+        self.resume = retry or RESUME_POLICY
 
     def close(self) -> None:
         self.channel.close()
@@ -218,9 +221,10 @@ class LiplineClient:
 
         A stream that is cut (RESUMABLE) is resumed: after a back-off GetJob reads the job (it may
         have finished meanwhile) and WatchJob is opened again. `retry.max_attempts` failures in a row
+        (by default `RESUME_POLICY`: ~30 s of outage, or the client's own policy when it was given one)
         (no event in between) raise the last error, as does any other status.
         """
-        policy = retry or self.retry
+        policy = retry or self.resume
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         request = gateway_pb2.WatchJobRequest(job_id=job_id)
         job: gateway_pb2.Job | None = None

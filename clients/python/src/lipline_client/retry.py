@@ -47,6 +47,9 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
+#: how `wait` resumes a cut WatchJob by default: 10 tries over ~15-30 s, enough for a gateway pod to
+#: be replaced (a call's own retries, `RetryPolicy()`, give up after ~2-4 s)
+RESUME_POLICY = RetryPolicy(max_attempts=10, initial_backoff_s=0.25, max_backoff_s=5.0)
 
 
 def retry_after_s(error: grpc.RpcError) -> float | None:
