@@ -20,6 +20,7 @@ lease has stopped writing segments.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 
@@ -85,9 +86,11 @@ class Janitor:
         if s.output_ttl_s > 0:
             done.stamped = await asyncio.to_thread(jobs.stamp_output_expiry, s.output_ttl_s)
         while expired := await asyncio.to_thread(jobs.expired_outputs, SWEEP_BATCH):
-            for job in expired:
-                await asyncio.to_thread(blobs.delete, job.output_key or output_key(job.id))
-                if await asyncio.to_thread(jobs.mark_output_purged, job.id):
+            for job_id, stored_key in expired:
+                for key in dict.fromkeys((output_key(job_id), stored_key or output_key(job_id))):
+                    with contextlib.suppress(ValueError):  # a damaged key: the layout's is deleted all the same
+                        await asyncio.to_thread(blobs.delete, key)
+                if await asyncio.to_thread(jobs.mark_output_purged, job_id):
                     done.outputs += 1
                     m.retention_deleted.labels("output").inc()
             if not await self._hold():

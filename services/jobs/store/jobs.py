@@ -402,9 +402,10 @@ class JobStore(SessionStore):
         succeeded before expiry existed, or whose join had no TTL). Returns how many."""
 
     @abc.abstractmethod
-    def expired_outputs(self, limit: int = 100) -> list[Job]:
-        """SUCCEEDED jobs whose output expired (the store's clock) and was not deleted yet, longest
-        expired first, at most `limit`."""
+    def expired_outputs(self, limit: int = 100) -> list[tuple[str, str]]:
+        """(job id, output key) of SUCCEEDED jobs whose output expired (the store's clock) and was not
+        deleted yet, longest expired first, at most `limit`. Two columns, not Jobs: a row damaged
+        elsewhere (services.jobs.store.sql.rows) must not stop the sweep."""
 
     @abc.abstractmethod
     def mark_output_purged(self, job_id: str) -> bool:

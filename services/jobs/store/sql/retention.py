@@ -54,13 +54,13 @@ def stamp_output_expiry(tx: Tx, ttl_s: float) -> int:
     )
 
 
-def expired_output_ids(tx: Tx, limit: int) -> list[str]:
+def expired_outputs(tx: Tx, limit: int) -> list[tuple[str, str]]:
     rows = tx.query(
-        f"SELECT id FROM jobs WHERE state = {_SUCCEEDED} AND output_purge_time = 0 AND output_expire_time > 0 "
+        f"SELECT id, output_key FROM jobs WHERE state = {_SUCCEEDED} AND output_purge_time = 0 AND output_expire_time > 0 "
         "AND output_expire_time <= ? ORDER BY output_expire_time, id LIMIT ?",
         (tx.now(), int(limit)),
     )
-    return [row["id"] for row in rows]
+    return [(str(row["id"]), str(row["output_key"])) for row in rows]
 
 
 def unpurged_job_files(tx: Tx, older_than_s: float, limit: int) -> list[str]:

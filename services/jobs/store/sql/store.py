@@ -528,10 +528,8 @@ class SqlJobStore(SqlSessionStore, JobStore):
     def stamp_output_expiry(self, ttl_s: float) -> int:
         return self._transaction(lambda tx: retention.stamp_output_expiry(tx, ttl_s))
 
-    def expired_outputs(self, limit: int = 100) -> list[Job]:
-        return self._transaction(
-            lambda tx: [self._job(tx, job_id) for job_id in retention.expired_output_ids(tx, limit)], write=False
-        )
+    def expired_outputs(self, limit: int = 100) -> list[tuple[str, str]]:
+        return self._transaction(lambda tx: retention.expired_outputs(tx, limit), write=False)
 
     def mark_output_purged(self, job_id: str) -> bool:
         return self._transaction(

@@ -35,7 +35,7 @@ def test_the_join_stamps_the_outputs_expiry_on_the_stores_clock(job_store: JobSt
 def test_expired_outputs_are_listed_until_marked_and_the_mark_bumps_the_version(job_store: JobStore) -> None:
     succeed(job_store, "old", ttl_s=1e-6)  # expired as soon as it is written
     succeed(job_store, "new", ttl_s=DAY)
-    assert [j.id for j in job_store.expired_outputs()] == ["old"]
+    assert job_store.expired_outputs() == [("old", "outputs/old.mp4")]
     before = job_store.get_job("old").version
     assert job_store.mark_output_purged("old") is True
     assert job_store.mark_output_purged("old") is False  # once
@@ -128,6 +128,6 @@ def test_a_version_8_database_gets_expiry_columns_and_leases(
     old = store.get_job("old")
     assert (old.output_expire_time, old.output_purge_time) == (0.0, 0.0)
     assert store.stamp_output_expiry(10.0) == 1
-    assert [j.id for j in store.expired_outputs()] == ["old"]  # finished at t=2, expired at t=12
+    assert store.expired_outputs() == [("old", "outputs/old.mp4")]  # finished at t=2, expired at t=12
     assert store.unpurged_job_files(older_than_s=0) == ["old"]
     assert store.take_lease("janitor", "a", 60.0)
