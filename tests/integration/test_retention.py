@@ -4,7 +4,7 @@ so and DownloadOutput and GetOutputUrl refuse it; working files an ended job lef
 deleted; one janitor at a time across two render workers, and another takes over once a killed
 holder's lease expires.
 
-One cluster with two render workers whose janitor runs every 0.3 s on a 1.5 s lease; the kill comes
+One cluster with two render workers whose janitor runs every 0.3 s on a 3 s lease; the kill comes
 last (the module's cluster keeps one worker after it).
 """
 
@@ -26,7 +26,7 @@ from services.render.janitor import JANITOR_LEASE
 from tests.integration.util import SAMPLES, cut_wav, eventually, start_cluster
 
 TTL_S = 2.0
-JANITOR = ["--janitor-interval-s=0.3", "--janitor-lease-s=1.5", "--lease-s=2", f"--output-ttl-s={TTL_S:g}"]
+JANITOR = ["--janitor-interval-s=0.3", "--janitor-lease-s=3", "--lease-s=4", f"--output-ttl-s={TTL_S:g}"]
 
 
 @dataclass
