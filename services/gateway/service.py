@@ -61,7 +61,7 @@ from services.gateway.submit import Caller, JobRequest, submit_job
 from services.jobs.avatars import is_avatar_id
 from services.jobs.integrity import OutputCheck, damaged
 from services.jobs.layout import job_prefix, output_key
-from services.jobs.retention import expired_message, output_expire_time, output_expired
+from services.jobs.retention import expired_message, output_expired, url_expire_time
 from services.jobs.store import close_stores, open_stores
 from services.jobs.store.jobs import Job, JobState
 from services.serving.discovery import DiscoveredStageClients
@@ -357,9 +357,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         _check_job_id(request.job_id)
         job = await self._output_job(request.job_id)
         now = time.time()
-        expires = now + svc.settings.output_url_ttl_s
-        if (output_expires := output_expire_time(job, svc.settings.output_ttl_s)) > 0:
-            expires = min(expires, output_expires)  # a URL never outlives the output it points at
+        expires = url_expire_time(job, svc.settings.output_ttl_s, svc.settings.output_url_ttl_s, now)
         ttl = max(1.0, expires - now)
         url = await asyncio.to_thread(svc.blobs.presigned_url, output_key(job.id), ttl)
         if url is None:

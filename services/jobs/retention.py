@@ -35,6 +35,14 @@ def output_expired(job: Job, ttl_s: float, now: float) -> bool:
     return job.output_purge_time > 0 or 0 < expires <= now
 
 
+def url_expire_time(job: Job, ttl_s: float, url_ttl_s: float, now: float) -> float:
+    """When a download URL of the output issued at `now` stops working: `url_ttl_s` from now, but
+    never past the output's expiry (a URL to a deleted object would only fail later, less clearly)."""
+    expires = now + url_ttl_s
+    output_expires = output_expire_time(job, ttl_s)
+    return min(expires, output_expires) if output_expires > 0 else expires
+
+
 def utc_text(seconds: float) -> str:
     """A time as people and logs read it: 2026-12-02T18:04:05Z."""
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

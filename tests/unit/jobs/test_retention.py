@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from services.jobs.retention import expired_message, output_expire_time, output_expired, utc_text
+from services.jobs.retention import expired_message, output_expire_time, output_expired, url_expire_time, utc_text
 from services.jobs.store.jobs import JobState
 from tests.unit.gateway.test_jobs import JOB
 
@@ -42,3 +42,10 @@ def test_the_message_names_the_time_in_utc_and_what_to_do() -> None:
     assert utc_text(1796234400.0) == "2026-12-02T18:00:00Z"
     message = expired_message(job, 0.0)
     assert message.startswith("output expired at 2026-12-02T18:00:00Z") and "submit the job again" in message
+
+
+def test_a_download_url_never_outlives_the_output() -> None:
+    job = dataclasses.replace(DONE, output_expire_time=2500.0)
+    assert url_expire_time(job, 0.0, url_ttl_s=3600.0, now=2400.0) == 2500.0  # capped at the expiry
+    assert url_expire_time(job, 0.0, url_ttl_s=60.0, now=2400.0) == 2460.0
+    assert url_expire_time(DONE, 0.0, url_ttl_s=3600.0, now=2400.0) == 6000.0  # kept forever: the URL's own
