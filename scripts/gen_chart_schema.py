@@ -482,6 +482,17 @@ def _auth_schema() -> dict[str, Any]:
                     "secretKey": key,
                 },
             },
+            "webhookSecrets": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "existingSecret": {
+                        "type": "string",
+                        "description": "Secret with the tenants' webhook secrets (`tenant:secret` lines); empty = no webhooks",
+                    },
+                    "secretKey": key,
+                },
+            },
         },
     }
 

@@ -63,6 +63,9 @@ DEV = frozenset(
         "rpds-py",
         "kubernetes-validate",
         "importlib-resources",
+        # the browser tests (tests/integration/test_web.py) and what only Playwright requires
+        "playwright",
+        "greenlet",
         # bench/autoscale.py's plot (optional there: JSON without it)
         "matplotlib",
         "contourpy",

@@ -19,9 +19,10 @@ apt_install() {
 #    the tests run against the services and the chart's rules, and the PostgreSQL server (every job
 #    store test runs on SQLite and on a real PostgreSQL). (FFmpeg with libx264 and AAC comes with
 #    PyAV's wheel, the Haar cascades with opencv-python-headless.) The package's service is not
-#    started here; the tests start their own Prometheus and PostgreSQL on free ports. Chromium and
-#    its chromedriver: the web page's tests drive a real headless browser (tests/helpers/browser.py).
-APT_PACKAGES=(${LIPLINE_APT_PACKAGES-prometheus postgresql chromium chromium-driver})
+#    started here; the tests start their own Prometheus and PostgreSQL on free ports. Chromium: the web
+#    page's tests drive it headless through Playwright's Python package (in requirements.lock), which
+#    is pointed at /usr/bin/chromium; `playwright install` (a browser download) is never run.
+APT_PACKAGES=(${LIPLINE_APT_PACKAGES-prometheus postgresql chromium})
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -43,11 +43,12 @@ MAX_URI_CHARS = 2048
 _READ_CHUNK = 64 * 1024
 
 
-def allowed_hosts(setting: str) -> frozenset[str]:
-    """audio_uri_hosts (`a.example.com,b.example.com:8443`) as `host:port` entries, lowercase."""
+def allowed_hosts(setting: str, default_port: int = 443) -> frozenset[str]:
+    """A host list setting (`a.example.com,b.example.com:8443`: audio_uri_hosts, callback_hosts) as
+    `host:port` entries, lowercase; `default_port` for an entry without a port."""
     hosts = set()
     for entry in filter(None, (e.strip().lower() for e in setting.split(","))):
-        host, _, port = entry.rpartition(":") if entry.rsplit(":", 1)[-1].isdigit() else (entry, "", "443")
+        host, _, port = entry.rpartition(":") if entry.rsplit(":", 1)[-1].isdigit() else (entry, "", str(default_port))
         hosts.add(f"{host}:{port}")
     return frozenset(hosts)
 

@@ -29,6 +29,9 @@ session uses it (services.gateway.janitor), so jobs submitted before the delete 
 Inputs and outputs by reference: SubmitJob's audio_uri is fetched by services.gateway.audio_uri
 (then checked like uploaded bytes); GetOutputUrl signs an S3 URL of the output (blob stores on S3).
 
+Webhooks (services.gateway.webhooks): a job's callback_url is checked at SubmitJob; every replica
+delivers the job store's outbox of ended jobs.
+
 Live sessions (services.gateway.sessions, .converse, .live_workers) are rows in the job store placed
 on live workers; the gateway relays each Converse stream to the worker holding its session.
 """
@@ -58,6 +61,7 @@ from services.gateway.request_ids import check_request_id
 from services.gateway.sessions import SessionRequest, check_session_id, close_session, create_session, session_to_proto
 from services.gateway.settings import GatewaySettings
 from services.gateway.submit import Caller, JobRequest, submit_job
+from services.gateway.webhooks import CallbackRules, WebhookSender, delivery_to_proto
 from services.jobs.avatars import is_avatar_id
 from services.jobs.integrity import OutputCheck, damaged
 from services.jobs.layout import job_prefix, output_key
@@ -152,7 +156,10 @@ def _job_request(request: gateway_pb2.SubmitJobRequest, audio: bytes, max_audio_
         raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
     # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
     options = gateway_pb2.JobOptions(
-        super_resolution=request.options.super_resolution, crf=request.options.crf, loop=request.options.loop
+        super_resolution=request.options.super_resolution,
+        crf=request.options.crf,
+        loop=request.options.loop,
+        callback_url=request.options.callback_url,  # checked by SubmitJob (CallbackRules)
     )
     if options.loop not in gateway_pb2.JobOptions.LoopMode.values():
         raise InvalidRequest(f"loop {options.loop} is not one of PING_PONG (0) or WRAP (1)")
@@ -163,6 +170,7 @@ def _job_request(request: gateway_pb2.SubmitJobRequest, audio: bytes, max_audio_
         options.SerializeToString(),
         check_request_id(request.request_id),
         check_labels(request.labels),
+        callback_url=options.callback_url,
     )
 
 
@@ -221,6 +229,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         svc = self._svc
         _check_audio_source(request)
         _job_request(request, request.audio, svc.settings.max_audio_bytes)  # the cheap checks before a fetch
+        if request.options.callback_url:
+            svc.callback_rules.check(request.options.callback_url, _tenant())
         if request.audio_uri:
             audio = await svc.audio_fetcher.fetch(request.audio_uri)
             _LOGGER.info("audio_uri fetched", extra={"audio_uri": request.audio_uri[:200], "bytes": len(audio)})
@@ -232,7 +242,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def GetJob(self, request: gateway_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
         _check_job_id(request.job_id)
-        return self._job(await asyncio.to_thread(self._svc.jobs.get_job, request.job_id, _tenant()))
+        job = self._job(await asyncio.to_thread(self._svc.jobs.get_job, request.job_id, _tenant()))
+        if job.options.callback_url:
+            job.webhook.CopyFrom(delivery_to_proto(await asyncio.to_thread(self._svc.jobs.get_delivery, job.id)))
+        return job
 
     async def CancelJob(
         self, request: gateway_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
@@ -413,6 +426,7 @@ class GatewayService(Service[GatewaySettings]):
 
     async def load(self) -> None:
         s = self.settings
+        self.callback_rules = CallbackRules(s)  # first: a bad secrets file stops the start-up
         self.jobs, self.blobs = await open_stores(s)
         self.feed = self.jobs.change_feed()
         await self.feed.start()
@@ -429,6 +443,8 @@ class GatewayService(Service[GatewaySettings]):
         self.janitor = AvatarJanitor(self.jobs, self.blobs, s.avatar_purge_interval_s, s.request_id_window_s)
         self.janitor.start()
         self.audio_fetcher = AudioFetcher(s, self.blobs)
+        self.webhooks = WebhookSender(self.jobs, self.callback_rules, s, self.metrics)
+        self.webhooks.start()
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
         self.clients = DiscoveredStageClients(
             {"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes
@@ -449,6 +465,8 @@ class GatewayService(Service[GatewaySettings]):
     async def close(self) -> None:
         if hasattr(self, "janitor"):
             await self.janitor.close()
+        if hasattr(self, "webhooks"):
+            await self.webhooks.close()
         if hasattr(self, "audio_fetcher"):
             await self.audio_fetcher.close()
         if hasattr(self, "feed"):

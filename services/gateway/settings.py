@@ -88,6 +88,37 @@ class GatewaySettings(StoreSettings):
         "how long a GetOutputUrl URL works (S3 presigned URLs: at most 7 days; never past the output's expiry)",
     )
     output_ttl_s: float = output_ttl_field()
+    callback_hosts: str = setting(
+        "",
+        "hosts a job's callback_url may name over https://, comma-separated: `host` (port 443) or `host:port`; "
+        "empty = https callback URLs are refused (the same rules as audio_uri_hosts)",
+    )
+    callback_http_hosts: str = setting(
+        "",
+        "hosts a job's callback_url may name over plain http://, comma-separated: `host` (port 80) or `host:port`; "
+        "only for receivers inside a trusted network (the body is signed, not encrypted); empty = none",
+    )
+    webhook_secrets_file: str = setting(
+        "",
+        "file of per-tenant webhook signing secrets, one `tenant:secret` per line (services/serving/tenants.py); "
+        "a tenant without one cannot set callback_url",
+    )
+    callback_timeout_s: float = setting(
+        10.0, "the longest one webhook POST may take (connect to response); slower counts as a failed attempt"
+    )
+    callback_retry_window_s: float = setting(
+        86400.0,
+        "how long after a job ends its webhook is retried (exponential back-off) before it is given up (GAVE_UP in GetJob)",
+    )
+    callback_backoff_s: float = setting(
+        2.0,
+        "the wait after a webhook's first failed attempt; it doubles after each failure, up to callback_backoff_max_s",
+    )
+    callback_backoff_max_s: float = setting(600.0, "the longest wait between two attempts of a webhook")
+    callback_poll_s: float = setting(1.0, "how often an idle gateway looks for webhooks due in the job store")
+    callback_concurrency: int = setting(
+        16, "webhook POSTs one gateway has in flight at once (a hanging receiver holds one for callback_timeout_s)"
+    )
     request_id_window_s: float = setting(
         86400.0,
         "how long a SubmitJob or CreateAvatar request_id is remembered: a repeat within this returns what the first made, "
@@ -129,5 +160,20 @@ class GatewaySettings(StoreSettings):
             problems.append(f"output_url_ttl_s must be in 1..604800 (S3's 7 days), got {self.output_url_ttl_s}")
         if self.output_ttl_s < 0:
             problems.append(f"output_ttl_s must be >= 0 (0 = keep outputs forever), got {self.output_ttl_s}")
+        if not 0.1 <= self.callback_timeout_s <= 300:
+            problems.append(f"callback_timeout_s must be in 0.1..300, got {self.callback_timeout_s}")
+        if not 1 <= self.callback_retry_window_s <= 30 * 86400:
+            problems.append(
+                f"callback_retry_window_s must be in 1..2592000 (30 days), got {self.callback_retry_window_s}"
+            )
+        if not 0 < self.callback_backoff_s <= self.callback_backoff_max_s <= 86400:
+            problems.append(
+                "callback_backoff_s and callback_backoff_max_s must satisfy 0 < callback_backoff_s <= callback_backoff_max_s <= 86400, "
+                f"got {self.callback_backoff_s} and {self.callback_backoff_max_s}"
+            )
+        if not 0.01 <= self.callback_poll_s <= 60:
+            problems.append(f"callback_poll_s must be in 0.01..60, got {self.callback_poll_s}")
+        if not 1 <= self.callback_concurrency <= 1024:
+            problems.append(f"callback_concurrency must be in 1..1024, got {self.callback_concurrency}")
         if problems:
             raise ValueError("; ".join(problems))

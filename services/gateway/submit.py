@@ -139,6 +139,7 @@ class JobRequest:
     options: bytes  # a serialized lipline.v1.JobOptions holding only the fields this lipline knows
     request_id: str = ""  # a checked UUID (services.gateway.request_ids), or "" for none
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # checked (services.gateway.labels)
+    callback_url: str = ""  # checked (services.gateway.webhooks); also in `options`, so in the digest
 
     def key(self, window_s: float) -> RequestKey | None:
         """The idempotency key: the request id and a digest of what defines the job (the audio by its
@@ -213,6 +214,7 @@ async def submit_job(
             tenant=caller.tenant,
             audio_task=True,  # the AAC track is encoded by a worker, beside the segments
             labels=request.labels,
+            callback_url=request.callback_url,
         )
         # check_avatar: still this tenant's and not deleted, in the job's own transaction
         job = await asyncio.to_thread(jobs.create_job, new, s.max_active_jobs, s.max_active_jobs_per_client, True, key)

@@ -176,6 +176,13 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        # The gateway's webhook deliveries (services/gateway/webhooks.py), one per attempt.
+        self.webhook_attempts = Counter(
+            "lipline_webhook_attempts",
+            "webhook POST attempts by result: delivered (2xx), failed (another status), timeout, unreachable, gave_up",
+            ["result"],
+            registry=r,
+        )
         # The web page's server (services/web): its HTTP requests count in lipline_stage_requests
         # (method = the route's name, code = the HTTP status); its live WebSockets here.
         self.web_live_sockets = Gauge(

@@ -35,6 +35,8 @@ OWN = (
     "auth.apiKeys.secretKey=file",
     "auth.internalToken.existingSecret=my-token",
     "auth.internalToken.secretKey=t",
+    "auth.webhookSecrets.existingSecret=my-hooks",
+    "auth.webhookSecrets.secretKey=tenants",
 )
 OFF = ("auth.apiKeys.enabled=false", "auth.internalToken.enabled=false")
 VARIANTS = {
@@ -115,6 +117,19 @@ def test_own_secrets_are_used_and_nothing_is_generated() -> None:
     assert token["secretName"] == "my-token" and token["items"] == [{"key": "t", "path": "token"}]
     ref = {e["name"]: e for e in helm_test_container(docs)["env"]}["LIPLINE_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert ref["name"] == "my-keys"
+
+
+def test_webhook_secrets_are_mounted_into_the_gateway_only_and_only_when_given() -> None:
+    for stage, dep in deployments(render()).items():  # the chart generates none
+        assert "LIPLINE_WEBHOOK_SECRETS_FILE" not in env_of(dep) and "webhook-secrets" not in volumes_of(dep), stage
+    deps = deployments(render(*OWN))
+    gateway = deps["gateway"]
+    assert env_of(gateway)["LIPLINE_WEBHOOK_SECRETS_FILE"] == "/etc/lipline/webhook-secrets/secrets"
+    hooks = volumes_of(gateway)["webhook-secrets"]["secret"]
+    assert hooks["secretName"] == "my-hooks" and hooks["items"] == [{"key": "tenants", "path": "secrets"}]
+    assert all(m.get("readOnly") for m in container(gateway)["volumeMounts"] if m["name"] == "webhook-secrets")
+    for stage, dep in deps.items():
+        assert ("webhook-secrets" in volumes_of(dep)) == (stage == "gateway"), stage
 
 
 def test_auth_off_renders_no_secret_mount_or_variable() -> None:

@@ -39,7 +39,19 @@ def _pod(service: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+def live_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The shared cluster with a live worker for this module (its sessions' gauge feeds an adapter rule
+    and a KEDA trigger); the other modules' clusters have none."""
+    cluster.add_replica("live")
+    try:
+        yield cluster
+    finally:
+        cluster.remove_replica("live")
+
+
+@pytest.fixture(scope="module")
+def prometheus(live_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    cluster = live_cluster
     with PrometheusServer(tmp_path_factory.mktemp("prometheus"), scrape_interval_s=1.0, rule_files=[RULES]) as prom:
         prom.set_targets(
             [

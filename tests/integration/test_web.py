@@ -1,8 +1,11 @@
 """The web page in a real headless Chromium, against the real services on 127.0.0.1.
 
-One cluster (with the web server, a live worker and API keys on the gateway) and one browser (its
-fake microphone fed from a WAV of speech then silence) are shared by the module. Each view's
-screenshot is saved under the test run's tmp dir (docs/img/ holds one current copy of each).
+Playwright's sync API drives Debian's `chromium` (scripts/install.sh installs it; Playwright's own
+browser download is never run: docs/decisions.md, "Browser tests"). One cluster (with the web server,
+a live worker and API keys on the gateway) and one browser (its fake microphone fed from a WAV of
+speech then silence) are shared by the module; each test gets a fresh browser context (its own
+storage, so no key or thumbnail carries over). Each view's screenshot is saved under the test run's
+tmp dir (docs/img/ holds one current copy of each).
 """
 
 from __future__ import annotations
@@ -12,23 +15,48 @@ import json
 import urllib.error
 import urllib.request
 import wave
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
 import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
-from tests.helpers.browser import Browser, missing_reason
 from tests.integration.util import SAMPLES, start_cluster
 
-pytestmark = pytest.mark.skipif(bool(missing_reason()), reason=missing_reason())
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed (Debian's chromium: bash scripts/install.sh)"
+)
 
+# Headless comes from launch(headless=True); the rest keep Chromium off the network (no updates, sync
+# or QUIC probes from a test run), let media play without a click, and give it a fake microphone
+# whose permission prompt is accepted.
+FLAGS = (
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--autoplay-policy=no-user-gesture-required",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+)
+VIEWPORT = {"width": 1280, "height": 1000}
 KEY = "web-test-key-0123456789"
 MAX_AVATAR_BYTES = 2 * 1024 * 1024
 SPEECH_S, SILENCE_S = 2.0, 2.0  # the fake microphone's loop
+FPS = 25  # a live session's frame rate for a photo (services/live)
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +91,29 @@ def mic_wav(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    """One Chromium for the module: starting it is the slow part, and the fake microphone is a launch flag."""
     wav = mic_wav(tmp_path_factory.mktemp("mic") / "mic.wav")
-    with Browser(fake_audio=wav, timeout_s=60.0) as b:
-        yield b
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}"],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(chromium: Browser) -> Iterator[Page]:
+    context = chromium.new_context(viewport=VIEWPORT, permissions=["microphone"])
+    context.set_default_timeout(30_000)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
 
 
 @pytest.fixture(scope="module")
@@ -74,56 +121,91 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("screenshots")
 
 
-def open_page(browser: Browser, cluster: LocalCluster, key: str) -> None:
-    browser.get(cluster.web_url)
-    browser.wait_for("return document.body.dataset.ready === 'true';", what="the page to load")
-    browser.type("#api-key", key)
-    browser.click("#save-key")
+def messages(page: Page) -> dict[str, str]:
+    """The text of the page's status lines (what a person would read), for failure reports."""
+    return page.evaluate(
+        "() => { const out = {}; for (const e of document.querySelectorAll('[role=status], progress + span'))"
+        " out[e.id] = e.textContent; return out; }"
+    )
+
+
+def wait_for(page: Page, expression: str, arg: Any = None, timeout_s: float = 30.0, what: str = "") -> Any:
+    """Poll a JavaScript expression (or function) in the page until it is truthy; return its value."""
+    try:
+        handle = page.wait_for_function(expression, arg=arg, timeout=timeout_s * 1000, polling=100)
+    except PlaywrightTimeout:
+        raise AssertionError(
+            f"timed out after {timeout_s:g} s waiting for {what or expression}; the page's messages: {messages(page)}"
+        ) from None
+    return handle.json_value()
+
+
+def text(page: Page, css: str) -> str:
+    return page.text_content(css) or ""
+
+
+def open_page(page: Page, cluster: LocalCluster, key: str) -> None:
+    """Load the page and save `key`; return once the page has checked it (accepted or refused). The check
+    lists the avatars, and its reply clears the avatars view's message: a test that acted sooner (an
+    upload refused in the page) would race it."""
+    page.goto(cluster.web_url)
+    wait_for(page, "document.body.dataset.ready === 'true'", what="the page to load")
+    page.fill("#api-key", key)
+    page.click("#save-key")
+    wait_for(page, "document.getElementById('key-status').textContent !== 'checking...'", what="the key checked")
+
+
+def off_playwrights_loop(coroutine: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run in a thread of its own: Playwright's sync API keeps its event loop running in the
+    test's thread while the module's browser is up, and asyncio.run refuses to start a second there."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def test_avatar_upload_then_a_job_to_100_percent_and_its_video_plays(
-    web_cluster: LocalCluster, browser: Browser, shots: Path
+    web_cluster: LocalCluster, page: Page, shots: Path
 ) -> None:
-    open_page(browser, web_cluster, KEY)
-    browser.wait_for("return document.getElementById('key-status').textContent === 'key accepted';")
-    browser.choose_file("#avatar-file", SAMPLES / "avatar.jpg")
-    browser.click("#avatar-upload")
-    browser.wait_for("return document.querySelectorAll('#avatar-list .avatar img').length > 0;", what="the thumbnail")
-    assert "face found in 1" in browser.text("#avatar-message")
-    browser.screenshot(shots / "avatars.png")
+    open_page(page, web_cluster, KEY)
+    wait_for(page, "document.getElementById('key-status').textContent === 'key accepted'", what="the key accepted")
+    page.set_input_files("#avatar-file", SAMPLES / "avatar.jpg")
+    page.click("#avatar-upload")
+    wait_for(page, "document.querySelectorAll('#avatar-list .avatar img').length > 0", what="the thumbnail")
+    assert "face found in 1" in text(page, "#avatar-message")
+    page.screenshot(path=shots / "avatars.png")
 
-    browser.click(".tab[data-view=job]")
-    browser.choose_file("#job-audio-file", SAMPLES / "speech.wav")
-    browser.click("#job-submit")
-    browser.wait_for(
-        "return (document.getElementById('job-progress').value === 100 && !document.getElementById('job-result').hidden)"
-        " || document.getElementById('job-message').classList.contains('error');",
+    page.click(".tab[data-view=job]")
+    page.set_input_files("#job-audio-file", SAMPLES / "speech.wav")
+    page.click("#job-submit")
+    wait_for(
+        page,
+        "(document.getElementById('job-progress').value === 100 && !document.getElementById('job-result').hidden)"
+        " || document.getElementById('job-message').classList.contains('error')",
         timeout_s=120,
         what="the job to finish",
     )
-    assert browser.text("#job-progress-text").startswith("100 %"), browser.messages()
-    duration = browser.run_async(
-        """const done = arguments[arguments.length - 1];
+    assert text(page, "#job-progress-text").startswith("100 %"), messages(page)
+    duration = page.evaluate(
+        """() => new Promise((done) => {
         const v = document.getElementById('job-video');
         v.muted = true;
         const played = () => v.currentTime > 0.5 ? done([v.duration, v.currentTime, v.videoWidth]) : setTimeout(played, 50);
-        v.play().then(played, (e) => done(['play failed: ' + e.message]));"""
+        v.play().then(played, (e) => done(['play failed: ' + e.message]));
+        })"""
     )
     with wave.open(str(SAMPLES / "speech.wav")) as w:
         audio_s = w.getnframes() / w.getframerate()
-    assert isinstance(duration[0], float), duration
+    assert isinstance(duration[0], int | float), duration
     assert abs(duration[0] - audio_s) < 0.1, (duration, audio_s)
     assert duration[2] == 512
-    assert browser.run("return document.getElementById('job-download').href.startsWith('blob:');")
-    browser.screenshot(shots / "job.png")
+    assert page.evaluate("document.getElementById('job-download').href.startsWith('blob:')")
+    page.screenshot(path=shots / "job.png")
 
 
 # In the page: per frame drawn, its audio's loudness and how much a 128x128 copy of the canvas
 # changed from the frame before: the fraction of pixels that changed visibly (by more than 24 in
 # R+G+B: H.264's noise between two encodings of the same picture stays below it) and where (the
-# bounding box of those pixels, in 0..1).
-MEASURE = """
-const done = arguments[arguments.length - 1], seconds = arguments[0];
+# bounding box of those pixels, in 0..1). Resolves after `seconds`.
+MEASURE = """(seconds) => new Promise((done) => {
 const canvas = document.getElementById('live-canvas');
 const small = document.createElement('canvas'); small.width = small.height = 128;
 const g = small.getContext('2d', {willReadFrequently: true});
@@ -147,28 +229,32 @@ const onFrame = (event) => {
 };
 canvas.addEventListener('lipline-frame', onFrame);
 setTimeout(() => { canvas.removeEventListener('lipline-frame', onFrame); done(frames); }, seconds * 1000);
-"""
+})"""
 
 
 def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_clear_returns_to_idle(
-    web_cluster: LocalCluster, browser: Browser, shots: Path, avatar_id: str
+    web_cluster: LocalCluster, page: Page, shots: Path, avatar_id: str
 ) -> None:
-    open_page(browser, web_cluster, KEY)
-    browser.wait_for("return document.querySelectorAll('#live-avatar option').length > 0;", what="the avatar list")
-    browser.run("document.getElementById('live-avatar').value = arguments[0];", avatar_id)
-    browser.click(".tab[data-view=live]")
-    browser.click("#live-start")
-    browser.wait_for("return window.lipline.live.framesDrawn > 10;", what="idle frames drawn")
-    idle = browser.run_async(MEASURE, 1.0)
+    open_page(page, web_cluster, KEY)
+    wait_for(page, "document.querySelectorAll('#live-avatar option').length > 0", what="the avatar list")
+    page.click(".tab[data-view=live]")
+    page.select_option("#live-avatar", avatar_id)
+    page.click("#live-start")
+    wait_for(page, "window.lipline.live.framesDrawn > 10", what="idle frames drawn")
+    idle = page.evaluate(MEASURE, 1.0)
     assert idle and all(not f["speech"] for f in idle)
     assert np.mean([f["diff"] for f in idle]) < 1e-4, "the idle loop of a photo is still"
 
-    assert "H.264 (WebCodecs)" in browser.text("#live-video"), "Debian's Chromium decodes H.264 with WebCodecs"
-    browser.click("#live-talk")
-    frames = browser.run_async(MEASURE, 2 * (SPEECH_S + SILENCE_S) + 1.0)
-    browser.screenshot(shots / "live.png")
+    assert "H.264 (WebCodecs)" in text(page, "#live-video"), "Debian's Chromium decodes H.264 with WebCodecs"
+    page.click("#live-talk")
+    frames = page.evaluate(MEASURE, 2 * (SPEECH_S + SILENCE_S) + 1.0)
+    page.screenshot(path=shots / "live.png")
     loud = [f for f in frames if f["speech"] and f["rms"] > 0.03]
-    silent = [f for f in frames if f["rms"] < 0.001]
+    # In silence: a frame whose mouth can know of no speech. Its mel window (Wav2Lip's 16 columns) is
+    # the 0.2 s from its own time on, so the last few frames before speech already open the mouth,
+    # and its pixels are compared with the frame before: silent from one frame before to 0.2 s after.
+    ahead = round(0.2 * FPS)
+    silent = [f for i, f in enumerate(frames[1:], 1) if all(g["rms"] < 0.001 for g in frames[i - 1 : i + ahead + 1])]
     assert len(frames) > 100, f"only {len(frames)} frames drawn in {2 * (SPEECH_S + SILENCE_S) + 1:g} s"
     assert len(loud) > 20 and len(silent) > 20, (len(loud), len(silent))
     speech_motion = float(np.mean([f["diff"] for f in loud]))
@@ -181,90 +267,96 @@ def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_c
     boxes = np.array([f["box"] for f in loud if f["box"]])
     x0, y0, x1, y1 = boxes[:, 0].min(), boxes[:, 1].min(), boxes[:, 2].max(), boxes[:, 3].max()
     assert (x1 - x0) * (y1 - y0) < 0.15, (x0, y0, x1, y1)
-    assert browser.text("#live-latency").endswith("speech frames)"), browser.text("#live-latency")
-    latency_ms = float(browser.text("#live-latency").split(" ms")[0])
+    latency = text(page, "#live-latency")
+    assert latency.endswith("speech frames)"), latency
+    latency_ms = float(latency.split(" ms")[0])
     assert 100 < latency_ms < 2000, latency_ms
 
-    browser.click("#live-clear")
-    browser.wait_for(
-        "return !window.lipline.live.lastFrame.speech && document.getElementById('live-state').textContent === 'idle';",
+    page.click("#live-clear")
+    wait_for(
+        page,
+        "!window.lipline.live.lastFrame.speech && document.getElementById('live-state').textContent === 'idle'",
         what="idle after Clear",
     )
-    after = browser.run_async(MEASURE, 1.0)
+    after = page.evaluate(MEASURE, 1.0)
     assert after and all(not f["speech"] for f in after), "Clear stopped the talking: only idle frames follow"
-    browser.click("#live-stop")
-    browser.wait_for("return document.getElementById('live-state').textContent === 'no session';")
+    page.click("#live-stop")
+    wait_for(page, "document.getElementById('live-state').textContent === 'no session'", what="the session closed")
 
 
-def test_a_job_from_audio_recorded_with_the_microphone(
-    web_cluster: LocalCluster, browser: Browser, avatar_id: str
-) -> None:
+def test_a_job_from_audio_recorded_with_the_microphone(web_cluster: LocalCluster, page: Page, avatar_id: str) -> None:
     """Record (the fake microphone, encoded to WAV in the page), submit, the job finishes."""
-    open_page(browser, web_cluster, KEY)
-    browser.wait_for("return document.querySelectorAll('#job-avatar option').length > 0;", what="the avatar list")
-    browser.run("document.getElementById('job-avatar').value = arguments[0];", avatar_id)
-    browser.click(".tab[data-view=job]")
-    browser.click("#job-record")
-    browser.wait_for("return window.lipline.job.recording && window.lipline.job.recording.chunks.length >= 75;")
-    browser.click("#job-record")
-    assert browser.text("#job-record-status").startswith("recorded ")
-    browser.click("#job-submit")
-    browser.wait_for(
-        "return !document.getElementById('job-result').hidden"
-        " || document.getElementById('job-message').classList.contains('error');",
+    open_page(page, web_cluster, KEY)
+    wait_for(page, "document.querySelectorAll('#job-avatar option').length > 0", what="the avatar list")
+    page.click(".tab[data-view=job]")
+    page.select_option("#job-avatar", avatar_id)
+    page.click("#job-record")
+    wait_for(
+        page,
+        "window.lipline.job.recording && window.lipline.job.recording.chunks.length >= 75",
+        what="1.5 s recorded",
+    )
+    page.click("#job-record")
+    assert text(page, "#job-record-status").startswith("recorded ")
+    page.click("#job-submit")
+    wait_for(
+        page,
+        "!document.getElementById('job-result').hidden"
+        " || document.getElementById('job-message').classList.contains('error')",
         timeout_s=120,
         what="the recorded job to finish",
     )
-    assert browser.text("#job-progress-text").startswith("100 %"), browser.messages()
+    assert text(page, "#job-progress-text").startswith("100 %"), messages(page)
 
 
 def test_a_live_session_in_jpeg_draws_frames_without_webcodecs(
-    web_cluster: LocalCluster, browser: Browser, avatar_id: str
+    web_cluster: LocalCluster, page: Page, avatar_id: str
 ) -> None:
     """The page's fallback for a browser without WebCodecs: JPEG frames drawn with createImageBitmap."""
-    open_page(browser, web_cluster, KEY)
-    browser.wait_for("return document.querySelectorAll('#live-avatar option').length > 0;", what="the avatar list")
-    browser.run(
-        "document.getElementById('live-avatar').value = arguments[0];"
-        "document.getElementById('live-codec').value = 'jpeg';",
-        avatar_id,
-    )
-    browser.click(".tab[data-view=live]")
-    browser.click("#live-start")
-    browser.wait_for("return window.lipline.live.framesDrawn > 10;", what="JPEG frames drawn")
-    assert "JPEG" in browser.text("#live-video")
-    browser.choose_file("#live-file", SAMPLES / "speech.wav")  # "play a file": sent in real time, then EndOfUtterance
-    browser.click("#live-play")
-    browser.wait_for("return window.lipline.live.lastFrame.speech;", what="speech frames from the file")
-    browser.click("#live-clear")
-    browser.wait_for("return !window.lipline.live.lastFrame.speech;", what="idle after Clear")
-    browser.click("#live-stop")
-    browser.wait_for("return document.getElementById('live-state').textContent === 'no session';")
+    open_page(page, web_cluster, KEY)
+    wait_for(page, "document.querySelectorAll('#live-avatar option').length > 0", what="the avatar list")
+    page.click(".tab[data-view=live]")
+    page.select_option("#live-avatar", avatar_id)
+    page.select_option("#live-codec", "jpeg")
+    page.click("#live-start")
+    wait_for(page, "window.lipline.live.framesDrawn > 10", what="JPEG frames drawn")
+    assert "JPEG" in text(page, "#live-video")
+    page.set_input_files("#live-file", SAMPLES / "speech.wav")  # "play a file": sent in real time, then EndOfUtterance
+    page.click("#live-play")
+    wait_for(page, "window.lipline.live.lastFrame.speech", what="speech frames from the file")
+    page.click("#live-clear")
+    wait_for(page, "!window.lipline.live.lastFrame.speech", what="idle after Clear")
+    page.click("#live-stop")
+    wait_for(page, "document.getElementById('live-state').textContent === 'no session'", what="the session closed")
 
 
 def test_a_wrong_api_key_shows_the_gateways_unauthenticated_message(
-    web_cluster: LocalCluster, browser: Browser, shots: Path
+    web_cluster: LocalCluster, page: Page, shots: Path
 ) -> None:
-    open_page(browser, web_cluster, "not-the-key-0123456789")
-    status = browser.wait_for(
-        "const t = document.getElementById('key-status').textContent; return t.startsWith('key refused') && t;"
+    open_page(page, web_cluster, "not-the-key-0123456789")
+    status = wait_for(
+        page,
+        "() => { const t = document.getElementById('key-status').textContent; return t.startsWith('key refused') && t; }",
+        what="the key refused",
     )
     assert "not valid here" in status  # the gateway's own words (services/serving/auth.py)
-    assert browser.text("#avatar-message").startswith("UNAUTHENTICATED: the API key")
-    assert browser.run("return document.querySelectorAll('#avatar-list .avatar').length;") == 0
-    assert browser.run("return sessionStorage.getItem('lipline.apiKey');") == "not-the-key-0123456789"
-    assert browser.run("return localStorage.getItem('lipline.apiKey');") is None, "the key lives in sessionStorage only"
-    browser.screenshot(shots / "wrong-key.png")
+    assert text(page, "#avatar-message").startswith("UNAUTHENTICATED: the API key")
+    assert page.evaluate("document.querySelectorAll('#avatar-list .avatar').length") == 0
+    assert page.evaluate("sessionStorage.getItem('lipline.apiKey')") == "not-the-key-0123456789"
+    assert page.evaluate("localStorage.getItem('lipline.apiKey')") is None, "the key lives in sessionStorage only"
+    page.screenshot(path=shots / "wrong-key.png")
 
 
-def test_an_oversized_upload_shows_the_size_limit(web_cluster: LocalCluster, browser: Browser, tmp_path: Path) -> None:
+def test_an_oversized_upload_shows_the_size_limit(web_cluster: LocalCluster, page: Page, tmp_path: Path) -> None:
     big = tmp_path / "big.jpg"
     big.write_bytes((SAMPLES / "avatar.jpg").read_bytes() + bytes(MAX_AVATAR_BYTES))
-    open_page(browser, web_cluster, KEY)
-    browser.choose_file("#avatar-file", big)
-    browser.click("#avatar-upload")
-    message = browser.wait_for(
-        "const m = document.getElementById('avatar-message'); return m.classList.contains('error') && m.textContent;"
+    open_page(page, web_cluster, KEY)
+    page.set_input_files("#avatar-file", big)
+    page.click("#avatar-upload")
+    message = wait_for(
+        page,
+        "() => { const m = document.getElementById('avatar-message'); return m.classList.contains('error') && m.textContent; }",
+        what="the upload refused",
     )
     assert "larger than the limit of 2.0 MiB" in message
     # The server refuses it too (a page that skips its own check): 413 with the limit, never reaching the gateway.
@@ -292,7 +384,7 @@ def test_the_api_and_the_live_socket_need_a_key_and_the_socket_the_pages_origin(
             except aiohttp.WSServerHandshakeError as exc:
                 return exc.status, ""
 
-    assert asyncio.run(socket("http://evil.example")) == (403, "")
-    assert asyncio.run(socket(web_cluster.web_url)) == (101, "UNAUTHENTICATED")
+    assert off_playwrights_loop(socket("http://evil.example")) == (403, "")
+    assert off_playwrights_loop(socket(web_cluster.web_url)) == (101, "UNAUTHENTICATED")
     log = web_cluster.processes["web"].log() + web_cluster.processes["gateway"].log()
     assert KEY not in log, "no key is ever logged"

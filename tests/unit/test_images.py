@@ -55,6 +55,8 @@ TEST_TOOLS = {
     "pytest-timeout",
     "pytest-xdist",
     "execnet",
+    "playwright",
+    "greenlet",
     "hypothesis",
     "grpcio-tools",
     "kubernetes-validate",

@@ -307,6 +307,10 @@ OTEL_SDK_DISABLED=true and nothing else. Call with (dict "root" $ "stage" name).
 - name: LIPLINE_API_KEYS_FILE
   value: /etc/lipline/api-keys/keys
 {{- end }}
+{{- if $auth.webhookSecrets }}
+- name: LIPLINE_WEBHOOK_SECRETS_FILE
+  value: /etc/lipline/webhook-secrets/secrets
+{{- end }}
 {{- if $auth.internalToken }}
 - name: LIPLINE_INTERNAL_TOKEN_FILE
   value: /etc/lipline/internal/token
@@ -394,6 +398,7 @@ Call with (dict "root" $ "stage" name). */}}
 {{- define "lipline.stageAuth" -}}
 {{- $s := index .root.Values.stages .stage -}}
 apiKeys: {{ and $s.public .root.Values.auth.apiKeys.enabled }}
+webhookSecrets: {{ and $s.public $s.stores (not (empty .root.Values.auth.webhookSecrets.existingSecret)) }}
 internalToken: {{ .root.Values.auth.internalToken.enabled }}
 tls: {{ and $s.public (not (empty .root.Values.tls.existingSecret)) }}
 {{- end -}}

@@ -146,6 +146,7 @@ class NewJob:
     tenant: str = IMPLICIT_TENANT  # who may see the job (services.serving.tenants)
     audio_task: bool = False  # an audio task (the AAC track) beside the segments: SubmitJob's jobs have one
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the client's, checked by the gateway
+    callback_url: str = ""  # JobOptions.callback_url (checked by the gateway): a webhook once the job ends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +185,32 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+class DeliveryState(str, enum.Enum):
+    """A webhook delivery's state (the outbox row's `state` column)."""
+
+    PENDING = "pending"  # not delivered yet (leased while a gateway tries it)
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    GAVE_UP = "gave_up"  # no 2xx within the retry window
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """A job's webhook delivery: an outbox row, written in the transaction that ended the job."""
+
+    id: str  # the delivery id (the webhook-id header): the same on every attempt
+    job_id: str
+    tenant: str
+    url: str
+    state: DeliveryState
+    attempts: int  # attempts started so far (a claim counts one)
+    last_status: int  # the last attempt's HTTP status; 0 = none came
+    last_error: str
+    create_time: float  # when the job ended (the retry window starts here)
+    not_before: float  # the next attempt's earliest start
+    delivered_time: float  # 0 until DELIVERED
+    token: str = ""  # the lease of the claim that holds it ("" when read, not claimed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,6 +447,23 @@ class JobStore(SessionStore):
     @abc.abstractmethod
     def mark_files_purged(self, job_ids: Sequence[str]) -> int:
         """Record that those jobs' working files are deleted; returns how many rows changed."""
+
+    # -- webhook deliveries (the gateway's delivery loop) -------------------------------------------
+    @abc.abstractmethod
+    def claim_delivery(self, lease_s: float) -> Delivery | None:
+        """A PENDING delivery due now whose lease is free or expired, leased for `lease_s` (its
+        attempts +1), or None. A delivering process that dies loses only its lease."""
+
+    @abc.abstractmethod
+    def finish_delivery(
+        self, delivery: Delivery, status: int, error: str, delivered: bool, retry_after_s: float | None
+    ) -> bool:
+        """Record an attempt of a claimed `delivery`: DELIVERED, or PENDING again from
+        `retry_after_s` on, or GAVE_UP when `retry_after_s` is None. False when the lease was lost."""
+
+    @abc.abstractmethod
+    def get_delivery(self, job_id: str) -> Delivery | None:
+        """The job's delivery (None before the job has ended, or without a callback_url)."""
 
     # -- avatars (gateway) ------------------------------------------------------------------------
     @abc.abstractmethod

@@ -431,5 +431,10 @@ def test_a_stream_the_client_cancels_while_it_is_sending_ends_cancelled_not_cras
     with caplog.at_level(logging.ERROR):
         run_server(test)
     gc.collect()
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    # Ours (the interceptor's "crashed", asyncio's "never retrieved"); gRPC's own core may log the failed write.
+    errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and (r.name.startswith("services") or r.name == "asyncio")
+    ]
     assert not errors, errors

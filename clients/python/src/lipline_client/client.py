@@ -163,11 +163,16 @@ class LiplineClient:
         loop: int = gateway_pb2.JobOptions.PING_PONG,
         request_id: str | None = None,
         labels: dict[str, str] | None = None,
+        callback_url: str = "",
         timeout: float | None = None,
     ) -> gateway_pb2.Job:
         """Queue a job: the audio file's bytes, or `audio_uri` (`s3://` in the gateway's bucket, or
-        `https://` on a host its operator allows) for the gateway to fetch. Returns at once (QUEUED)."""
+        `https://` on a host its operator allows) for the gateway to fetch. Returns at once (QUEUED).
+        With `callback_url` (a host its operator allows) the gateway POSTs the ended job there, signed
+        with the tenant's webhook secret (see the README's webhook section for checking it)."""
         options = gateway_pb2.JobOptions(super_resolution=super_resolution, crf=crf, loop=loop)
+        if callback_url:
+            options.callback_url = callback_url
         extra = self._request_id(gateway_pb2.SubmitJobRequest, request_id)
         request = gateway_pb2.SubmitJobRequest(
             avatar_id=avatar_id, audio=audio, audio_uri=audio_uri, options=options, labels=labels or {}, **extra

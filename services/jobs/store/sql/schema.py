@@ -11,7 +11,7 @@ from services.jobs.store.jobs import RequestKind, TaskKind, TaskState
 from services.jobs.store.sql.tx import Tx
 from services.serving.tenants import IMPLICIT_TENANT
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # The key of the transaction-scoped advisory lock that serializes migrations (PostgreSQL); arbitrary.
 MIGRATE_LOCK = 0x6C69706C696E01
 _TASK_KINDS = ", ".join(f"'{k.value}'" for k in TaskKind)
@@ -137,6 +137,28 @@ MIGRATIONS: dict[int, list[str]] = {
             holder TEXT NOT NULL,
             expires DOUBLE PRECISION NOT NULL
         )""",
+    ],
+    # webhooks (issue 21 item 5; services.jobs.store.sql.webhooks): a job's callback_url (also in its
+    # options, which the store does not parse) and the outbox, one delivery per ended job with one,
+    # written by the transaction that ended it and leased by the gateway that posts it
+    10: [
+        "ALTER TABLE jobs ADD COLUMN callback_url TEXT NOT NULL DEFAULT ''",
+        """CREATE TABLE IF NOT EXISTS webhooks (
+            id TEXT PRIMARY KEY,
+            job_id TEXT NOT NULL UNIQUE,
+            tenant TEXT NOT NULL,
+            url TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'delivered', 'gave_up')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_status INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT NOT NULL DEFAULT '',
+            create_time DOUBLE PRECISION NOT NULL,
+            not_before DOUBLE PRECISION NOT NULL,
+            token TEXT NOT NULL DEFAULT '',
+            lease_expires DOUBLE PRECISION NOT NULL DEFAULT 0,
+            delivered_time DOUBLE PRECISION NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX IF NOT EXISTS webhooks_due ON webhooks (state, not_before)",
     ],
 }
 

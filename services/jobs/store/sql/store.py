@@ -13,6 +13,7 @@ from services.jobs.layout import job_tasks
 from services.jobs.store.fair_claim import claim_params, claim_select
 from services.jobs.store.jobs import (
     AvatarRecord,
+    Delivery,
     Job,
     JobFilter,
     JobState,
@@ -52,6 +53,7 @@ from services.jobs.store.sql.rules import (
 from services.jobs.store.sql.schema import migrate
 from services.jobs.store.sql.sessions import SqlSessionStore, alive
 from services.jobs.store.sql.tx import Tx
+from services.jobs.store.sql.webhooks import claim_delivery, delivery_from_row, enqueue_delivery, finish_delivery
 from services.serving.errors import FailedPrecondition, NotFound, TooLarge
 
 T = TypeVar("T")
@@ -160,6 +162,7 @@ class SqlJobStore(SqlSessionStore, JobStore):
         tx.execute("DELETE FROM tasks WHERE job_id = ?", (job_id,))
         # Not only QUEUED/RUNNING: a row in a state this lipline does not know is ended too (quarantined).
         if self._update_job(tx, job_id, only_if=NOT_TERMINAL, finish_time=tx.now(), **fields):
+            enqueue_delivery(tx, job_id)  # the webhook, if any: in this transaction, so it is never lost
             return True
         if tx.one("SELECT 1 AS x FROM jobs WHERE id = ?", (job_id,)) is None:
             raise NotFound(f"job {job_id!r} does not exist")
@@ -223,6 +226,7 @@ class SqlJobStore(SqlSessionStore, JobStore):
                 "trace_context": job.trace_context,
                 "tenant": job.tenant,
                 "labels": encode_json(dict(job.labels)),
+                "callback_url": job.callback_url,
             }
             tx.execute(
                 f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values())
@@ -280,6 +284,7 @@ class SqlJobStore(SqlSessionStore, JobStore):
             tx.execute("DELETE FROM tasks WHERE job_id = ?", (job_id,))
             tx.execute("DELETE FROM job_labels WHERE job_id = ?", (job_id,))
             forget_requests(tx, RequestKind.JOB, job_id)
+            tx.execute("DELETE FROM webhooks WHERE job_id = ?", (job_id,))  # its body was the job
             tx.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
             tx.notify(job_id)
             return job
@@ -541,6 +546,20 @@ class SqlJobStore(SqlSessionStore, JobStore):
 
     def mark_files_purged(self, job_ids: Sequence[str]) -> int:
         return self._transaction(lambda tx: retention.mark_files_purged(tx, job_ids)) if job_ids else 0
+
+    # -- webhook deliveries -------------------------------------------------------------------------
+    def claim_delivery(self, lease_s: float) -> Delivery | None:
+        lock = f"{self.row_lock} SKIP LOCKED" if self.row_lock else ""
+        return self._transaction(lambda tx: claim_delivery(tx, lease_s, lock))
+
+    def finish_delivery(
+        self, delivery: Delivery, status: int, error: str, delivered: bool, retry_after_s: float | None
+    ) -> bool:
+        return self._transaction(lambda tx: finish_delivery(tx, delivery, status, error, delivered, retry_after_s))
+
+    def get_delivery(self, job_id: str) -> Delivery | None:
+        row = self._transaction(lambda tx: tx.one("SELECT * FROM webhooks WHERE job_id = ?", (job_id,)), write=False)
+        return delivery_from_row(row) if row is not None else None
 
     # -- avatars ------------------------------------------------------------------------------------
     _LIVE = "deleted_time = 0"

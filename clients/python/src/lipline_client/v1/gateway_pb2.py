@@ -27,7 +27,7 @@ from lipline_client.v1 import common_pb2 as lipline_dot_v1_dot_common__pb2
 from lipline_client.v1 import session_pb2 as lipline_dot_v1_dot_session__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lipline/v1/gateway.proto\x12\nlipline.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17lipline/v1/common.proto\x1a\x18lipline/v1/session.proto\"\xc4\x01\n\x13\x43reateAvatarRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tphoto_fps\x18\x02 \x01(\x01\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12;\n\x06labels\x18\x05 \x03(\x0b\x32+.lipline.v1.CreateAvatarRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x88\x02\n\x06\x41vatar\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x66rame_count\x18\x03 \x01(\r\x12\x0b\n\x03\x66ps\x18\x04 \x01(\x01\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\x12\x13\n\x0b\x66\x61\x63\x65s_found\x18\x07 \x01(\r\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x06labels\x18\t \x03(\x0b\x32\x1e.lipline.v1.Avatar.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"%\n\x10GetAvatarRequest\x12\x11\n\tavatar_id\x18\x01 \x01(\t\";\n\x12ListAvatarsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"S\n\x13ListAvatarsResponse\x12#\n\x07\x61vatars\x18\x01 \x03(\x0b\x32\x12.lipline.v1.Avatar\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"(\n\x13\x44\x65leteAvatarRequest\x12\x11\n\tavatar_id\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteAvatarResponse\"\x87\x01\n\nJobOptions\x12\x18\n\x10super_resolution\x18\x01 \x01(\x08\x12\x0b\n\x03\x63rf\x18\x02 \x01(\r\x12-\n\x04loop\x18\x03 \x01(\x0e\x32\x1f.lipline.v1.JobOptions.LoopMode\"#\n\x08LoopMode\x12\r\n\tPING_PONG\x10\x00\x12\x08\n\x04WRAP\x10\x01\"\xed\x01\n\x10SubmitJobRequest\x12\x11\n\tavatar_id\x18\x01 \x01(\t\x12\r\n\x05\x61udio\x18\x02 \x01(\x0c\x12\'\n\x07options\x18\x03 \x01(\x0b\x32\x16.lipline.v1.JobOptions\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x38\n\x06labels\x18\x06 \x03(\x0b\x32(.lipline.v1.SubmitJobRequest.LabelsEntry\x12\x11\n\taudio_uri\x18\x08 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xdf\x05\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tavatar_id\x18\x02 \x01(\t\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.lipline.v1.JobState\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\x13\n\x0b\x66rames_done\x18\x05 \x01(\r\x12\x14\n\x0ctotal_frames\x18\x06 \x01(\r\x12\r\n\x05stage\x18\x07 \x01(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x12\n\nerror_code\x18\t \x01(\x05\x12\x15\n\raudio_seconds\x18\n \x01(\x01\x12\x17\n\x0f\x65lapsed_seconds\x18\x0b \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x0c \x01(\x01\x12\x17\n\x0frealtime_factor\x18\r \x01(\x01\x12\x14\n\x0coutput_bytes\x18\x0e \x01(\x04\x12%\n\x06models\x18\x0f \x03(\x0b\x32\x15.lipline.v1.ModelInfo\x12\'\n\x07options\x18\x10 \x01(\x0b\x32\x16.lipline.v1.JobOptions\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\rstage_seconds\x18\x12 \x03(\x0b\x32!.lipline.v1.Job.StageSecondsEntry\x12\x15\n\routput_sha256\x18\x13 \x01(\t\x12+\n\x06labels\x18\x14 \x03(\x0b\x32\x1b.lipline.v1.Job.LabelsEntry\x12\x36\n\x12output_expire_time\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eoutput_expired\x18\x16 \x01(\x08\x1a\x33\n\x11StageSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xdb\x01\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x06states\x18\x03 \x03(\x0e\x32\x14.lipline.v1.JobState\x12\x30\n\x0c\x63reate_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rcreate_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0elabel_selector\x18\x06 \x01(\t\"J\n\x10ListJobsResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.lipline.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteJobResponse\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"(\n\x08JobEvent\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.lipline.v1.Job\"<\n\x15\x44ownloadOutputRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\r\"%\n\x13GetOutputUrlRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"T\n\x14GetOutputUrlResponse\x12\x0b\n\x03url\x18\x01 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\";\n\x16\x44ownloadOutputResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xfb\x08\n\x07Gateway\x12\x45\n\x0c\x43reateAvatar\x12\x1f.lipline.v1.CreateAvatarRequest\x1a\x12.lipline.v1.Avatar(\x01\x12=\n\tGetAvatar\x12\x1c.lipline.v1.GetAvatarRequest\x1a\x12.lipline.v1.Avatar\x12N\n\x0bListAvatars\x12\x1e.lipline.v1.ListAvatarsRequest\x1a\x1f.lipline.v1.ListAvatarsResponse\x12Q\n\x0c\x44\x65leteAvatar\x12\x1f.lipline.v1.DeleteAvatarRequest\x1a .lipline.v1.DeleteAvatarResponse\x12:\n\tSubmitJob\x12\x1c.lipline.v1.SubmitJobRequest\x1a\x0f.lipline.v1.Job\x12\x34\n\x06GetJob\x12\x19.lipline.v1.GetJobRequest\x1a\x0f.lipline.v1.Job\x12:\n\tCancelJob\x12\x1c.lipline.v1.CancelJobRequest\x1a\x0f.lipline.v1.Job\x12\x45\n\x08ListJobs\x12\x1b.lipline.v1.ListJobsRequest\x1a\x1c.lipline.v1.ListJobsResponse\x12H\n\tDeleteJob\x12\x1c.lipline.v1.DeleteJobRequest\x1a\x1d.lipline.v1.DeleteJobResponse\x12?\n\x08WatchJob\x12\x1b.lipline.v1.WatchJobRequest\x1a\x14.lipline.v1.JobEvent0\x01\x12Y\n\x0e\x44ownloadOutput\x12!.lipline.v1.DownloadOutputRequest\x1a\".lipline.v1.DownloadOutputResponse0\x01\x12Q\n\x0cGetOutputUrl\x12\x1f.lipline.v1.GetOutputUrlRequest\x1a .lipline.v1.GetOutputUrlResponse\x12\x46\n\rCreateSession\x12 .lipline.v1.CreateSessionRequest\x1a\x13.lipline.v1.Session\x12I\n\x08\x43onverse\x12\x1b.lipline.v1.ConverseRequest\x1a\x1c.lipline.v1.ConverseResponse(\x01\x30\x01\x12@\n\nGetSession\x12\x1d.lipline.v1.GetSessionRequest\x1a\x13.lipline.v1.Session\x12\x44\n\x0c\x43loseSession\x12\x1f.lipline.v1.CloseSessionRequest\x1a\x13.lipline.v1.Sessionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lipline/v1/gateway.proto\x12\nlipline.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17lipline/v1/common.proto\x1a\x18lipline/v1/session.proto\"\xc4\x01\n\x13\x43reateAvatarRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tphoto_fps\x18\x02 \x01(\x01\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12;\n\x06labels\x18\x05 \x03(\x0b\x32+.lipline.v1.CreateAvatarRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x88\x02\n\x06\x41vatar\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x66rame_count\x18\x03 \x01(\r\x12\x0b\n\x03\x66ps\x18\x04 \x01(\x01\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\x12\x13\n\x0b\x66\x61\x63\x65s_found\x18\x07 \x01(\r\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x06labels\x18\t \x03(\x0b\x32\x1e.lipline.v1.Avatar.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"%\n\x10GetAvatarRequest\x12\x11\n\tavatar_id\x18\x01 \x01(\t\";\n\x12ListAvatarsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"S\n\x13ListAvatarsResponse\x12#\n\x07\x61vatars\x18\x01 \x03(\x0b\x32\x12.lipline.v1.Avatar\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"(\n\x13\x44\x65leteAvatarRequest\x12\x11\n\tavatar_id\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteAvatarResponse\"\x9d\x01\n\nJobOptions\x12\x18\n\x10super_resolution\x18\x01 \x01(\x08\x12\x0b\n\x03\x63rf\x18\x02 \x01(\r\x12-\n\x04loop\x18\x03 \x01(\x0e\x32\x1f.lipline.v1.JobOptions.LoopMode\x12\x14\n\x0c\x63\x61llback_url\x18\x04 \x01(\t\"#\n\x08LoopMode\x12\r\n\tPING_PONG\x10\x00\x12\x08\n\x04WRAP\x10\x01\"\xcc\x02\n\x0fWebhookDelivery\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.lipline.v1.WebhookDelivery.State\x12\x10\n\x08\x61ttempts\x18\x03 \x01(\r\x12\x18\n\x10last_status_code\x18\x04 \x01(\x05\x12\x12\n\nlast_error\x18\x05 \x01(\t\x12\x32\n\x0e\x64\x65livered_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11next_attempt_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"G\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\r\n\tDELIVERED\x10\x02\x12\x0b\n\x07GAVE_UP\x10\x03\"\xed\x01\n\x10SubmitJobRequest\x12\x11\n\tavatar_id\x18\x01 \x01(\t\x12\r\n\x05\x61udio\x18\x02 \x01(\x0c\x12\'\n\x07options\x18\x03 \x01(\x0b\x32\x16.lipline.v1.JobOptions\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x38\n\x06labels\x18\x06 \x03(\x0b\x32(.lipline.v1.SubmitJobRequest.LabelsEntry\x12\x11\n\taudio_uri\x18\x08 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8d\x06\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tavatar_id\x18\x02 \x01(\t\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.lipline.v1.JobState\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\x13\n\x0b\x66rames_done\x18\x05 \x01(\r\x12\x14\n\x0ctotal_frames\x18\x06 \x01(\r\x12\r\n\x05stage\x18\x07 \x01(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x12\n\nerror_code\x18\t \x01(\x05\x12\x15\n\raudio_seconds\x18\n \x01(\x01\x12\x17\n\x0f\x65lapsed_seconds\x18\x0b \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x0c \x01(\x01\x12\x17\n\x0frealtime_factor\x18\r \x01(\x01\x12\x14\n\x0coutput_bytes\x18\x0e \x01(\x04\x12%\n\x06models\x18\x0f \x03(\x0b\x32\x15.lipline.v1.ModelInfo\x12\'\n\x07options\x18\x10 \x01(\x0b\x32\x16.lipline.v1.JobOptions\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\rstage_seconds\x18\x12 \x03(\x0b\x32!.lipline.v1.Job.StageSecondsEntry\x12\x15\n\routput_sha256\x18\x13 \x01(\t\x12+\n\x06labels\x18\x14 \x03(\x0b\x32\x1b.lipline.v1.Job.LabelsEntry\x12,\n\x07webhook\x18\x15 \x01(\x0b\x32\x1b.lipline.v1.WebhookDelivery\x12\x36\n\x12output_expire_time\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eoutput_expired\x18\x17 \x01(\x08\x1a\x33\n\x11StageSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xdb\x01\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x06states\x18\x03 \x03(\x0e\x32\x14.lipline.v1.JobState\x12\x30\n\x0c\x63reate_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rcreate_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0elabel_selector\x18\x06 \x01(\t\"J\n\x10ListJobsResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.lipline.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteJobResponse\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"(\n\x08JobEvent\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.lipline.v1.Job\"<\n\x15\x44ownloadOutputRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\r\"%\n\x13GetOutputUrlRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"T\n\x14GetOutputUrlResponse\x12\x0b\n\x03url\x18\x01 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\";\n\x16\x44ownloadOutputResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xfb\x08\n\x07Gateway\x12\x45\n\x0c\x43reateAvatar\x12\x1f.lipline.v1.CreateAvatarRequest\x1a\x12.lipline.v1.Avatar(\x01\x12=\n\tGetAvatar\x12\x1c.lipline.v1.GetAvatarRequest\x1a\x12.lipline.v1.Avatar\x12N\n\x0bListAvatars\x12\x1e.lipline.v1.ListAvatarsRequest\x1a\x1f.lipline.v1.ListAvatarsResponse\x12Q\n\x0c\x44\x65leteAvatar\x12\x1f.lipline.v1.DeleteAvatarRequest\x1a .lipline.v1.DeleteAvatarResponse\x12:\n\tSubmitJob\x12\x1c.lipline.v1.SubmitJobRequest\x1a\x0f.lipline.v1.Job\x12\x34\n\x06GetJob\x12\x19.lipline.v1.GetJobRequest\x1a\x0f.lipline.v1.Job\x12:\n\tCancelJob\x12\x1c.lipline.v1.CancelJobRequest\x1a\x0f.lipline.v1.Job\x12\x45\n\x08ListJobs\x12\x1b.lipline.v1.ListJobsRequest\x1a\x1c.lipline.v1.ListJobsResponse\x12H\n\tDeleteJob\x12\x1c.lipline.v1.DeleteJobRequest\x1a\x1d.lipline.v1.DeleteJobResponse\x12?\n\x08WatchJob\x12\x1b.lipline.v1.WatchJobRequest\x1a\x14.lipline.v1.JobEvent0\x01\x12Y\n\x0e\x44ownloadOutput\x12!.lipline.v1.DownloadOutputRequest\x1a\".lipline.v1.DownloadOutputResponse0\x01\x12Q\n\x0cGetOutputUrl\x12\x1f.lipline.v1.GetOutputUrlRequest\x1a .lipline.v1.GetOutputUrlResponse\x12\x46\n\rCreateSession\x12 .lipline.v1.CreateSessionRequest\x1a\x13.lipline.v1.Session\x12I\n\x08\x43onverse\x12\x1b.lipline.v1.ConverseRequest\x1a\x1c.lipline.v1.ConverseResponse(\x01\x30\x01\x12@\n\nGetSession\x12\x1d.lipline.v1.GetSessionRequest\x1a\x13.lipline.v1.Session\x12\x44\n\x0c\x43loseSession\x12\x1f.lipline.v1.CloseSessionRequest\x1a\x13.lipline.v1.Sessionb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,8 +44,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB_STAGESECONDSENTRY']._serialized_options = b'8\001'
   _globals['_JOB_LABELSENTRY']._loaded_options = None
   _globals['_JOB_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATE']._serialized_start=2707
-  _globals['_JOBSTATE']._serialized_end=2861
+  _globals['_JOBSTATE']._serialized_start=3110
+  _globals['_JOBSTATE']._serialized_end=3264
   _globals['_CREATEAVATARREQUEST']._serialized_start=125
   _globals['_CREATEAVATARREQUEST']._serialized_end=321
   _globals['_CREATEAVATARREQUEST_LABELSENTRY']._serialized_start=276
@@ -65,43 +65,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETEAVATARRESPONSE']._serialized_start=817
   _globals['_DELETEAVATARRESPONSE']._serialized_end=839
   _globals['_JOBOPTIONS']._serialized_start=842
-  _globals['_JOBOPTIONS']._serialized_end=977
-  _globals['_JOBOPTIONS_LOOPMODE']._serialized_start=942
-  _globals['_JOBOPTIONS_LOOPMODE']._serialized_end=977
-  _globals['_SUBMITJOBREQUEST']._serialized_start=980
-  _globals['_SUBMITJOBREQUEST']._serialized_end=1217
+  _globals['_JOBOPTIONS']._serialized_end=999
+  _globals['_JOBOPTIONS_LOOPMODE']._serialized_start=964
+  _globals['_JOBOPTIONS_LOOPMODE']._serialized_end=999
+  _globals['_WEBHOOKDELIVERY']._serialized_start=1002
+  _globals['_WEBHOOKDELIVERY']._serialized_end=1334
+  _globals['_WEBHOOKDELIVERY_STATE']._serialized_start=1263
+  _globals['_WEBHOOKDELIVERY_STATE']._serialized_end=1334
+  _globals['_SUBMITJOBREQUEST']._serialized_start=1337
+  _globals['_SUBMITJOBREQUEST']._serialized_end=1574
   _globals['_SUBMITJOBREQUEST_LABELSENTRY']._serialized_start=276
   _globals['_SUBMITJOBREQUEST_LABELSENTRY']._serialized_end=321
-  _globals['_JOB']._serialized_start=1220
-  _globals['_JOB']._serialized_end=1955
-  _globals['_JOB_STAGESECONDSENTRY']._serialized_start=1857
-  _globals['_JOB_STAGESECONDSENTRY']._serialized_end=1908
+  _globals['_JOB']._serialized_start=1577
+  _globals['_JOB']._serialized_end=2358
+  _globals['_JOB_STAGESECONDSENTRY']._serialized_start=2260
+  _globals['_JOB_STAGESECONDSENTRY']._serialized_end=2311
   _globals['_JOB_LABELSENTRY']._serialized_start=276
   _globals['_JOB_LABELSENTRY']._serialized_end=321
-  _globals['_GETJOBREQUEST']._serialized_start=1957
-  _globals['_GETJOBREQUEST']._serialized_end=1988
-  _globals['_CANCELJOBREQUEST']._serialized_start=1990
-  _globals['_CANCELJOBREQUEST']._serialized_end=2024
-  _globals['_LISTJOBSREQUEST']._serialized_start=2027
-  _globals['_LISTJOBSREQUEST']._serialized_end=2246
-  _globals['_LISTJOBSRESPONSE']._serialized_start=2248
-  _globals['_LISTJOBSRESPONSE']._serialized_end=2322
-  _globals['_DELETEJOBREQUEST']._serialized_start=2324
-  _globals['_DELETEJOBREQUEST']._serialized_end=2358
-  _globals['_DELETEJOBRESPONSE']._serialized_start=2360
-  _globals['_DELETEJOBRESPONSE']._serialized_end=2379
-  _globals['_WATCHJOBREQUEST']._serialized_start=2381
-  _globals['_WATCHJOBREQUEST']._serialized_end=2414
-  _globals['_JOBEVENT']._serialized_start=2416
-  _globals['_JOBEVENT']._serialized_end=2456
-  _globals['_DOWNLOADOUTPUTREQUEST']._serialized_start=2458
-  _globals['_DOWNLOADOUTPUTREQUEST']._serialized_end=2518
-  _globals['_GETOUTPUTURLREQUEST']._serialized_start=2520
-  _globals['_GETOUTPUTURLREQUEST']._serialized_end=2557
-  _globals['_GETOUTPUTURLRESPONSE']._serialized_start=2559
-  _globals['_GETOUTPUTURLRESPONSE']._serialized_end=2643
-  _globals['_DOWNLOADOUTPUTRESPONSE']._serialized_start=2645
-  _globals['_DOWNLOADOUTPUTRESPONSE']._serialized_end=2704
-  _globals['_GATEWAY']._serialized_start=2864
-  _globals['_GATEWAY']._serialized_end=4011
+  _globals['_GETJOBREQUEST']._serialized_start=2360
+  _globals['_GETJOBREQUEST']._serialized_end=2391
+  _globals['_CANCELJOBREQUEST']._serialized_start=2393
+  _globals['_CANCELJOBREQUEST']._serialized_end=2427
+  _globals['_LISTJOBSREQUEST']._serialized_start=2430
+  _globals['_LISTJOBSREQUEST']._serialized_end=2649
+  _globals['_LISTJOBSRESPONSE']._serialized_start=2651
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2725
+  _globals['_DELETEJOBREQUEST']._serialized_start=2727
+  _globals['_DELETEJOBREQUEST']._serialized_end=2761
+  _globals['_DELETEJOBRESPONSE']._serialized_start=2763
+  _globals['_DELETEJOBRESPONSE']._serialized_end=2782
+  _globals['_WATCHJOBREQUEST']._serialized_start=2784
+  _globals['_WATCHJOBREQUEST']._serialized_end=2817
+  _globals['_JOBEVENT']._serialized_start=2819
+  _globals['_JOBEVENT']._serialized_end=2859
+  _globals['_DOWNLOADOUTPUTREQUEST']._serialized_start=2861
+  _globals['_DOWNLOADOUTPUTREQUEST']._serialized_end=2921
+  _globals['_GETOUTPUTURLREQUEST']._serialized_start=2923
+  _globals['_GETOUTPUTURLREQUEST']._serialized_end=2960
+  _globals['_GETOUTPUTURLRESPONSE']._serialized_start=2962
+  _globals['_GETOUTPUTURLRESPONSE']._serialized_end=3046
+  _globals['_DOWNLOADOUTPUTRESPONSE']._serialized_start=3048
+  _globals['_DOWNLOADOUTPUTRESPONSE']._serialized_end=3107
+  _globals['_GATEWAY']._serialized_start=3267
+  _globals['_GATEWAY']._serialized_end=4414
 # @@protoc_insertion_point(module_scope)

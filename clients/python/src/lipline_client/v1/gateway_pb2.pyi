@@ -110,7 +110,7 @@ class DeleteAvatarResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class JobOptions(_message.Message):
-    __slots__ = ("super_resolution", "crf", "loop")
+    __slots__ = ("super_resolution", "crf", "loop", "callback_url")
     class LoopMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PING_PONG: _ClassVar[JobOptions.LoopMode]
@@ -120,10 +120,40 @@ class JobOptions(_message.Message):
     SUPER_RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     CRF_FIELD_NUMBER: _ClassVar[int]
     LOOP_FIELD_NUMBER: _ClassVar[int]
+    CALLBACK_URL_FIELD_NUMBER: _ClassVar[int]
     super_resolution: bool
     crf: int
     loop: JobOptions.LoopMode
-    def __init__(self, super_resolution: _Optional[bool] = ..., crf: _Optional[int] = ..., loop: _Optional[_Union[JobOptions.LoopMode, str]] = ...) -> None: ...
+    callback_url: str
+    def __init__(self, super_resolution: _Optional[bool] = ..., crf: _Optional[int] = ..., loop: _Optional[_Union[JobOptions.LoopMode, str]] = ..., callback_url: _Optional[str] = ...) -> None: ...
+
+class WebhookDelivery(_message.Message):
+    __slots__ = ("delivery_id", "state", "attempts", "last_status_code", "last_error", "delivered_time", "next_attempt_time")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATE_UNSPECIFIED: _ClassVar[WebhookDelivery.State]
+        PENDING: _ClassVar[WebhookDelivery.State]
+        DELIVERED: _ClassVar[WebhookDelivery.State]
+        GAVE_UP: _ClassVar[WebhookDelivery.State]
+    STATE_UNSPECIFIED: WebhookDelivery.State
+    PENDING: WebhookDelivery.State
+    DELIVERED: WebhookDelivery.State
+    GAVE_UP: WebhookDelivery.State
+    DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_TIME_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
+    delivery_id: str
+    state: WebhookDelivery.State
+    attempts: int
+    last_status_code: int
+    last_error: str
+    delivered_time: _timestamp_pb2.Timestamp
+    next_attempt_time: _timestamp_pb2.Timestamp
+    def __init__(self, delivery_id: _Optional[str] = ..., state: _Optional[_Union[WebhookDelivery.State, str]] = ..., attempts: _Optional[int] = ..., last_status_code: _Optional[int] = ..., last_error: _Optional[str] = ..., delivered_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., next_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("avatar_id", "audio", "options", "request_id", "labels", "audio_uri")
@@ -149,7 +179,7 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, avatar_id: _Optional[str] = ..., audio: _Optional[bytes] = ..., options: _Optional[_Union[JobOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., audio_uri: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "avatar_id", "state", "progress", "frames_done", "total_frames", "stage", "error", "error_code", "audio_seconds", "elapsed_seconds", "eta_seconds", "realtime_factor", "output_bytes", "models", "options", "create_time", "stage_seconds", "output_sha256", "labels", "output_expire_time", "output_expired")
+    __slots__ = ("id", "avatar_id", "state", "progress", "frames_done", "total_frames", "stage", "error", "error_code", "audio_seconds", "elapsed_seconds", "eta_seconds", "realtime_factor", "output_bytes", "models", "options", "create_time", "stage_seconds", "output_sha256", "labels", "webhook", "output_expire_time", "output_expired")
     class StageSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +214,7 @@ class Job(_message.Message):
     STAGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     id: str
@@ -206,9 +237,10 @@ class Job(_message.Message):
     stage_seconds: _containers.ScalarMap[str, float]
     output_sha256: str
     labels: _containers.ScalarMap[str, str]
+    webhook: WebhookDelivery
     output_expire_time: _timestamp_pb2.Timestamp
     output_expired: bool
-    def __init__(self, id: _Optional[str] = ..., avatar_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., progress: _Optional[float] = ..., frames_done: _Optional[int] = ..., total_frames: _Optional[int] = ..., stage: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., realtime_factor: _Optional[float] = ..., output_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_common_pb2.ModelInfo, _Mapping]]] = ..., options: _Optional[_Union[JobOptions, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage_seconds: _Optional[_Mapping[str, float]] = ..., output_sha256: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., output_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output_expired: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., avatar_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., progress: _Optional[float] = ..., frames_done: _Optional[int] = ..., total_frames: _Optional[int] = ..., stage: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., realtime_factor: _Optional[float] = ..., output_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_common_pb2.ModelInfo, _Mapping]]] = ..., options: _Optional[_Union[JobOptions, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage_seconds: _Optional[_Mapping[str, float]] = ..., output_sha256: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., webhook: _Optional[_Union[WebhookDelivery, _Mapping]] = ..., output_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output_expired: _Optional[bool] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
