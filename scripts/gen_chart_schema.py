@@ -33,6 +33,8 @@ CHART_MANAGED = {
     "superres_address",
     "job_store",
     "blob_store",
+    # values `store.outputTtlSeconds`: one retention for the gateway and the render workers
+    "output_ttl_s",
     "cache_dir",
     # a stage's `advertise`: its pod IP and port
     "advertise_address",
@@ -304,6 +306,10 @@ def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
             "description": "the public API: reachable by networkPolicy.gatewayFrom and helm test",
         },
         "stores": {"type": "boolean", "description": "uses the job and blob stores (values `store`)"},
+        "outputs": {
+            "type": "boolean",
+            "description": "answers for or deletes job outputs: LIPLINE_OUTPUT_TTL_S from store.outputTtlSeconds",
+        },
         "dials": {
             "type": "array",
             "uniqueItems": True,
@@ -423,6 +429,12 @@ def _store_schema() -> dict[str, Any]:
                         },
                     },
                 },
+            },
+            "outputTtlSeconds": {
+                "type": "number",
+                "minimum": 0,
+                "description": "seconds an output is kept after its job succeeds (0 = forever): "
+                "LIPLINE_OUTPUT_TTL_S of the gateway and the render workers",
             },
             "local": {
                 "type": "object",

@@ -19,9 +19,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CLIENT_SRC = REPO_ROOT / "clients" / "python" / "src"
 
 # The client package (clients/python) is installed editable by scripts/install.sh; a virtual
-# environment made before it existed (or shared by several checkouts) may lack it: then this
-# checkout's copy is used, here and in the processes the tests start (the smoke check, the demo).
-if importlib.util.find_spec("lipline_client") is None:
+# environment made before it existed may lack it, and one shared by several checkouts may find
+# another checkout's copy (whose stubs would clash with this one's protos): then this checkout's
+# copy is used, here and in the processes the tests start (the smoke check, the demo).
+_client_spec = importlib.util.find_spec("lipline_client")
+if _client_spec is None or not str(_client_spec.origin or "").startswith(str(CLIENT_SRC)):
     sys.path.insert(0, str(CLIENT_SRC))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CLIENT_SRC), os.environ.get("PYTHONPATH")]))
 

@@ -8,6 +8,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import common_pb2, gateway_pb2
+from services.jobs.retention import output_expire_time, output_expired
 from services.jobs.store.jobs import Job, JobState
 from services.serving.errors import CorruptRecord
 
@@ -18,9 +19,11 @@ def _timestamp(seconds: float) -> Timestamp:
     return ts
 
 
-def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
+def job_to_proto(job: Job, now: float | None = None, output_ttl_s: float = 0.0) -> gateway_pb2.Job:
     """The public view; CorruptRecord (DATA_LOSS, naming the field) when a stored field cannot be
-    shown (options that are not a JobOptions, models of an unknown shape), never INTERNAL."""
+    shown (options that are not a JobOptions, models of an unknown shape), never INTERNAL.
+    `output_ttl_s`: the deployment's retention, for a job whose expiry the janitor has not stamped
+    yet (services.jobs.retention)."""
     try:
         options = gateway_pb2.JobOptions.FromString(job.options)
     except DecodeError as exc:
@@ -42,6 +45,7 @@ def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
     stage_seconds = dict(job.stage_seconds)
     if job.state == JobState.SUCCEEDED:
         stage_seconds["total"] = elapsed
+    expires = output_expire_time(job, output_ttl_s)
     return gateway_pb2.Job(
         id=job.id,
         avatar_id=job.avatar_id,
@@ -63,6 +67,8 @@ def job_to_proto(job: Job, now: float | None = None) -> gateway_pb2.Job:
         create_time=_timestamp(job.create_time),
         stage_seconds=stage_seconds,
         labels=dict(job.labels),
+        output_expire_time=_timestamp(expires) if expires > 0 else None,
+        output_expired=output_expired(job, output_ttl_s, now),
     )
 
 

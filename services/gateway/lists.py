@@ -76,7 +76,12 @@ def _page(
 
 
 async def list_jobs(
-    jobs: JobStore, pages: PageTokens, tenant: str, request: gateway_pb2.ListJobsRequest, max_message_bytes: int
+    jobs: JobStore,
+    pages: PageTokens,
+    tenant: str,
+    request: gateway_pb2.ListJobsRequest,
+    max_message_bytes: int,
+    output_ttl_s: float = 0.0,
 ) -> gateway_pb2.ListJobsResponse:
     where = job_filter(request)
     query = _query(where)
@@ -84,7 +89,11 @@ async def list_jobs(
     size = page_size(request.page_size)
     rows = await asyncio.to_thread(jobs.list_jobs, tenant, where, after, size + 1)
     listed, next_cursor = _page(
-        rows, size, job_to_proto, lambda j: PageCursor(j.create_time, j.id), max_message_bytes // 2
+        rows,
+        size,
+        lambda j: job_to_proto(j, output_ttl_s=output_ttl_s),
+        lambda j: PageCursor(j.create_time, j.id),
+        max_message_bytes // 2,
     )
     token = pages.issue(tenant, query, next_cursor) if next_cursor else ""
     return gateway_pb2.ListJobsResponse(jobs=listed, next_page_token=token)

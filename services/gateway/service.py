@@ -19,7 +19,9 @@ tenant's same upload finds its avatar again through the store's per-tenant conte
 
 Creates are idempotent with a request_id (services.gateway.request_ids): a retry returns what the
 first made. Lists are newest first in pages with signed keyset tokens (services.gateway.lists, .pages).
-DeleteJob removes a finished job's blobs, then its row.
+DeleteJob removes a finished job's blobs, then its row. Outputs expire (services.jobs.retention):
+after the deployment's output_ttl_s, DownloadOutput and GetOutputUrl answer FAILED_PRECONDITION
+"output expired at ..." and the render workers' janitor deletes the blob.
 
 DeleteAvatar hides the avatar at once and purges its data when no QUEUED or RUNNING job and no live
 session uses it (services.gateway.janitor), so jobs submitted before the delete finish.
@@ -63,8 +65,9 @@ from services.gateway.webhooks import CallbackRules, WebhookSender, delivery_to_
 from services.jobs.avatars import is_avatar_id
 from services.jobs.integrity import OutputCheck, damaged
 from services.jobs.layout import job_prefix, output_key
+from services.jobs.retention import expired_message, output_expired, url_expire_time
 from services.jobs.store import close_stores, open_stores
-from services.jobs.store.jobs import JobState
+from services.jobs.store.jobs import Job, JobState
 from services.serving.discovery import DiscoveredStageClients
 from services.serving.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
 from services.serving.interceptor import CLIENT_ID, REQUEST_ID, TENANT
@@ -235,11 +238,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             audio = request.audio
         job_request = _job_request(request, audio, svc.settings.max_audio_bytes)
         caller = Caller(_tenant(), CLIENT_ID.get(), REQUEST_ID.get(), context_carrier())
-        return job_to_proto(await submit_job(svc.jobs, svc.blobs, svc.audio, svc.settings, job_request, caller))
+        return self._job(await submit_job(svc.jobs, svc.blobs, svc.audio, svc.settings, job_request, caller))
 
     async def GetJob(self, request: gateway_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
         _check_job_id(request.job_id)
-        job = job_to_proto(await asyncio.to_thread(self._svc.jobs.get_job, request.job_id, _tenant()))
+        job = self._job(await asyncio.to_thread(self._svc.jobs.get_job, request.job_id, _tenant()))
         if job.options.callback_url:
             job.webhook.CopyFrom(delivery_to_proto(await asyncio.to_thread(self._svc.jobs.get_delivery, job.id)))
         return job
@@ -257,14 +260,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             # Workers drop their work within a heartbeat; one that stored a segment meanwhile deletes it.
             await asyncio.to_thread(svc.blobs.delete_prefix, job_prefix(job.id))
             _LOGGER.info("job cancelled", extra={"job_id": job.id})
-        return job_to_proto(job)
+        return self._job(job)
 
     async def ListJobs(
         self, request: gateway_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListJobsResponse:
         """A page of the caller's jobs, newest first, filtered (services.gateway.lists)."""
         svc = self._svc
-        return await list_jobs(svc.jobs, svc.pages, _tenant(), request, svc.settings.max_message_bytes)
+        return await list_jobs(
+            svc.jobs, svc.pages, _tenant(), request, svc.settings.max_message_bytes, svc.settings.output_ttl_s
+        )
 
     async def DeleteJob(
         self, request: gateway_pb2.DeleteJobRequest, context: grpc.aio.ServicerContext
@@ -295,7 +300,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         tenant = _tenant()
         job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, tenant)
         while True:
-            yield gateway_pb2.JobEvent(job=job_to_proto(job))
+            yield gateway_pb2.JobEvent(job=self._job(job))
             if job.terminal:
                 return
             await svc.feed.wait(job.id, job.version, WATCH_HEARTBEAT_S)
@@ -315,11 +320,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         recorded end it DATA_LOSS after the last (a client must discard what it got)."""
         svc = self._svc
         _check_job_id(request.job_id)
-        job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, _tenant())
-        if job.state != JobState.SUCCEEDED:
-            raise FailedPrecondition(
-                f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED"
-            )
+        job = await self._output_job(request.job_id)
         chunk = download_chunk_bytes(request.chunk_bytes, svc.settings.max_message_bytes)
         check = OutputCheck(job.id, job.output_bytes, job.output_sha256)
         try:
@@ -342,20 +343,35 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             with contextlib.suppress(Exception):  # ValueError if a cancelled read is still running
                 getattr(chunks, "close", lambda: None)()
 
-    async def GetOutputUrl(
-        self, request: gateway_pb2.GetOutputUrlRequest, context: grpc.aio.ServicerContext
-    ) -> gateway_pb2.GetOutputUrlResponse:
-        """A presigned URL of the output (signed locally: no blob store call), for the caller's own
-        SUCCEEDED job; FAILED_PRECONDITION before that and on a blob store without such URLs."""
+    def _job(self, job: Job) -> gateway_pb2.Job:
+        return job_to_proto(job, output_ttl_s=self._svc.settings.output_ttl_s)
+
+    async def _output_job(self, job_id: str) -> Job:
+        """The caller's job, if its output can be read now: FAILED_PRECONDITION before it has
+        SUCCEEDED and once its output has expired (services.jobs.retention)."""
         svc = self._svc
-        _check_job_id(request.job_id)
-        job = await asyncio.to_thread(svc.jobs.get_job, request.job_id, _tenant())
+        job = await asyncio.to_thread(svc.jobs.get_job, job_id, _tenant())
         if job.state != JobState.SUCCEEDED:
             raise FailedPrecondition(
                 f"job {job.id} is {gateway_pb2.JobState.Name(int(job.state))}; its output exists once it has SUCCEEDED"
             )
-        ttl = svc.settings.output_url_ttl_s
-        expires = time.time() + ttl
+        if output_expired(job, svc.settings.output_ttl_s, time.time()):
+            raise FailedPrecondition(expired_message(job, svc.settings.output_ttl_s))
+        return job
+
+    async def GetOutputUrl(
+        self, request: gateway_pb2.GetOutputUrlRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetOutputUrlResponse:
+        """A presigned URL of the output (signed locally: no blob store call), for the caller's own
+        SUCCEEDED job, working until output_url_ttl_s from now or the output's expiry, whichever is
+        first; FAILED_PRECONDITION before that, after the output expired and on a blob store without
+        such URLs."""
+        svc = self._svc
+        _check_job_id(request.job_id)
+        job = await self._output_job(request.job_id)
+        now = time.time()
+        expires = url_expire_time(job, svc.settings.output_ttl_s, svc.settings.output_url_ttl_s, now)
+        ttl = max(1.0, expires - now)
         url = await asyncio.to_thread(svc.blobs.presigned_url, output_key(job.id), ttl)
         if url is None:
             raise FailedPrecondition(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.serving.settings import StoreSettings, address_field, setting
+from services.serving.settings import StoreSettings, address_field, output_ttl_field, setting
 from services.serving.stages import STAGES
 
 
@@ -83,6 +83,11 @@ class GatewaySettings(StoreSettings):
     audio_uri_timeout_s: float = setting(
         30.0, "the longest fetching an audio_uri may take, redirects included; slower is DEADLINE_EXCEEDED"
     )
+    output_url_ttl_s: float = setting(
+        3600.0,
+        "how long a GetOutputUrl URL works (S3 presigned URLs: at most 7 days; never past the output's expiry)",
+    )
+    output_ttl_s: float = output_ttl_field()
     callback_hosts: str = setting(
         "",
         "hosts a job's callback_url may name over https://, comma-separated: `host` (port 443) or `host:port`; "
@@ -114,7 +119,6 @@ class GatewaySettings(StoreSettings):
     callback_concurrency: int = setting(
         16, "webhook POSTs one gateway has in flight at once (a hanging receiver holds one for callback_timeout_s)"
     )
-    output_url_ttl_s: float = setting(3600.0, "how long a GetOutputUrl URL works (S3 presigned URLs: at most 7 days)")
     request_id_window_s: float = setting(
         86400.0,
         "how long a SubmitJob or CreateAvatar request_id is remembered: a repeat within this returns what the first made, "
@@ -154,6 +158,8 @@ class GatewaySettings(StoreSettings):
             problems.append(f"audio_uri_timeout_s must be in 0.1..3600, got {self.audio_uri_timeout_s}")
         if not 1 <= self.output_url_ttl_s <= 7 * 86400:
             problems.append(f"output_url_ttl_s must be in 1..604800 (S3's 7 days), got {self.output_url_ttl_s}")
+        if self.output_ttl_s < 0:
+            problems.append(f"output_ttl_s must be >= 0 (0 = keep outputs forever), got {self.output_ttl_s}")
         if not 0.1 <= self.callback_timeout_s <= 300:
             problems.append(f"callback_timeout_s must be in 0.1..300, got {self.callback_timeout_s}")
         if not 1 <= self.callback_retry_window_s <= 30 * 86400:

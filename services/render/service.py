@@ -2,8 +2,9 @@
 
 It serves no API, only gRPC health (SERVING once the stages answer and the stores are open, and
 NOT_SERVING again while its claim loop has ended or stalled: a liveness probe then restarts it) and
-/metrics, through the same bootstrap as every lipline service. SIGTERM: stop claiming, finish the
-current task within `grace_s` or give it back, exit.
+/metrics, through the same bootstrap as every lipline service. Beside its claim loop it runs the
+janitor (services.render.janitor; one worker at a time sweeps). SIGTERM: stop claiming, give the
+janitor's lease up, finish the current task within `grace_s` or give it back, exit.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from lipline.v1 import lipsync_pb2_grpc, superres_pb2_grpc
 from services.jobs.avatar_cache import AvatarCache
 from services.jobs.store import close_stores, open_stores
 from services.render.encoder_threads import x264_threads
+from services.render.janitor import Janitor
 from services.render.segment import SegmentRenderer
 from services.render.settings import RenderSettings
 from services.render.tasks import RenderTasks
@@ -72,8 +74,12 @@ class RenderService(Service[RenderSettings]):
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         cache = AvatarCache(self.blobs, Path(s.cache_dir), max_bytes=s.avatar_cache_bytes)
-        tasks = RenderTasks(self.metrics, self.jobs, self.blobs, cache, self.renderer, Path(s.cache_dir) / "scratch")
+        tasks = RenderTasks(
+            self.metrics, self.jobs, self.blobs, cache, self.renderer, Path(s.cache_dir) / "scratch", s.output_ttl_s
+        )
         self.worker = RenderWorker(s, self.metrics, self.jobs, self.blobs, tasks, name)
+        self.janitor = Janitor(s, self.metrics, self.jobs, self.blobs, name)
+        self.janitor.start()
         self._loops = [
             asyncio.create_task(self.worker.run(), name="render-loop"),
             asyncio.create_task(self._export_queue_stats(), name="queue-stats"),
@@ -121,6 +127,8 @@ class RenderService(Service[RenderSettings]):
                 await self.health.set("", status)
 
     async def close(self) -> None:
+        if hasattr(self, "janitor"):
+            await self.janitor.close()
         if hasattr(self, "worker"):
             await self.worker.drain(self.settings.grace_s)
         for loop in self._loops:

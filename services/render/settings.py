@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from services.media.video_format import X264_PRESETS
-from services.serving.settings import FaceWorkerSettings, setting
+from services.serving.settings import FaceWorkerSettings, output_ttl_field, setting
 from services.serving.stages import STAGES
 
 
@@ -59,6 +59,17 @@ class RenderSettings(FaceWorkerSettings):
         "its join and the stages' host threads on the same machine get the CPU first",
     )
     stage_wait_s: float = setting(60.0, "at start-up, how long to wait for the stages to be SERVING")
+    output_ttl_s: float = output_ttl_field()
+    janitor_interval_s: float = setting(
+        60.0,
+        "how often a render worker tries to be the janitor (one at a time, by a lease in the job store), which deletes "
+        "expired outputs and the working files jobs that ended left behind",
+    )
+    janitor_lease_s: float = setting(
+        180.0,
+        "the janitor's lease: renewed every janitor_interval_s and during a sweep; a janitor that dies is "
+        "replaced by another worker this long after its last renewal",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -80,6 +91,13 @@ class RenderSettings(FaceWorkerSettings):
             )
         if self.loop_stall_s <= 0:
             problems.append(f"loop_stall_s must be positive, got {self.loop_stall_s}")
+        if self.output_ttl_s < 0:
+            problems.append(f"output_ttl_s must be >= 0 (0 = keep outputs forever), got {self.output_ttl_s}")
+        if self.janitor_interval_s <= 0 or self.janitor_lease_s <= 2 * self.janitor_interval_s:
+            problems.append(
+                f"janitor_interval_s ({self.janitor_interval_s}) must be positive and janitor_lease_s "
+                f"({self.janitor_lease_s}) more than twice it (the holder renews it every interval)"
+            )
         if self.max_attempts < 1:
             problems.append(f"max_attempts must be >= 1, got {self.max_attempts}")
         if problems:

@@ -50,8 +50,10 @@ class RenderTasks:
         cache: AvatarCache,
         renderer: SegmentRenderer,
         scratch: Path,
+        output_ttl_s: float = 0.0,
     ) -> None:
         self.metrics = metrics
+        self.output_ttl_s = output_ttl_s  # the join stamps the output's expiry (services.jobs.retention)
         self.jobs = jobs
         self.blobs = blobs
         self.cache = cache
@@ -168,7 +170,7 @@ class RenderTasks:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         if not await asyncio.to_thread(
-            self.jobs.complete_join, task, key, size, {"join": time.perf_counter() - t0}, digest
+            self.jobs.complete_join, task, key, size, {"join": time.perf_counter() - t0}, digest, self.output_ttl_s
         ):
             await asyncio.to_thread(self.blobs.delete, key)
             raise LeaseLost()

@@ -121,6 +121,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.retention_deleted = Counter(
+            "lipline_retention_deleted",
+            "blobs the render workers' janitor deleted: expired outputs (kind=output), working files ended jobs left behind (kind=files)",
+            ["kind"],
+            registry=r,
+        )
         # Live workers (issue 19; services/live): sessions, frames, latency, admission, the face link.
         self.live_sessions = Gauge(
             "lipline_live_sessions",

@@ -50,6 +50,19 @@ def address_field(default: str, stage: str) -> Any:
     return setting(default, f"{stage} stage: {ADDRESS_FORMS}")
 
 
+OUTPUT_TTL_S = 7 * 86400.0  # a week: outputs are kept this long after their job succeeds, by default
+
+
+def output_ttl_field() -> Any:
+    """The outputs' retention, read alike by the gateway (what it answers) and the render workers (the
+    expiry their joins stamp, and their janitor); the chart sets both from one value."""
+    return setting(
+        OUTPUT_TTL_S,
+        "how long a job's output is kept after the job succeeds (seconds; 0 = forever): after it, DownloadOutput and "
+        "GetOutputUrl answer FAILED_PRECONDITION and the render workers' janitor deletes it",
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class ServiceSettings:
     """Settings every lipline service has."""

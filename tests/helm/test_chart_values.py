@@ -419,6 +419,13 @@ def test_termination_grace_follows_each_stages_drain_time(pools_docs: list[dict[
     assert pod_spec(deployments(pools_docs)["superres"])["terminationGracePeriodSeconds"] == 41 + 15
 
 
+def test_one_retention_value_reaches_the_gateway_and_the_render_workers() -> None:
+    for docs, ttl in ((render(), "604800"), (render("store.outputTtlSeconds=3600"), "3600")):
+        for stage in ("gateway", "render"):
+            assert env_of(deployments(docs)[stage])["LIPLINE_OUTPUT_TTL_S"] == ttl, stage
+        assert "LIPLINE_OUTPUT_TTL_S" not in env_of(deployments(docs)["live"])  # stores, but no outputs
+
+
 def test_name_overrides_and_common_labels() -> None:
     docs = render("fullnameOverride=media-lipsync", "commonLabels.team=media")
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"} == {f"media-lipsync-{s}" for s in STAGES}

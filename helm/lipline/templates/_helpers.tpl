@@ -286,6 +286,10 @@ OTEL_SDK_DISABLED=true and nothing else. Call with (dict "root" $ "stage" name).
 {{- if $s.stores }}
 {{- include "lipline.storeEnv" $root }}
 {{- end }}
+{{- if $s.outputs }}
+- name: LIPLINE_OUTPUT_TTL_S
+  value: {{ int64 $root.Values.store.outputTtlSeconds | toString | quote }}
+{{- end }}
 {{- if $s.cache }}
 - name: LIPLINE_CACHE_DIR
   value: /cache

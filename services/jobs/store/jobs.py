@@ -177,6 +177,10 @@ class Job:
     tenant: str = IMPLICIT_TENANT
     output_sha256: str = ""  # hex sha256 of the output once SUCCEEDED ('' for jobs older than the record)
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # retention (services.jobs.retention): when the output expires (0 = not stamped yet) and when the
+    # janitor deleted it (0 = not yet)
+    output_expire_time: float = 0.0
+    output_purge_time: float = 0.0
 
     @property
     def terminal(self) -> bool:
@@ -372,10 +376,17 @@ class JobStore(SessionStore):
 
     @abc.abstractmethod
     def complete_join(
-        self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = ""
+        self,
+        task: Task,
+        output_key: str,
+        output_bytes: int,
+        stage_seconds: dict[str, float],
+        output_sha256: str = "",
+        output_ttl_s: float = 0.0,
     ) -> bool:
         """SUCCEEDED with the output, its size and its sha256 (hex), which DownloadOutput checks
-        (only with the current lease, else False); tasks deleted."""
+        (only with the current lease, else False); tasks deleted. `output_ttl_s` > 0: the output
+        expires that long after now (the store's clock); 0 leaves the expiry for the janitor to stamp."""
 
     @abc.abstractmethod
     def release(self, task: Task, count_attempt: bool = True, retry_delay_s: float = 0.0, error: str = "") -> None:
@@ -396,6 +407,46 @@ class JobStore(SessionStore):
 
     @abc.abstractmethod
     def queue_stats(self) -> QueueStats: ...
+
+    # -- retention (the render workers' janitor: services.render.janitor) ------------------------
+    @abc.abstractmethod
+    def take_lease(self, name: str, holder: str, lease_s: float) -> bool:
+        """Hold the lease `name` until `lease_s` from now (the store's clock): taken when nobody holds
+        it or its holder's lease has expired, renewed when `holder` holds it; False while another
+        holder's lease is live. One UPDATE-or-INSERT, so of two racing holders exactly one gets it."""
+
+    @abc.abstractmethod
+    def drop_lease(self, name: str, holder: str) -> None:
+        """Give the lease up if `holder` holds it (another may take it at once)."""
+
+    @abc.abstractmethod
+    def lease_holder(self, name: str) -> str:
+        """Who holds the lease `name` now ("" when nobody's lease is live)."""
+
+    @abc.abstractmethod
+    def stamp_output_expiry(self, ttl_s: float) -> int:
+        """Give every SUCCEEDED job without an output expiry one: its finish time + `ttl_s` (jobs that
+        succeeded before expiry existed, or whose join had no TTL). Returns how many."""
+
+    @abc.abstractmethod
+    def expired_outputs(self, limit: int = 100) -> list[tuple[str, str]]:
+        """(job id, output key) of SUCCEEDED jobs whose output expired (the store's clock) and was not
+        deleted yet, longest expired first, at most `limit`. Two columns, not Jobs: a row damaged
+        elsewhere (services.jobs.store.sql.rows) must not stop the sweep."""
+
+    @abc.abstractmethod
+    def mark_output_purged(self, job_id: str) -> bool:
+        """Record that the job's output was deleted (GetJob shows it expired); False when the job is
+        gone or already marked."""
+
+    @abc.abstractmethod
+    def unpurged_job_files(self, older_than_s: float, limit: int = 100) -> list[str]:
+        """Ids of jobs that ended more than `older_than_s` ago whose working files (`jobs/<id>/`)
+        the janitor has not deleted yet, oldest first, at most `limit`."""
+
+    @abc.abstractmethod
+    def mark_files_purged(self, job_ids: Sequence[str]) -> int:
+        """Record that those jobs' working files are deleted; returns how many rows changed."""
 
     # -- webhook deliveries (the gateway's delivery loop) -------------------------------------------
     @abc.abstractmethod

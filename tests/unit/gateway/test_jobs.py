@@ -117,3 +117,14 @@ def test_a_stored_field_that_cannot_be_shown_is_data_loss_not_internal(fields: d
     with pytest.raises(CorruptRecord, match=words) as info:
         job_to_proto(dataclasses.replace(JOB, **fields))
     assert info.value.code == grpc.StatusCode.DATA_LOSS and "'j1'" in str(info.value)
+
+
+def test_a_succeeded_job_shows_when_its_output_expires_and_once_it_has() -> None:
+    done = dataclasses.replace(JOB, state=JobState.SUCCEEDED, stage="done", finish_time=2000.0)
+    kept = job_to_proto(dataclasses.replace(done, output_expire_time=2600.0), now=2100.0, output_ttl_s=60.0)
+    assert kept.output_expire_time.ToSeconds() == 2600 and not kept.output_expired
+    unstamped = job_to_proto(done, now=2100.0, output_ttl_s=60.0)  # finished at 2000, kept 60 s
+    assert unstamped.output_expire_time.ToSeconds() == 2060 and unstamped.output_expired
+    forever = job_to_proto(done, now=2100.0)
+    assert not forever.HasField("output_expire_time") and not forever.output_expired
+    assert not job_to_proto(JOB, output_ttl_s=60.0).HasField("output_expire_time")  # no output yet

@@ -72,6 +72,8 @@ def _job_from_row(row: Row) -> Job:
         tenant=row["tenant"],
         output_sha256=row["output_sha256"],
         labels=json.loads(row["labels"]),
+        output_expire_time=float(row["output_expire_time"]),
+        output_purge_time=float(row["output_purge_time"]),
     )
 
 

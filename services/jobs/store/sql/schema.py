@@ -122,8 +122,22 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX IF NOT EXISTS jobs_tenant_page ON jobs (tenant, create_time, id)",
         "CREATE INDEX IF NOT EXISTS avatars_tenant_page ON avatars (tenant, create_time, id)",
     ],
-    # reserved for the retention branch (issue 21 item 6)
-    9: [],
+    # retention (issue 21 item 6; services.jobs.store.sql.retention): when a job's output expires (0:
+    # not stamped yet, e.g. a job that succeeded before this version: the janitor stamps it from its
+    # finish time), when the janitor deleted the output and the job's working files (0: not yet), and
+    # the named leases that let one render worker at a time be the janitor
+    9: [
+        "ALTER TABLE jobs ADD COLUMN output_expire_time DOUBLE PRECISION NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN output_purge_time DOUBLE PRECISION NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN files_purge_time DOUBLE PRECISION NOT NULL DEFAULT 0",
+        "CREATE INDEX IF NOT EXISTS jobs_retention ON jobs (state, output_purge_time, output_expire_time)",
+        "CREATE INDEX IF NOT EXISTS jobs_files ON jobs (files_purge_time, finish_time)",
+        """CREATE TABLE IF NOT EXISTS named_leases (
+            name TEXT PRIMARY KEY,
+            holder TEXT NOT NULL,
+            expires DOUBLE PRECISION NOT NULL
+        )""",
+    ],
     # webhooks (issue 21 item 5; services.jobs.store.sql.webhooks): a job's callback_url (also in its
     # options, which the store does not parse) and the outbox, one delivery per ended job with one,
     # written by the transaction that ended it and leased by the gateway that posts it

@@ -28,6 +28,7 @@ from services.jobs.store.jobs import (
     TaskKind,
     TaskState,
 )
+from services.jobs.store.sql import retention
 from services.jobs.store.sql.requests import claim_request, find_request, forget_requests, retarget_request
 from services.jobs.store.sql.rows import add_seconds, avatar_from_row, avatar_to_row, encode_json, job_from_row
 from services.jobs.store.sql.rules import (
@@ -429,7 +430,13 @@ class SqlJobStore(SqlSessionStore, JobStore):
         return self._transaction(run)
 
     def complete_join(
-        self, task: Task, output_key: str, output_bytes: int, stage_seconds: dict[str, float], output_sha256: str = ""
+        self,
+        task: Task,
+        output_key: str,
+        output_bytes: int,
+        stage_seconds: dict[str, float],
+        output_sha256: str = "",
+        output_ttl_s: float = 0.0,
     ) -> bool:
         if not task.is_join:
             raise ValueError(f"complete_join was given segment {task.index}; use complete_segment")
@@ -447,6 +454,7 @@ class SqlJobStore(SqlSessionStore, JobStore):
                 output_bytes=int(output_bytes),
                 output_sha256=output_sha256,
                 stage_seconds=encode_json(add_seconds(job.stage_seconds, stage_seconds)),
+                output_expire_time=tx.now() + float(output_ttl_s) if output_ttl_s > 0 else 0.0,
             )
 
         return self._transaction(run)
@@ -511,6 +519,33 @@ class SqlJobStore(SqlSessionStore, JobStore):
             )
 
         return self._transaction(run, write=False)
+
+    # -- retention ----------------------------------------------------------------------------------
+    def take_lease(self, name: str, holder: str, lease_s: float) -> bool:
+        return self._transaction(lambda tx: retention.take_lease(tx, name, holder, lease_s))
+
+    def drop_lease(self, name: str, holder: str) -> None:
+        self._transaction(lambda tx: retention.drop_lease(tx, name, holder))
+
+    def lease_holder(self, name: str) -> str:
+        return self._transaction(lambda tx: retention.lease_holder(tx, name), write=False)
+
+    def stamp_output_expiry(self, ttl_s: float) -> int:
+        return self._transaction(lambda tx: retention.stamp_output_expiry(tx, ttl_s))
+
+    def expired_outputs(self, limit: int = 100) -> list[tuple[str, str]]:
+        return self._transaction(lambda tx: retention.expired_outputs(tx, limit), write=False)
+
+    def mark_output_purged(self, job_id: str) -> bool:
+        return self._transaction(
+            lambda tx: self._update_job(tx, job_id, only_if="output_purge_time = 0", output_purge_time=tx.now())
+        )
+
+    def unpurged_job_files(self, older_than_s: float, limit: int = 100) -> list[str]:
+        return self._transaction(lambda tx: retention.unpurged_job_files(tx, older_than_s, limit), write=False)
+
+    def mark_files_purged(self, job_ids: Sequence[str]) -> int:
+        return self._transaction(lambda tx: retention.mark_files_purged(tx, job_ids)) if job_ids else 0
 
     # -- webhook deliveries -------------------------------------------------------------------------
     def claim_delivery(self, lease_s: float) -> Delivery | None:

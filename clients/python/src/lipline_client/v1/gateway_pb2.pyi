@@ -179,7 +179,7 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, avatar_id: _Optional[str] = ..., audio: _Optional[bytes] = ..., options: _Optional[_Union[JobOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., audio_uri: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "avatar_id", "state", "progress", "frames_done", "total_frames", "stage", "error", "error_code", "audio_seconds", "elapsed_seconds", "eta_seconds", "realtime_factor", "output_bytes", "models", "options", "create_time", "stage_seconds", "output_sha256", "labels", "webhook")
+    __slots__ = ("id", "avatar_id", "state", "progress", "frames_done", "total_frames", "stage", "error", "error_code", "audio_seconds", "elapsed_seconds", "eta_seconds", "realtime_factor", "output_bytes", "models", "options", "create_time", "stage_seconds", "output_sha256", "labels", "webhook", "output_expire_time", "output_expired")
     class StageSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,8 @@ class Job(_message.Message):
     OUTPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     WEBHOOK_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     id: str
     avatar_id: str
     state: JobState
@@ -236,7 +238,9 @@ class Job(_message.Message):
     output_sha256: str
     labels: _containers.ScalarMap[str, str]
     webhook: WebhookDelivery
-    def __init__(self, id: _Optional[str] = ..., avatar_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., progress: _Optional[float] = ..., frames_done: _Optional[int] = ..., total_frames: _Optional[int] = ..., stage: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., realtime_factor: _Optional[float] = ..., output_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_common_pb2.ModelInfo, _Mapping]]] = ..., options: _Optional[_Union[JobOptions, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage_seconds: _Optional[_Mapping[str, float]] = ..., output_sha256: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., webhook: _Optional[_Union[WebhookDelivery, _Mapping]] = ...) -> None: ...
+    output_expire_time: _timestamp_pb2.Timestamp
+    output_expired: bool
+    def __init__(self, id: _Optional[str] = ..., avatar_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., progress: _Optional[float] = ..., frames_done: _Optional[int] = ..., total_frames: _Optional[int] = ..., stage: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., realtime_factor: _Optional[float] = ..., output_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_common_pb2.ModelInfo, _Mapping]]] = ..., options: _Optional[_Union[JobOptions, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage_seconds: _Optional[_Mapping[str, float]] = ..., output_sha256: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., webhook: _Optional[_Union[WebhookDelivery, _Mapping]] = ..., output_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output_expired: _Optional[bool] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
