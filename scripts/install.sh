@@ -80,3 +80,19 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   "$S3SERVER_VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-s3server.lock
   echo "$want" > "$stamp"
 fi
+
+# 6. A second S3-compatible test server, s3rver (npm, with the machine's Node.js): unlike moto it
+#    refuses a presigned URL once it has expired, which GetOutputUrl's test needs. Re-installed only
+#    when its lock changes; without npm the test that needs it skips, saying so.
+S3RVER_DIR=tests/s3rver
+if command -v npm >/dev/null 2>&1; then
+  stamp=$S3RVER_DIR/node_modules/.lipline-lock.sha256
+  want=$(sha256sum "$S3RVER_DIR/package-lock.json" | cut -d' ' -f1)
+  if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    echo "install: npm ci in $S3RVER_DIR (s3rver)"
+    npm ci --prefix "$S3RVER_DIR" --no-audit --no-fund --loglevel=error
+    echo "$want" > "$stamp"
+  fi
+else
+  echo "install: npm not found: the presigned-URL expiry test will skip (install Node.js and npm to run it)"
+fi

@@ -14,6 +14,7 @@ import secrets
 import ssl
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from services.gateway.client import LiplineClient
 from services.jobs.store.s3 import S3BlobStore
 from services.local.cluster import LocalCluster
 from tests.helpers.certificates import make_certificate
+from tests.helpers.s3rver import S3rver
 from tests.helpers.s3server import S3Server
 from tests.integration.util import SAMPLES, cut_wav, start_cluster
 
@@ -258,3 +260,30 @@ def test_get_output_url_on_a_folder_store_says_to_download(
     client.cancel_job(queued.id)
     error = refused(lambda: client.get_output_url(queued.id))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "SUCCEEDED" in error.details()
+
+
+def test_an_output_url_stops_working_once_it_expires(tmp_path: Path, avatar_bytes: bytes) -> None:
+    """GetOutputUrl against s3rver, an S3 server that enforces presigned expiry (moto does not): the URL
+    downloads the MP4 (the same bytes as DownloadOutput) until expire_time, then S3 refuses it."""
+    with (
+        S3rver() as s3,
+        start_cluster(
+            tmp_path / "cluster",
+            blob_store=f"{s3.url}/lipline",
+            env=s3.env,
+            extra_args={"gateway": ["--output-url-ttl-s=3"]},
+        ) as cluster,
+        LiplineClient(cluster.gateway_address, timeout=120) as client,
+    ):
+        avatar = client.create_avatar(avatar_bytes)
+        job = client.wait(client.submit_job(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), 0.8)).id)
+        assert job.state == SUCCEEDED, job.error
+        link = client.get_output_url(job.id)
+        with urllib.request.urlopen(link.url, timeout=10) as response:
+            body = response.read()
+        client.download(job.id, tmp_path / "out.mp4")
+        assert body == (tmp_path / "out.mp4").read_bytes() and body[4:8] == b"ftyp"
+        time.sleep(max(0.0, link.expires_at.timestamp() - time.time()) + 1.5)
+        with pytest.raises(urllib.error.HTTPError) as refused_after:
+            urllib.request.urlopen(link.url, timeout=10)
+        assert refused_after.value.code == 403 and b"Request has expired" in refused_after.value.read()
