@@ -13,6 +13,7 @@ classify (retry, fail the job, quarantine).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import tempfile
@@ -95,7 +96,7 @@ class RenderTasks:
                 encode_aac(decode_audio(data, MUX_AUDIO_RATE), MUX_AUDIO_RATE, local)
 
             await asyncio.to_thread(encode)
-            await asyncio.to_thread(self.blobs.put_file, audio_key(job.id), local)
+            await self._store(audio_key(job.id), local)
         finally:
             local.unlink(missing_ok=True)
         if not await asyncio.to_thread(self.jobs.complete_segment, task, 0, {"aac": time.perf_counter() - t0}, []):
@@ -124,7 +125,7 @@ class RenderTasks:
                 template_loop=loop_mode(options),
             )
             key = segment_key(job.id, task.index)
-            await asyncio.to_thread(self.blobs.put_file, key, local)
+            await self._store(key, local)
         finally:
             local.unlink(missing_ok=True)
         if not await asyncio.to_thread(
@@ -132,6 +133,20 @@ class RenderTasks:
         ):
             await asyncio.to_thread(self.blobs.delete, key)  # cancelled meanwhile: leave nothing behind
             raise LeaseLost()
+
+    async def _store(self, key: str, path: Path) -> None:
+        """Uploads a file the task made; when the task is cancelled meanwhile (its lease went away: the
+        job was cancelled, and the gateway may already have deleted the job's files), waits for the
+        upload's thread to end and deletes what it stored, so a cancelled job leaves nothing behind."""
+        upload = asyncio.ensure_future(asyncio.to_thread(self.blobs.put_file, key, path))
+        try:
+            await asyncio.shield(upload)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await upload  # a thread cannot be stopped: let it finish, then undo it
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.blobs.delete, key)
+            raise
 
     async def _segment_audio(self, job: Job, task: Task, frames: int) -> SegmentAudio:
         """The segment's mel windows from the blob store; CorruptRecord when missing or malformed
@@ -166,7 +181,7 @@ class RenderTasks:
             key = output_key(job.id)
             size = output.stat().st_size
             digest = await asyncio.to_thread(file_sha256, output)  # DownloadOutput checks what it serves against it
-            await asyncio.to_thread(self.blobs.put_file, key, output)
+            await self._store(key, output)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         if not await asyncio.to_thread(
