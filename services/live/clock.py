@@ -39,12 +39,15 @@ class FrameCounts:
 
     speech: int = 0
     idle: int = 0
-    skipped: int = 0
-    # why frames were skipped (they add up to `skipped`): the worker stalled past their slots, their face
-    # was not back in time (or failed), or they were made after their slot ended
+    # skipped frames by why: the worker stalled past their slots, their face was not back in time (or
+    # failed), or they were made after their slot ended
     skipped_stall: int = 0
     skipped_face: int = 0
     skipped_render: int = 0
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_stall + self.skipped_face + self.skipped_render
 
     @property
     def total(self) -> int:
@@ -125,7 +128,6 @@ class FrameClock:
         if due < self._next:
             return None
         skipped = range(self._next, due)
-        self.counts.skipped += len(skipped)
         self.counts.skipped_stall += len(skipped)
         self._next = due + 1
         return Slot(due, skipped)
@@ -157,7 +159,6 @@ class FrameClock:
     def dropped(self, face_late: bool = False) -> None:
         """Counts a frame that was made but not sent: finished after its slot ended (`is_late`), or, with
         ``face_late``, given up because its face was not back in time."""
-        self.counts.skipped += 1
         if face_late:
             self.counts.skipped_face += 1
         else:

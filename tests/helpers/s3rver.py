@@ -23,6 +23,7 @@ from types import TracebackType
 import pytest
 
 from tests.helpers.ports import PORT_TRIES, free_port
+from tests.helpers.s3server import aws_env, stop_process
 
 S3RVER = Path(__file__).resolve().parents[1] / "s3rver" / "node_modules" / "s3rver" / "bin" / "s3rver.js"
 START_TIMEOUT_S = 20.0
@@ -71,13 +72,7 @@ class S3rver:
             self._stop()
         else:
             raise RuntimeError(f"s3rver did not start: {log.read_text(errors='replace')[-2000:]}")
-        self.env = {
-            "AWS_ACCESS_KEY_ID": "S3RVER",
-            "AWS_SECRET_ACCESS_KEY": "S3RVER",
-            "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ALLOW_HTTP": "true",
-        }
+        self.env = aws_env(self.endpoint, "S3RVER", "S3RVER")
         return self
 
     def __exit__(
@@ -102,11 +97,5 @@ class S3rver:
         return False
 
     def _stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc)
         self._proc = None

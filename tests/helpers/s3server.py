@@ -37,6 +37,29 @@ def moto_server_binary() -> Path:
     return MOTO_SERVER
 
 
+def aws_env(endpoint: str, access_key: str, secret_key: str) -> dict[str, str]:
+    """The AWS_* settings that point a blob store (services/jobs/store/s3.py) at a local S3 server."""
+    return {
+        "AWS_ACCESS_KEY_ID": access_key,
+        "AWS_SECRET_ACCESS_KEY": secret_key,
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+    }
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM a test server, SIGKILL it after 5 s, and reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class S3Server:
     """moto_server on a free port with one bucket; `.url` is `s3://<bucket>`, `.env` the AWS_* settings.
 
@@ -76,13 +99,7 @@ class S3Server:
             raise RuntimeError(f"moto_server did not start: {last_error}")
         # Plain HTTP: moto accepts unsigned requests, so the bucket does not depend on the code under test.
         self._request("PUT", f"/{self.bucket}")
-        self.env = {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ALLOW_HTTP": "true",
-        }
+        self.env = aws_env(self.endpoint, "testing", "testing")
         return self
 
     def __exit__(
@@ -115,15 +132,8 @@ class S3Server:
         return Path(self._log.name).read_bytes()[-2000:].decode(errors="replace")
 
     def _stop(self) -> None:
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
-            self._proc = None
+        stop_process(self._proc)
+        self._proc = None
         if self._log is not None:
             self._log.close()
             self._log = None

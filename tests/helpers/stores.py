@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,3 +35,34 @@ def temp_stores(folder: Path) -> Iterator[Stores]:
         yield Stores(jobs, open_blob_store(str(folder / "blobs")), folder / "blobs")
     finally:
         jobs.close()
+
+
+def race_processes(script: str, args: list[list[str]], timeout_s: float = 60.0) -> list[tuple[int, str, str]]:
+    """Runs `python -c script *a` for each `a` of `args` at once, lets them go together (each waits for a
+    line on stdin first, so start-up times do not serialise them), and returns (returncode, stdout,
+    stderr) of each: the store tests' way of racing real processes on one store."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *a],
+            cwd=root,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for a in args
+    ]
+    try:
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outputs = [p.communicate(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]

@@ -10,10 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -35,6 +32,7 @@ from services.jobs.store.jobs import (
 from services.jobs.store.sql.schema import MIGRATIONS, SCHEMA_VERSION, schema
 from services.jobs.store.sqlite import sqlite_path
 from services.serving.errors import NotFound, StoreUnavailable, TooLarge
+from tests.helpers.stores import race_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 ABORTED = grpc.StatusCode.ABORTED.value[0]
@@ -631,31 +629,9 @@ print(json.dumps(got))
 def test_two_processes_claim_each_segment_exactly_once(job_store: JobStore, store_url: str) -> None:
     for j in range(4):
         job_store.create_job(new_job(f"j{j}", segments=10))
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _CLAIMER, store_url, f"p{i}"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        outputs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     claimed = []
-    for p, (out, err) in zip(procs, outputs):
-        assert p.returncode == 0, err
+    for code, out, err in race_processes(_CLAIMER, [[store_url, f"p{i}"] for i in range(2)]):
+        assert code == 0, err
         claimed += [tuple(c) for c in json.loads(out)]
     assert sorted(claimed) == sorted((f"j{j}", i) for j in range(4) for i in range(10))
 

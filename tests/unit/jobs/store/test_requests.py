@@ -7,9 +7,6 @@ Schema 8's migration from 7 keeps old rows. Each test runs on SQLite and on a re
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 
@@ -18,7 +15,8 @@ import pytest
 from services.jobs.store.jobs import AvatarRecord, JobState, JobStore, NewJob, RequestKey, RequestKind
 from services.jobs.store.sql.schema import SCHEMA_VERSION, migration, schema
 from services.serving.errors import InvalidRequest, NotFound
-from tests.unit.jobs.store.test_jobs import REPO_ROOT, sql
+from tests.helpers.stores import race_processes
+from tests.unit.jobs.store.test_jobs import sql
 
 DAY = 86400.0
 RID = "5b0c3d52-8a3e-4b1f-9a37-0c6f2b7d9e11"
@@ -149,32 +147,10 @@ store.close()
 
 
 def test_processes_racing_one_request_id_make_one_job(job_store: JobStore, store_url: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _SUBMITTER, store_url, f"p{i}", RID],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(3)
-    ]
-    try:
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        outputs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (_, err) in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, err
-    assert len({out.strip() for out, _ in outputs}) == 1
+    results = race_processes(_SUBMITTER, [[store_url, f"p{i}", RID] for i in range(3)])
+    for code, _, err in results:
+        assert code == 0, err
+    assert len({out.strip() for _, out, _ in results}) == 1
     assert sql(store_url, "SELECT count(*) FROM jobs") == [(1,)]
 
 
