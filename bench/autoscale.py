@@ -188,7 +188,9 @@ def back_at_min(scaler: Autoscaler) -> bool:
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     scale = args.time_scale
     docs = (
-        load_manifests(args.rendered) if args.rendered else render_chart(args.helm, CHART, RELEASE, NAMESPACE, args.set)
+        load_manifests(args.rendered)
+        if args.rendered
+        else render_chart(args.helm, CHART, RELEASE, NAMESPACE, args.set, json_values=args.set_json)
     )
     every = scaling_objects(docs, NAMESPACE, scale)
     unknown = set(args.scale) - set(every)
@@ -285,7 +287,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             load.wait(30)
             client.close()
         queue_waits = _queue_waits(prometheus, t0_wall)
-    return report(args, scaler, load, phases, queue_waits, sync_s, scrape_s)
+        signals = _signals(prometheus, t0_wall)
+    return report(args, scaler, load, phases, queue_waits, signals, sync_s, scrape_s)
 
 
 def _queue_waits(prometheus: PrometheusServer, t0_wall: float) -> list[list[float]]:
@@ -300,12 +303,36 @@ def _queue_waits(prometheus: PrometheusServer, t0_wall: float) -> list[list[floa
     return [[float(t) - t0_wall, float(v)] for t, v in rows[0]["values"]] if rows else []
 
 
+# Both GPU-stage signals over the run, whichever one the HPAs scale on: a run on one of them shows
+# what the other would have done (and where a target sits against what the host reaches).
+SIGNALS = {
+    "gpu_utilization_max": f'max(lipline_gpu_utilization_ratio{{namespace="{NAMESPACE}"}})',
+    "batch_wait_mean_s": (
+        f'sum by (stage) (rate(lipline_stage_queue_seconds_sum{{namespace="{NAMESPACE}"}}[10s]))'
+        f' / clamp_min(sum by (stage) (rate(lipline_stage_queue_seconds_count{{namespace="{NAMESPACE}"}}[10s])), 1e-9)'
+    ),
+}
+
+
+def _signals(prometheus: PrometheusServer, t0_wall: float) -> dict[str, dict[str, list[list[float]]]]:
+    """Each SIGNALS series over the run ({name: {stage or "": [[s since start, value], ...]}})."""
+    end = time.time()
+    out: dict[str, dict[str, list[list[float]]]] = {}
+    for name, expr in SIGNALS.items():
+        rows = prometheus.query_range(expr, t0_wall, end, 1.0)
+        out[name] = {
+            r["metric"].get("stage", ""): [[float(t) - t0_wall, float(v)] for t, v in r["values"]] for r in rows
+        }
+    return out
+
+
 def report(
     args: argparse.Namespace,
     scaler: Autoscaler,
     load: Load,
     phases: list[dict[str, Any]],
     queue_waits: list[list[float]],
+    signals: dict[str, dict[str, list[list[float]]]],
     sync_s: float,
     scrape_s: float,
 ) -> dict[str, Any]:
@@ -346,19 +373,24 @@ def report(
         }
     waits = [v for _, v in queue_waits if v == v]
     figures["peak_queue_wait_p95_s"] = max(waits, default=None)
+    for name, series in signals.items():
+        for stage, points in series.items():
+            values = [v for _, v in points if v == v]
+            figures[f"peak_{name}" + (f"_{stage}" if stage else "")] = max(values, default=None)
     result = {
         "command": " ".join(sys.argv),
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "time_scale": args.time_scale,
         "sync_period_s": sync_s,
         "scrape_interval_s": scrape_s,
-        "values": args.set,
+        "values": args.set + args.set_json,
         "objects": {s: {"kind": o.kind, "metrics": [asdict(m) for m in o.metrics]} for s, o in scaler.objects.items()},
         "phases": phases,
         "history": scaler.history,
         "jobs": jobs,
         "sessions": [asdict(s) for s in load.sessions],
         "queue_wait_p95": queue_waits,
+        "signals": signals,
         "figures": figures,
     }
     return result
@@ -438,6 +470,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--set", action="append", default=[], help="a chart value, as helm --set (repeatable)")
     p.add_argument(
+        "--set-json", action="append", default=[], help="a chart value, as helm --set-json (a fraction: 0.2)"
+    )
+    p.add_argument(
         "--helm", default=shutil.which("helm", path=f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin") or "helm"
     )
     p.add_argument("--prometheus", default="prometheus", help="the prometheus binary")
@@ -480,7 +515,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {png}")
         return 0
     if args.render_only:
-        save_manifests(render_chart(args.helm, CHART, RELEASE, NAMESPACE, args.set), args.render_only)
+        save_manifests(
+            render_chart(args.helm, CHART, RELEASE, NAMESPACE, args.set, json_values=args.set_json), args.render_only
+        )
         print(f"wrote {args.render_only}")
         return 0
     with tempfile.TemporaryDirectory(prefix="autoscale-") as tmp:

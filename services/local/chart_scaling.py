@@ -108,9 +108,18 @@ class ScalingObject:
 
 
 def render_chart(
-    helm: str, chart: Path, release: str, namespace: str, values: Sequence[str] = (), timeout_s: float = 120
+    helm: str,
+    chart: Path,
+    release: str,
+    namespace: str,
+    values: Sequence[str] = (),
+    timeout_s: float = 120,
+    json_values: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """`helm template` with the monitoring API present (ServiceMonitor) and the adapter rules' ConfigMap on."""
+    """`helm template` with the monitoring API present (ServiceMonitor) and the adapter rules' ConfigMap on.
+
+    `values` go through `--set`, `json_values` through `--set-json`: helm's `--set` reads `0.2` as the
+    string "0.2" (only integers become numbers), which the chart's schema refuses for a target."""
     cmd = [
         helm,
         "template",
@@ -125,6 +134,8 @@ def render_chart(
     ]
     for value in values:
         cmd += ["--set", value]
+    for value in json_values:
+        cmd += ["--set-json", value]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if out.returncode != 0:
         raise RuntimeError(f"helm template failed ({out.returncode}): {out.stderr.strip()}")

@@ -69,3 +69,19 @@ def test_keda_triggers_run_verbatim(tmp_path: Path) -> None:
     assert sessions.kind == "external-value" and sessions.target == 12 and sessions.empty_is_zero
     assert 'pod=~"lipline-live-.*"' in sessions.query and cpu.kind == "cpu"
     assert scrape_interval_s(docs) == 15
+
+
+def test_fractional_targets_pass_through_set_json() -> None:
+    # helm --set turns 0.02 into the string "0.02", which the schema refuses; --set-json keeps a number.
+    with pytest.raises(RuntimeError, match="want number"):
+        render_chart(helm_binary(), CHART, "lipline", NS, ["stages.lipsync.autoscaling.target=0.02"])
+    docs = render_chart(
+        helm_binary(),
+        CHART,
+        "lipline",
+        NS,
+        ["stages.lipsync.autoscaling.metric=queue"],
+        json_values=["stages.lipsync.autoscaling.target=0.02"],
+    )
+    (queue,) = scaling_objects(docs, NS)["lipsync"].metrics
+    assert queue.name == "lipline_stage_queue_mean_seconds" and queue.target == pytest.approx(0.02)
