@@ -26,6 +26,11 @@ class GatewaySettings(StoreSettings):
     max_active_jobs: int = setting(
         256, "queued + running jobs in the whole store; more are rejected RESOURCE_EXHAUSTED"
     )
+    queue_retry_after_ms: int = setting(
+        5000,
+        "the retry-after-ms hint of a SubmitJob refused because max_active_jobs or max_active_jobs_per_client is reached "
+        "(a client backs off that long and tries again)",
+    )
     max_active_jobs_per_client: int = setting(
         32,
         "queued + running jobs of one client (the job's owner: its API key's tenant when API keys are on, else its x-api-key "
@@ -148,8 +153,14 @@ class GatewaySettings(StoreSettings):
             problems.append(f"session_idle_timeout_s must be in 1..86400, got {self.session_idle_timeout_s}")
         if self.max_sessions_per_tenant < 0:
             problems.append(f"max_sessions_per_tenant must be >= 0 (0 = no cap), got {self.max_sessions_per_tenant}")
-        if self.live_worker_fresh_s <= 0 or self.live_open_timeout_s <= 0 or self.session_retry_after_ms < 0:
-            problems.append("live_worker_fresh_s and live_open_timeout_s must be > 0 and session_retry_after_ms >= 0")
+        if (
+            self.live_worker_fresh_s <= 0
+            or self.live_open_timeout_s <= 0
+            or min(self.session_retry_after_ms, self.queue_retry_after_ms) < 0
+        ):
+            problems.append(
+                "live_worker_fresh_s and live_open_timeout_s must be > 0, session_retry_after_ms and queue_retry_after_ms >= 0"
+            )
         if self.max_streams_per_client < 0:
             problems.append(f"max_streams_per_client must be >= 0 (0 = no cap), got {self.max_streams_per_client}")
         if self.max_concurrent_streams < 0:

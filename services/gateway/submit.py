@@ -39,7 +39,7 @@ from services.jobs.store.jobs import Job, JobStore, NewJob, RequestKey, RequestK
 from services.media.speech import speech_envelope
 from services.media.wire import MEL_BANDS, MEL_BYTES, MEL_STEP
 from services.serving.channels import StageFailed
-from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
+from services.serving.errors import InvalidMedia, InvalidRequest, NoCapacity, TooLarge
 from services.serving.tracing import outgoing_metadata
 
 _LOGGER = logging.getLogger(__name__)
@@ -194,7 +194,10 @@ async def submit_job(
     avatar = await asyncio.to_thread(jobs.get_avatar, request.avatar_id, caller.tenant)
     stats = await asyncio.to_thread(jobs.queue_stats)
     if stats.active_jobs >= s.max_active_jobs:  # cheap early refusal; create_job enforces it atomically
-        raise TooLarge(f"{stats.active_jobs} jobs are queued or running (limit {s.max_active_jobs}); retry later")
+        raise NoCapacity(
+            f"{stats.active_jobs} jobs are queued or running (limit {s.max_active_jobs}); retry later",
+            s.queue_retry_after_ms,
+        )
     job_id = uuid.uuid4().hex[:20]
     try:
         prepared = await prepare_audio(
@@ -217,7 +220,12 @@ async def submit_job(
             callback_url=request.callback_url,
         )
         # check_avatar: still this tenant's and not deleted, in the job's own transaction
-        job = await asyncio.to_thread(jobs.create_job, new, s.max_active_jobs, s.max_active_jobs_per_client, True, key)
+        try:
+            job = await asyncio.to_thread(
+                jobs.create_job, new, s.max_active_jobs, s.max_active_jobs_per_client, True, key
+            )
+        except NoCapacity as exc:  # the store's atomic check: the same refusal, with this gateway's hint
+            raise NoCapacity(str(exc), s.queue_retry_after_ms) from None
     except BaseException:
         await asyncio.shield(asyncio.to_thread(blobs.delete_prefix, job_prefix(job_id)))
         raise

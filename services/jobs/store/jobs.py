@@ -298,7 +298,8 @@ class JobStore(SessionStore):
         The id is recorded in the job's transaction, first, so of concurrent duplicates exactly one
         inserts a job (the others wait for its commit, then find it). Limits are not checked for a
         repeat. Otherwise: insert the job (QUEUED), its audio task if it asks for one and its segment tasks
-        (WAITING) and its join (BLOCKED) in one transaction. TooLarge when `max_active` (>0) QUEUED+RUNNING jobs exist, or the owner has
+        (WAITING) and its join (BLOCKED) in one transaction. NoCapacity (RESOURCE_EXHAUSTED with a
+        retry-after-ms hint) when `max_active` (>0) QUEUED+RUNNING jobs exist, or the owner has
         `max_active_per_owner` (>0). With `check_avatar` (the gateway), NotFound unless the job's
         avatar exists, is not deleted and belongs to the job's tenant, checked in the same
         transaction (a row lock on PostgreSQL): a DeleteAvatar at the same moment either comes

@@ -22,7 +22,7 @@ from services.jobs.layout import mels_key, upload_key
 from services.jobs.segment_audio import unpack_segment_audio
 from services.jobs.store.jobs import AvatarRecord, Job, JobState, TaskKind
 from services.serving.channels import StageFailed
-from services.serving.errors import InvalidRequest, NotFound, TooLarge
+from services.serving.errors import InvalidRequest, NoCapacity, NotFound
 from services.serving.metrics import Metrics
 from services.serving.server import ServiceRunner
 from tests.helpers.audio_files import encode_tone
@@ -129,18 +129,21 @@ def test_audio_over_the_limit_is_refused_and_leaves_nothing(stores: Stores) -> N
 def test_the_active_job_limit_refuses_before_the_audio_is_stored(stores: Stores) -> None:
     submit(stores)
     keys = stores.blob_keys()
-    with pytest.raises(TooLarge, match=r"1 jobs are queued or running \(limit 1\)"):
+    with pytest.raises(NoCapacity, match=r"1 jobs are queued or running \(limit 1\)") as err:
         submit(stores, max_active_jobs=1)
     assert stores.blob_keys() == keys  # the refused job stored nothing
+    # a full queue is worth trying again: the refusal carries the gateway's back-off hint
+    assert err.value.trailing_metadata() == (("retry-after-ms", "5000"),)
 
 
 def test_a_job_the_store_refuses_leaves_no_blobs(stores: Stores) -> None:
     """create_job's own check (here: the per-client limit) comes after the blobs are stored: they go."""
     submit(stores)
     keys = stores.blob_keys()
-    with pytest.raises(TooLarge, match="client 'tenant:acme' has 1 jobs queued or running"):
-        submit(stores, max_active_jobs_per_client=1)
+    with pytest.raises(NoCapacity, match="client 'tenant:acme' has 1 jobs queued or running") as err:
+        submit(stores, max_active_jobs_per_client=1, queue_retry_after_ms=750)
     assert stores.blob_keys() == keys
+    assert err.value.retry_after_ms == 750  # the store's refusal, with this gateway's hint
 
 
 def submit_many(stores: Stores, requests: list[JobRequest], metrics: Metrics) -> list[Job]:

@@ -54,7 +54,7 @@ from services.jobs.store.sql.schema import migrate
 from services.jobs.store.sql.sessions import SqlSessionStore, alive
 from services.jobs.store.sql.tx import Tx
 from services.jobs.store.sql.webhooks import claim_delivery, delivery_from_row, enqueue_delivery, finish_delivery
-from services.serving.errors import FailedPrecondition, NotFound, TooLarge
+from services.serving.errors import FailedPrecondition, NoCapacity, NotFound
 
 T = TypeVar("T")
 
@@ -202,13 +202,13 @@ class SqlJobStore(SqlSessionStore, JobStore):
                 if max_active > 0:
                     active = int(tx.only(f"SELECT count(*) AS n FROM jobs WHERE {ACTIVE}")["n"])
                     if active >= max_active:
-                        raise TooLarge(too_many_message(active, max_active))
+                        raise NoCapacity(too_many_message(active, max_active))
                 if max_active_per_owner > 0:
                     mine = int(
                         tx.only(f"SELECT count(*) AS n FROM jobs WHERE owner = ? AND {ACTIVE}", (job.owner,))["n"]
                     )
                     if mine >= max_active_per_owner:
-                        raise TooLarge(too_many_message(mine, max_active_per_owner, job.owner))
+                        raise NoCapacity(too_many_message(mine, max_active_per_owner, job.owner))
             now = tx.now()
             values = {
                 "id": job.id,
