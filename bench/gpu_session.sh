@@ -23,7 +23,7 @@ for dir in .whl .whlcv; do
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .devsite "$dir"/*.whl || exit 1
   fi
 done
-export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/.devsite:$PWD:$PWD/clients/python/src PYTHONUNBUFFERED=1  # lipline_client: the benches use it
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, grpc, cv2, google.protobuf as pb; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'grpcio', grpc.__version__, 'protobuf', pb.__version__, 'opencv', cv2.__version__)"
   nproc; date -u; } | tee "$OUT/env-$phase.txt"
@@ -137,7 +137,7 @@ live)  # issue 19's table: N concurrent live sessions (bench/bench_live.py); nee
 autoscale)  # issue 22: the chart's HPAs driving real replicas (bench/autoscale.py); needs OpenCV 4 (Haar) for CreateAvatar.
   # No helm and no prometheus on the host: carry .prom/ with prometheus.xz (Debian's static binary, xz -9) and the
   # chart rendered here: `python bench/autoscale.py --render-only .prom/chart-gpu.json` (the GPU metric) and
-  # `... --set stages.lipsync.autoscaling.metric=queue --set stages.superres.autoscaling.metric=queue
+  # `... --set stages.lipsync.autoscaling.metric=queue --set-json stages.lipsync.autoscaling.target=0.02 (and superres)
   # --render-only .prom/chart-queue.json`. METRIC=gpu|queue picks one; TIME_SCALE (5) divides windows and periods.
   [ -x .devsite/prometheus ] || xz -dc .prom/prometheus.xz > .devsite/prometheus && chmod +x .devsite/prometheus
   metric=${METRIC:-gpu}; name=autoscale-$metric

@@ -176,9 +176,14 @@ VARIANTS = {
         *PG_SECRET,
         *S3,
         "stages.superres.autoscaling.metric=queue",
+        "stages.superres.autoscaling.target:=0.02",
         "stages.lipsync.autoscaling.minReplicas=2",
     ),
-    "KEDA, SQLite": ("keda.enabled=true", "stages.superres.autoscaling.metric=queue"),
+    "KEDA, SQLite": (
+        "keda.enabled=true",
+        "stages.superres.autoscaling.metric=queue",
+        "stages.superres.autoscaling.target:=0.02",
+    ),
     "queue-time autoscaling, gateway LoadBalancer, gatewayFrom": (
         "stages.lipsync.autoscaling.metric=queue",
         "stages.lipsync.autoscaling.target:=0.05",
@@ -297,6 +302,13 @@ def test_values_schema_rejects_bad_values() -> None:
 )
 def test_contradictory_or_missing_stores_fail_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
     assert message in render_fails(*sets)
+
+
+def test_a_queue_target_left_at_the_gpu_ratio_fails_with_a_clear_message() -> None:
+    # metric=queue's target is seconds: the default 0.8 (a GPU ratio) would never be reached
+    message = render_fails("stages.lipsync.autoscaling.metric=queue")
+    assert "stages.lipsync.autoscaling.target is 0.8 with metric queue, which is seconds" in message
+    assert "e.g. 0.02" in message
 
 
 def test_gpu_stages_request_gpus_and_land_on_gpu_nodes(default_docs: list[dict[str, Any]]) -> None:

@@ -172,6 +172,8 @@ def test_keda_trigger_queries_as_rendered_by_the_chart(
             "keda.enabled=true",
             "--set",
             "stages.superres.autoscaling.metric=queue",
+            "--set-json",
+            "stages.superres.autoscaling.target=0.02",
         ],
         capture_output=True,
         text=True,
