@@ -359,6 +359,12 @@ def test_an_oversized_upload_shows_the_size_limit(web_cluster: LocalCluster, pag
         what="the upload refused",
     )
     assert "larger than the limit of 2.0 MiB" in message
+    # A refresh of the list that succeeds leaves the upload's error for the user to read.
+    with page.expect_response(lambda response: response.url.endswith("/api/avatars")):
+        page.click("#avatar-refresh")
+    page.wait_for_timeout(100)  # the handler runs after the response arrives
+    assert page.inner_text("#avatar-message") == message
+    assert "error" in (page.get_attribute("#avatar-message", "class") or "")
     # The server refuses it too (a page that skips its own check): 413 with the limit, never reaching the gateway.
     request = urllib.request.Request(
         f"{web_cluster.web_url}/api/avatars", data=big.read_bytes(), headers={"X-Api-Key": KEY}, method="POST"

@@ -41,6 +41,7 @@ export class Avatars {
     this.list = [];
     this.listeners = [];
     this.message = $("avatar-message");
+    this.listFailed = false;  // the message shows a failed refresh (cleared by the next good one), not an upload's error
     $("avatar-upload").addEventListener("click", () => this.uploadSelected());
     $("avatar-refresh").addEventListener("click", () => this.refresh().catch(() => {}));
   }
@@ -52,11 +53,14 @@ export class Avatars {
       const reply = await api("GET", "/api/avatars");
       this.list = reply.avatars || [];
       this.render();
-      if (!this.list.length) showMessage(this.message, "no avatars yet: upload a photo or a short video");
-      else if (this.message.classList.contains("error")) showMessage(this.message, "");
+      if (this.listFailed) showMessage(this.message, "");  // this refresh's own earlier error, now over
+      this.listFailed = false;
+      const showsAnError = this.message.classList.contains("error");  // an upload's or a delete's: left for the user
+      if (!this.list.length && !showsAnError) showMessage(this.message, "no avatars yet: upload a photo or a short video");
     } catch (error) {
       if (error.code === "UNAUTHENTICATED") { this.list = []; this.render(); }  // nothing shown for a refused key
       showError(this.message, error);
+      this.listFailed = true;
       throw error;
     }
   }
