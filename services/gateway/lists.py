@@ -4,14 +4,18 @@ page's token issued.
 Pages are newest first and keyset-based (services.gateway.pages): a page asks the store for one row
 more than it shows, so the last page says so (no next_page_token) without another read. A response
 also stops at half the message limit in bytes (64 labels of the longest kind make a job ~20 KB), and
-the next page then starts after the last row it holds.
+the next page then starts after the last row it holds. A row this lipline cannot read (the store's
+UnreadableRecord, or a stored field the proto cannot show) is listed by id in the response's
+`unreadable_*_ids` and logged, instead of failing the list: the caller's other rows stay visible.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
@@ -20,10 +24,11 @@ from services.gateway.avatars import avatar_to_proto
 from services.gateway.jobs import job_to_proto
 from services.gateway.labels import parse_selector
 from services.gateway.pages import PageTokens, page_size
-from services.jobs.store.jobs import JobFilter, JobState, JobStore, PageCursor
-from services.serving.errors import InvalidRequest
+from services.jobs.store.jobs import JobFilter, JobState, JobStore, PageCursor, UnreadableRecord
+from services.serving.errors import CorruptRecord, InvalidRequest
 
-R = TypeVar("R")
+log = logging.getLogger(__name__)
+
 P = TypeVar("P", bound=Message)
 
 
@@ -56,23 +61,59 @@ def _query(where: JobFilter) -> dict[str, object]:
     }
 
 
+class Listed(Protocol):
+    """A row of a list: what its page cursor is made of."""
+
+    id: str
+    create_time: float
+
+
+R = TypeVar("R", bound=Listed)
+
+
+@dataclasses.dataclass
+class Page(Generic[P]):
+    """One page: the rows shown, the ids of those that could not be read, where the next page starts."""
+
+    listed: list[P]
+    unreadable: list[str]
+    after: PageCursor | None  # None on the last page
+
+
+def _cursor(row: Listed) -> PageCursor:
+    return PageCursor(row.create_time, row.id)
+
+
+def _shown(row: R | UnreadableRecord, to_proto: Callable[[R], P]) -> P | UnreadableRecord:
+    """The row's proto, or why it cannot be shown (the store could not read it, or a stored field
+    is not what the proto holds)."""
+    if isinstance(row, UnreadableRecord):
+        return row
+    try:
+        return to_proto(row)
+    except CorruptRecord as exc:
+        return UnreadableRecord(row.id, row.create_time, str(exc))
+
+
 def _page(
-    rows: Sequence[R],
-    size: int,
-    to_proto: Callable[[R], P],
-    cursor: Callable[[R], PageCursor],
-    budget: int,
-) -> tuple[list[P], PageCursor | None]:
-    """The protos of up to `size` of `rows` (the store read one more) within `budget` bytes, and the
-    cursor of the next page (None on the last)."""
-    out: list[P] = []
-    for row in rows[:size]:
-        message = to_proto(row)
-        budget -= message.ByteSize() + 8  # + the field's tag and length
-        if budget < 0 and out:
-            return out, cursor(rows[len(out) - 1])
-        out.append(message)
-    return out, (cursor(rows[size - 1]) if len(rows) > size else None)
+    rows: Sequence[R | UnreadableRecord], size: int, to_proto: Callable[[R], P], budget: int, tenant: str = ""
+) -> Page[P]:
+    """The protos of up to `size` of `rows` (the store read one more) within `budget` bytes, the ids
+    of the unreadable ones among them, and the cursor of the next page (None on the last)."""
+    page: Page[P] = Page([], [], None)
+    for taken, row in enumerate(rows[:size]):
+        shown = _shown(row, to_proto)
+        budget -= len(shown.id) + 2 if isinstance(shown, UnreadableRecord) else shown.ByteSize() + 8  # + tag, length
+        if budget < 0 and taken:
+            page.after = _cursor(rows[taken - 1])
+            return page
+        if isinstance(shown, UnreadableRecord):
+            log.warning("tenant %r lists a row it cannot read: %s", tenant, shown.problem)
+            page.unreadable.append(shown.id)
+        else:
+            page.listed.append(shown)
+    page.after = _cursor(rows[size - 1]) if len(rows) > size else None
+    return page
 
 
 async def list_jobs(
@@ -88,15 +129,9 @@ async def list_jobs(
     after = pages.read(tenant, query, request.page_token)
     size = page_size(request.page_size)
     rows = await asyncio.to_thread(jobs.list_jobs, tenant, where, after, size + 1)
-    listed, next_cursor = _page(
-        rows,
-        size,
-        lambda j: job_to_proto(j, output_ttl_s=output_ttl_s),
-        lambda j: PageCursor(j.create_time, j.id),
-        max_message_bytes // 2,
-    )
-    token = pages.issue(tenant, query, next_cursor) if next_cursor else ""
-    return gateway_pb2.ListJobsResponse(jobs=listed, next_page_token=token)
+    page = _page(rows, size, lambda j: job_to_proto(j, output_ttl_s=output_ttl_s), max_message_bytes // 2, tenant)
+    token = pages.issue(tenant, query, page.after) if page.after else ""
+    return gateway_pb2.ListJobsResponse(jobs=page.listed, next_page_token=token, unreadable_job_ids=page.unreadable)
 
 
 async def list_avatars(
@@ -106,8 +141,8 @@ async def list_avatars(
     after = pages.read(tenant, query, request.page_token)
     size = page_size(request.page_size)
     rows = await asyncio.to_thread(jobs.list_avatars, size + 1, tenant, after)
-    listed, next_cursor = _page(
-        rows, size, avatar_to_proto, lambda a: PageCursor(a.create_time, a.id), max_message_bytes // 2
+    page = _page(rows, size, avatar_to_proto, max_message_bytes // 2, tenant)
+    token = pages.issue(tenant, query, page.after) if page.after else ""
+    return gateway_pb2.ListAvatarsResponse(
+        avatars=page.listed, next_page_token=token, unreadable_avatar_ids=page.unreadable
     )
-    token = pages.issue(tenant, query, next_cursor) if next_cursor else ""
-    return gateway_pb2.ListAvatarsResponse(avatars=listed, next_page_token=token)

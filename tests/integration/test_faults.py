@@ -13,6 +13,7 @@ read-only or full for a spell (tests that need that skip without CAP_SYS_ADMIN).
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sqlite3
 import threading
@@ -272,7 +273,7 @@ def task_row(job_id: str, index: int = 0, state: str = "waiting") -> tuple[str, 
 
 
 def test_rows_that_cannot_run_are_quarantined_and_never_stop_the_workers(
-    fcluster: LocalCluster, avatar: gateway_pb2.Avatar, client: LiplineClient
+    fcluster: LocalCluster, avatar: gateway_pb2.Avatar, client: LiplineClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     unknown, no_audio, no_upload, ghost, idle = (
         f"{what}{uuid.uuid4().hex[:8]}" for what in ("unknown", "noaudio", "noupload", "ghost", "idle")
@@ -297,6 +298,14 @@ def test_rows_that_cannot_run_are_quarantined_and_never_stop_the_workers(
     normal = client.submit_job(avatar.id, speech(2.0))
     done = client.wait(normal.id)
     assert done.state == SUCCEEDED, done.error
+    # The damaged row does not hide the tenant's other jobs from ListJobs (on main: DATA_LOSS for the list).
+    listing = client.stub.ListJobs(gateway_pb2.ListJobsRequest(page_size=1000), timeout=30)
+    assert normal.id in {j.id for j in listing.jobs} and idle in listing.unreadable_job_ids
+    assert idle not in {j.id for j in listing.jobs}
+    assert "cannot read" in fcluster.processes["gateway"].log()
+    with caplog.at_level(logging.WARNING, logger="lipline_client.client"):
+        assert normal.id in {j.id for j in client.list_jobs()}
+    assert f"the gateway could not read {idle}" in caplog.text  # the client says so rather than drop it silently
     quarantined = eventually(
         lambda: (j := _job(client, unknown)).state == FAILED and j, timeout=60, what="the unknown-state job quarantined"
     )

@@ -254,6 +254,16 @@ class AvatarRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class UnreadableRecord:
+    """A listed row this lipline cannot read (a state it does not know, a field that is not JSON):
+    its id and place in the list, and what is wrong, so one damaged row does not fail a whole list."""
+
+    id: str
+    create_time: float
+    problem: str  # the CorruptRecord message a get of this row raises
+
+
+@dataclasses.dataclass(frozen=True)
 class QueueStats:
     """For metrics and autoscaling (docs/architecture.md section 5)."""
 
@@ -310,9 +320,12 @@ class JobStore(SessionStore):
         """NotFound unless the job exists and belongs to `tenant` (None: any tenant, workers only)."""
 
     @abc.abstractmethod
-    def list_jobs(self, tenant: str, where: JobFilter, after: PageCursor | None = None, limit: int = 50) -> list[Job]:
+    def list_jobs(
+        self, tenant: str, where: JobFilter, after: PageCursor | None = None, limit: int = 50
+    ) -> list[Job | UnreadableRecord]:
         """The tenant's jobs that pass `where`, newest first by (create_time, id), starting after
-        `after` (a page's last job), at most `limit`."""
+        `after` (a page's last job), at most `limit`; a row that cannot be read is an UnreadableRecord
+        in its place."""
 
     @abc.abstractmethod
     def delete_job(self, job_id: str, tenant: str | None = None) -> Job:
@@ -486,9 +499,10 @@ class JobStore(SessionStore):
     @abc.abstractmethod
     def list_avatars(
         self, limit: int = 1000, tenant: str | None = None, after: PageCursor | None = None
-    ) -> list[AvatarRecord]:
+    ) -> list[AvatarRecord | UnreadableRecord]:
         """The live avatars of `tenant` (None: all), newest first by (create_time, id), starting
-        after `after` (a page's last avatar), at most `limit`."""
+        after `after` (a page's last avatar), at most `limit`; a row that cannot be read is an
+        UnreadableRecord in its place."""
 
     @abc.abstractmethod
     def delete_avatar(self, avatar_id: str, tenant: str | None = None) -> None:

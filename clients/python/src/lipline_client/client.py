@@ -355,12 +355,20 @@ class LiplineClient:
     def _pages(self, method: str, request: Message, items: str, timeout: float | None) -> Iterator[Any]:
         """The items of a list RPC, page after page (AIP-158: `page_token` in, `next_page_token` out)
         where its protos have paging, else its one answer. Each page is a call of its own, retried
-        alone (a list is a read)."""
+        alone (a list is a read). Rows the gateway could not read (`unreadable_*_ids`) are logged:
+        a get of one answers DATA_LOSS naming what is damaged."""
         rpc = getattr(self.stub, method)
         paged = has_field(type(request), "page_token")
+        unreadable = f"unreadable_{items[:-1]}_ids"  # "jobs" -> unreadable_job_ids
         while True:
             response = self._call(method, lambda t: rpc(request, timeout=t), timeout, True)
             yield from getattr(response, items)
+            if has_field(type(response), unreadable) and getattr(response, unreadable):
+                _LOGGER.warning(
+                    "%s: the gateway could not read %s (left out; a get of one says what is damaged)",
+                    method,
+                    ", ".join(getattr(response, unreadable)),
+                )
             token = getattr(response, "next_page_token", "") if paged else ""
             if not token:
                 return

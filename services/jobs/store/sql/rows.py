@@ -1,16 +1,18 @@
 """Rows <-> the store's dataclasses: how a job or avatar row is read, and a damaged one reported.
 
 A row this lipline cannot read (a state it does not know, a field that is not JSON) becomes
-CorruptRecord (DATA_LOSS) naming the field, never a crash: the caller quarantines its job.
+CorruptRecord (DATA_LOSS) naming the field, never a crash: the caller quarantines its job. In a
+list it becomes an UnreadableRecord in its place, so one damaged row does not hide the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
-from services.jobs.store.jobs import AvatarRecord, Job, JobState
+from services.jobs.store.jobs import AvatarRecord, Job, JobState, UnreadableRecord
 from services.jobs.store.sql.tx import Row
 from services.serving.errors import CorruptRecord
 
@@ -78,8 +80,28 @@ def _job_from_row(row: Row) -> Job:
 
 
 def avatar_from_row(row: Row) -> AvatarRecord:
+    """The row as an AvatarRecord; CorruptRecord (DATA_LOSS) when its labels are not JSON."""
     fields = {f.name: row[f.name] for f in dataclasses.fields(AvatarRecord)}
-    return AvatarRecord(**{**fields, "labels": json.loads(fields["labels"])})
+    try:
+        labels = json.loads(fields["labels"])
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecord(
+            f"avatar {row['id']!r} has a record this lipline cannot read "
+            f"(its labels field is not JSON: {str(fields['labels'])[:80]!r})"
+        ) from exc
+    return AvatarRecord(**{**fields, "labels": labels})
+
+
+R = TypeVar("R")
+
+
+def listed(row: Row, read: Callable[[Row], R]) -> R | UnreadableRecord:
+    """A row of a list: `read(row)`, or an UnreadableRecord in its place when it is damaged (its
+    create_time is a typed column, so the page's keyset still holds)."""
+    try:
+        return read(row)
+    except CorruptRecord as exc:
+        return UnreadableRecord(id=row["id"], create_time=float(row["create_time"]), problem=str(exc))
 
 
 def avatar_to_row(avatar: AvatarRecord) -> dict[str, object]:

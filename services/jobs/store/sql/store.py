@@ -27,10 +27,18 @@ from services.jobs.store.jobs import (
     Task,
     TaskKind,
     TaskState,
+    UnreadableRecord,
 )
 from services.jobs.store.sql import retention
 from services.jobs.store.sql.requests import claim_request, find_request, forget_requests, retarget_request
-from services.jobs.store.sql.rows import add_seconds, avatar_from_row, avatar_to_row, encode_json, job_from_row
+from services.jobs.store.sql.rows import (
+    add_seconds,
+    avatar_from_row,
+    avatar_to_row,
+    encode_json,
+    job_from_row,
+    listed,
+)
 from services.jobs.store.sql.rules import (
     ABORTED,
     ACTIVE,
@@ -261,7 +269,9 @@ class SqlJobStore(SqlSessionStore, JobStore):
     def get_job(self, job_id: str, tenant: str | None = None) -> Job:
         return self._transaction(lambda tx: self._job(tx, job_id, tenant=tenant), write=False)
 
-    def list_jobs(self, tenant: str, where: JobFilter, after: PageCursor | None = None, limit: int = 50) -> list[Job]:
+    def list_jobs(
+        self, tenant: str, where: JobFilter, after: PageCursor | None = None, limit: int = 50
+    ) -> list[Job | UnreadableRecord]:
         filters, params = _job_filter(where)
         page, cursor = _after(after)
         rows = self._transaction(
@@ -271,7 +281,7 @@ class SqlJobStore(SqlSessionStore, JobStore):
             ),
             write=False,
         )
-        return [job_from_row(row) for row in rows]
+        return [listed(row, job_from_row) for row in rows]
 
     def delete_job(self, job_id: str, tenant: str | None = None) -> Job:
         def run(tx: Tx) -> Job:
@@ -619,7 +629,7 @@ class SqlJobStore(SqlSessionStore, JobStore):
 
     def list_avatars(
         self, limit: int = 1000, tenant: str | None = None, after: PageCursor | None = None
-    ) -> list[AvatarRecord]:
+    ) -> list[AvatarRecord | UnreadableRecord]:
         mine = "" if tenant is None else " AND tenant = ?"
         page, cursor = _after(after)
         params = (*(() if tenant is None else (tenant,)), *cursor, int(limit))
@@ -627,7 +637,7 @@ class SqlJobStore(SqlSessionStore, JobStore):
             lambda tx: tx.query(f"SELECT * FROM avatars WHERE {self._LIVE}{mine}{page}{_NEWEST_FIRST}", params),
             write=False,
         )
-        return [avatar_from_row(row) for row in rows]
+        return [listed(row, avatar_from_row) for row in rows]
 
     def delete_avatar(self, avatar_id: str, tenant: str | None = None) -> None:
         mine = "" if tenant is None else " AND tenant = ?"

@@ -17,12 +17,13 @@ import grpc
 import psycopg
 import pytest
 
-from services.jobs.store.jobs import JobState, JobStore, TaskKind
+from services.jobs.store.jobs import JobFilter, JobState, JobStore, PageCursor, TaskKind, UnreadableRecord
 from services.jobs.store.postgres import PostgresJobStore
 from services.jobs.store.sqlite import sqlite_path
 from services.serving.errors import CorruptRecord, NotFound, StoreUnavailable
+from services.serving.tenants import IMPLICIT_TENANT
 from tests.helpers.postgres import PostgresServer, missing_reason
-from tests.unit.jobs.store.test_jobs import LONG_LEASE, new_job, sql
+from tests.unit.jobs.store.test_jobs import LONG_LEASE, avatar, new_job, sql
 
 DATA_LOSS = grpc.StatusCode.DATA_LOSS.value[0]
 
@@ -51,6 +52,29 @@ def test_a_job_with_a_field_that_is_not_json_is_reported(job_store: JobStore, st
     plant(store_url, "UPDATE jobs SET models = '{not json' WHERE id = 'bad'")
     with pytest.raises(CorruptRecord, match=r"its models field is not JSON"):
         job_store.get_job("bad")
+
+
+def test_a_damaged_row_is_listed_in_its_place_and_the_others_are_read(job_store: JobStore, store_url: str) -> None:
+    """On main one damaged row made list_jobs raise: the tenant's whole ListJobs was DATA_LOSS."""
+    for i, job_id in enumerate(("old", "bad", "new")):
+        job_store.create_job(new_job(job_id, segments=1))
+        plant(store_url, f"UPDATE jobs SET create_time = {1000 + i} WHERE id = '{job_id}'")
+    plant(store_url, "UPDATE jobs SET labels = '{not json' WHERE id = 'bad'")
+    listed = job_store.list_jobs(IMPLICIT_TENANT, JobFilter())
+    assert [row.id for row in listed] == ["new", "bad", "old"]
+    damaged = listed[1]
+    assert isinstance(damaged, UnreadableRecord) and damaged.create_time == 1001.0
+    assert "job 'bad'" in damaged.problem and "its labels field is not JSON" in damaged.problem
+    assert [row.id for row in job_store.list_jobs(IMPLICIT_TENANT, JobFilter(), PageCursor(1001.0, "bad"))] == ["old"]
+
+    job_store.put_avatar(avatar("a", t=1.0))
+    job_store.put_avatar(avatar("b", t=2.0))
+    plant(store_url, "UPDATE avatars SET labels = '[' WHERE id = 'a'")
+    kept, broken = job_store.list_avatars()
+    assert kept.id == "b" and isinstance(broken, UnreadableRecord) and broken.id == "a"
+    assert "its labels field is not JSON" in broken.problem
+    with pytest.raises(CorruptRecord, match="avatar 'a' has a record this lipline cannot read"):
+        job_store.get_avatar("a")
 
 
 def test_an_unknown_state_job_can_be_quarantined_and_the_queue_goes_on(job_store: JobStore, store_url: str) -> None:

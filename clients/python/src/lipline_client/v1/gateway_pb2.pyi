@@ -92,12 +92,14 @@ class ListAvatarsRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListAvatarsResponse(_message.Message):
-    __slots__ = ("avatars", "next_page_token")
+    __slots__ = ("avatars", "next_page_token", "unreadable_avatar_ids")
     AVATARS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_AVATAR_IDS_FIELD_NUMBER: _ClassVar[int]
     avatars: _containers.RepeatedCompositeFieldContainer[Avatar]
     next_page_token: str
-    def __init__(self, avatars: _Optional[_Iterable[_Union[Avatar, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    unreadable_avatar_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, avatars: _Optional[_Iterable[_Union[Avatar, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., unreadable_avatar_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeleteAvatarRequest(_message.Message):
     __slots__ = ("avatar_id",)
@@ -271,12 +273,14 @@ class ListJobsRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., states: _Optional[_Iterable[_Union[JobState, str]]] = ..., create_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., label_selector: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs", "next_page_token")
+    __slots__ = ("jobs", "next_page_token", "unreadable_job_ids")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
     next_page_token: str
-    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    unreadable_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., unreadable_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeleteJobRequest(_message.Message):
     __slots__ = ("job_id",)
