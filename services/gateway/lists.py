@@ -62,10 +62,13 @@ def _query(where: JobFilter) -> dict[str, object]:
 
 
 class Listed(Protocol):
-    """A row of a list: what its page cursor is made of."""
+    """A row of a list: what its page cursor is made of (read-only, as the store's frozen rows are)."""
 
-    id: str
-    create_time: float
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def create_time(self) -> float: ...
 
 
 R = TypeVar("R", bound=Listed)
