@@ -55,7 +55,7 @@ def request(**fields: object) -> SessionRequest:
     base = dict(
         avatar_id=AVATAR,
         sample_rate=0,
-        codec=0,
+        codec=session_pb2.VIDEO_CODEC_UNSPECIFIED,
         max_height=0,
         fps=0.0,
         crf=0,
@@ -224,7 +224,7 @@ def test_a_request_is_resolved_with_the_avatars_size_and_the_deployments_default
     asked = resolve_session(
         request(
             sample_rate=48000,
-            codec=2,
+            codec=session_pb2.VIDEO_CODEC_JPEG,
             max_height=240,
             fps=12.5,
             jpeg_quality=60,
