@@ -132,6 +132,26 @@ def steady(frames: list[session_pb2.VideoFrame]) -> bool:
     return all(b > a for a, b in zip(indices, indices[1:])) and gaps <= max(5, 0.08 * len(indices))
 
 
+def silent_frames_between(track: bytes, speech: bytes, span: int) -> int:
+    """How many whole silent frames `track` inserts into `speech`, which it must otherwise hold sample
+    for sample from its start: a chunk that reached the worker after its slot (this real-time client
+    descheduled on a loaded machine) pauses the utterance for a frame of silence, losing nothing."""
+    played, pauses = 0, 0
+    for at in range(0, len(track), span):
+        if played >= len(speech):
+            return pauses
+        part, expected = track[at : at + span], speech[played : played + span]
+        if part[: len(expected)] == expected:
+            played += len(expected)
+        elif part == bytes(len(part)) and played % span == 0:
+            pauses += 1
+        else:
+            raise AssertionError(f"speech sample {played // 2} differs in the track's frame {at // span}")
+    if played >= len(speech):
+        return pauses
+    raise AssertionError(f"the track ends after {played // 2} of the speech's {len(speech) // 2} samples")
+
+
 def test_a_session_end_to_end_through_the_gateway(live: Live, tmp_path: Path) -> None:
     session, recorder = run_session(
         live.client, live.avatar_id, cut_wav((SAMPLES / "speech.wav").read_bytes(), 2.0), write=print
@@ -153,8 +173,8 @@ def test_a_session_end_to_end_through_the_gateway(live: Live, tmp_path: Path) ->
     # The re-timed audio is the input, sample for sample, from the frame the utterance started at.
     (started,) = [e.frame for e in recorder.events if e.kind == session_pb2.SessionEvent.PLAYBACK_STARTED]
     track, span = frame_audio(recorder), 2 * RATE // FPS
-    at = (started - frames[0].index) * span
-    assert track[at : at + len(live.speech)] == live.speech
+    pauses = silent_frames_between(track[(started - frames[0].index) * span :], live.speech, span)
+    assert pauses <= 0.1 * len(live.speech) / span, f"the utterance paused for {pauses} frames"
     assert sum(f.speech for f in frames) >= int(np.ceil(len(live.speech) / span)) - gaps
     print(recorder.summary())
     path = tmp_path / "live.mp4"
