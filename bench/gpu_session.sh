@@ -7,6 +7,7 @@
 #   bash bench/gpu_session.sh e2e        carry .whlcv : adds OpenCV 4 (Haar) to .devsite, 60 s 720p e2e
 #   bash bench/gpu_session.sh jobs       (after e2e)  : 16 concurrent 30 s jobs with 16, 8, 4, 2, 1 render workers
 #   bash bench/gpu_session.sh verify     (after services): the GPU metric, --warm-cache-only, auto's compile fallback
+#   bash bench/gpu_session.sh live-profile (as live; carry .prom with py-spy): one count, one live worker profiled
 #   bash bench/gpu_session.sh autoscale  (after services and e2e; carry .prom): bench/autoscale.py, the chart's HPAs on
 #                                        real replicas through a burst and back; METRIC=gpu|queue
 #   bash bench/gpu_session.sh live       (after services and e2e, or carry .whlcv): bench_live.py, N concurrent live
@@ -120,12 +121,22 @@ jobs)  # 16 concurrent 30 s 720p jobs with SR, with 16, 8, 4, 2 and 1 render wor
 verify)  # issue 9 on a GPU (bench/gpu_verify.py): NVML metric, the compile-cache Job's mode, auto's fallback
   timeout 560 python3 bench/gpu_verify.py --out "$OUT/verify.json" 2>&1 | grep -E '^\[|rror|Trace' | tail -20
   ;;
-live)  # issue 19's table: N concurrent live sessions (bench/bench_live.py); needs OpenCV 4 (Haar) for CreateAvatar
+live|live-profile)  # issue 19's table: N concurrent live sessions (bench/bench_live.py); needs OpenCV 4 (Haar) for CreateAvatar
   # 16 cores: the live workers composite and encode (the CPU that limits a host), the gateways relay every
   # message, the client processes send 50 chunks and read 25 frames a second per session. Defaults: 8 / 3 / 4.
   size=${SIZE:-512x512}; preset=${PRESET:-ultrafast}; codecs=${CODECS:-h264,jpeg}
   if [ "$size" = 1280x720 ]; then counts=${COUNTS:-25,50,75,100,150}; else counts=${COUNTS:-50,100,150,200,250,300}; fi
   name=live-$size-$preset-${codecs//,/-}
+  if [ "$phase" = live-profile ]; then
+    # One count (COUNTS, default 125) with one live worker under py-spy (carry .prom/py-spy, from `pip download
+    # py-spy`'s wheel) and its threads' CPU (top -H), inside the measured window; summarise it here with
+    # `python bench/pyspy_summary.py live-profile-raw.txt`. py-spy slows the worker it samples a little.
+    counts=${COUNTS:-125}; LIVE_SECONDS=${LIVE_SECONDS:-40}; name=$name-profiled
+    ( sleep "${PROFILE_AFTER_S:-45}"  # start-up (~21 s), the sessions created, 8 s of warm-up
+      pid=$(pgrep -f "services.live " | head -1)
+      top -H -b -n 2 -d 5 -p "$pid" | grep -A25 "^top" | tail -26 > "$OUT/live-profile-threads.txt"
+      .prom/py-spy record -p "$pid" -d 10 -r 200 --threads -f raw -o "$OUT/live-profile-raw.txt" --nonblocking ) &
+  fi
   timeout 570 python3 bench/bench_live.py --device cuda --size "$size" --preset "$preset" --codec "$codecs" \
     --session-counts "$counts" --seconds "${LIVE_SECONDS:-15}" --warmup-seconds 8 --live-workers "${LIVE_WORKERS:-8}" \
     --gateways "${GATEWAYS:-3}" --procs "${PROCS:-4}" --log-level INFO --workdir "$OUT/$name-work" --out "$OUT/$name.json" "$@" 2>&1 \
@@ -133,6 +144,7 @@ live)  # issue 19's table: N concurrent live sessions (bench/bench_live.py); nee
   # the services' logs of the run (the last 2000 lines each), not the template
   for log in "$OUT/$name-work"/cluster/*.log; do [ -f "$log" ] && tail -2000 "$log" > "$OUT/$name-$(basename "$log")"; done
   rm -rf "$OUT/$name-work"
+  wait  # the profiler, if any
   ;;
 autoscale)  # issue 22: the chart's HPAs driving real replicas (bench/autoscale.py); needs OpenCV 4 (Haar) for CreateAvatar.
   # No helm and no prometheus on the host: carry .prom/ with prometheus.xz (Debian's static binary, xz -9) and the
@@ -149,7 +161,7 @@ autoscale)  # issue 22: the chart's HPAs driving real replicas (bench/autoscale.
   for log in "$OUT/$name-work"/cluster/*.log; do [ -f "$log" ] && tail -500 "$log" > "$OUT/$name-$(basename "$log")"; done
   rm -rf "$OUT/$name-work"
   ;;
-*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live|autoscale [...]" >&2; exit 2 ;;
+*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live|live-profile|autoscale [...]" >&2; exit 2 ;;
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
 ( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$phase.tgz" -print0 \
