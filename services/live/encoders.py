@@ -65,6 +65,15 @@ class FrameEncoder(Protocol):
         """Encodes one frame (I420, or BGR) shown at frame ``pts`` of the session; strictly increasing pts."""
         ...
 
+    def input_planes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Writable Y, U, V planes the next frame can be composited into (`Compositor.frame_into`), so
+        a speech frame is copied once (cached frame -> encoder input), not twice; then `encode_input`."""
+        ...
+
+    def encode_input(self, pts: int) -> EncodedFrame:
+        """Encodes what was written into `input_planes`, as `encode` would the same I420 frame."""
+        ...
+
     def force_keyframe(self) -> None:
         """Makes the next encoded frame a keyframe."""
         ...
@@ -154,12 +163,24 @@ class H264Encoder:
         self._force = True
 
     def encode(self, frame: np.ndarray, pts: int) -> EncodedFrame:
-        if self._last_pts is not None and pts <= self._last_pts:
-            raise ValueError(f"pts {pts} after {self._last_pts}: frames are encoded in the session's order")
+        self._check_pts(pts)
         for plane, source in zip(
             self._planes, split_i420(_as_i420(frame, self.width, self.height), self.height, self.width)
         ):
             plane[:] = source
+        return self.encode_input(pts)
+
+    def input_planes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The reused frame's own planes (x264 copies them in `encode_input`, so they are free again after)."""
+        y, u, v = self._planes
+        return y, u, v
+
+    def _check_pts(self, pts: int) -> None:
+        if self._last_pts is not None and pts <= self._last_pts:
+            raise ValueError(f"pts {pts} after {self._last_pts}: frames are encoded in the session's order")
+
+    def encode_input(self, pts: int) -> EncodedFrame:
+        self._check_pts(pts)
         keyframe = self._force or self._last_keyframe is None or pts - self._last_keyframe >= self.keyframe_interval
         self._frame.pts = pts
         self._frame.pict_type = av.video.frame.PictureType.I if keyframe else av.video.frame.PictureType.NONE
@@ -196,6 +217,7 @@ class JpegEncoder:
             raise ValueError(f"JPEG quality is 1-100, got {quality}")
         self.width, self.height = width, height
         self._params = [cv2.IMWRITE_JPEG_QUALITY, int(quality)]
+        self._input = np.empty((height * 3 // 2, width), np.uint8)  # `input_planes`' frame
 
     def force_keyframe(self) -> None:
         """Nothing to do: every JPEG stands alone."""
@@ -207,6 +229,12 @@ class JpegEncoder:
         if not ok:
             raise RuntimeError(f"OpenCV could not encode frame {pts} as JPEG")
         return EncodedFrame(data.tobytes(), True, pts)
+
+    def input_planes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return split_i420(self._input, self.height, self.width)
+
+    def encode_input(self, pts: int) -> EncodedFrame:
+        return self.encode(self._input, pts)
 
     def close(self) -> None:
         """Nothing to free."""

@@ -410,18 +410,24 @@ class LiveSession:
             return Tick(
                 None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
             )
+        picture: np.ndarray | None = None  # None: composited straight into the encoder's input
         if work.face is None:
             picture = self.idle.frame(work.frame)
+        elif self.scale is None:
+            self.compositor.frame_into(work.template, work.face, self.encoder.input_planes())
         else:
             picture = self.compositor.frame(work.template, work.face)
-        if self.scale is not None:
+        if self.scale is not None and picture is not None:
             picture = self.scale(picture)
         if self.clock.is_late(work.frame):  # its slot ended while it was made: never send it late
             self.clock.dropped()
             return Tick(
                 None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
             )
-        encoded = self.encoder.encode(picture, work.frame)
+        if picture is None:
+            encoded = self.encoder.encode_input(work.frame)
+        else:
+            encoded = self.encoder.encode(picture, work.frame)
         self.clock.sent(work.kind)
         latency = None if work.arrived_ns is None else (self.clock.now_ns() - work.arrived_ns) / NS_PER_S
         return Tick(encoded, work.kind, work.audio, work.events, work.skipped, latency, work.utterance, work.frame)

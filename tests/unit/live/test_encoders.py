@@ -78,6 +78,22 @@ def test_h264_accepts_bgr_and_writes_the_same_as_its_i420(talking_frames) -> Non
         assert from_bgr.encode(frame, k).data == from_i420.encode(to_yuv420(frame), k).data
 
 
+@pytest.mark.parametrize("codec", ["h264", "jpeg"])
+def test_a_frame_written_into_the_input_planes_encodes_as_the_same_frame_given(codec: str, talking_frames) -> None:
+    """A session composites speech frames straight into the encoder's input: the bytes must be what
+    `encode` makes of the same I420 frame, frame after frame (H.264's P-frames reference the ones before)."""
+    make = (lambda: H264Encoder(512, 512, FPS)) if codec == "h264" else (lambda: JpegEncoder(512, 512))
+    given, written = make(), make()
+    for k, frame in enumerate(talking_frames[:12]):
+        source = to_yuv420(frame)
+        for plane, part in zip(written.input_planes(), (source[:512], source[512:640], source[640:])):
+            plane[:] = part.reshape(plane.shape)
+        assert written.encode_input(k) == given.encode(source, k), f"frame {k}"
+    if codec == "h264":
+        with pytest.raises(ValueError, match="pts 11 after 11"):
+            written.encode_input(11)
+
+
 def test_h264_keyframes_every_2_s_of_timestamps_and_on_demand(talking_frames) -> None:
     encoder = H264Encoder(512, 512, FPS)
     assert encoder.keyframe_interval == 50
