@@ -131,7 +131,8 @@ live|live-profile)  # issue 19's table: N concurrent live sessions (bench/bench_
     # One count (COUNTS, default 125) with one live worker under py-spy (carry .prom/py-spy, from `pip download
     # py-spy`'s wheel) and its threads' CPU (top -H), inside the measured window; summarise it here with
     # `python bench/pyspy_summary.py live-profile-raw.txt`. py-spy slows the worker it samples a little.
-    counts=${COUNTS:-125}; LIVE_SECONDS=${LIVE_SECONDS:-40}; name=$name-profiled
+    counts=${COUNTS:-125}; codecs=${CODECS:-h264}; LIVE_SECONDS=${LIVE_SECONDS:-40}
+    name=live-$size-$preset-${codecs//,/-}-profiled
     ( sleep "${PROFILE_AFTER_S:-45}"  # start-up (~21 s), the sessions created, 8 s of warm-up
       pid=$(pgrep -f "services.live " | head -1)
       top -H -b -n 2 -d 5 -p "$pid" | grep -A25 "^top" | tail -26 > "$OUT/live-profile-threads.txt"
