@@ -126,7 +126,7 @@ class Stream:
 def steady(frames: list[session_pb2.VideoFrame]) -> bool:
     """Indices that only grow, one by one but for a few slots skipped (counted by the worker) when a
     loaded 2-core machine descheduled it (the suite runs 4 test workers on CI's 2 cores): a late frame
-    is skipped, never delayed. On the GPU host no frame is skipped at 100 sessions (docs/performance.md)."""
+    is skipped, never delayed. On the GPU host 100 sessions skip 0-2 % of frames (docs/performance.md)."""
     indices = [f.index for f in frames]
     gaps = sum(b - a - 1 for a, b in zip(indices, indices[1:]))
     return all(b > a for a, b in zip(indices, indices[1:])) and gaps <= max(5, 0.08 * len(indices))
