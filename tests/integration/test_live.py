@@ -31,7 +31,7 @@ from services.jobs.store.jobs import JobStore
 from services.jobs.store.sessions import SessionRow
 from services.local.cluster import LocalCluster
 from services.media.probe import probe_media
-from tests.integration.util import SAMPLES, cut_wav, eventually, start_cluster
+from tests.integration.util import SAMPLES, cut_wav, eventually, silent_frames_between, start_cluster
 
 RATE, FPS = 16000, 25
 LIVE = ("live", "live-1")
@@ -130,26 +130,6 @@ def steady(frames: list[session_pb2.VideoFrame]) -> bool:
     indices = [f.index for f in frames]
     gaps = sum(b - a - 1 for a, b in zip(indices, indices[1:]))
     return all(b > a for a, b in zip(indices, indices[1:])) and gaps <= max(5, 0.08 * len(indices))
-
-
-def silent_frames_between(track: bytes, speech: bytes, span: int) -> int:
-    """How many whole silent frames `track` inserts into `speech`, which it must otherwise hold sample
-    for sample from its start: a chunk that reached the worker after its slot (this real-time client
-    descheduled on a loaded machine) pauses the utterance for a frame of silence, losing nothing."""
-    played, pauses = 0, 0
-    for at in range(0, len(track), span):
-        if played >= len(speech):
-            return pauses
-        part, expected = track[at : at + span], speech[played : played + span]
-        if part[: len(expected)] == expected:
-            played += len(expected)
-        elif part == bytes(len(part)) and played % span == 0:
-            pauses += 1
-        else:
-            raise AssertionError(f"speech sample {played // 2} differs in the track's frame {at // span}")
-    if played >= len(speech):
-        return pauses
-    raise AssertionError(f"the track ends after {played // 2} of the speech's {len(speech) // 2} samples")
 
 
 def test_a_session_end_to_end_through_the_gateway(live: Live, tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ from services.local.cluster import LOCAL_FLAGS
 from services.local.process import ServiceProcess, start
 from services.media.crops import crop_and_resize
 from services.media.decode import decode_avatar
-from tests.integration.util import SAMPLES, rss_mb
+from tests.integration.util import SAMPLES, rss_mb, silent_frames_between
 
 RATE = 16000
 CHUNK = RATE // 50  # 20 ms
@@ -294,16 +294,20 @@ def test_speech_silence_speech_in_real_time(worker: Worker, speech: np.ndarray) 
     rate = (indices[-1] - indices[0]) / (times[-1] - times[0])
     assert abs(rate - FPS) < 1.5, f"frames arrived at {rate:.1f} frames/s"
     # The re-timed audio is the input, sample for sample, where its utterance started: every slot's
-    # audio is in the track (a skipped slot's travels with the next frame), silence where idle.
-    track = np.frombuffer(b"".join(f.audio for f in frames), "<i2")
+    # audio is in the track (a skipped slot's travels with the next frame), silence where idle. A chunk
+    # this real-time sender got to the worker after its slot pauses the utterance for whole silent
+    # frames (the test machine descheduled it); nothing is lost.
+    audio = b"".join(f.audio for f in frames)
+    track, span = np.frombuffer(audio, "<i2"), 2 * RATE // FPS  # a slot's audio in bytes
     assert len(track) == (indices[-1] + 1) * RATE // FPS
     starts = [e.frame for e in talk.events if e.kind == session_pb2.SessionEvent.PLAYBACK_STARTED]
+    ends = [e.frame for e in talk.events if e.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED]
     assert len(starts) == 2 and starts[1] - starts[0] >= 5 * FPS - 1
     for frame, pcm in zip(starts, (first, second)):
-        np.testing.assert_array_equal(track[frame * RATE // FPS : frame * RATE // FPS + len(pcm)], pcm)
+        pauses = silent_frames_between(audio[frame * span :], pcm.tobytes(), span)
+        assert pauses <= 0.1 * len(pcm) * FPS / RATE, f"the utterance at frame {frame} paused for {pauses} frames"
     assert (
-        not track[: starts[0] * RATE // FPS].any()
-        and not track[(starts[0] + 3 * FPS) * RATE // FPS : starts[1] * RATE // FPS].any()
+        not track[: starts[0] * RATE // FPS].any() and not track[ends[0] * RATE // FPS : starts[1] * RATE // FPS].any()
     )
     assert {f.utterance for f in frames if f.speech} == {1, 2} and all(
         (f.utterance == 1) == (f.index < starts[1]) for f in frames if f.speech

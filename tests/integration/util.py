@@ -140,3 +140,23 @@ def render_template(folder: Path, source: Path, audio_seconds: float, crf: int, 
             client.download(job.id, output)
             meta = json.loads(next(Path(cluster.blob_store).rglob(f"avatars/{avatar.id}/meta.json")).read_bytes())
     return done, output, meta["boxes"]
+
+
+def silent_frames_between(track: bytes, speech: bytes, span: int) -> int:
+    """How many whole silent frames `track` inserts into `speech`, which it must otherwise hold sample
+    for sample from its start: a chunk that reached the worker after its slot (a real-time test
+    client descheduled on a loaded machine) pauses the utterance for a frame of silence, losing nothing."""
+    played, pauses = 0, 0
+    for at in range(0, len(track), span):
+        if played >= len(speech):
+            return pauses
+        part, expected = track[at : at + span], speech[played : played + span]
+        if part[: len(expected)] == expected:
+            played += len(expected)
+        elif part == bytes(len(part)) and played % span == 0:
+            pauses += 1
+        else:
+            raise AssertionError(f"speech sample {played // 2} differs in the track's frame {at // span}")
+    if played >= len(speech):
+        return pauses
+    raise AssertionError(f"the track ends after {played // 2} of the speech's {len(speech) // 2} samples")
