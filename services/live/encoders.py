@@ -163,7 +163,6 @@ class H264Encoder:
         self._force = True
 
     def encode(self, frame: np.ndarray, pts: int) -> EncodedFrame:
-        self._check_pts(pts)
         for plane, source in zip(
             self._planes, split_i420(_as_i420(frame, self.width, self.height), self.height, self.width)
         ):
@@ -175,12 +174,9 @@ class H264Encoder:
         y, u, v = self._planes
         return y, u, v
 
-    def _check_pts(self, pts: int) -> None:
+    def encode_input(self, pts: int) -> EncodedFrame:
         if self._last_pts is not None and pts <= self._last_pts:
             raise ValueError(f"pts {pts} after {self._last_pts}: frames are encoded in the session's order")
-
-    def encode_input(self, pts: int) -> EncodedFrame:
-        self._check_pts(pts)
         keyframe = self._force or self._last_keyframe is None or pts - self._last_keyframe >= self.keyframe_interval
         self._frame.pts = pts
         self._frame.pict_type = av.video.frame.PictureType.I if keyframe else av.video.frame.PictureType.NONE

@@ -411,14 +411,14 @@ class LiveSession:
                 None, work.kind, work.audio, work.events, work.skipped, utterance=work.utterance, slot=work.frame
             )
         picture: np.ndarray | None = None  # None: composited straight into the encoder's input
-        if work.face is None:
-            picture = self.idle.frame(work.frame)
-        elif self.scale is None:
+        if work.face is not None and self.scale is None:
             self.compositor.frame_into(work.template, work.face, self.encoder.input_planes())
         else:
-            picture = self.compositor.frame(work.template, work.face)
-        if self.scale is not None and picture is not None:
-            picture = self.scale(picture)
+            picture = (
+                self.idle.frame(work.frame) if work.face is None else self.compositor.frame(work.template, work.face)
+            )
+            if self.scale is not None:
+                picture = self.scale(picture)
         if self.clock.is_late(work.frame):  # its slot ended while it was made: never send it late
             self.clock.dropped()
             return Tick(

@@ -63,7 +63,7 @@ def stft_magnitude(emphasized: np.ndarray) -> np.ndarray:
 
     Why not call librosa: its per-call overhead (window built anew, three pads and framings, argument
     checks) is ~0.3 ms, ten times the transform on the short slices a live session's incremental mel
-    takes 50 times a second. The same steps are written out here, so the numbers are librosa's to the
+    takes about 25 times a second per session. The same steps are written out here, so the numbers are librosa's to the
     bit: the signal reflect-padded by 400 at both ends, 800-sample frames every 200 samples times the
     window, scipy's real FFT (librosa's default FFT library) in float64, rounded to complex64, the
     magnitude laid out (frequency, time) in Fortran order as librosa's matrix is (the mel basis product

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from services.live.encoders import H264Encoder, JpegEncoder
-from services.media.video_format import to_yuv420
+from services.media.video_format import split_i420, to_yuv420
 
 AVATAR = Path(__file__).resolve().parents[3] / "samples" / "avatar.jpg"
 FPS = Fraction(25)
@@ -86,8 +86,8 @@ def test_a_frame_written_into_the_input_planes_encodes_as_the_same_frame_given(c
     given, written = make(), make()
     for k, frame in enumerate(talking_frames[:12]):
         source = to_yuv420(frame)
-        for plane, part in zip(written.input_planes(), (source[:512], source[512:640], source[640:])):
-            plane[:] = part.reshape(plane.shape)
+        for plane, part in zip(written.input_planes(), split_i420(source, 512, 512)):
+            plane[:] = part
         assert written.encode_input(k) == given.encode(source, k), f"frame {k}"
     if codec == "h264":
         with pytest.raises(ValueError, match="pts 11 after 11"):
