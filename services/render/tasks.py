@@ -4,10 +4,13 @@
 - the audio task: the job's AAC track, from the upload, beside the segments;
 - the join: stream-copy the segments and the AAC track into the output, with its size and sha256.
 
-Each body stores what it made, then reports it to the job store; when the store refuses the report
-(the lease is gone: the job was cancelled, or another worker took the task) it deletes what it
-stored and raises LeaseLost, so nothing of a dropped task is kept. Any other error is the loop's to
-classify (retry, fail the job, quarantine).
+Each body stores what it made under the task's own key, then reports it to the job store; when the
+store refuses the report (the lease is gone: the job ended, or another worker took the task) it
+raises LeaseLost. It deletes nothing itself: the key may be the new owner's by then. The loop
+(`RenderWorker._sweep_if_ended`) deletes a dropped task's files once the work has ended, and only
+when its job has ended. An upload is never abandoned mid-way, even when the task is cancelled, so
+that check comes after the last write. Any other error is the loop's to classify (retry, fail the
+job, quarantine).
 """
 
 from __future__ import annotations
@@ -100,7 +103,6 @@ class RenderTasks:
         finally:
             local.unlink(missing_ok=True)
         if not await asyncio.to_thread(self.jobs.complete_segment, task, 0, {"aac": time.perf_counter() - t0}, []):
-            await asyncio.to_thread(self.blobs.delete, audio_key(job.id))
             raise LeaseLost()
 
     async def _segment(self, task: Task, job: Job) -> None:
@@ -131,21 +133,18 @@ class RenderTasks:
         if not await asyncio.to_thread(
             self.jobs.complete_segment, task, result.frames, result.stage_seconds, result.models
         ):
-            await asyncio.to_thread(self.blobs.delete, key)  # cancelled meanwhile: leave nothing behind
             raise LeaseLost()
 
     async def _store(self, key: str, path: Path) -> None:
-        """Uploads a file the task made; when the task is cancelled meanwhile (its lease went away: the
-        job was cancelled, and the gateway may already have deleted the job's files), waits for the
-        upload's thread to end and deletes what it stored, so a cancelled job leaves nothing behind."""
+        """Uploads a file the task made. When the task is cancelled meanwhile (its lease went away),
+        waits for the upload's thread to end before the cancellation goes on: a thread cannot be
+        stopped, and the loop's clean-up of an ended job must come after this task's last write."""
         upload = asyncio.ensure_future(asyncio.to_thread(self.blobs.put_file, key, path))
         try:
             await asyncio.shield(upload)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await upload  # a thread cannot be stopped: let it finish, then undo it
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.blobs.delete, key)
+                await upload
             raise
 
     async def _segment_audio(self, job: Job, task: Task, frames: int) -> SegmentAudio:
@@ -187,7 +186,6 @@ class RenderTasks:
         if not await asyncio.to_thread(
             self.jobs.complete_join, task, key, size, {"join": time.perf_counter() - t0}, digest, self.output_ttl_s
         ):
-            await asyncio.to_thread(self.blobs.delete, key)
             raise LeaseLost()
         m = self.metrics
         m.jobs.labels("succeeded").inc()

@@ -33,9 +33,9 @@ from typing import Any, Protocol, TypeGuard
 
 import grpc
 
-from services.jobs.layout import job_prefix
+from services.jobs.layout import job_prefix, output_key
 from services.jobs.store.blobs import BlobStore
-from services.jobs.store.jobs import JobStore, Task, TaskKind
+from services.jobs.store.jobs import JobState, JobStore, Task, TaskKind
 from services.render.settings import RenderSettings
 from services.serving.channels import StageFailed
 from services.serving.errors import (
@@ -241,6 +241,7 @@ class RenderWorker:
             m.lease_lost.inc()
             m.segments.labels("lease_lost").inc()
             _LOGGER.info("lease lost; work dropped", extra={"job_id": task.job_id, "segment": task.index})
+            await self._sweep_if_ended(task)
         except asyncio.CancelledError:
             work.cancel()
             raise
@@ -249,6 +250,22 @@ class RenderWorker:
         finally:
             heartbeat.cancel()
             m.render_busy.set(0)
+
+    async def _sweep_if_ended(self, task: Task) -> None:
+        """After dropped work has ended (every upload it started has finished: RenderTasks waits for
+        them), delete the job's working files when the job has ended, and its output unless it
+        succeeded. The job's own deletes (CancelJob, a failed task, the join) may have run before this
+        worker's last upload landed; checking the state only after the work ended closes that gap: a job
+        still running here is deleted later by whoever ends it. A job still running means another
+        worker holds the task, and the key it writes is this task's own, so nothing is deleted."""
+        job = await self._quietly(self.jobs.get_job, task.job_id)
+        if job is None or not job.terminal:
+            return
+        swept = await self._quietly(self.blobs.delete_prefix, job_prefix(job.id))
+        if job.state != JobState.SUCCEEDED:
+            await self._quietly(self.blobs.delete, output_key(job.id))
+        if swept:
+            _LOGGER.info("deleted an ended job's late files", extra={"job_id": job.id, "files": swept})
 
     async def _heartbeat(self, task: Task) -> None:
         """Renew the lease until it is refused (return = lost) or this task is cancelled."""

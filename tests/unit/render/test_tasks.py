@@ -1,4 +1,5 @@
-"""RenderTasks' upload rule: a task cancelled mid-upload (its lease went away) leaves nothing stored."""
+"""RenderTasks' upload rule: a task cancelled mid-upload (its lease went away) ends only after the upload
+has, so the loop's clean-up of an ended job (RenderWorker._sweep_if_ended) comes after its last write."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class SlowFolder(FolderBlobStore):
         super().put_file(key, path)
 
 
-def test_a_task_cancelled_mid_upload_deletes_what_the_upload_stored(tmp_path: Path) -> None:
+def test_a_task_cancelled_mid_upload_ends_only_once_the_upload_has(tmp_path: Path) -> None:
     store = SlowFolder(tmp_path / "blobs")
     made = tmp_path / "segment.mp4"
     made.write_bytes(b"a segment")
@@ -37,9 +38,12 @@ def test_a_task_cancelled_mid_upload_deletes_what_the_upload_stored(tmp_path: Pa
         await asyncio.to_thread(store.started.wait, 10)
         upload.cancel()  # the heartbeat lost the lease: the worker cancels the task
         await asyncio.sleep(0.05)
+        assert not upload.done()  # still waiting for the upload's thread
         store.go.set()  # the upload's thread goes on and stores the file
         with pytest.raises(asyncio.CancelledError):
             await upload
+        # Cancelled, and by then the file is stored (nothing lands later): deleting it is the loop's
+        # call, which knows whether the job ended or another worker owns the key now.
+        assert store.exists("jobs/j1/segments/0.mp4")
 
     asyncio.run(main())
-    assert not store.exists("jobs/j1/segments/0.mp4")

@@ -176,6 +176,43 @@ def test_a_lost_lease_drops_the_work_and_the_loop_goes_on(rig: Rig) -> None:
     assert rig.jobs.get_job("j1").state == JobState.CANCELLED
 
 
+def test_files_a_dropped_task_stored_after_its_job_was_cancelled_are_deleted(rig: Rig) -> None:
+    """CancelJob deletes the job's files at once; a worker whose upload lands after that (its work is
+    cancelled only at the next renewal) deletes them once its work has ended, the output too."""
+    new_job(rig.jobs, "j1")
+    rig.blobs.put(job_prefix("j1") + "mels/00000.f16", b"mels")
+
+    async def body(task: Task) -> None:
+        await asyncio.to_thread(rig.jobs.cancel_job, "j1")
+        await asyncio.to_thread(rig.blobs.delete_prefix, job_prefix("j1"))  # what CancelJob does
+        rig.blobs.put(job_prefix("j1") + "segments/00000.mp4", b"a late segment")
+        rig.blobs.put("outputs/j1.mp4", b"a late output")
+        await asyncio.sleep(30)  # cancelled at the next renewal
+
+    worker, runner = rig.worker(body)
+    asyncio.run(run_until(worker, lambda: bool(runner.cancelled) and rig.metric("lipline_lease_lost_total") == 1))
+    assert rig.blobs.list(job_prefix("j1")) == []
+    assert not rig.blobs.exists("outputs/j1.mp4")
+
+
+def test_a_task_taken_by_another_worker_keeps_its_files(rig: Rig) -> None:
+    """A lease lost to another worker (this one stalled): the job goes on, the segment's key is the
+    new owner's too, so nothing is deleted."""
+    new_job(rig.jobs, "j1", segments=2)
+    key = job_prefix("j1") + "segments/00000.mp4"
+
+    async def body(task: Task) -> None:
+        rig.blobs.put(key, b"the segment")
+        await asyncio.sleep(1.0)  # past the 0.3 s lease with no renewal (heartbeat_s is 10 s)
+        assert await asyncio.to_thread(rig.jobs.claim, "w2", 10.0, 3) is not None
+        await runner.complete(task)  # refused: LeaseLost
+
+    worker, runner = rig.worker(body, lease_s=0.3, heartbeat_s=10.0)
+    asyncio.run(run_until(worker, lambda: rig.metric("lipline_lease_lost_total") == 1))
+    assert rig.jobs.get_job("j1").state == JobState.RUNNING
+    assert rig.blobs.exists(key)
+
+
 def test_a_retryable_error_gives_the_task_back_with_back_off_and_no_attempt_counted(rig: Rig) -> None:
     new_job(rig.jobs)
 
