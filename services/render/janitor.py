@@ -15,6 +15,14 @@ janitor's pass over ended jobs is what makes that certain when one of those dele
 worker killed between ending its job and deleting, a blob store that was down). Each ended job is
 visited once (`files_purge_time`), after the task lease (`lease_s`), by when a worker that lost its
 lease has stopped writing segments.
+
+Files no row refers to are the last pass: SubmitJob and CreateAvatar store their files before the row
+that records them, so a gateway killed in between (or an avatar upload cancelled while its row was being
+written) leaves `jobs/<id>/` or `avatars/<id>/` with no job or avatar. The pass lists those folders
+with their write times and deletes the ones whose id has no row and whose newest file is older than
+`unreferenced_after_s` (an hour by default, far longer than any upload takes, so an upload in progress,
+whose row comes right after its last write, is never touched); outputs (`outputs/<id>.mp4`) of job
+rows that are gone likewise.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
+from collections.abc import Sequence
 
+from services.jobs.avatars import prefix as avatar_prefix
 from services.jobs.layout import job_prefix, output_key
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import JobStore
@@ -43,6 +54,7 @@ class Sweep:
     stamped: int = 0  # succeeded jobs that had no expiry and were given one
     outputs: int = 0  # expired outputs deleted
     files: int = 0  # working files of ended jobs deleted (left behind: their job's own delete was lost)
+    unreferenced: int = 0  # files of jobs and avatars that have no row (their gateway died before writing it)
     complete: bool = True  # False: the lease was lost mid-sweep and the sweep stopped
 
 
@@ -62,7 +74,7 @@ class Janitor:
             try:
                 if await self._hold():
                     done = await self.sweep()
-                    if done.stamped or done.outputs or done.files:
+                    if done.stamped or done.outputs or done.files or done.unreferenced:
                         _LOGGER.info("janitor swept", extra={"worker": self.name, **dataclasses.asdict(done)})
             except Exception as exc:  # noqa: BLE001 - a store that is down now: the next round retries
                 _LOGGER.warning(
@@ -105,7 +117,42 @@ class Janitor:
             if not await self._hold():
                 done.complete = False
                 return done
+        done.unreferenced = await self._sweep_unreferenced()
         return done
+
+    async def _sweep_unreferenced(self) -> int:
+        """Delete what no row refers to (the module docstring): returns how many files."""
+        jobs, blobs = self._jobs, self._blobs
+
+        def known_jobs(ids: Sequence[str]) -> set[str]:
+            return set(jobs.job_versions(ids))
+
+        def delete_output(job_id: str) -> int:
+            blobs.delete(output_key(job_id))
+            return 1
+
+        deleted = 0
+        for top, owner, known, delete in (
+            ("jobs/", _folder_owner, known_jobs, lambda oid: blobs.delete_prefix(job_prefix(oid))),
+            ("avatars/", _folder_owner, jobs.known_avatars, lambda oid: blobs.delete_prefix(avatar_prefix(oid))),
+            ("outputs/", _output_owner, known_jobs, delete_output),
+        ):
+            newest: dict[str, float] = {}
+            for key, written in (await asyncio.to_thread(blobs.modified_times, top)).items():
+                if oid := owner(key[len(top) :]):
+                    newest[oid] = max(newest.get(oid, 0.0), written)
+            cutoff = time.time() - self._s.unreferenced_after_s
+            quiet = [oid for oid, written in newest.items() if written < cutoff]
+            recorded = await asyncio.to_thread(known, quiet) if quiet else set()
+            for oid in (oid for oid in quiet if oid not in recorded):
+                gone = await asyncio.to_thread(delete, oid)
+                deleted += gone
+                self._metrics.retention_deleted.labels("unreferenced").inc(gone)
+                _LOGGER.warning(
+                    "janitor: deleted files that no row refers to",
+                    extra={"worker": self.name, "prefix": f"{top}{oid}", "files": gone},
+                )
+        return deleted
 
     async def close(self) -> None:
         """Stop, and give the lease up so another worker can be the janitor at its next round."""
@@ -115,3 +162,14 @@ class Janitor:
             await asyncio.to_thread(self._jobs.drop_lease, JANITOR_LEASE, self.name)
         except Exception as exc:  # noqa: BLE001 - the lease then expires by itself
             _LOGGER.warning("janitor: could not give its lease up (%s); it expires by itself", exc)
+
+
+def _folder_owner(rest: str) -> str:
+    """The id a `jobs/<id>/...` or `avatars/<id>/...` key belongs to ('' for a key with no folder)."""
+    oid, sep, _ = rest.partition("/")
+    return oid if sep else ""
+
+
+def _output_owner(rest: str) -> str:
+    """The job id of an `outputs/<id>.mp4` key ('' for anything else)."""
+    return rest.removesuffix(".mp4") if rest.endswith(".mp4") and "/" not in rest else ""

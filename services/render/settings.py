@@ -70,6 +70,11 @@ class RenderSettings(FaceWorkerSettings):
         "the janitor's lease: renewed every janitor_interval_s and during a sweep; a janitor that dies is "
         "replaced by another worker this long after its last renewal",
     )
+    unreferenced_after_s: float = setting(
+        3600.0,
+        "the janitor deletes a job's or avatar's files that no row refers to (a gateway died before recording it) "
+        "once nothing under that id has been written for this long: far longer than any upload takes",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -98,6 +103,8 @@ class RenderSettings(FaceWorkerSettings):
                 f"janitor_interval_s ({self.janitor_interval_s}) must be positive and janitor_lease_s "
                 f"({self.janitor_lease_s}) more than twice it (the holder renews it every interval)"
             )
+        if self.unreferenced_after_s <= 0:
+            problems.append(f"unreferenced_after_s must be positive, got {self.unreferenced_after_s}")
         if self.max_attempts < 1:
             problems.append(f"max_attempts must be >= 1, got {self.max_attempts}")
         if problems:

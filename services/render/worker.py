@@ -258,14 +258,20 @@ class RenderWorker:
         worker's last upload landed; checking the state only after the work ended closes that gap: a job
         still running here is deleted later by whoever ends it. A job still running means another
         worker holds the task, and the key it writes is this task's own, so nothing is deleted."""
-        job = await self._quietly(self.jobs.get_job, task.job_id)
-        if job is None or not job.terminal:
+        try:
+            job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
+        except NotFound:
+            job = None  # deleted (DeleteJob takes only an ended job): nothing of it is wanted
+        except Exception:  # noqa: BLE001 - the janitor's pass over ended jobs is the backstop
+            _LOGGER.warning("could not look at a dropped task's job", exc_info=True, extra={"job_id": task.job_id})
             return
-        swept = await self._quietly(self.blobs.delete_prefix, job_prefix(job.id))
-        if job.state != JobState.SUCCEEDED:
-            await self._quietly(self.blobs.delete, output_key(job.id))
+        if job is not None and not job.terminal:
+            return
+        swept = await self._quietly(self.blobs.delete_prefix, job_prefix(task.job_id))
+        if job is None or job.state != JobState.SUCCEEDED:
+            await self._quietly(self.blobs.delete, output_key(task.job_id))
         if swept:
-            _LOGGER.info("deleted an ended job's late files", extra={"job_id": job.id, "files": swept})
+            _LOGGER.info("deleted an ended job's late files", extra={"job_id": task.job_id, "files": swept})
 
     async def _heartbeat(self, task: Task) -> None:
         """Renew the lease until it is refused (return = lost) or this task is cancelled."""

@@ -123,7 +123,8 @@ class Metrics:
         )
         self.retention_deleted = Counter(
             "lipline_retention_deleted",
-            "blobs the render workers' janitor deleted: expired outputs (kind=output), working files ended jobs left behind (kind=files)",
+            "blobs the render workers' janitor deleted: expired outputs (kind=output), working files ended jobs left behind "
+            "(kind=files), files of jobs and avatars no row refers to (kind=unreferenced)",
             ["kind"],
             registry=r,
         )

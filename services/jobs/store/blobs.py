@@ -68,6 +68,11 @@ class BlobStore(abc.ABC):
     def list(self, prefix: str) -> list[str]:
         """Keys starting with `prefix`, sorted."""
 
+    @abc.abstractmethod
+    def modified_times(self, prefix: str) -> dict[str, float]:
+        """Each key starting with `prefix` and when it was last written (Unix seconds, the store's
+        clock): the janitor deletes files no row refers to only once nobody has written them for a while."""
+
     def presigned_url(self, key: str, expires_s: float) -> str | None:
         """A URL a plain HTTP GET reads the object from for `expires_s` seconds without credentials,
         or None where the store has no such URLs (a folder). Signing is local: the key is not read."""

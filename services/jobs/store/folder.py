@@ -202,11 +202,21 @@ class FolderBlobStore(BlobStore):
         return self._path(key).is_file()
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(key for key, _ in self._walk(prefix))
+
+    def modified_times(self, prefix: str) -> dict[str, float]:
+        times = {}
+        for key, path in self._walk(prefix):
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                times[key] = path.stat().st_mtime
+        return times
+
+    def _walk(self, prefix: str) -> Iterator[tuple[str, Path]]:
+        """(key, path) of each stored file whose key starts with `prefix` (writes in progress left out)."""
         check_prefix(prefix)
         # Walk only the deepest folder the prefix names in full; filter the rest by string prefix.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         top = self.root / base if base else self.root
-        keys = []
         for folder, dirs, files in os.walk(top):  # errors (a folder removed meanwhile) are skipped
             rel = os.path.relpath(folder, self.root)
             rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
@@ -216,9 +226,7 @@ class FolderBlobStore(BlobStore):
             for name in files:
                 key = rel + name
                 if key.startswith(prefix) and not TEMP_NAME.match(name):
-                    keys.append(key)
-        keys.sort()
-        return keys
+                    yield key, Path(folder) / name
 
     # -- helpers ----------------------------------------------------------------------------------
 

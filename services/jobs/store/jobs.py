@@ -520,6 +520,11 @@ class JobStore(SessionStore):
         """Remove a deleted avatar's row once its data is purged (False when it is not purgeable, or
         already gone: another gateway's janitor did it)."""
 
+    @abc.abstractmethod
+    def known_avatars(self, avatar_ids: Sequence[str]) -> set[str]:
+        """Those of `avatar_ids` that have a row, deleted or not, of any tenant: the janitor deletes
+        the files of an avatar id that has none (a gateway that died before recording the avatar)."""
+
 
 class ChangeFeed(abc.ABC):
     """Wakes async waiters when a job changes: PostgreSQL LISTEN/NOTIFY, or polling on SQLite.

@@ -202,18 +202,25 @@ class S3BlobStore(BlobStore):
         return True
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(self._listed(prefix))
+
+    def modified_times(self, prefix: str) -> dict[str, float]:
+        return {key: meta["last_modified"].timestamp() for key, meta in self._listed(prefix).items()}
+
+    def _listed(self, prefix: str) -> dict[str, Any]:
+        """Each key starting with `prefix` and its listing's metadata (obstore's ObjectMeta)."""
         check_prefix(prefix)
         # obstore lists whole path segments (`jobs/12` would not match `jobs/123/x`): list the deepest
         # folder the prefix names in full and keep the keys that start with the prefix.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else None
 
-        def collect() -> list[str]:
-            keys: list[str] = []
+        def collect() -> dict[str, Any]:
+            listed: dict[str, Any] = {}
             for batch in obstore.list(self._store, prefix=base, chunk_size=_LIST_BATCH):
-                keys.extend(meta["path"] for meta in batch if meta["path"].startswith(prefix))
-            return keys
+                listed.update((meta["path"], meta) for meta in batch if meta["path"].startswith(prefix))
+            return listed
 
-        return sorted(self._call(prefix, collect))
+        return self._call(prefix, collect)
 
     def presigned_url(self, key: str, expires_s: float) -> str:
         """An S3 presigned GET URL (SigV4 query string) of `key`, signed with the store's credentials;

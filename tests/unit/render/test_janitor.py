@@ -6,6 +6,8 @@ two real workers and a kill are tests/integration/test_retention.py."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 
 from services.jobs.layout import output_key
@@ -13,7 +15,7 @@ from services.render.janitor import JANITOR_LEASE, Janitor
 from services.render.settings import RenderSettings
 from services.serving.metrics import Metrics
 from tests.helpers.stores import temp_stores
-from tests.unit.jobs.store.test_jobs import LONG_LEASE, new_job, run_job_segments
+from tests.unit.jobs.store.test_jobs import LONG_LEASE, avatar, new_job, run_job_segments
 
 SETTINGS = RenderSettings(output_ttl_s=3600.0, lease_s=2.0, janitor_interval_s=0.1, janitor_lease_s=60.0)
 
@@ -51,3 +53,49 @@ def test_the_holder_sweeps_expired_outputs_and_leftovers_and_close_gives_the_lea
         )
         assert asyncio.run(with_grace_over.sweep()).files == 2
         assert st.blob_keys() == []
+
+
+def test_files_no_row_refers_to_are_deleted_once_nobody_has_written_them_for_a_while(tmp_path: Path) -> None:
+    """A gateway killed between storing a job's (or an avatar's) files and writing its row leaves files
+    nothing refers to: deleted once quiet for `unreferenced_after_s`; an upload in progress (recent
+    writes), a job or avatar that has its row, and other jobs' outputs stay."""
+    with temp_stores(tmp_path) as st:
+        st.jobs.create_job(new_job("recorded"))
+        st.jobs.put_avatar(avatar("a" * 24))
+        stale = {
+            "jobs/lost/upload",
+            "jobs/lost/mels/00001.f16",
+            f"avatars/{'b' * 24}/source",
+            "outputs/lost.mp4",
+        }
+        kept = {
+            "jobs/recorded/upload",
+            "outputs/recorded.mp4",
+            f"avatars/{'a' * 24}/meta.json",
+            "jobs/uploading/upload",  # written just now: a SubmitJob in progress
+        }
+        for key in stale | kept:
+            st.blobs.put(key, b"x")
+        hour_ago = time.time() - 3600
+        for key in (stale | kept) - {"jobs/uploading/upload"}:
+            os.utime(st.root / key, (hour_ago, hour_ago))
+        st.blobs.put("jobs/lost/segments/00001.mp4", b"x")  # ...but a stale folder with one fresh file
+        stale.discard("jobs/lost/upload")  # is still being written: the whole folder waits
+        stale.discard("jobs/lost/mels/00001.f16")
+        kept |= {"jobs/lost/upload", "jobs/lost/mels/00001.f16", "jobs/lost/segments/00001.mp4"}
+        metrics = Metrics("render")
+        settings = RenderSettings(janitor_interval_s=0.1, janitor_lease_s=60.0, unreferenced_after_s=600.0)
+        janitor = Janitor(settings, metrics, st.jobs, st.blobs, "a")
+        done = asyncio.run(janitor.sweep())
+        assert done.unreferenced == len(stale) == 2
+        assert set(st.blob_keys()) == kept
+        assert metrics.retention_deleted.labels("unreferenced")._value.get() == 2
+        # once the late folder has been quiet long enough, it goes too
+        for key in ("jobs/lost/upload", "jobs/lost/mels/00001.f16", "jobs/lost/segments/00001.mp4"):
+            os.utime(st.root / key, (hour_ago, hour_ago))
+        assert asyncio.run(janitor.sweep()).unreferenced == 3
+        assert set(st.blob_keys()) == kept - {
+            "jobs/lost/upload",
+            "jobs/lost/mels/00001.f16",
+            "jobs/lost/segments/00001.mp4",
+        }

@@ -176,15 +176,19 @@ def test_a_lost_lease_drops_the_work_and_the_loop_goes_on(rig: Rig) -> None:
     assert rig.jobs.get_job("j1").state == JobState.CANCELLED
 
 
-def test_files_a_dropped_task_stored_after_its_job_was_cancelled_are_deleted(rig: Rig) -> None:
+@pytest.mark.parametrize("then_deleted", [False, True], ids=["cancelled", "cancelled-and-deleted"])
+def test_files_a_dropped_task_stored_after_its_job_was_cancelled_are_deleted(rig: Rig, then_deleted: bool) -> None:
     """CancelJob deletes the job's files at once; a worker whose upload lands after that (its work is
-    cancelled only at the next renewal) deletes them once its work has ended, the output too."""
+    cancelled only at the next renewal) deletes them once its work has ended, the output too; the
+    same when the job's row is gone by then (DeleteJob)."""
     new_job(rig.jobs, "j1")
     rig.blobs.put(job_prefix("j1") + "mels/00000.f16", b"mels")
 
     async def body(task: Task) -> None:
         await asyncio.to_thread(rig.jobs.cancel_job, "j1")
         await asyncio.to_thread(rig.blobs.delete_prefix, job_prefix("j1"))  # what CancelJob does
+        if then_deleted:
+            await asyncio.to_thread(rig.jobs.delete_job, "j1")
         rig.blobs.put(job_prefix("j1") + "segments/00000.mp4", b"a late segment")
         rig.blobs.put("outputs/j1.mp4", b"a late output")
         await asyncio.sleep(30)  # cancelled at the next renewal

@@ -126,17 +126,8 @@ class SqlJobStore(SqlSessionStore, JobStore):
 
     def job_versions(self, job_ids: Sequence[str]) -> dict[str, int]:
         """Versions of those of `job_ids` that exist (one query per 500 ids)."""
-
-        def run(tx: Tx) -> dict[str, int]:
-            out: dict[str, int] = {}
-            for i in range(0, len(job_ids), 500):
-                chunk = list(job_ids[i : i + 500])
-                marks = ", ".join("?" * len(chunk))
-                for row in tx.query(f"SELECT id, version FROM jobs WHERE id IN ({marks})", chunk):
-                    out[row["id"]] = int(row["version"])
-            return out
-
-        return self._transaction(run, write=False) if job_ids else {}
+        rows = self._rows_of("SELECT id, version FROM jobs", job_ids)
+        return {row["id"]: int(row["version"]) for row in rows}
 
     # -- helpers inside a transaction ---------------------------------------------------------------
     def _job(self, tx: Tx, job_id: str, lock: bool = False, tenant: str | None = None) -> Job:
@@ -665,6 +656,21 @@ class SqlJobStore(SqlSessionStore, JobStore):
             write=False,
         )
         return [row["id"] for row in rows]
+
+    def known_avatars(self, avatar_ids: Sequence[str]) -> set[str]:
+        return {row["id"] for row in self._rows_of("SELECT id FROM avatars", avatar_ids)}
+
+    def _rows_of(self, select: str, ids: Sequence[str]) -> list[Any]:
+        """`select` (a query without a WHERE) for the rows whose id is one of `ids`, 500 ids a query."""
+
+        def run(tx: Tx) -> list[Any]:
+            rows: list[Any] = []
+            for i in range(0, len(ids), 500):
+                chunk = list(ids[i : i + 500])
+                rows.extend(tx.query(f"{select} WHERE id IN ({', '.join('?' * len(chunk))})", chunk))
+            return rows
+
+        return self._transaction(run, write=False) if ids else []
 
     def forget_avatar(self, avatar_id: str) -> bool:
         unused = self._UNUSED.replace("a.id", "avatars.id")  # DELETE takes no alias on SQLite

@@ -176,6 +176,19 @@ def test_list_sorted_with_prefix(blob_store: BlobStore) -> None:
     assert blob_store.list("avatars/zz") == []
 
 
+def test_modified_times_by_prefix(blob_store: BlobStore) -> None:
+    before = time.time()
+    for key in ("jobs/j1/upload", "jobs/j1/segments/00001.mp4", "jobs/j2/upload", "outputs/j1.mp4"):
+        blob_store.put(key, b"1")
+    after = time.time()
+    times = blob_store.modified_times("jobs/")
+    assert sorted(times) == ["jobs/j1/segments/00001.mp4", "jobs/j1/upload", "jobs/j2/upload"]
+    # S3 keeps whole seconds; the folder the file system's clock: both within a second of ours
+    assert all(before - 1.5 <= t <= after + 1.5 for t in times.values()), (before, times, after)
+    assert list(blob_store.modified_times("jobs/j1/segments/")) == ["jobs/j1/segments/00001.mp4"]
+    assert blob_store.modified_times("missing/") == {}
+
+
 def test_missing_key_raises_not_found(blob_store: BlobStore, tmp_path: Path) -> None:
     blob_store.put("avatars/present", b"x")
     for call in (

@@ -578,6 +578,20 @@ def test_avatars(job_store: JobStore) -> None:
     assert [a.id for a in job_store.list_avatars()] == ["c", "a"]
 
 
+def test_known_avatars_and_job_versions_name_the_ids_that_have_rows(job_store: JobStore) -> None:
+    """What the janitor asks before it deletes files no row refers to: a deleted avatar still has its
+    row (its files go with it, by the avatar janitor), so it is known; an id never recorded is not."""
+    job_store.put_avatar(avatar("a"))
+    job_store.put_avatar(dataclasses.replace(avatar("b"), tenant="other"))
+    job_store.put_avatar(avatar("c"))
+    job_store.delete_avatar("c")
+    job_store.create_job(new_job("j1"))
+    many = [f"x{i}" for i in range(1200)]  # more than one query's worth of ids
+    assert job_store.known_avatars(["a", "b", "c", "never", *many]) == {"a", "b", "c"}
+    assert job_store.known_avatars([]) == set()
+    assert set(job_store.job_versions(["j1", "never", *many])) == {"j1"}
+
+
 # -- concurrency ---------------------------------------------------------------------------------------
 def test_four_threads_claim_each_segment_exactly_once(job_store: JobStore) -> None:
     for j in range(4):
