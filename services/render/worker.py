@@ -262,7 +262,7 @@ class RenderWorker:
             job = await asyncio.to_thread(self.jobs.get_job, task.job_id)
         except NotFound:
             job = None  # deleted (DeleteJob takes only an ended job): nothing of it is wanted
-        except Exception:  # noqa: BLE001 - the janitor's pass over ended jobs is the backstop
+        except Exception:  # the janitor's pass over ended jobs is the backstop
             _LOGGER.warning("could not look at a dropped task's job", exc_info=True, extra={"job_id": task.job_id})
             return
         if job is not None and not job.terminal:
