@@ -799,14 +799,14 @@ def build() -> dict[str, Any]:
                         "type": "string",
                         "description": "kubernetes.io/tls Secret of the gateway's port; empty = plaintext",
                     },
-                    "testCaKey": {
+                    "caKey": {
                         "type": "string",
                         "minLength": 1,
-                        "description": "the key helm test trusts as its CA",
+                        "description": "the key of the Secret the web page and helm test trust as the gateway's CA",
                     },
-                    "testServerName": {
+                    "serverName": {
                         "type": "string",
-                        "description": "the name helm test checks the certificate against",
+                        "description": "the name the web page and helm test check the gateway's certificate against",
                     },
                 },
             },

@@ -54,16 +54,25 @@ class GatewayLink:
     carries the internal token: the gateway authenticates the page's user by their API key only.
     """
 
-    def __init__(self, address: str, max_message_bytes: int, *, tls: bool = False, tls_ca_file: str = "") -> None:
+    def __init__(
+        self,
+        address: str,
+        max_message_bytes: int,
+        *,
+        tls: bool = False,
+        tls_ca_file: str = "",
+        tls_server_name: str = "",
+    ) -> None:
         self.address = address
         self._tls_channel: grpc.aio.Channel | None = None
         self._discovered: DiscoveredChannel | None = None
-        if tls or tls_ca_file:
+        if tls or tls_ca_file or tls_server_name:
             roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
             credentials = grpc.ssl_channel_credentials(root_certificates=roots)
-            self._tls_channel = grpc.aio.secure_channel(
-                grpc_target(address), credentials, options=channel_options(max_message_bytes)
-            )
+            options: list[tuple[str, int | str]] = [*channel_options(max_message_bytes)]
+            if tls_server_name:  # a Service's short name in the certificate, dialled by its DNS name
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._tls_channel = grpc.aio.secure_channel(grpc_target(address), credentials, options=options)
         else:
             INTERNAL_TOKEN.set("")  # this task's context: the discovered channels are opened in it
             self._discovered = DiscoveredChannel(discovery_for(address), max_message_bytes, name="gateway")

@@ -32,7 +32,11 @@ class WebService(Service[WebSettings]):
     async def load(self) -> None:
         s = self.settings
         self.gateway = GatewayLink(
-            s.gateway_address, s.max_message_bytes, tls=s.gateway_tls, tls_ca_file=s.gateway_tls_ca_file
+            s.gateway_address,
+            s.max_message_bytes,
+            tls=s.gateway_tls,
+            tls_ca_file=s.gateway_tls_ca_file,
+            tls_server_name=s.gateway_tls_server_name,
         )
         await self.gateway.start(s.stage_wait_s)
         # access_log=None: aiohttp's access log would print every request line; the metrics count them,

@@ -25,6 +25,11 @@ class WebSettings(ServiceSettings):
     gateway_address: str = address_field(STAGES["gateway"].local_address, "gateway (the public API)")
     gateway_tls: bool = setting(False, "call the gateway over TLS (the system's roots, or gateway_tls_ca_file)")
     gateway_tls_ca_file: str = setting("", "PEM bundle that signed the gateway's certificate (implies gateway_tls)")
+    gateway_tls_server_name: str = setting(
+        "",
+        "the name the gateway's certificate is checked against over TLS (empty: the address's host); "
+        "the chart sets the gateway Service's name, as helm test does",
+    )
     require_api_key: bool = setting(
         True,
         "refuse API calls and WebSockets that carry no API key (401) before calling the gateway; "
@@ -62,5 +67,11 @@ class WebSettings(ServiceSettings):
         bad = [o for o in self.allowed_origins if not o.startswith(("http://", "https://")) or o.endswith("/")]
         if bad:
             problems.append(f"allowed_origins must be scheme://host[:port] without a trailing slash, got {bad}")
+        if self.gateway_tls or self.gateway_tls_ca_file or self.gateway_tls_server_name:
+            if self.gateway_address.startswith(("k8s:", "file:")) or "," in self.gateway_address:
+                problems.append(
+                    f"over TLS the gateway is one channel to host:port or dns:///name:port, not {self.gateway_address!r} "
+                    "(k8s:///, file:// and lists are the plaintext discovery forms)"
+                )
         if problems:
             raise ValueError("; ".join(problems))

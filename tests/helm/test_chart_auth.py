@@ -42,7 +42,7 @@ OFF = ("auth.apiKeys.enabled=false", "auth.internalToken.enabled=false")
 VARIANTS = {
     "defaults": (),
     "tls": TLS,
-    "own-secrets+tls": (*OWN, *TLS, "tls.testCaKey=tls.crt", "tls.testServerName=api.example.com"),
+    "own-secrets+tls": (*OWN, *TLS, "tls.caKey=tls.crt", "tls.serverName=api.example.com"),
     "off": OFF,
 }
 

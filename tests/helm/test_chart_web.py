@@ -43,6 +43,29 @@ def test_the_web_page_has_an_http_port_in_its_pod_and_its_service_and_dials_the_
     assert all("http" not in {p["name"] for p in container(d)["ports"]} for d in others)
 
 
+@pytest.mark.parametrize("discovery", ["dns", "kubernetes"])
+def test_with_tls_on_the_gateway_the_web_page_trusts_its_ca_and_nothing_else(discovery: str) -> None:
+    """The web page dials a TLS gateway by its Service's DNS name (k8s:/// discovery is plaintext only),
+    trusts the CA key of the gateway's Secret (mounted alone: never the private key) and checks the
+    certificate against the Service's name, or tls.serverName."""
+    sets = ("tls.existingSecret=gw-tls", f"discovery.kubernetes={str(discovery == 'kubernetes').lower()}")
+    for extra, name in (((), "lip-lipline-gateway"), (("tls.serverName=api.example.com",), "api.example.com")):
+        web = by_kind(render(*sets, *extra), "Deployment")["lip-lipline-web"]
+        env = env_of(web)
+        assert env["LIPLINE_GATEWAY_ADDRESS"] == "dns:///lip-lipline-gateway.media.svc:50051"
+        assert env["LIPLINE_GATEWAY_TLS_CA_FILE"] == "/etc/lipline/gateway-ca/ca.crt"
+        assert env["LIPLINE_GATEWAY_TLS_SERVER_NAME"] == name
+        assert "LIPLINE_TLS_KEY_FILE" not in env  # it serves no TLS itself
+        volumes = {v["name"]: v for v in web["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["gateway-ca"]["secret"]["secretName"] == "gw-tls"
+        assert volumes["gateway-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+        assert "tls" not in volumes
+        mounts = {m["name"]: m for m in container(web)["volumeMounts"]}
+        assert mounts["gateway-ca"] == {"name": "gateway-ca", "mountPath": "/etc/lipline/gateway-ca", "readOnly": True}
+    plain = env_of(by_kind(render(), "Deployment")["lip-lipline-web"])
+    assert "LIPLINE_GATEWAY_TLS_CA_FILE" not in plain and "LIPLINE_GATEWAY_TLS_SERVER_NAME" not in plain
+
+
 def test_the_web_ingress_routes_every_host_to_the_http_port_with_the_controllers_annotations(
     docs: list[dict[str, Any]],
 ) -> None:

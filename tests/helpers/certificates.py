@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 
-def make_certificate(folder: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for localhost and 127.0.0.1 (PEM files cert, key)."""
+def make_certificate(folder: Path, extra_names: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost, 127.0.0.1 and `extra_names` (DNS names) (PEM files cert, key)."""
     cert, key = folder / "tls.crt", folder / "tls.key"
     subprocess.run(
         [
@@ -28,7 +28,7 @@ def make_certificate(folder: Path) -> tuple[Path, Path]:
             "-subj",
             "/CN=localhost",
             "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "subjectAltName=" + ",".join(["DNS:localhost", "IP:127.0.0.1", *(f"DNS:{n}" for n in extra_names)]),
         ],
         check=True,
         capture_output=True,

@@ -9,10 +9,14 @@ service logs a key or the token.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import secrets
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,10 +28,12 @@ from lipline.v1 import audio_pb2, gateway_pb2
 from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient, render_file
 from services.local.cluster import REPO_ROOT, STAGES, LocalCluster
+from services.web.gateway_link import GatewayLink
 from tests.helpers.certificates import make_certificate
 from tests.integration.util import SAMPLES, health_status, start_cluster
 
 GATEWAY = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
+GATEWAY_NAME = "lip-lipline-gateway"  # a name only the certificate holds, as a Service's name is in a cluster
 
 
 class Secured:
@@ -43,7 +49,7 @@ class Secured:
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     workdir = tmp_path_factory.mktemp("auth")
-    cert, key = make_certificate(workdir)
+    cert, key = make_certificate(workdir, extra_names=(GATEWAY_NAME,))
     keys = {"alice": secrets.token_urlsafe(24), "bob": secrets.token_urlsafe(24)}
     (workdir / "api-keys").write_text("# name:key\n" + "".join(f"{n}:{k}\n" for n, k in keys.items()))
     token = secrets.token_urlsafe(32)
@@ -57,7 +63,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         f"--tls-key-file={key}",
         "--segment-seconds=0.8",
     ]
-    with start_cluster(workdir / "cluster", extra_args=extra) as cluster:
+    # The web page calls the TLS gateway as the chart sets it up: the CA file, the Service's name.
+    extra["web"] = [f"--gateway-tls-ca-file={cert}", f"--gateway-tls-server-name={GATEWAY_NAME}"]
+    with start_cluster(workdir / "cluster", extra_args=extra, replicas={"web": 1}) as cluster:
         yield Secured(cluster, cert, keys, token)
 
 
@@ -205,6 +213,40 @@ def test_the_helm_test_smoke_check_passes_with_the_key_and_ca_from_the_environme
     env["LIPLINE_API_KEY"] = secured.keys["bob"]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0 and "smoke: ok" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_web_page_calls_the_tls_gateway_with_the_users_key(secured: Secured) -> None:
+    """The web page's server reaches the TLS gateway by the CA file and the certificate's name (as the
+    chart mounts and sets them), and passes the user's key: listed with alice's, refused without one."""
+    url = f"{secured.cluster.web_url}/api/avatars"
+    request = urllib.request.Request(url, headers={"X-Api-Key": secured.keys["alice"]})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert reply.status == 200
+        assert isinstance(json.loads(reply.read())["avatars"], list)
+    request = urllib.request.Request(url, headers={"X-Api-Key": "not-a-key-of-this-deployment"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 401
+
+
+@pytest.mark.parametrize(("server_name", "reached"), [(GATEWAY_NAME, True), ("not-the-gateway", False)])
+def test_the_web_pages_gateway_link_checks_the_certificate_name(
+    secured: Secured, server_name: str, reached: bool
+) -> None:
+    async def start() -> None:
+        link = GatewayLink(
+            secured.cluster.gateway_address, 4 << 20, tls_ca_file=str(secured.cert), tls_server_name=server_name
+        )
+        try:
+            await link.start(timeout_s=3.0)
+        finally:
+            await link.close()
+
+    if reached:
+        asyncio.run(start())
+    else:
+        with pytest.raises(RuntimeError, match="not SERVING"):
+            asyncio.run(start())
 
 
 def test_no_service_logs_a_key_or_the_token(secured: Secured) -> None:

@@ -281,7 +281,12 @@ OTEL_SDK_DISABLED=true and nothing else. Call with (dict "root" $ "stage" name).
 {{- end }}
 {{- range $target := $s.dials }}
 - name: {{ printf "LIPLINE_%s_ADDRESS" (upper $target) }}
+  {{- if and (index $root.Values.stages $target).public $root.Values.tls.existingSecret }}
+  {{- /* Over TLS the public stage is one channel to its Service's DNS name (k8s:/// discovery is plaintext only). */}}
+  value: {{ printf "dns:///%s.%s.svc:%d" (include "lipline.stageName" (dict "root" $root "stage" $target)) $root.Release.Namespace (int (index $root.Values.stages $target).port) | quote }}
+  {{- else }}
   value: {{ include "lipline.stageAddress" (dict "root" $root "stage" $target) | quote }}
+  {{- end }}
 {{- end }}
 {{- if $s.stores }}
 {{- include "lipline.storeEnv" $root }}
@@ -314,6 +319,12 @@ OTEL_SDK_DISABLED=true and nothing else. Call with (dict "root" $ "stage" name).
 {{- if $auth.internalToken }}
 - name: LIPLINE_INTERNAL_TOKEN_FILE
   value: /etc/lipline/internal/token
+{{- end }}
+{{- if $auth.gatewayCa }}
+- name: LIPLINE_GATEWAY_TLS_CA_FILE
+  value: /etc/lipline/gateway-ca/ca.crt
+- name: LIPLINE_GATEWAY_TLS_SERVER_NAME
+  value: {{ include "lipline.gatewayServerName" $root | quote }}
 {{- end }}
 {{- if $auth.tls }}
 - name: LIPLINE_TLS_CERT_FILE
@@ -401,4 +412,11 @@ apiKeys: {{ and $s.public .root.Values.auth.apiKeys.enabled }}
 webhookSecrets: {{ and $s.public $s.stores (not (empty .root.Values.auth.webhookSecrets.existingSecret)) }}
 internalToken: {{ .root.Values.auth.internalToken.enabled }}
 tls: {{ and $s.public (not (empty .root.Values.tls.existingSecret)) }}
+gatewayCa: {{ and (has "gateway" (default list $s.dials)) (not (empty .root.Values.tls.existingSecret)) }}
+{{- end -}}
+
+{{/* The name the chart's own callers of a TLS gateway (the web page, helm test) check its certificate
+against: tls.serverName, else the gateway Service's name. */}}
+{{- define "lipline.gatewayServerName" -}}
+{{- .Values.tls.serverName | default (include "lipline.stageName" (dict "root" . "stage" "gateway")) -}}
 {{- end -}}
