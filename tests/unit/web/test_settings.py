@@ -24,7 +24,10 @@ def test_the_defaults_are_the_registrys_and_the_gateways_limits() -> None:
         (["--http-port=70000"], "http_port 70000"),
         (["--allowed-origins=https://a.example/"], "allowed_origins"),
         (["--max-live-message-bytes=10"], "max_live_message_bytes"),
-        (["--gateway-tls-ca-file=/ca.crt", "--gateway-address=k8s:///gw.ns:50051"], "over TLS the gateway is one channel"),
+        (
+            ["--gateway-tls-ca-file=/ca.crt", "--gateway-address=k8s:///gw.ns:50051"],
+            "over TLS the gateway is one channel",
+        ),
         (["--gateway-tls=true", "--gateway-address=file:///run/gw.txt"], "k8s:///, file:// and lists"),
     ],
 )
