@@ -189,6 +189,11 @@ class Metrics:
         self.web_live_sockets = Gauge(
             "lipline_web_live_sockets", "live-session WebSockets open on this web server", registry=r
         )
+        self.web_live_resumed = Counter(
+            "lipline_web_live_resumed",
+            "live sessions a page resumed on a new WebSocket after its socket dropped (or this server or a gateway restarted)",
+            registry=r,
+        )
         self.web_live_refused = Counter(
             "lipline_web_live_refused",
             "live WebSockets refused before a session: origin (not same-origin), key (none sent), start (bad first message)",

@@ -5,7 +5,9 @@ in; one WebSocket over the page's own origin goes through any HTTP ingress. The 
 
 page -> server
     text   {"type": "start", "api_key", "avatar_id", "codec": "h264"|"jpeg", "sample_rate", "max_height"}
-           first, within START_TIMEOUT_S (the key travels here, never in the URL)
+           first, within START_TIMEOUT_S (the key travels here, never in the URL); or, to resume a
+           session whose socket dropped, {"type": "resume", "api_key", "session_id", "resume_token",
+           "last_frame"} (the index of the last frame the page received)
     binary one PCM chunk, s16le mono at the session's rate (10-100 ms)
     text   {"type": "clear"} (barge-in) or {"type": "end"} (EndOfUtterance)
 server -> page
@@ -15,7 +17,13 @@ server -> page
     binary one frame: uint32 LE n, n bytes of JSON {index, keyframe, speech, utterance, video_bytes},
            the frame's data (an H.264 access unit or a JPEG), then its re-timed PCM
 
-The socket's end closes the session (CloseSession): the page keeps no resume token. Frames are
+The session outlives a dropped socket: the page reconnects (to this server or, after a restart or
+behind a balancer, to another) and resumes it with the session's resume token, which the session
+message carries and the page keeps in memory only; the live worker goes on from a keyframe. The
+session is closed (CloseSession) when the page closes its socket (a close frame: Stop, or leaving
+the page) or the bridge ends it for a bad message; a socket that drops without a close frame, a
+server shutting down, or a stream another resume took over leave it to be resumed, and a session
+nobody resumes ends by itself after the live worker's idle_timeout_s (60 s). Frames are
 sent as the gateway's stream yields them and each send waits for the socket to drain, so a slow
 page slows the Converse stream and the live worker drops frames for it (counted there), as for any
 slow gRPC reader. Only same-origin pages (or `allowed_origins`) may open it.
@@ -33,7 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
-from aiohttp import WSMsgType, web
+from aiohttp import WebSocketError, WSMsgType, web
 from google.protobuf import json_format
 
 from lipline.v1 import session_pb2
@@ -48,6 +56,7 @@ UP_QUEUE = 100  # messages from the page waiting for the gateway: 2 s of 20 ms c
 #: WebSocket close codes of the application range (4000-4999), by what went wrong
 CLOSE_REFUSED = 4400
 CLOSE_ENDED = 4000
+CLOSE_TRY_AGAIN = 1013  # RFC 6455 "try again later": the page resumes the session
 
 
 class StartError(ValueError):
@@ -55,13 +64,18 @@ class StartError(ValueError):
 
 
 def parse_start(text: str) -> dict[str, Any]:
-    """The start message's fields, checked; StartError says what to fix."""
+    """The first message's fields, checked (a start, or a resume: `type` says which); StartError says
+    what to fix."""
     try:
         start = json.loads(text)
     except ValueError:
         raise StartError('the first message must be JSON: {"type": "start", ...}') from None
+    if isinstance(start, dict) and start.get("type") == "resume":
+        return _parse_resume(start)
     if not isinstance(start, dict) or start.get("type") != "start":
-        raise StartError('the first message must be {"type": "start", "api_key", "avatar_id", ...}')
+        raise StartError(
+            'the first message must be {"type": "start", "api_key", "avatar_id", ...} or {"type": "resume", ...}'
+        )
     if not isinstance(start.get("avatar_id"), str) or not start["avatar_id"]:
         raise StartError("pick an avatar first (avatar_id is empty)")
     codec = start.get("codec", "h264")
@@ -72,11 +86,28 @@ def parse_start(text: str) -> dict[str, Any]:
     except (TypeError, ValueError):
         raise StartError("sample_rate and max_height must be whole numbers") from None
     return {
+        "type": "start",
         "api_key": str(start.get("api_key", "")).strip(),
         "avatar_id": start["avatar_id"],
         "codec": CODECS[codec],
         "sample_rate": rate,
         "max_height": max_height,
+    }
+
+
+def _parse_resume(resume: dict[str, Any]) -> dict[str, Any]:
+    for field in ("session_id", "resume_token"):
+        if not isinstance(resume.get(field), str) or not resume[field]:
+            raise StartError(f"a resume names the session: {field} is missing (the session message had it)")
+    last_frame = resume.get("last_frame", -1)
+    if not isinstance(last_frame, int) or isinstance(last_frame, bool) or last_frame < -1:
+        raise StartError(f"last_frame is the index of the last frame received (-1: none), got {last_frame!r}")
+    return {
+        "type": "resume",
+        "api_key": str(resume.get("api_key", "")).strip(),
+        "start": session_pb2.ConverseStart(
+            session_id=resume["session_id"], resume_token=resume["resume_token"], last_frame=last_frame
+        ),
     }
 
 
@@ -125,11 +156,14 @@ class LiveBridge:
         self.gateway = gateway
         self.metrics = metrics
         self.sockets: set[web.WebSocketResponse] = set()
+        self.stopping = False
 
     async def shutdown(self, app: web.Application) -> None:
-        """Server stopping: close every socket with "going away" (the page says so and can reconnect)."""
+        """Server stopping: close every socket with "going away"; their sessions stay, for the pages
+        to resume through another replica or this one once it is back."""
+        self.stopping = True
         for ws in list(self.sockets):
-            await ws.close(code=1001, message=b"the web server is restarting: start the session again")
+            await ws.close(code=1001, message=b"the web server is restarting: resuming")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if not same_origin(request, self.settings.allowed_origins):
@@ -169,74 +203,117 @@ class LiveBridge:
         metadata = key_metadata(start["api_key"])
         stub = self.gateway.stub
         try:
-            session = await stub.CreateSession(
-                session_pb2.CreateSessionRequest(
-                    avatar_id=start["avatar_id"],
-                    audio=session_pb2.AudioFormat(sample_rate=start["sample_rate"]),
-                    video=session_pb2.VideoFormat(codec=start["codec"], max_height=start["max_height"]),
-                ),
-                metadata=metadata,
-                timeout=self.settings.call_timeout_s,
-            )
+            if start["type"] == "resume":
+                converse = start["start"]
+                session = await stub.GetSession(
+                    session_pb2.GetSessionRequest(session_id=converse.session_id),
+                    metadata=metadata,
+                    timeout=self.settings.call_timeout_s,
+                )
+                session.resume_token = converse.resume_token  # GetSession never returns it; the page has it
+            else:
+                session = await stub.CreateSession(
+                    session_pb2.CreateSessionRequest(
+                        avatar_id=start["avatar_id"],
+                        audio=session_pb2.AudioFormat(sample_rate=start["sample_rate"]),
+                        video=session_pb2.VideoFormat(codec=start["codec"], max_height=start["max_height"]),
+                    ),
+                    metadata=metadata,
+                    timeout=self.settings.call_timeout_s,
+                )
+                converse = session_pb2.ConverseStart(
+                    session_id=session.id, resume_token=session.resume_token, last_frame=-1
+                )
         except grpc.aio.AioRpcError as exc:
             await _send_error(ws, exc.code().name, exc.details() or exc.code().name)
             return
-        public = session_pb2.Session()
-        public.CopyFrom(session)
-        public.ClearField("resume_token")  # the page never needs it: a closed socket closes the session
-        await ws.send_json(
-            {
-                "type": "session",
-                "session": json_format.MessageToDict(
-                    public, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-                ),
-            }
-        )
+        announce = {
+            "type": "session",
+            "session": json_format.MessageToDict(
+                session, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+            ),
+        }
+        keep = True  # until the stream ends in a way that says the page is done with the session
         try:
-            await self._converse(ws, session, metadata)
+            keep = await self._converse(ws, converse, metadata, announce, resuming=start["type"] == "resume")
         finally:
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-                await asyncio.shield(
-                    stub.CloseSession(
-                        session_pb2.CloseSessionRequest(session_id=session.id), metadata=metadata, timeout=10.0
+            if not keep and not self.stopping:
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+                    await asyncio.shield(
+                        stub.CloseSession(
+                            session_pb2.CloseSessionRequest(session_id=session.id), metadata=metadata, timeout=10.0
+                        )
                     )
-                )
 
-    async def _converse(self, ws: web.WebSocketResponse, session: session_pb2.Session, metadata: Any) -> None:
+    async def _converse(
+        self,
+        ws: web.WebSocketResponse,
+        start: session_pb2.ConverseStart,
+        metadata: Any,
+        announce: dict[str, Any],
+        resuming: bool,
+    ) -> bool:
+        """Bridge the socket and the Converse stream until either ends; whether the session should be
+        kept for a resume (the socket dropped without a close frame, another stream took it over, the
+        gateway went away, or a resume was refused: a wrong token or an ended session is not this
+        socket's to close). `announce` (the session message) goes to the page once the stream has
+        answered, so a page never takes a refused resume for a resumed session."""
         up: asyncio.Queue[session_pb2.ConverseRequest | None] = asyncio.Queue(UP_QUEUE)
 
         async def requests() -> AsyncIterator[session_pb2.ConverseRequest]:
-            yield session_pb2.ConverseRequest(
-                start=session_pb2.ConverseStart(session_id=session.id, resume_token=session.resume_token, last_frame=-1)
-            )
+            yield session_pb2.ConverseRequest(start=start)
             while (request := await up.get()) is not None:
                 yield request
 
         call = self.gateway.stub.Converse(requests(), metadata=metadata)
         reader = asyncio.create_task(self._read_page(ws, up))
         reader.add_done_callback(lambda _: call.cancel())  # the page went away: end the stream
+        keep = announced = False
         try:
             async for response in call:
+                if not announced:
+                    await ws.send_json(announce)
+                    announced = True
+                    if resuming:
+                        self.metrics.web_live_resumed.inc()
                 message = response_message(response)
                 if isinstance(message, bytes):
                     await ws.send_bytes(message)
                 else:
                     await ws.send_json(message)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED or not reader.done():
+            if exc.code() == grpc.StatusCode.ABORTED:
+                keep = True  # a resume through another socket took the session over: it is that one's now
+            elif exc.code() == grpc.StatusCode.UNAVAILABLE and not reader.done():
+                keep = True  # the gateway went away (a pod replaced): the page resumes through another
+                await ws.close(code=CLOSE_TRY_AGAIN, message=b"the gateway went away: resuming")
+            elif resuming and not announced:
+                keep = True
+                await _send_error(ws, exc.code().name, exc.details() or exc.code().name)
+            elif exc.code() != grpc.StatusCode.CANCELLED or not reader.done():
                 await _send_error(ws, exc.code().name, exc.details() or exc.code().name)
         except ConnectionResetError:
-            pass  # the page closed mid-send
+            pass  # the page's connection went mid-send: the reader sees how
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this handler is being cancelled (the server stops): not the stream's end
+            # else the stream was cancelled here, when the reader ended: the reader says how
         finally:
             reader.cancel()
             call.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+        dropped = reader.done() and not reader.cancelled() and reader.result()
+        return keep or dropped
 
-    async def _read_page(self, ws: web.WebSocketResponse, up: asyncio.Queue) -> None:
-        """The page's messages onto the Converse stream until it closes the socket; a message this
-        bridge cannot read ends the socket with an error saying which (the session closes)."""
-        async for message in ws:
+    async def _read_page(self, ws: web.WebSocketResponse, up: asyncio.Queue) -> bool:
+        """The page's messages onto the Converse stream until the socket ends; whether it dropped
+        (no close frame from the page: keep the session for a resume) or the page closed it, or sent
+        a message this bridge cannot read (the socket ends with an error saying which)."""
+        dropped = True
+        while True:
+            message = await ws.receive()
             if message.type == WSMsgType.BINARY:
                 await up.put(session_pb2.ConverseRequest(audio=session_pb2.AudioChunk(pcm=message.data)))
             elif message.type == WSMsgType.TEXT:
@@ -252,11 +329,20 @@ class LiveBridge:
                     await _send_error(
                         ws, "INVALID_ARGUMENT", 'messages are PCM (binary), {"type": "clear"} or {"type": "end"}'
                     )
+                    dropped = False
                     break
-            elif message.type == WSMsgType.ERROR:
-                _LOGGER.info("live WebSocket failed", extra={"error": str(ws.exception())})
+            elif message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING):
+                dropped = False  # the page's close frame: Stop, or the page left
+                break
+            else:  # CLOSED (the connection ended without a close frame) or ERROR
+                if message.type == WSMsgType.ERROR:
+                    _LOGGER.info("live WebSocket failed", extra={"error": str(ws.exception())})
+                    # The page broke the protocol (a message over max_live_message_bytes: 1009); a
+                    # connection that failed is a drop.
+                    dropped = not isinstance(message.data, WebSocketError)
                 break
         await up.put(None)
+        return dropped
 
 
 async def _send_error(ws: web.WebSocketResponse, code: str, message: str) -> None:

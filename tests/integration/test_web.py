@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 import wave
@@ -23,12 +24,15 @@ from typing import Any, TypeVar
 import aiohttp
 import numpy as np
 import pytest
+import websocket
 from playwright.sync_api import Browser, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from lipline.v1 import session_pb2
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
-from tests.integration.util import SAMPLES, start_cluster
+from tests.helpers.ports import free_port
+from tests.integration.util import SAMPLES, eventually, start_cluster
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
@@ -65,7 +69,8 @@ def web_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
     keys = workdir / "api-keys"
     keys.write_text(f"acme:{KEY}\n")
     limit = f"--max-avatar-bytes={MAX_AVATAR_BYTES}"
-    extra = {"gateway": [f"--api-keys-file={keys}", limit], "web": [limit]}
+    # A fixed HTTP port: the resume test restarts the web server, and the page reconnects to its own origin.
+    extra = {"gateway": [f"--api-keys-file={keys}", limit], "web": [limit, f"--http-port={free_port()}"]}
     with start_cluster(workdir, extra_args=extra, replicas={"web": 1, "live": 1}) as cluster:
         yield cluster
 
@@ -282,6 +287,104 @@ def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_c
     assert after and all(not f["speech"] for f in after), "Clear stopped the talking: only idle frames follow"
     page.click("#live-stop")
     wait_for(page, "document.getElementById('live-state').textContent === 'no session'", what="the session closed")
+
+
+def test_a_live_session_resumes_when_the_web_server_is_killed_and_restarted(
+    web_cluster: LocalCluster, page: Page, avatar_id: str
+) -> None:
+    """The page's socket drops (its web server killed: no close frame, no CloseSession); the page
+    reconnects to the restarted server and resumes the same session from a keyframe, speech included."""
+    open_page(page, web_cluster, KEY)
+    wait_for(page, "document.querySelectorAll('#live-avatar option').length > 0", what="the avatar list")
+    page.click(".tab[data-view=live]")
+    page.select_option("#live-avatar", avatar_id)
+    page.click("#live-start")
+    wait_for(page, "window.lipline.live.framesDrawn > 10", what="idle frames drawn")
+    session_id = page.evaluate("window.lipline.live.session.id")
+    web_cluster.kill("web")
+    wait_for(page, "document.getElementById('live-state').textContent === 'reconnecting'", what="the page reconnecting")
+    web_cluster.restart("web")
+    wait_for(
+        page,
+        "document.getElementById('live-message').textContent.endsWith('resumed')",
+        what="the session resumed",
+    )
+    drawn = page.evaluate("window.lipline.live.framesDrawn")
+    wait_for(page, f"window.lipline.live.framesDrawn > {drawn + 10}", what="frames after the resume")
+    assert page.evaluate("window.lipline.live.session.id") == session_id
+    page.set_input_files("#live-file", SAMPLES / "speech.wav")
+    page.click("#live-play")
+    wait_for(page, "window.lipline.live.lastFrame.speech", what="speech frames after the resume")
+    page.click("#live-stop")
+    wait_for(page, "document.getElementById('live-state').textContent === 'no session'", what="the session closed")
+    with LiplineClient(web_cluster.gateway_address, api_key=KEY) as client:
+        eventually(
+            lambda: (
+                client.stub.GetSession(session_pb2.GetSessionRequest(session_id=session_id)).state
+                == session_pb2.SESSION_STATE_CLOSED
+            ),
+            timeout=15,
+            what="Stop to close the session",
+        )
+
+
+def test_a_dropped_socket_keeps_the_session_for_a_resume_and_a_close_frame_closes_it(
+    web_cluster: LocalCluster, avatar_id: str
+) -> None:
+    """The bridge's rule, on raw sockets: a socket that ends without a close frame leaves the session
+    ACTIVE for a resume; a resume with another token is refused, with the session's right one it goes
+    on from a keyframe; the page's close frame closes the session."""
+    url = web_cluster.web_url.replace("http://", "ws://") + "/api/live"
+    origin = [f"Origin: {web_cluster.web_url}"]
+
+    def first_frame(ws: websocket.WebSocket) -> dict[str, Any]:
+        while isinstance(message := ws.recv(), str):
+            pass
+        size = int.from_bytes(message[:4], "little")
+        return json.loads(message[4 : 4 + size])
+
+    ws = websocket.create_connection(url, header=origin, timeout=30)
+    ws.send(json.dumps({"type": "start", "api_key": KEY, "avatar_id": avatar_id, "codec": "jpeg"}))
+    session = json.loads(ws.recv())["session"]
+    last = first_frame(ws)["index"]
+    ws.sock.close()  # the connection ends without a close frame (a network drop)
+    with LiplineClient(web_cluster.gateway_address, api_key=KEY) as client:
+        request = session_pb2.GetSessionRequest(session_id=session["id"])
+        time.sleep(1.0)
+        assert client.stub.GetSession(request).state == session_pb2.SESSION_STATE_ACTIVE
+
+        resume = {"type": "resume", "api_key": KEY, "session_id": session["id"], "last_frame": last}
+        wrong = websocket.create_connection(url, header=origin, timeout=30)
+        wrong.send(json.dumps({**resume, "resume_token": "not-its-token"}))
+        refused = json.loads(wrong.recv())
+        assert refused["type"] == "error" and refused["code"] in {"PERMISSION_DENIED", "UNAUTHENTICATED"}, refused
+        wrong.close()
+
+        ws = websocket.create_connection(url, header=origin, timeout=30)
+        ws.send(json.dumps({**resume, "resume_token": session["resume_token"]}))
+        resumed = json.loads(ws.recv())
+        assert resumed["type"] == "session" and resumed["session"]["id"] == session["id"]
+        frame = first_frame(ws)
+        assert frame["keyframe"] and frame["index"] > last
+        ws.close()  # a close frame: the page is done
+        eventually(
+            lambda: client.stub.GetSession(request).state == session_pb2.SESSION_STATE_CLOSED,
+            timeout=15,
+            what="the close frame to close the session",
+        )
+
+        # A page that breaks the protocol (a message over max_live_message_bytes) loses its session too.
+        ws = websocket.create_connection(url, header=origin, timeout=30)
+        ws.send(json.dumps({"type": "start", "api_key": KEY, "avatar_id": avatar_id, "codec": "jpeg"}))
+        broken = json.loads(ws.recv())["session"]["id"]
+        ws.send_binary(bytes(70 * 1024))
+        eventually(
+            lambda: client.stub.GetSession(session_pb2.GetSessionRequest(session_id=broken)).state
+            == session_pb2.SESSION_STATE_CLOSED,
+            timeout=15,
+            what="an oversized message to close the session",
+        )
+        ws.sock.close()
 
 
 def test_a_job_from_audio_recorded_with_the_microphone(web_cluster: LocalCluster, page: Page, avatar_id: str) -> None:

@@ -7,6 +7,10 @@ import { CHUNK_MS, FramePlayer, decodeFile, rms, startMicrophone } from "./audio
 const $ = (id) => document.getElementById(id);
 const RATE = 16000;
 const PROBE_CODEC = "avc1.42C01F";  // x264's constrained baseline, as the live workers send
+// Close codes after which the session lives on and the page resumes it: the socket dropped (1006),
+// the web server or a gateway restarted (1001, 1012, 1013) or failed (1011).
+const RESUMABLE = new Set([1001, 1006, 1011, 1012, 1013]);
+const RESUME_FOR_MS = 40000;  // the live worker ends a session nobody resumes after 60 s
 
 /** The codec string of an Annex B keyframe's SPS ("avc1.PPCCLL"); null without one. */
 function avcCodec(data) {
@@ -47,6 +51,10 @@ export class LiveView {
 
   reset() {
     this.session = null;
+    this.resumeToken = null;
+    this.lastIndex = -1;     // the last frame received: where a resumed stream goes on from
+    this.stopping = false;
+    this.resuming = null;    // {until, attempts} while the page resumes after a dropped socket
     this.framesDrawn = 0;
     this.lastFrame = null;
     this.latencies = [];
@@ -77,21 +85,33 @@ export class LiveView {
     this.reset();
     this.codec = codec;
     this.player = new FramePlayer(RATE);
+    showMessage(this.message, "starting the session...");
+    this.setState("starting");
+    this.connect({ type: "start", api_key: apiKey(), avatar_id: avatarId, codec, sample_rate: RATE });
+  }
+
+  /** One WebSocket to the bridge; `first` is its start or resume message. */
+  connect(first) {
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     const ws = new WebSocket(`${scheme}//${location.host}/api/live`);
     ws.binaryType = "arraybuffer";
     this.ws = ws;
-    showMessage(this.message, "starting the session...");
-    this.setState("starting");
-    ws.onopen = () => ws.send(JSON.stringify({ type: "start", api_key: apiKey(), avatar_id: avatarId, codec, sample_rate: RATE }));
+    ws.onopen = () => ws.send(JSON.stringify(first));
     ws.onmessage = (event) => (typeof event.data === "string" ? this.onText(JSON.parse(event.data)) : this.onFrame(event.data));
     ws.onclose = (event) => this.onClose(event);
   }
 
   onText(message) {
-    if (message.type === "session") {
+    if (message.type === "session" && this.resuming) {
+      this.resuming = null;  // the same session, on a new socket: the stream goes on from a keyframe
+      if (this.codec === "h264") { if (this.decoder.state !== "closed") this.decoder.close(); this.makeDecoder(); }
+      this.buttons(true);
+      this.setState("idle");
+      showMessage(this.message, `session ${this.session.id} resumed`);
+    } else if (message.type === "session") {
       const s = message.session;
       this.session = s;
+      this.resumeToken = s.resume_token;  // in memory only: a resume needs it with the key
       this.fps = s.video.fps;
       this.canvas.width = s.width;
       this.canvas.height = s.height;
@@ -123,6 +143,7 @@ export class LiveView {
     const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 4, headerBytes)));
     const data = new Uint8Array(buffer, 4 + headerBytes, header.video_bytes);
     const audio = new Uint8Array(buffer.slice(4 + headerBytes + header.video_bytes));
+    this.lastIndex = header.index;
     header.arrived = performance.now();
     header.rms = rms(audio);
     this.pending = header;
@@ -234,18 +255,48 @@ export class LiveView {
 
   stop() {
     this.playing = null;
+    this.stopping = true;
     this.stopTalking();
     if (this.ws) this.ws.close(1000);
+    else if (this.resuming) this.finish({ code: 1000, reason: "" });
   }
 
   onClose(event) {
+    const resumable = this.session && !this.stopping && !this.message.classList.contains("error");
+    if (resumable && (RESUMABLE.has(event.code) || this.resuming)) {
+      this.resume(event);
+      return;
+    }
+    this.finish(event);
+  }
+
+  /** Open a new socket and resume the session after `event` closed the last one; retried with
+   * back-off for RESUME_FOR_MS, the microphone's chunks meanwhile dropped (real time goes on). */
+  resume(event) {
+    this.ws = null;
+    const now = performance.now();
+    if (!this.resuming) this.resuming = { until: now + RESUME_FOR_MS, attempts: 0 };
+    if (now > this.resuming.until) { this.resuming = null; this.finish(event); return; }
+    const delay = Math.min(2000, 250 * 2 ** this.resuming.attempts);
+    this.resuming.attempts += 1;
+    this.buttons(false);
+    $("live-stop").disabled = false;
+    this.setState("reconnecting");
+    showMessage(this.message, `the connection dropped (${event.code}): resuming session ${this.session.id}...`);
+    setTimeout(() => {
+      if (!this.resuming || this.stopping) return;
+      this.connect({ type: "resume", api_key: apiKey(), session_id: this.session.id, resume_token: this.resumeToken, last_frame: this.lastIndex });
+    }, delay);
+  }
+
+  finish(event) {
     this.stopTalking();
     this.playing = null;
     this.buttons(false);
     this.setState("no session");
     if (this.decoder && this.decoder.state !== "closed") this.decoder.close();
     if (this.player) this.player.close();
-    if (event.code === 1001) showMessage(this.message, "the web server is restarting: start the session again", true);
+    if (RESUMABLE.has(event.code)) showMessage(this.message, `the connection closed (${event.code}) and the session could not be resumed: start again`, true);
     else if (event.code === 1000 || event.code === 4000) {
       if (!this.message.classList.contains("error")) showMessage(this.message, "session ended");
     } else if (!this.message.classList.contains("error")) showMessage(this.message, `the session's connection closed (${event.code} ${event.reason})`, true);

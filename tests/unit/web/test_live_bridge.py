@@ -15,6 +15,7 @@ from services.web.live_bridge import StartError, frame_message, parse_start, res
 def test_a_start_message_is_read_with_its_defaults() -> None:
     start = parse_start(json.dumps({"type": "start", "api_key": " k ", "avatar_id": "a1"}))
     assert start == {
+        "type": "start",
         "api_key": "k",
         "avatar_id": "a1",
         "codec": session_pb2.VIDEO_CODEC_H264,
@@ -26,9 +27,24 @@ def test_a_start_message_is_read_with_its_defaults() -> None:
     )
 
 
+def test_a_resume_message_becomes_the_converse_start_of_its_session() -> None:
+    resume = parse_start(
+        json.dumps({"type": "resume", "api_key": "k", "session_id": "s1", "resume_token": "t", "last_frame": 41})
+    )
+    assert resume["type"] == "resume" and resume["api_key"] == "k"
+    assert resume["start"] == session_pb2.ConverseStart(session_id="s1", resume_token="t", last_frame=41)
+    assert (
+        parse_start(json.dumps({"type": "resume", "session_id": "s1", "resume_token": "t"}))["start"].last_frame == -1
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [
+        ('{"type": "resume", "resume_token": "t"}', "session_id is missing"),
+        ('{"type": "resume", "session_id": "s", "resume_token": ""}', "resume_token is missing"),
+        ('{"type": "resume", "session_id": "s", "resume_token": "t", "last_frame": -2}', "last_frame is the index"),
+        ('{"type": "resume", "session_id": "s", "resume_token": "t", "last_frame": true}', "last_frame is the index"),
         ("not json", "must be JSON"),
         ('{"type": "clear"}', '"type": "start"'),
         ('{"type": "start"}', "pick an avatar"),
