@@ -21,8 +21,10 @@ that records them, so a gateway killed in between (or an avatar upload cancelled
 written) leaves `jobs/<id>/` or `avatars/<id>/` with no job or avatar. The pass lists those folders
 with their write times and deletes the ones whose id has no row and whose newest file is older than
 `unreferenced_after_s` (an hour by default, far longer than any upload takes, so an upload in progress,
-whose row comes right after its last write, is never touched); outputs (`outputs/<id>.mp4`) of job
-rows that are gone likewise.
+whose row comes right after its last write, is never touched). It lists every working file and every
+avatar's, so it runs every `unreferenced_after_s / 4`, not every round. Outputs are not listed (a
+week of them can be most of the store): a job's output is written only while its row exists, and a
+worker whose late upload outlived the row deletes it (services.render.worker).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Janitor:
     def __init__(self, settings: RenderSettings, metrics: Metrics, jobs: JobStore, blobs: BlobStore, name: str) -> None:
         self._s, self._metrics, self._jobs, self._blobs, self.name = settings, metrics, jobs, blobs, name
         self._task: asyncio.Task | None = None
+        self._next_unreferenced = 0.0  # monotonic time of the next pass over files no row refers to
 
     def start(self) -> None:
         if self._task is None:
@@ -117,7 +120,9 @@ class Janitor:
             if not await self._hold():
                 done.complete = False
                 return done
-        done.unreferenced = await self._sweep_unreferenced()
+        if time.monotonic() >= self._next_unreferenced:
+            self._next_unreferenced = time.monotonic() + s.unreferenced_after_s / 4
+            done.unreferenced = await self._sweep_unreferenced()
         return done
 
     async def _sweep_unreferenced(self) -> int:
@@ -127,25 +132,18 @@ class Janitor:
         def known_jobs(ids: Sequence[str]) -> set[str]:
             return set(jobs.job_versions(ids))
 
-        def delete_output(job_id: str) -> int:
-            blobs.delete(output_key(job_id))
-            return 1
-
         deleted = 0
-        for top, owner, known, delete in (
-            ("jobs/", _folder_owner, known_jobs, lambda oid: blobs.delete_prefix(job_prefix(oid))),
-            ("avatars/", _folder_owner, jobs.known_avatars, lambda oid: blobs.delete_prefix(avatar_prefix(oid))),
-            ("outputs/", _output_owner, known_jobs, delete_output),
-        ):
+        for top, known, folder in (("jobs/", known_jobs, job_prefix), ("avatars/", jobs.known_avatars, avatar_prefix)):
             newest: dict[str, float] = {}
             for key, written in (await asyncio.to_thread(blobs.modified_times, top)).items():
-                if oid := owner(key[len(top) :]):
+                oid, sep, _ = key[len(top) :].partition("/")
+                if sep:  # a file in an id's folder (anything else there is not ours to judge)
                     newest[oid] = max(newest.get(oid, 0.0), written)
             cutoff = time.time() - self._s.unreferenced_after_s
             quiet = [oid for oid, written in newest.items() if written < cutoff]
             recorded = await asyncio.to_thread(known, quiet) if quiet else set()
             for oid in (oid for oid in quiet if oid not in recorded):
-                gone = await asyncio.to_thread(delete, oid)
+                gone = await asyncio.to_thread(blobs.delete_prefix, folder(oid))
                 deleted += gone
                 self._metrics.retention_deleted.labels("unreferenced").inc(gone)
                 _LOGGER.warning(
@@ -162,14 +160,3 @@ class Janitor:
             await asyncio.to_thread(self._jobs.drop_lease, JANITOR_LEASE, self.name)
         except Exception as exc:  # noqa: BLE001 - the lease then expires by itself
             _LOGGER.warning("janitor: could not give its lease up (%s); it expires by itself", exc)
-
-
-def _folder_owner(rest: str) -> str:
-    """The id a `jobs/<id>/...` or `avatars/<id>/...` key belongs to ('' for a key with no folder)."""
-    oid, sep, _ = rest.partition("/")
-    return oid if sep else ""
-
-
-def _output_owner(rest: str) -> str:
-    """The job id of an `outputs/<id>.mp4` key ('' for anything else)."""
-    return rest.removesuffix(".mp4") if rest.endswith(".mp4") and "/" not in rest else ""

@@ -58,44 +58,35 @@ def test_the_holder_sweeps_expired_outputs_and_leftovers_and_close_gives_the_lea
 def test_files_no_row_refers_to_are_deleted_once_nobody_has_written_them_for_a_while(tmp_path: Path) -> None:
     """A gateway killed between storing a job's (or an avatar's) files and writing its row leaves files
     nothing refers to: deleted once quiet for `unreferenced_after_s`; an upload in progress (recent
-    writes), a job or avatar that has its row, and other jobs' outputs stay."""
+    writes), a job or avatar that has its row, and outputs stay. The pass runs every
+    `unreferenced_after_s / 4`, not every round."""
     with temp_stores(tmp_path) as st:
         st.jobs.create_job(new_job("recorded"))
         st.jobs.put_avatar(avatar("a" * 24))
-        stale = {
-            "jobs/lost/upload",
-            "jobs/lost/mels/00001.f16",
-            f"avatars/{'b' * 24}/source",
-            "outputs/lost.mp4",
-        }
+        lost_avatar = f"avatars/{'b' * 24}/source"
+        lost_job = {"jobs/lost/upload", "jobs/lost/mels/00001.f16", "jobs/lost/segments/00001.mp4"}
         kept = {
             "jobs/recorded/upload",
-            "outputs/recorded.mp4",
             f"avatars/{'a' * 24}/meta.json",
-            "jobs/uploading/upload",  # written just now: a SubmitJob in progress
+            "outputs/gone.mp4",  # outputs are not listed (a job's output is written while its row exists)
         }
-        for key in stale | kept:
+        for key in {lost_avatar, *lost_job, *kept}:
             st.blobs.put(key, b"x")
         hour_ago = time.time() - 3600
-        for key in (stale | kept) - {"jobs/uploading/upload"}:
-            os.utime(st.root / key, (hour_ago, hour_ago))
-        st.blobs.put("jobs/lost/segments/00001.mp4", b"x")  # ...but a stale folder with one fresh file
-        stale.discard("jobs/lost/upload")  # is still being written: the whole folder waits
-        stale.discard("jobs/lost/mels/00001.f16")
-        kept |= {"jobs/lost/upload", "jobs/lost/mels/00001.f16", "jobs/lost/segments/00001.mp4"}
+
+        def age(keys: set[str]) -> None:
+            for key in keys:
+                os.utime(st.root / key, (hour_ago, hour_ago))
+
+        age({lost_avatar, *kept, *lost_job} - {"jobs/lost/segments/00001.mp4"})  # one file still being written
         metrics = Metrics("render")
-        settings = RenderSettings(janitor_interval_s=0.1, janitor_lease_s=60.0, unreferenced_after_s=600.0)
+        settings = RenderSettings(janitor_interval_s=0.1, janitor_lease_s=60.0, unreferenced_after_s=8.0)
         janitor = Janitor(settings, metrics, st.jobs, st.blobs, "a")
-        done = asyncio.run(janitor.sweep())
-        assert done.unreferenced == len(stale) == 2
-        assert set(st.blob_keys()) == kept
-        assert metrics.retention_deleted.labels("unreferenced")._value.get() == 2
-        # once the late folder has been quiet long enough, it goes too
-        for key in ("jobs/lost/upload", "jobs/lost/mels/00001.f16", "jobs/lost/segments/00001.mp4"):
-            os.utime(st.root / key, (hour_ago, hour_ago))
+        assert asyncio.run(janitor.sweep()).unreferenced == 1  # the avatar's; the job's folder waits
+        assert set(st.blob_keys()) == kept | lost_job
+        assert metrics.retention_deleted.labels("unreferenced")._value.get() == 1
+        age(lost_job)
+        assert asyncio.run(janitor.sweep()).unreferenced == 0  # not due yet: every 2 s here
+        time.sleep(2.1)
         assert asyncio.run(janitor.sweep()).unreferenced == 3
-        assert set(st.blob_keys()) == kept - {
-            "jobs/lost/upload",
-            "jobs/lost/mels/00001.f16",
-            "jobs/lost/segments/00001.mp4",
-        }
+        assert set(st.blob_keys()) == kept
