@@ -65,7 +65,8 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
 
 
 class CallbackRules:
-    """Which callback URLs SubmitJob accepts, and the tenants' secrets (read once at start)."""
+    """Which callback URLs SubmitJob accepts, and the tenants' secrets (read at start, and again when
+    the file changes: services.serving.secret_files)."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.https_hosts = allowed_hosts(settings.callback_hosts, 443)
@@ -74,6 +75,10 @@ class CallbackRules:
         self.secrets: Mapping[str, str] = (
             parse_webhook_secrets(read_secret_file(file, "webhook secrets file"), file) if file else {}
         )
+
+    def use_secrets(self, secrets: Mapping[str, str]) -> None:
+        """A rotated secrets file: deliveries from now on are signed with these."""
+        self.secrets = secrets
 
     def check(self, url: str, tenant: str) -> str:
         """`url` when a job of `tenant` may call it back; InvalidRequest (a URL not allowed) or

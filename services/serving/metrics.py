@@ -115,6 +115,13 @@ class Metrics:
             "seconds since the claim loop's last iteration or lease renewal",
             registry=r,
         )
+        self.secret_reloads = Counter(
+            "lipline_secret_reloads",
+            "changes of a secret file picked up (result=reloaded) or refused because it did not parse (result=refused, "
+            "the previous secrets stay): file=api_keys or webhook_secrets",
+            ["file", "result"],
+            registry=r,
+        )
         self.quarantined = Counter(
             "lipline_quarantined",
             "rows and blobs a worker could not interpret, set aside (job failed or task deleted), by reason",

@@ -28,11 +28,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.serving import native_threads, tracing
-from services.serving.auth import Auth, read_secret_file
+from services.serving.auth import Auth, parse_api_keys, read_secret_file
+from services.serving.background import cancel_and_wait
 from services.serving.channels import INTERNAL_TOKEN, channel_options
 from services.serving.interceptor import RpcLimits, ServerInterceptor
 from services.serving.logs import configure_logging
 from services.serving.metrics import Metrics, start_metrics_server
+from services.serving.secret_files import watch_secret_file
 from services.serving.settings import ServiceSettings, parse_settings
 from services.serving.stages import public_stages
 
@@ -112,10 +114,9 @@ class ServiceRunner:
         self.internal_token = keys_and_token.internal_token
         # A stage checks the internal token; the gateway only sends it (its callers hold API keys).
         self.auth = Auth(keys_and_token.api_keys, "" if service.stage in PUBLIC_STAGES else self.internal_token)
-        self.server = grpc.aio.server(
-            interceptors=[ServerInterceptor(service.metrics, self.ready, self.limits, self.auth)],
-            options=options,
-        )
+        self.interceptor = ServerInterceptor(service.metrics, self.ready, self.limits, self.auth)
+        self.server = grpc.aio.server(interceptors=[self.interceptor], options=options)
+        self._watch_keys: asyncio.Task | None = None
         self.port = 0
         self.metrics_port = -1
 
@@ -154,6 +155,18 @@ class ServiceRunner:
                 "internal_token": bool(self.internal_token),
             },
         )
+        if s.api_keys_file and s.secrets_reload_s > 0:
+            self._watch_keys = asyncio.create_task(
+                watch_secret_file(
+                    s.api_keys_file,
+                    "API keys file",
+                    lambda text: parse_api_keys(text, s.api_keys_file),
+                    self._use_api_keys,
+                    s.secrets_reload_s,
+                    lambda result: svc.metrics.secret_reloads.labels("api_keys", result).inc(),
+                ),
+                name="lipline-api-keys-watch",
+            )
         # The stage channels that load() opens send the internal token (a context variable: this task only).
         INTERNAL_TOKEN.set(self.internal_token)
         svc.bound_port = self.port
@@ -168,8 +181,15 @@ class ServiceRunner:
             tmp.replace(s.port_file)
         _LOGGER.info("SERVING", extra={"port": self.port, "metrics_port": self.metrics_port})
 
+    def _use_api_keys(self, keys: dict[str, str]) -> None:
+        """A rotated API keys file: calls from now on are checked against `keys` (the token unchanged)."""
+        self.auth = Auth(keys, self.auth.internal_token)
+        self.interceptor.auth = self.auth
+        _LOGGER.info("API keys in force", extra={"api_keys": sorted(keys)})
+
     async def stop(self) -> None:
         """Go NOT_SERVING (load balancers stop sending), then drain in-flight RPCs within grace_s."""
+        await cancel_and_wait(self._watch_keys)
         await self.health.enter_graceful_shutdown()
         await self.service.begin_drain()
         _LOGGER.info("draining in-flight RPCs", extra={"grace_s": self.settings.grace_s})

@@ -100,6 +100,11 @@ class ServiceSettings:
         "every RPC but health and reflection then needs one in x-api-key (or authorization: Bearer) metadata, and the "
         "client's identity for per-client limits is the key's name; empty = no API keys (local mode)",
     )
+    secrets_reload_s: float = setting(
+        10.0,
+        "how often the API keys file (and the gateway's webhook secrets file) is checked for changes and re-read, so "
+        "keys rotate without a restart (a file that does not parse is refused and the previous keys stay); 0 = read once",
+    )
     internal_token_file: str = setting(
         "",
         "a file holding the token between services: the stages refuse calls without it in x-lipline-internal "
@@ -119,6 +124,8 @@ class ServiceSettings:
             problems.append("max_message_bytes must be at least 1 MiB")
         if self.grace_s < 0:
             problems.append("grace_s must be >= 0")
+        if self.secrets_reload_s < 0:
+            problems.append(f"secrets_reload_s must be >= 0 (0 = read once), got {self.secrets_reload_s}")
         if self.max_connection_age_grace_s < 0:
             problems.append(
                 f"max_connection_age_grace_s must be >= 0 (0 = grace_s), got {self.max_connection_age_grace_s}"

@@ -30,15 +30,15 @@ from services.gateway.client import LiplineClient, render_file
 from services.local.cluster import REPO_ROOT, STAGES, LocalCluster
 from services.web.gateway_link import GatewayLink
 from tests.helpers.certificates import make_certificate
-from tests.integration.util import SAMPLES, health_status, start_cluster
+from tests.integration.util import SAMPLES, eventually, health_status, start_cluster
 
 GATEWAY = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
 GATEWAY_NAME = "lip-lipline-gateway"  # a name only the certificate holds, as a Service's name is in a cluster
 
 
 class Secured:
-    def __init__(self, cluster: LocalCluster, cert: Path, keys: dict[str, str], token: str) -> None:
-        self.cluster, self.cert, self.keys, self.token = cluster, cert, keys, token
+    def __init__(self, cluster: LocalCluster, cert: Path, keys: dict[str, str], token: str, keys_file: Path) -> None:
+        self.cluster, self.cert, self.keys, self.token, self.keys_file = cluster, cert, keys, token, keys_file
 
     def channel(self) -> grpc.Channel:
         return grpc.secure_channel(
@@ -59,6 +59,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     extra["gateway"] = [
         *internal,
         f"--api-keys-file={workdir / 'api-keys'}",
+        "--secrets-reload-s=0.2",
         f"--tls-cert-file={cert}",
         f"--tls-key-file={key}",
         "--segment-seconds=0.8",
@@ -66,7 +67,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     # The web page calls the TLS gateway as the chart sets it up: the CA file, the Service's name.
     extra["web"] = [f"--gateway-tls-ca-file={cert}", f"--gateway-tls-server-name={GATEWAY_NAME}"]
     with start_cluster(workdir / "cluster", extra_args=extra, replicas={"web": 1}) as cluster:
-        yield Secured(cluster, cert, keys, token)
+        yield Secured(cluster, cert, keys, token, workdir / "api-keys")
 
 
 def _call(channel: grpc.Channel, method_name: str, metadata: tuple[tuple[str, str], ...]) -> None:
@@ -247,6 +248,44 @@ def test_the_web_pages_gateway_link_checks_the_certificate_name(
     else:
         with pytest.raises(RuntimeError, match="not SERVING"):
             asyncio.run(start())
+
+
+def test_a_rotated_keys_file_takes_effect_without_a_restart_and_a_bad_one_is_refused(secured: Secured) -> None:
+    """The gateway re-reads its API keys file when it changes (a Secret rotated): a new key works and a
+    removed one is refused within a few seconds; a file that does not parse changes nothing."""
+    original = secured.keys_file.read_text()
+    carol = secrets.token_urlsafe(24)
+
+    def status_with(key: str) -> grpc.StatusCode:
+        with secured.channel() as channel:
+            try:
+                _call(channel, "ListAvatars", (("x-api-key", key),))
+            except grpc.RpcError as exc:
+                return exc.code()
+        return grpc.StatusCode.OK
+
+    try:
+        assert status_with(carol) == grpc.StatusCode.UNAUTHENTICATED
+        replace_file(secured.keys_file, original + f"carol:{carol}\n")
+        eventually(lambda: status_with(carol) == grpc.StatusCode.OK, timeout=10, what="the new key to work")
+        replace_file(secured.keys_file, original + "carol:short\n")  # a bad line: the file is refused
+        eventually(
+            lambda: "cannot be used; the previous one stays in force" in secured.cluster.processes["gateway"].log(),
+            timeout=10,
+            what="the bad file refused",
+        )
+        assert status_with(carol) == grpc.StatusCode.OK and status_with(secured.keys["alice"]) == grpc.StatusCode.OK
+    finally:
+        replace_file(secured.keys_file, original)
+    eventually(lambda: status_with(carol) == grpc.StatusCode.UNAUTHENTICATED, timeout=10, what="the key removed")
+    assert status_with(secured.keys["alice"]) == grpc.StatusCode.OK
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Atomically, as an editor or kubelet would (never a half-written file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def test_no_service_logs_a_key_or_the_token(secured: Secured) -> None:

@@ -379,8 +379,10 @@ def test_a_dropped_socket_keeps_the_session_for_a_resume_and_a_close_frame_close
         broken = json.loads(ws.recv())["session"]["id"]
         ws.send_binary(bytes(70 * 1024))
         eventually(
-            lambda: client.stub.GetSession(session_pb2.GetSessionRequest(session_id=broken)).state
-            == session_pb2.SESSION_STATE_CLOSED,
+            lambda: (
+                client.stub.GetSession(session_pb2.GetSessionRequest(session_id=broken)).state
+                == session_pb2.SESSION_STATE_CLOSED
+            ),
             timeout=15,
             what="an oversized message to close the session",
         )
