@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from services.serving.settings import StoreSettings, address_field, output_ttl_field, setting
 from services.serving.stages import STAGES
@@ -103,6 +104,10 @@ class GatewaySettings(StoreSettings):
         "hosts a job's callback_url may name over plain http://, comma-separated: `host` (port 80) or `host:port`; "
         "only for receivers inside a trusted network (the body is signed, not encrypted); empty = none",
     )
+    callback_ca_file: str = setting(
+        "",
+        "PEM bundle of the CAs that sign callback receivers' certificates (an internal CA); empty = the system's roots",
+    )
     webhook_secrets_file: str = setting(
         "",
         "file of per-tenant webhook signing secrets, one `tenant:secret` per line (services/serving/tenants.py); "
@@ -137,6 +142,10 @@ class GatewaySettings(StoreSettings):
         problems = []
         if not 0.2 <= self.segment_seconds <= 60:
             problems.append(f"segment_seconds must be in 0.2..60, got {self.segment_seconds}")
+        for name in ("audio_uri_ca_file", "callback_ca_file"):
+            path = getattr(self, name)
+            if path and not os.path.isfile(path):
+                problems.append(f"{name} {path} is not a readable file (a PEM bundle of CA certificates)")
         if not 0.1 <= self.avatar_purge_interval_s <= 3600:
             problems.append(f"avatar_purge_interval_s must be in 0.1..3600, got {self.avatar_purge_interval_s}")
         if not 1 <= self.request_id_window_s <= 30 * 86400:

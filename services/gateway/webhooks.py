@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import logging
 import random
+import ssl
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -164,7 +165,8 @@ class WebhookSender:
 
     def start(self) -> None:
         if self._task is None:
-            self._session = aiohttp.ClientSession(trust_env=False)
+            tls = ssl.create_default_context(cafile=self._s.callback_ca_file or None)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls), trust_env=False)
             self._task = asyncio.create_task(self._run(), name="lipline-webhooks")
 
     async def close(self) -> None:

@@ -16,10 +16,12 @@ import hmac
 import http.server
 import json
 import secrets
+import ssl
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import pytest
@@ -28,6 +30,7 @@ from lipline.v1 import gateway_pb2
 from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
+from tests.helpers.certificates import make_certificate
 from tests.integration.util import SAMPLES, cut_wav, eventually, start_cluster
 
 TIMEOUT_S = 1.0  # callback_timeout_s: the gateway's lease on a delivery is 2 x this + 1 s
@@ -98,6 +101,8 @@ class World:
     keys: dict[str, str]
     avatar: gateway_pb2.Avatar  # acme's
     bob_avatar: gateway_pb2.Avatar
+    tls_base: str  # the same receiver over https, with a certificate only callback_ca_file vouches for
+    secrets_file: Path
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +117,21 @@ def world(job_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     receiver = Receiver(server)
     _Handler.receiver = receiver
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    cert, key = make_certificate(workdir)
+    tls_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    tls_server.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    tls_server.socket = context.wrap_socket(tls_server.socket, server_side=True)
+    threading.Thread(target=tls_server.serve_forever, daemon=True).start()
+    tls_port = tls_server.server_address[1]
     gateway = [
         f"--api-keys-file={workdir / 'api-keys'}",
         f"--webhook-secrets-file={workdir / 'webhook-secrets'}",
+        "--secrets-reload-s=0.2",
         f"--callback-http-hosts=127.0.0.1:{server.server_address[1]}",
-        "--callback-hosts=hooks.example.com",
+        f"--callback-hosts=hooks.example.com,localhost:{tls_port}",
+        f"--callback-ca-file={cert}",
         f"--callback-timeout-s={TIMEOUT_S}",
         "--callback-backoff-s=0.2",
         "--callback-backoff-max-s=0.4",
@@ -126,6 +141,8 @@ def world(job_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     with contextlib.ExitStack() as stack:
         stack.callback(server.server_close)
         stack.callback(server.shutdown)
+        stack.callback(tls_server.server_close)
+        stack.callback(tls_server.shutdown)
         stack.callback(receiver.release.set)
         cluster = stack.enter_context(
             start_cluster(
@@ -138,7 +155,19 @@ def world(job_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         )
         photo = (SAMPLES / "avatar.jpg").read_bytes()
         avatar, bob_avatar = acme.create_avatar(photo, name="a.jpg"), bob.create_avatar(photo, name="b.jpg")
-        yield World(cluster, receiver, acme, bob, carol, hook_secrets, keys, avatar, bob_avatar)
+        yield World(
+            cluster,
+            receiver,
+            acme,
+            bob,
+            carol,
+            hook_secrets,
+            keys,
+            avatar,
+            bob_avatar,
+            f"https://localhost:{tls_port}",
+            workdir / "webhook-secrets",
+        )
 
 
 SPEECH = cut_wav((SAMPLES / "speech.wav").read_bytes(), 0.8)
@@ -188,6 +217,45 @@ def test_a_finished_job_is_posted_once_signed(world: World) -> None:
     assert "webhook" not in body
     with pytest.raises(AssertionError):  # another tenant's secret does not verify it
         check_signature(hit, world.secrets["bob"])
+
+
+def test_an_https_receiver_with_a_certificate_from_the_operators_ca_gets_it(world: World) -> None:
+    """callback_ca_file: a receiver whose certificate only that CA vouches for (self-signed here; the
+    system's roots would refuse it) is delivered to over https."""
+    job = cancelled_job(world.acme, world.avatar, f"{world.tls_base}/ok/tls")
+    hook = delivered(world.acme, job.id)
+    assert hook.attempts == 1 and hook.last_status_code == 200, hook
+    (hit,) = world.receiver.of("/ok/tls")
+    check_signature(hit, world.secrets["acme"])
+
+
+def test_a_rotated_webhook_secret_signs_the_next_delivery(world: World) -> None:
+    """The secrets file re-read on change (secrets_reload_s): no restart to rotate a tenant's secret."""
+    original = world.secrets_file.read_text()
+    rotated = secrets.token_urlsafe(32)
+    try:
+        tmp = world.secrets_file.with_suffix(".tmp")
+        tmp.write_text(original.replace(world.secrets["acme"], rotated))
+        tmp.replace(world.secrets_file)
+        eventually(
+            lambda: "webhook secrets file changed: reloaded" in world.cluster.processes["gateway"].log(),
+            timeout=10,
+            what="the gateway to reload its webhook secrets",
+        )
+        job = cancelled_job(world.acme, world.avatar, f"{world.receiver.base}/ok/rotated")
+        delivered(world.acme, job.id)
+        (hit,) = world.receiver.of("/ok/rotated")
+        check_signature(hit, rotated)
+        with pytest.raises(AssertionError):
+            check_signature(hit, world.secrets["acme"])
+    finally:
+        tmp.write_text(original)
+        tmp.replace(world.secrets_file)
+    eventually(
+        lambda: world.cluster.processes["gateway"].log().count("webhook secrets file changed: reloaded") >= 2,
+        timeout=10,
+        what="the original secrets back",
+    )
 
 
 def test_a_receiver_that_fails_twice_gets_it_on_the_third_try(world: World) -> None:

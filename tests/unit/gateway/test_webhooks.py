@@ -12,6 +12,7 @@ import pytest
 from services.gateway.settings import GatewaySettings
 from services.gateway.webhooks import CallbackRules, backoff_s, signature
 from services.serving.errors import FailedPrecondition, InvalidRequest
+from services.serving.settings import parse_settings
 from services.serving.tenants import parse_webhook_secrets
 
 SECRET = "s" * 32
@@ -94,3 +95,12 @@ def test_a_bad_secrets_file_is_refused_naming_the_line_not_the_secret(text: str,
     with pytest.raises(ValueError, match=says) as caught:
         parse_webhook_secrets(text, "secrets.txt")
     assert "secrets.txt, line" in str(caught.value) and SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["callback_ca_file", "audio_uri_ca_file"])
+def test_a_ca_file_that_is_not_there_stops_the_start_naming_it(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(GatewaySettings, [f"--{name.replace('_', '-')}={tmp_path / 'missing.pem'}"], {})
+    assert f"{name} {tmp_path / 'missing.pem'} is not a readable file" in capsys.readouterr().err
