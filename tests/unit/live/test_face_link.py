@@ -242,7 +242,10 @@ def test_old_streams_are_replaced_before_break_and_lose_nothing() -> None:
             assert link.counters.failed == 0 and link.counters.late == 0 and link.counters.stream_errors == 0, (
                 link.counters
             )
-            for stream in servicer.streams:
+            # A stream opened as the talking ended may have carried nothing before the link closed.
+            used = [stream for stream in servicer.streams if any(r.crops or r.items.frame_indices for r in stream)]
+            assert len(used) >= 4, [len(stream) for stream in servicer.streams]
+            for stream in used:
                 first = next(r for r in stream if r.crops or r.items.frame_indices)
                 assert len(first.crops) == 3 and not first.items.frame_indices, (
                     "a new stream sends every crop before any item"
