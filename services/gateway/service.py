@@ -72,7 +72,7 @@ from services.serving.background import cancel_and_wait
 from services.serving.discovery import DiscoveredStageClients
 from services.serving.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
 from services.serving.interceptor import CLIENT_ID, REQUEST_ID, TENANT
-from services.serving.secret_files import watch_secret_file
+from services.serving.secret_files import start_watch
 from services.serving.server import Service
 from services.serving.tenants import IMPLICIT_TENANT, parse_webhook_secrets
 from services.serving.tracing import context_carrier
@@ -447,18 +447,15 @@ class GatewayService(Service[GatewaySettings]):
         self.audio_fetcher = AudioFetcher(s, self.blobs)
         self.webhooks = WebhookSender(self.jobs, self.callback_rules, s, self.metrics)
         self.webhooks.start()
-        if s.webhook_secrets_file and s.secrets_reload_s > 0:
-            self.secrets_watch = asyncio.create_task(
-                watch_secret_file(
-                    s.webhook_secrets_file,
-                    "webhook secrets file",
-                    lambda text: parse_webhook_secrets(text, s.webhook_secrets_file),
-                    self.callback_rules.use_secrets,
-                    s.secrets_reload_s,
-                    lambda result: self.metrics.secret_reloads.labels("webhook_secrets", result).inc(),
-                ),
-                name="lipline-webhook-secrets-watch",
-            )
+        self.secrets_watch = start_watch(
+            s.webhook_secrets_file,
+            "webhook secrets file",
+            lambda text: parse_webhook_secrets(text, s.webhook_secrets_file),
+            self.callback_rules.use_secrets,
+            s.secrets_reload_s,
+            self.metrics,
+            "webhook_secrets",
+        )
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
         self.clients = DiscoveredStageClients(
             {"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from services.serving.auth import read_secret_file
+from services.serving.metrics import Metrics
 
 _LOGGER = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,3 +60,24 @@ async def watch_secret_file(
         apply(value)
         counted("reloaded")
         _LOGGER.info("the %s changed: reloaded", what, extra={"file": path})
+
+
+def start_watch(
+    path: str,
+    what: str,
+    parse: Callable[[str], T],
+    apply: Callable[[T], None],
+    every_s: float,
+    metrics: Metrics,
+    label: str,
+) -> asyncio.Task | None:
+    """`watch_secret_file` as a task of the running loop, counted in `lipline_secret_reloads_total{file=label}`;
+    None when there is no file or reloading is off (`every_s` 0). Stop it with cancel_and_wait."""
+    if not path or every_s <= 0:
+        return None
+    return asyncio.create_task(
+        watch_secret_file(
+            path, what, parse, apply, every_s, lambda result: metrics.secret_reloads.labels(label, result).inc()
+        ),
+        name=f"lipline-{label}-watch",
+    )

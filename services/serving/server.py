@@ -34,7 +34,7 @@ from services.serving.channels import INTERNAL_TOKEN, channel_options
 from services.serving.interceptor import RpcLimits, ServerInterceptor
 from services.serving.logs import configure_logging
 from services.serving.metrics import Metrics, start_metrics_server
-from services.serving.secret_files import watch_secret_file
+from services.serving.secret_files import start_watch
 from services.serving.settings import ServiceSettings, parse_settings
 from services.serving.stages import public_stages
 
@@ -155,18 +155,15 @@ class ServiceRunner:
                 "internal_token": bool(self.internal_token),
             },
         )
-        if s.api_keys_file and s.secrets_reload_s > 0:
-            self._watch_keys = asyncio.create_task(
-                watch_secret_file(
-                    s.api_keys_file,
-                    "API keys file",
-                    lambda text: parse_api_keys(text, s.api_keys_file),
-                    self._use_api_keys,
-                    s.secrets_reload_s,
-                    lambda result: svc.metrics.secret_reloads.labels("api_keys", result).inc(),
-                ),
-                name="lipline-api-keys-watch",
-            )
+        self._watch_keys = start_watch(
+            s.api_keys_file,
+            "API keys file",
+            lambda text: parse_api_keys(text, s.api_keys_file),
+            self._use_api_keys,
+            s.secrets_reload_s,
+            svc.metrics,
+            "api_keys",
+        )
         # The stage channels that load() opens send the internal token (a context variable: this task only).
         INTERNAL_TOKEN.set(self.internal_token)
         svc.bound_port = self.port

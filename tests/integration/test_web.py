@@ -237,15 +237,23 @@ setTimeout(() => { canvas.removeEventListener('lipline-frame', onFrame); done(fr
 })"""
 
 
-def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_clear_returns_to_idle(
-    web_cluster: LocalCluster, page: Page, shots: Path, avatar_id: str
-) -> None:
-    open_page(page, web_cluster, KEY)
+def start_live(page: Page, cluster: LocalCluster, avatar_id: str, codec: str = "") -> None:
+    """Open the page, start a live session of the avatar (in `codec`, else the page's choice) and wait
+    for its first frames."""
+    open_page(page, cluster, KEY)
     wait_for(page, "document.querySelectorAll('#live-avatar option').length > 0", what="the avatar list")
     page.click(".tab[data-view=live]")
     page.select_option("#live-avatar", avatar_id)
+    if codec:
+        page.select_option("#live-codec", codec)
     page.click("#live-start")
-    wait_for(page, "window.lipline.live.framesDrawn > 10", what="idle frames drawn")
+    wait_for(page, "window.lipline.live.framesDrawn > 10", what="the first frames drawn")
+
+
+def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_clear_returns_to_idle(
+    web_cluster: LocalCluster, page: Page, shots: Path, avatar_id: str
+) -> None:
+    start_live(page, web_cluster, avatar_id)
     idle = page.evaluate(MEASURE, 1.0)
     assert idle and all(not f["speech"] for f in idle)
     assert np.mean([f["diff"] for f in idle]) < 1e-4, "the idle loop of a photo is still"
@@ -289,17 +297,18 @@ def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_c
     wait_for(page, "document.getElementById('live-state').textContent === 'no session'", what="the session closed")
 
 
+def wait_closed(client: LiplineClient, session_id: str, what: str) -> None:
+    """Until the gateway says the session is CLOSED."""
+    request = session_pb2.GetSessionRequest(session_id=session_id)
+    eventually(lambda: client.stub.GetSession(request).state == session_pb2.SESSION_STATE_CLOSED, 15, what)
+
+
 def test_a_live_session_resumes_when_the_web_server_is_killed_and_restarted(
     web_cluster: LocalCluster, page: Page, avatar_id: str
 ) -> None:
     """The page's socket drops (its web server killed: no close frame, no CloseSession); the page
     reconnects to the restarted server and resumes the same session from a keyframe, speech included."""
-    open_page(page, web_cluster, KEY)
-    wait_for(page, "document.querySelectorAll('#live-avatar option').length > 0", what="the avatar list")
-    page.click(".tab[data-view=live]")
-    page.select_option("#live-avatar", avatar_id)
-    page.click("#live-start")
-    wait_for(page, "window.lipline.live.framesDrawn > 10", what="idle frames drawn")
+    start_live(page, web_cluster, avatar_id)
     session_id = page.evaluate("window.lipline.live.session.id")
     web_cluster.kill("web")
     wait_for(page, "document.getElementById('live-state').textContent === 'reconnecting'", what="the page reconnecting")
@@ -318,14 +327,7 @@ def test_a_live_session_resumes_when_the_web_server_is_killed_and_restarted(
     page.click("#live-stop")
     wait_for(page, "document.getElementById('live-state').textContent === 'no session'", what="the session closed")
     with LiplineClient(web_cluster.gateway_address, api_key=KEY) as client:
-        eventually(
-            lambda: (
-                client.stub.GetSession(session_pb2.GetSessionRequest(session_id=session_id)).state
-                == session_pb2.SESSION_STATE_CLOSED
-            ),
-            timeout=15,
-            what="Stop to close the session",
-        )
+        wait_closed(client, session_id, "Stop to close the session")
 
 
 def test_a_dropped_socket_keeps_the_session_for_a_resume_and_a_close_frame_closes_it(
@@ -367,25 +369,14 @@ def test_a_dropped_socket_keeps_the_session_for_a_resume_and_a_close_frame_close
         frame = first_frame(ws)
         assert frame["keyframe"] and frame["index"] > last
         ws.close()  # a close frame: the page is done
-        eventually(
-            lambda: client.stub.GetSession(request).state == session_pb2.SESSION_STATE_CLOSED,
-            timeout=15,
-            what="the close frame to close the session",
-        )
+        wait_closed(client, session["id"], "the close frame to close the session")
 
         # A page that breaks the protocol (a message over max_live_message_bytes) loses its session too.
         ws = websocket.create_connection(url, header=origin, timeout=30)
         ws.send(json.dumps({"type": "start", "api_key": KEY, "avatar_id": avatar_id, "codec": "jpeg"}))
         broken = json.loads(ws.recv())["session"]["id"]
         ws.send_binary(bytes(70 * 1024))
-        eventually(
-            lambda: (
-                client.stub.GetSession(session_pb2.GetSessionRequest(session_id=broken)).state
-                == session_pb2.SESSION_STATE_CLOSED
-            ),
-            timeout=15,
-            what="an oversized message to close the session",
-        )
+        wait_closed(client, broken, "an oversized message to close the session")
         ws.sock.close()
 
 
@@ -418,13 +409,7 @@ def test_a_live_session_in_jpeg_draws_frames_without_webcodecs(
     web_cluster: LocalCluster, page: Page, avatar_id: str
 ) -> None:
     """The page's fallback for a browser without WebCodecs: JPEG frames drawn with createImageBitmap."""
-    open_page(page, web_cluster, KEY)
-    wait_for(page, "document.querySelectorAll('#live-avatar option').length > 0", what="the avatar list")
-    page.click(".tab[data-view=live]")
-    page.select_option("#live-avatar", avatar_id)
-    page.select_option("#live-codec", "jpeg")
-    page.click("#live-start")
-    wait_for(page, "window.lipline.live.framesDrawn > 10", what="JPEG frames drawn")
+    start_live(page, web_cluster, avatar_id, codec="jpeg")
     assert "JPEG" in text(page, "#live-video")
     page.set_input_files("#live-file", SAMPLES / "speech.wav")  # "play a file": sent in real time, then EndOfUtterance
     page.click("#live-play")
