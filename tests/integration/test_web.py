@@ -5,7 +5,9 @@ browser download is never run: docs/decisions.md, "Browser tests"). One cluster 
 a live worker and API keys on the gateway) and one browser (its fake microphone fed from a WAV of
 speech then silence) are shared by the module; each test gets a fresh browser context (its own
 storage, so no key or thumbnail carries over). Each view's screenshot is saved under the test run's
-tmp dir (docs/img/ holds one current copy of each).
+tmp dir (docs/img/ holds one current copy of each). The live socket's resume rules are also driven
+on raw WebSockets (websocket-client), where a drop without a close frame and the close codes can be
+made and read exactly; those tests kill and restart the web server or the gateway of the shared cluster.
 """
 
 from __future__ import annotations
@@ -330,22 +332,27 @@ def test_a_live_session_resumes_when_the_web_server_is_killed_and_restarted(
         wait_closed(client, session_id, "Stop to close the session")
 
 
+def first_frame(ws: websocket.WebSocket) -> dict[str, Any]:
+    """The JSON header of the next frame on a raw live socket (text messages before it skipped)."""
+    while isinstance(message := ws.recv(), str):
+        pass
+    size = int.from_bytes(message[:4], "little")
+    return json.loads(message[4 : 4 + size])
+
+
+def live_socket(cluster: LocalCluster) -> websocket.WebSocket:
+    """A raw live WebSocket to the web server, from the page's own origin."""
+    url = cluster.web_url.replace("http://", "ws://") + "/api/live"
+    return websocket.create_connection(url, header=[f"Origin: {cluster.web_url}"], timeout=30)
+
+
 def test_a_dropped_socket_keeps_the_session_for_a_resume_and_a_close_frame_closes_it(
     web_cluster: LocalCluster, avatar_id: str
 ) -> None:
     """The bridge's rule, on raw sockets: a socket that ends without a close frame leaves the session
     ACTIVE for a resume; a resume with another token is refused, with the session's right one it goes
     on from a keyframe; the page's close frame closes the session."""
-    url = web_cluster.web_url.replace("http://", "ws://") + "/api/live"
-    origin = [f"Origin: {web_cluster.web_url}"]
-
-    def first_frame(ws: websocket.WebSocket) -> dict[str, Any]:
-        while isinstance(message := ws.recv(), str):
-            pass
-        size = int.from_bytes(message[:4], "little")
-        return json.loads(message[4 : 4 + size])
-
-    ws = websocket.create_connection(url, header=origin, timeout=30)
+    ws = live_socket(web_cluster)
     ws.send(json.dumps({"type": "start", "api_key": KEY, "avatar_id": avatar_id, "codec": "jpeg"}))
     session = json.loads(ws.recv())["session"]
     last = first_frame(ws)["index"]
@@ -356,13 +363,13 @@ def test_a_dropped_socket_keeps_the_session_for_a_resume_and_a_close_frame_close
         assert client.stub.GetSession(request).state == session_pb2.SESSION_STATE_ACTIVE
 
         resume = {"type": "resume", "api_key": KEY, "session_id": session["id"], "last_frame": last}
-        wrong = websocket.create_connection(url, header=origin, timeout=30)
+        wrong = live_socket(web_cluster)
         wrong.send(json.dumps({**resume, "resume_token": "not-its-token"}))
         refused = json.loads(wrong.recv())
         assert refused["type"] == "error" and refused["code"] in {"PERMISSION_DENIED", "UNAUTHENTICATED"}, refused
         wrong.close()
 
-        ws = websocket.create_connection(url, header=origin, timeout=30)
+        ws = live_socket(web_cluster)
         ws.send(json.dumps({**resume, "resume_token": session["resume_token"]}))
         resumed = json.loads(ws.recv())
         assert resumed["type"] == "session" and resumed["session"]["id"] == session["id"]
@@ -372,12 +379,53 @@ def test_a_dropped_socket_keeps_the_session_for_a_resume_and_a_close_frame_close
         wait_closed(client, session["id"], "the close frame to close the session")
 
         # A page that breaks the protocol (a message over max_live_message_bytes) loses its session too.
-        ws = websocket.create_connection(url, header=origin, timeout=30)
+        ws = live_socket(web_cluster)
         ws.send(json.dumps({"type": "start", "api_key": KEY, "avatar_id": avatar_id, "codec": "jpeg"}))
         broken = json.loads(ws.recv())["session"]["id"]
         ws.send_binary(bytes(70 * 1024))
         wait_closed(client, broken, "an oversized message to close the session")
         ws.sock.close()
+
+
+def test_a_gateway_that_goes_away_mid_session_is_resumed_through_its_replacement(
+    web_cluster: LocalCluster, avatar_id: str
+) -> None:
+    """The gateway is killed under a live session: the bridge closes the page's socket with 1013
+    ("try again") instead of an error, keeps the session, and a resume once a gateway is back goes on
+    from a keyframe (the live worker held the session, detached, meanwhile)."""
+    ws = live_socket(web_cluster)
+    ws.send(json.dumps({"type": "start", "api_key": KEY, "avatar_id": avatar_id, "codec": "jpeg"}))
+    session = json.loads(ws.recv())["session"]
+    last = first_frame(ws)["index"]
+    web_cluster.kill("gateway")
+    while True:
+        opcode, frame = ws.recv_data_frame(True)
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            break
+        if opcode == websocket.ABNF.OPCODE_BINARY:
+            last = max(last, json.loads(frame.data[4 : 4 + int.from_bytes(frame.data[:4], "little")])["index"])
+    assert int.from_bytes(frame.data[:2], "big") == 1013, frame.data
+    ws.sock.close()
+    web_cluster.restart("gateway")
+    ws = live_socket(web_cluster)
+    ws.send(
+        json.dumps(
+            {
+                "type": "resume",
+                "api_key": KEY,
+                "session_id": session["id"],
+                "resume_token": session["resume_token"],
+                "last_frame": last,
+            }
+        )
+    )
+    resumed = json.loads(ws.recv())
+    assert resumed["type"] == "session" and resumed["session"]["id"] == session["id"], resumed
+    frame_header = first_frame(ws)
+    assert frame_header["keyframe"] and frame_header["index"] > last
+    ws.close()
+    with LiplineClient(web_cluster.gateway_address, api_key=KEY) as client:
+        wait_closed(client, session["id"], "the close frame to close the resumed session")
 
 
 def test_a_job_from_audio_recorded_with_the_microphone(web_cluster: LocalCluster, page: Page, avatar_id: str) -> None:
