@@ -29,6 +29,12 @@ What the link does:
   deadline (its due time plus `late_frames` frames): a late face is useless live, so the future fails
   with FaceLate and the session skips that frame. A session that unregisters has its futures
   cancelled and its faces dropped when they come back.
+- Overload sheds, it does not collapse: an item is sent only while the stage can still answer it by
+  its deadline, by the stream's round-trip estimate (a moving average of message round trips, and at
+  least the age of the oldest unanswered message: the wait of whatever queues at the stage now). An
+  item it cannot make fails with FaceLate at once, before it costs the stage anything (`shed`). Without
+  this, a link asking more of a replica than it answers (400 sessions on one H200 replica) queued
+  everything at the stage, every face came back late and none was shown.
 - Sessions that asked for super-resolution get 96x96 faces from Generate (`raw_size`) and the link
   sends them on to one Upscale stream (same ordering and failure rules) as each response arrives.
 
@@ -58,6 +64,7 @@ from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
 _LOGGER = logging.getLogger(__name__)
 
 CROP_SIZE = 96  # Wav2Lip's reference crop: 96 x 96 BGR
+ROUND_TRIP_WEIGHT = 0.2  # of a new sample in a stream's moving average of message round trips
 # A stage refuses a message whose faces add up to more (services/inference/request_bounds.py, the
 # model stages' own package: the live worker does not import it; a test checks the two agree).
 MAX_RETURNED_BYTES_PER_MESSAGE = 256 << 20
@@ -162,7 +169,8 @@ class FaceLinkCounters:
     upscale_messages: int = 0
     upscale_items: int = 0
     faces: int = 0  # futures resolved with a face
-    late: int = 0  # futures failed with FaceLate
+    late: int = 0  # futures failed with FaceLate (shed ones included)
+    shed: int = 0  # items failed with FaceLate before they were sent: the stage could not answer them in time
     failed: int = 0  # futures failed by a stream error
     dropped: int = 0  # faces that came back for an unregistered session (or a late item)
     streams_opened: int = 0  # Generate and Upscale streams, first ones included
@@ -274,6 +282,7 @@ class _Call:
         self.call = call
         self.opened = opened
         self.in_flight: collections.deque[list[_Item]] = collections.deque()
+        self.sent_at: collections.deque[float] = collections.deque()  # when each in_flight batch was written
         self.cursor = 0  # items of in_flight[0] already answered
         self.sent: set[_CropSet] = set()
         self.answered = False
@@ -305,6 +314,18 @@ class _OrderedStream:
         self.task: asyncio.Task | None = None
         self.draining: set[asyncio.Task] = set()
         self.calls: set[_Call] = set()  # every call not yet ended (the current one, a successor, retired ones)
+        self.round_trip_s = 0.0  # moving average of a message's round trip (write to its last face)
+
+    def answer_wait_s(self, call: _Call, now: float) -> float:
+        """How long an item written on `call` now will likely wait for its face: the moving average of
+        round trips, and at least the age of the oldest unanswered message (what queues at the stage
+        now); 0 with nothing in flight (an empty pipe: anything sent is answered as fast as it can be)."""
+        if not call.sent_at:
+            return 0.0
+        return max(self.round_trip_s, now - call.sent_at[0])
+
+    def answered(self, round_trip_s: float) -> None:
+        self.round_trip_s += ROUND_TRIP_WEIGHT * (round_trip_s - self.round_trip_s)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"face-link-{self.stage}")
@@ -448,6 +469,7 @@ class _OrderedStream:
             for item in batch:
                 self.link.fail(item, error)
         call.in_flight.clear()
+        call.sent_at.clear()
         return error
 
     def _count_failure(self, error: StageFailed) -> None:
@@ -493,7 +515,11 @@ class _OrderedStream:
                 return
             requests = self.link.build_requests(self, call, whole=ticked)
             # In flight before they are written: a write that fails fails them with the stream.
-            call.in_flight.extend(batch for _, batch in requests if batch)
+            sent = loop.time()
+            for _, batch in requests:
+                if batch:
+                    call.in_flight.append(batch)
+                    call.sent_at.append(sent)
             for request, _ in requests:
                 await call.call.write(request)
 
@@ -523,6 +549,7 @@ class _OrderedStream:
                 call.cursor += 1
                 if call.cursor == len(call.in_flight[0]):
                     call.in_flight.popleft()
+                    self.answered(asyncio.get_running_loop().time() - call.sent_at.popleft())
                     call.cursor = 0
                 self.link.deliver(self, item, face)
 
@@ -727,14 +754,27 @@ class FaceLink:
 
     def _expire(self, item: _Item) -> None:
         item.timer = None
+        self._late(
+            item,
+            f"the face of frame {item.frame_index} was not back {self.settings.late_frames:g} frames after its due time",
+        )
+
+    def _late(self, item: _Item, why: str) -> None:
         if item.future.done():
             return
         self.counters.late += 1
         item.session.pending.discard(item)
-        item.future.set_exception(
-            FaceLate(
-                f"the face of frame {item.frame_index} was not back {self.settings.late_frames:g} frames after its due time"
-            )
+        item.future.set_exception(FaceLate(why))
+
+    def _shed(self, item: _Item, wait_s: float) -> None:
+        if item.timer is not None:
+            item.timer.cancel()
+            item.timer = None
+        self.counters.shed += 1
+        self._late(
+            item,
+            f"the face of frame {item.frame_index} was not sent: the stage answers in ~{wait_s * 1000:.0f} ms, "
+            f"after its deadline (overloaded)",
         )
 
     def _settle(self, item: _Item) -> None:
@@ -779,7 +819,16 @@ class FaceLink:
         """The messages to write now on `call` and the items each carries: full messages only, unless
         `whole` (a tick), then everything queued. Items already done (late, unregistered) are left out."""
         limit = self.settings.max_items_per_message
-        queue = [item for item in stream.queue if item.live]
+        now = asyncio.get_running_loop().time()
+        wait_s = stream.answer_wait_s(call, now)
+        queue = []
+        for item in stream.queue:
+            if not item.live:
+                continue
+            if item.deadline - now < wait_s:  # the stage cannot answer it in time: shed it unsent
+                self._shed(item, wait_s)
+                continue
+            queue.append(item)
         take = len(queue) if whole else len(queue) - len(queue) % limit
         stream.queue = queue[take:]
         queue = queue[:take]

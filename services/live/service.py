@@ -414,14 +414,12 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         self.metrics.live_link_items_per_message.labels(stage).observe(items)
 
     def _export_link_counters(self) -> None:
-        counters = self.link.counters
-        for outcome in ("faces", "late", "failed", "dropped"):
-            value = getattr(counters, outcome)
+        c = self.link.counters
+        outcomes = {"face": c.faces, "late": c.late - c.shed, "shed": c.shed, "failed": c.failed, "dropped": c.dropped}
+        for outcome, value in outcomes.items():
             seen = self._link_seen.get(outcome, 0)
             if value > seen:
-                self.metrics.live_link_faces.labels(outcome.removesuffix("s") if outcome == "faces" else outcome).inc(
-                    value - seen
-                )
+                self.metrics.live_link_faces.labels(outcome).inc(value - seen)
                 self._link_seen[outcome] = value
 
     async def _heartbeat(self) -> None:

@@ -180,7 +180,7 @@ class Metrics:
         )
         self.live_link_faces = Counter(
             "lipline_live_link_faces",
-            "face link items by outcome (face, late, failed, dropped)",
+            "face link items by outcome (face, late, shed: not sent, the stage could not answer it in time; failed, dropped)",
             ["outcome"],
             registry=r,
         )

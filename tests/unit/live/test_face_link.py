@@ -554,3 +554,39 @@ def test_the_real_stage_killed_and_restarted(lipsync_stage: ServiceProcess, tmp_
         asyncio.run(main())
     finally:
         lipsync_stage.kill()
+
+
+def test_an_overloaded_stage_gets_only_faces_it_can_answer_in_time() -> None:
+    """A stage that answers 10 messages a second, asked for 25 (one per frame): without shedding the
+    stage's queue grows without bound and, after the first few, every face comes back late. The link
+    sends an item only while the stage's round trip leaves it time, sheds the rest unsent, and so keeps
+    getting faces back on time all through."""
+
+    async def main() -> None:
+        servicer = RecordingLipSync()
+        servicer.delay_s = 0.1  # each message answered 0.1 s after the previous one: 10 a second
+        fps = 25.0
+        settings = FaceLinkSettings(fps=fps, late_frames=2.0)  # deadline: due + 80 ms
+        async with serving(servicer) as address, linked(address, settings) as link:
+            sessions = [0, 1, 2, 3]
+            for s in sessions:
+                link.register(s, [solid_crop(colour_of(s))])
+            loop = asyncio.get_running_loop()
+            futures: list[tuple[float, asyncio.Future]] = []
+            for frame in range(int(3.0 * fps)):
+                due = loop.time() + 0.1
+                futures += [(loop.time(), link.submit(s, frame, 0, MEL, due=due)) for s in sessions]
+                await asyncio.sleep(1 / fps)
+            results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
+            on_time = [t for (t, _), r in zip(futures, results) if isinstance(r, np.ndarray)]
+            late = [r for r in results if isinstance(r, FaceLate)]
+            assert len(on_time) + len(late) == len(results), [
+                r for r in results if not isinstance(r, (np.ndarray, FaceLate))
+            ]
+            assert link.counters.shed > 0 and link.counters.failed == 0, link.counters
+            # Faces keep coming in the last second too (a queue growing at the stage gives none then).
+            start = futures[0][0]
+            assert sum(1 for t in on_time if t - start > 2.0) >= 20, (len(on_time), link.counters)
+            assert len(on_time) >= 60, (len(on_time), link.counters)
+
+    asyncio.run(main())
