@@ -181,6 +181,8 @@ def load(address: str, args: argparse.Namespace) -> dict:
         "skipped_fraction": sum(skipped.values()) / max(1, sum(skipped.values()) + len(latencies)),
         "client_cpu_ms_per_session_s": 1000 * cpu / seconds / max(1, args.sessions),
         "stream_errors": sum(r["counters"]["stream_errors"] for r in results),
+        # items the link did not send because the stage could not answer them in time (whole run)
+        "shed": sum(r["counters"].get("shed", 0) for r in results),
     }
 
 
@@ -261,13 +263,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     lat = result["latency_ms"]
     print(
-        "| sessions | workers | messages/s | items/message | faces/s (of) | latency p50 / p95 / p99 ms | skipped late / failed | client CPU ms / session-s |"
+        "| sessions | workers | messages/s | items/message | faces/s (of) | latency p50 / p95 / p99 ms "
+        "| skipped late / failed (shed, whole run) | client CPU ms / session-s |"
     )
     print("|---|---|---|---|---|---|---|---|")
     print(
         f"| {result['sessions']} | {result['workers']} | {result['messages_per_s']:.1f} | {result['items_per_message_mean']:.1f} | "
         f"{result['faces_per_s']:.0f} ({result['expected_faces_per_s']:.0f}) | {lat['p50']:.1f} / {lat['p95']:.1f} / {lat['p99']:.1f} | "
-        f"{result['skipped']['late']} / {result['skipped']['failed']} | {result['client_cpu_ms_per_session_s']:.2f} |"
+        f"{result['skipped']['late']} / {result['skipped']['failed']} ({result['shed']}) | {result['client_cpu_ms_per_session_s']:.2f} |"
     )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
