@@ -225,6 +225,10 @@ class LiveBridge:
                     session_id=session.id, resume_token=session.resume_token, last_frame=-1
                 )
         except grpc.aio.AioRpcError as exc:
+            if start["type"] == "resume" and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                # No gateway answers right now (one restarting): the page tries again, with back-off.
+                await ws.close(code=CLOSE_TRY_AGAIN, message=b"the gateway is away: resuming")
+                return
             await _send_error(ws, exc.code().name, exc.details() or exc.code().name)
             return
         announce = {

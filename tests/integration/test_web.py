@@ -406,19 +406,21 @@ def test_a_gateway_that_goes_away_mid_session_is_resumed_through_its_replacement
             last = max(last, json.loads(frame.data[4 : 4 + int.from_bytes(frame.data[:4], "little")])["index"])
     assert int.from_bytes(frame.data[:2], "big") == 1013, frame.data
     ws.sock.close()
+    resume = {
+        "type": "resume",
+        "api_key": KEY,
+        "session_id": session["id"],
+        "resume_token": session["resume_token"],
+        "last_frame": last,
+    }
+    ws = live_socket(web_cluster)  # no gateway yet: "try again" (1013), not an error the page would stop at
+    ws.send(json.dumps(resume))
+    opcode, frame = ws.recv_data_frame(True)
+    assert opcode == websocket.ABNF.OPCODE_CLOSE and int.from_bytes(frame.data[:2], "big") == 1013, frame.data
+    ws.sock.close()
     web_cluster.restart("gateway")
     ws = live_socket(web_cluster)
-    ws.send(
-        json.dumps(
-            {
-                "type": "resume",
-                "api_key": KEY,
-                "session_id": session["id"],
-                "resume_token": session["resume_token"],
-                "last_frame": last,
-            }
-        )
-    )
+    ws.send(json.dumps(resume))
     resumed = json.loads(ws.recv())
     assert resumed["type"] == "session" and resumed["session"]["id"] == session["id"], resumed
     frame_header = first_frame(ws)
