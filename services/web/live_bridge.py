@@ -57,6 +57,7 @@ UP_QUEUE = 100  # messages from the page waiting for the gateway: 2 s of 20 ms c
 CLOSE_REFUSED = 4400
 CLOSE_ENDED = 4000
 CLOSE_TRY_AGAIN = 1013  # RFC 6455 "try again later": the page resumes the session
+READER_END_S = 5.0  # after a failed send, how long the page's side may take to say whether it closed or dropped
 
 
 class StartError(ValueError):
@@ -297,7 +298,11 @@ class LiveBridge:
             elif exc.code() != grpc.StatusCode.CANCELLED or not reader.done():
                 await _send_error(ws, exc.code().name, exc.details() or exc.code().name)
         except ConnectionResetError:
-            pass  # the page's connection went mid-send: the reader sees how
+            # The socket went mid-send: the page closed it (a close frame) or the connection dropped.
+            # Only the reader knows which: let it finish before it is cancelled (a close frame would
+            # have been read by now: a reader still waiting means a drop).
+            await asyncio.wait({reader}, timeout=READER_END_S)
+            keep = not reader.done()
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -308,8 +313,9 @@ class LiveBridge:
             call.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-        dropped = reader.done() and not reader.cancelled() and reader.result()
-        return keep or dropped
+        if not reader.done() or reader.cancelled() or reader.exception() is not None:
+            return keep  # ended by the stream: the session ended, or the page's side never said how
+        return keep or reader.result()
 
     async def _read_page(self, ws: web.WebSocketResponse, up: asyncio.Queue) -> bool:
         """The page's messages onto the Converse stream until the socket ends; whether it dropped
@@ -335,10 +341,10 @@ class LiveBridge:
                     )
                     dropped = False
                     break
-            elif message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING):
+            elif message.type == WSMsgType.CLOSE:
                 dropped = False  # the page's close frame: Stop, or the page left
                 break
-            else:  # CLOSED (the connection ended without a close frame) or ERROR
+            else:  # CLOSING or CLOSED (the connection ended without a close frame, or is ending), or ERROR
                 if message.type == WSMsgType.ERROR:
                     _LOGGER.info("live WebSocket failed", extra={"error": str(ws.exception())})
                     # The page broke the protocol (a message over max_live_message_bytes: 1009); a
