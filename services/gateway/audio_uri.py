@@ -12,7 +12,11 @@ time limit for the whole fetch (audio_uri_timeout_s); the bytes then take the up
   and only over https, so an allowed host cannot bounce the gateway to an internal address. The
   server's certificate is checked against the system's roots, or audio_uri_ca_file's.
 
-Each refusal names what to change: INVALID_ARGUMENT (scheme, bucket, host, a redirect), NOT_FOUND
+The URI, and every redirect's target, is parsed once by services.gateway.urls (its rules refuse a
+URL that two parsers could read differently: a backslash, a control character, user:pass@, ...);
+`check` looks at that parsed URL, without I/O, and `fetch` sends exactly it (a `CheckedUrl`).
+
+Each refusal names what to change: INVALID_ARGUMENT (the URL's form, scheme, bucket, host, a redirect), NOT_FOUND
 (nothing there), RESOURCE_EXHAUSTED (over max_audio_bytes), DEADLINE_EXCEEDED (too slow),
 UNAVAILABLE (the host or S3 cannot be reached or answered 5xx: retry), FAILED_PRECONDITION (the
 host's certificate is not trusted).
@@ -26,8 +30,10 @@ import ssl
 import urllib.parse
 
 import aiohttp
+import yarl
 
 from services.gateway.settings import GatewaySettings
+from services.gateway.urls import CheckedUrl, allowed_hosts, check_host, parse_url, resolve_redirect
 from services.jobs.store.blobs import BlobStore, check_key
 from services.serving.errors import (
     FailedPrecondition,
@@ -39,22 +45,13 @@ from services.serving.errors import (
 )
 
 MAX_REDIRECTS = 5
-MAX_URI_CHARS = 2048
 _READ_CHUNK = 64 * 1024
-
-
-def allowed_hosts(setting: str, default_port: int = 443) -> frozenset[str]:
-    """A host list setting (`a.example.com,b.example.com:8443`: audio_uri_hosts, callback_hosts) as
-    `host:port` entries, lowercase; `default_port` for an entry without a port."""
-    hosts = set()
-    for entry in filter(None, (e.strip().lower() for e in setting.split(","))):
-        host, _, port = entry.rpartition(":") if entry.rsplit(":", 1)[-1].isdigit() else (entry, "", str(default_port))
-        hosts.add(f"{host}:{port}")
-    return frozenset(hosts)
+_SCHEMES = ("s3", "https")
+_USE = "use s3://<bucket>/<key> (the blob store's bucket) or https://<allowed host>/<path>"
 
 
 class AudioFetcher:
-    """Fetches audio_uri's bytes for SubmitJob; one per gateway (it holds an HTTP session and an S3 reader)."""
+    """Checks and fetches audio_uri for SubmitJob; one per gateway (it holds an HTTP session and an S3 reader)."""
 
     def __init__(self, settings: GatewaySettings, blobs: BlobStore) -> None:
         self._settings = settings
@@ -70,56 +67,68 @@ class AudioFetcher:
         if self._bucket_store is not None:
             self._bucket_store.close()
 
-    async def fetch(self, uri: str) -> bytes:
-        """The bytes at `uri` (see the module's doc for what is allowed and what each refusal is)."""
-        if len(uri) > MAX_URI_CHARS:
-            raise InvalidRequest(f"audio_uri is {len(uri)} characters; the limit is {MAX_URI_CHARS}")
-        parts = urllib.parse.urlsplit(uri)
+    def check(self, uri: str) -> CheckedUrl:
+        """`uri` parsed (services.gateway.urls) and allowed: the scheme, the bucket and key, or the
+        host; InvalidRequest naming what to change. No I/O: SubmitJob checks before anything costs."""
+        url = parse_url(uri, "audio_uri", _SCHEMES, _USE)
+        if url.scheme == "s3":
+            self._s3_key(url)
+        else:
+            self._check_https(url, "audio_uri")
+        return CheckedUrl(url)
+
+    async def fetch(self, source: CheckedUrl) -> bytes:
+        """The bytes at a URI `check` accepted (see the module's doc for each refusal)."""
         timeout = self._settings.audio_uri_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                if parts.scheme == "s3":
-                    return await self._fetch_s3(uri, parts)
-                if parts.scheme == "https":
-                    return await self._fetch_https(uri)
+                if source.url.scheme == "s3":
+                    return await self._fetch_s3(source)
+                return await self._fetch_https(source)
         except TimeoutError:
             raise TimedOut(
-                f"fetching audio_uri {uri} took longer than {timeout:g} s (audio_uri_timeout_s); "
+                f"fetching audio_uri {source} took longer than {timeout:g} s (audio_uri_timeout_s); "
                 "make it faster to serve or send the bytes"
             ) from None
-        raise InvalidRequest(
-            f"audio_uri {uri[:200]!r}: use s3://<bucket>/<key> (the blob store's bucket) or https://<allowed host>/<path>"
-        )
 
     # -- S3 ---------------------------------------------------------------------------------------
 
-    async def _fetch_s3(self, uri: str, parts: urllib.parse.SplitResult) -> bytes:
+    def _s3_key(self, url: yarl.URL) -> tuple[str, str]:
+        """(bucket, key) of an s3:// URL in the blob store's bucket; InvalidRequest otherwise."""
         store_url = self._blobs.url
         if not store_url.startswith("s3://"):
             raise InvalidRequest(
-                f"audio_uri {uri}: this gateway's blob store is not on S3, so it reads no s3:// URIs; send the bytes or an https:// URI"
+                f"audio_uri {url}: this gateway's blob store is not on S3, so it reads no s3:// URIs; send the bytes or an https:// URI"
             )
-        bucket = urllib.parse.urlsplit(store_url).netloc
-        if parts.netloc != bucket:
+        bucket = yarl.URL(store_url).raw_host or ""
+        if url.host != bucket or url.explicit_port is not None:
             raise InvalidRequest(
-                f"audio_uri {uri}: bucket {parts.netloc!r} is not the blob store's bucket {bucket!r}, the only one this gateway reads"
+                f"audio_uri {url}: bucket {url.raw_authority!r} is not the blob store's bucket {bucket!r}, the only one this gateway reads"
             )
-        key = urllib.parse.unquote(parts.path.lstrip("/"))
+        if url.raw_query_string:
+            raise InvalidRequest(f"audio_uri {url}: an s3:// URI has no query (?...); percent-encode a '?' in the key")
         try:
+            key = urllib.parse.unquote(url.raw_path.lstrip("/"), errors="strict")
             check_key(key)
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"audio_uri {url}: the key's %XX escapes are not UTF-8") from None
         except ValueError as e:
-            raise InvalidRequest(f"audio_uri {uri}: {e}") from None
+            raise InvalidRequest(f"audio_uri {url}: {e}") from None
+        return bucket, key
+
+    async def _fetch_s3(self, source: CheckedUrl) -> bytes:
+        bucket, key = self._s3_key(source.url)
         reader = self._bucket_reader(bucket)
         limit = self._settings.max_audio_bytes
         try:
             size = await asyncio.to_thread(reader.size, key)
             if size > limit:
-                raise TooLarge(f"audio_uri {uri} is {size} bytes; the limit is {limit} (max_audio_bytes)")
+                raise TooLarge(f"audio_uri {source} is {size} bytes; the limit is {limit} (max_audio_bytes)")
             data = await asyncio.to_thread(reader.get, key)
         except NotFound:
-            raise NotFound(f"audio_uri {uri}: no such object in bucket {bucket!r}") from None
+            raise NotFound(f"audio_uri {source}: no such object in bucket {bucket!r}") from None
         if len(data) > limit:  # replaced between the size and the read
-            raise TooLarge(f"audio_uri {uri} is over {limit} bytes (max_audio_bytes)")
+            raise TooLarge(f"audio_uri {source} is over {limit} bytes (max_audio_bytes)")
         return data
 
     def _bucket_reader(self, bucket: str) -> BlobStore:
@@ -132,49 +141,45 @@ class AudioFetcher:
 
     # -- https ------------------------------------------------------------------------------------
 
-    def _check_host(self, url: str, what: str) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "https":
-            raise InvalidRequest(f"{what} {url[:200]}: only https:// is allowed")
-        try:
-            port = parts.port or 443
-        except ValueError:
-            raise InvalidRequest(f"{what} {url[:200]}: the port is not a number") from None
-        host = f"{(parts.hostname or '').lower()}:{port}"
-        if host not in self._hosts:
-            listed = ", ".join(sorted(self._hosts)) or "none: https audio URIs are off"
-            raise InvalidRequest(
-                f"{what} {url[:200]}: host {host} is not on this gateway's audio_uri_hosts ({listed}); "
-                "ask its operator to allow it, or send the bytes"
-            )
+    def _check_https(self, url: yarl.URL, what: str) -> None:
+        if url.scheme != "https":
+            raise InvalidRequest(f"{what} {url}: only https:// is allowed")
+        advice = "ask its operator to allow it, or send the bytes"
+        if not self._hosts:
+            advice = "https audio URIs are off on this gateway; send the bytes or an s3:// URI"
+        check_host(url, self._hosts, what, "audio_uri_hosts", advice)
 
-    async def _fetch_https(self, uri: str) -> bytes:
-        url, what = uri, "audio_uri"
+    def _redirect(self, source: CheckedUrl, location: str) -> CheckedUrl:
+        """Where a redirect from `source` leads, parsed and checked like audio_uri itself."""
+        what = f"audio_uri {source} redirected to"
+        url = parse_url(resolve_redirect(source.url, location, what), what, ("https",), "only https:// is allowed")
+        self._check_https(url, what)
+        return CheckedUrl(url)
+
+    async def _fetch_https(self, source: CheckedUrl) -> bytes:
         if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._ssl), trust_env=False)
+        target = source
         for _ in range(MAX_REDIRECTS + 1):
-            self._check_host(url, what)
             try:
-                async with self._session.get(url, allow_redirects=False) as response:
+                async with self._session.get(target.url, allow_redirects=False) as response:
                     if response.status in (301, 302, 303, 307, 308) and "Location" in response.headers:
-                        url, what = (
-                            urllib.parse.urljoin(url, response.headers["Location"]),
-                            f"audio_uri {uri} redirected to",
-                        )
+                        target = self._redirect(target, response.headers["Location"])
                         continue
-                    return await self._body(uri, response)
+                    return await self._body(source, response)
             except aiohttp.ClientConnectorCertificateError as e:
                 raise FailedPrecondition(
-                    f"audio_uri {uri}: the host's TLS certificate is not trusted ({e.certificate_error}); "
+                    f"audio_uri {source}: the host's TLS certificate is not trusted ({e.certificate_error}); "
                     "its operator can add its CA to audio_uri_ca_file"
                 ) from None
             except aiohttp.ClientError as e:
                 raise NotReady(
-                    f"audio_uri {uri}: the host cannot be reached ({type(e).__name__}: {e}); retry later"
+                    f"audio_uri {source}: the host cannot be reached ({type(e).__name__}: {e}); retry later"
                 ) from None
-        raise InvalidRequest(f"audio_uri {uri}: more than {MAX_REDIRECTS} redirects")
+        raise InvalidRequest(f"audio_uri {source}: more than {MAX_REDIRECTS} redirects")
 
-    async def _body(self, uri: str, response: aiohttp.ClientResponse) -> bytes:
+    async def _body(self, source: CheckedUrl, response: aiohttp.ClientResponse) -> bytes:
+        uri = str(source)
         limit = self._settings.max_audio_bytes
         if response.status in (404, 410):
             raise NotFound(f"audio_uri {uri}: the host has nothing there ({response.status} {response.reason})")

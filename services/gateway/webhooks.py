@@ -12,6 +12,10 @@ The gateway delivers, not the render workers: it has the public Job view (servic
 the tenants' secrets and the outbound HTTP client and allow-lists it already uses for audio_uri, and
 its replicas run whatever the render fleet's size (docs/decisions.md).
 
+The URL is parsed once (services.gateway.urls: its rules refuse what two parsers could read
+differently) and checked against callback_hosts / callback_http_hosts at SubmitJob; the sender parses
+the stored URL with the same rules before each post and hands aiohttp that very object (`CheckedUrl`).
+
 The request (Stripe's and Standard Webhooks' scheme): the body is the Job as protobuf JSON (without
 its `webhook` field); `webhook-id` is the delivery id, `webhook-timestamp` Unix seconds, and
 `webhook-signature` is `v1=` and the hex HMAC-SHA256, under the tenant's webhook secret, of
@@ -31,7 +35,6 @@ import logging
 import random
 import ssl
 import time
-import urllib.parse
 from collections.abc import Mapping
 
 import aiohttp
@@ -39,9 +42,9 @@ from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lipline.v1 import gateway_pb2
-from services.gateway.audio_uri import MAX_URI_CHARS, allowed_hosts
 from services.gateway.jobs import job_to_proto
 from services.gateway.settings import GatewaySettings
+from services.gateway.urls import CheckedUrl, allowed_hosts, check_host, parse_url
 from services.jobs.store.jobs import Delivery, DeliveryState, JobStore
 from services.serving.auth import read_secret_file
 from services.serving.background import cancel_and_wait
@@ -81,33 +84,28 @@ class CallbackRules:
         """A rotated secrets file: deliveries from now on are signed with these."""
         self.secrets = secrets
 
-    def check(self, url: str, tenant: str) -> str:
-        """`url` when a job of `tenant` may call it back; InvalidRequest (a URL not allowed) or
-        FailedPrecondition (the tenant has no secret) naming what to change."""
-        if len(url) > MAX_URI_CHARS:
-            raise InvalidRequest(f"callback_url is {len(url)} characters; the limit is {MAX_URI_CHARS}")
-        parts = urllib.parse.urlsplit(url)
-        hosts = {"https": self.https_hosts, "http": self.http_hosts}.get(parts.scheme)
-        if hosts is None:
-            raise InvalidRequest(
-                f"callback_url {url[:200]}: only https:// (or http:// to hosts the operator lists) is allowed"
-            )
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise InvalidRequest(f"callback_url {url[:200]}: the port is not a number") from None
-        host = f"{(parts.hostname or '').lower()}:{port}"
-        if host not in hosts:
-            setting = "callback_hosts" if parts.scheme == "https" else "callback_http_hosts"
-            listed = ", ".join(sorted(hosts)) or "none"
-            raise InvalidRequest(
-                f"callback_url {url[:200]}: host {host} is not on this gateway's {setting} ({listed}); ask its operator to allow it"
-            )
+    def url(self, text: str) -> CheckedUrl:
+        """`text` parsed (services.gateway.urls) and on its scheme's allow-list; InvalidRequest naming
+        what to change. SubmitJob checks with it, and the sender again before each post: the object
+        it posts to is the one checked, under the lists in force now."""
+        url = parse_url(
+            text, "callback_url", ("https", "http"), "only https:// (or http:// to hosts the operator lists) is allowed"
+        )
+        if url.scheme == "https":
+            check_host(url, self.https_hosts, "callback_url", "callback_hosts", "ask its operator to allow it")
+        else:
+            check_host(url, self.http_hosts, "callback_url", "callback_http_hosts", "ask its operator to allow it")
+        return CheckedUrl(url)
+
+    def check(self, url: str, tenant: str) -> CheckedUrl:
+        """`url`, parsed, when a job of `tenant` may call it back; InvalidRequest (a URL not allowed)
+        or FailedPrecondition (the tenant has no secret) naming what to change."""
+        target = self.url(url)
         if tenant not in self.secrets:
             raise FailedPrecondition(
                 f"tenant {tenant!r} has no webhook secret to sign callbacks with; ask the operator to add one to webhook_secrets_file"
             )
-        return url
+        return target
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -243,6 +241,10 @@ class WebhookSender:
             return Attempt(
                 "failed", 0, f"tenant {delivery.tenant!r} has no webhook secret any more (webhook_secrets_file)"
             )
+        try:
+            target = self._rules.url(delivery.url)
+        except InvalidRequest as exc:  # the operator's lists changed since SubmitJob
+            return Attempt("failed", 0, f"the callback URL is not allowed any more: {exc}")
         body = json_format.MessageToJson(job_to_proto(job), indent=None).encode()
         timestamp = str(int(time.time()))
         headers = {
@@ -252,12 +254,16 @@ class WebhookSender:
             TIMESTAMP_HEADER: timestamp,
             SIGNATURE_HEADER: signature(secret, timestamp, body),
         }
+        return await self._post(target, body, headers)
+
+    async def _post(self, target: CheckedUrl, body: bytes, headers: Mapping[str, str]) -> Attempt:
+        """One POST to a checked URL: aiohttp is handed that very object (no second parse)."""
         assert self._session is not None
         timeout = self._s.callback_timeout_s
         try:
             async with asyncio.timeout(timeout):
                 async with self._session.post(
-                    delivery.url, data=body, headers=headers, allow_redirects=False
+                    target.url, data=body, headers=headers, allow_redirects=False
                 ) as response:
                     await response.content.read(64 * 1024)  # what the receiver says is not kept
                     if 200 <= response.status < 300:

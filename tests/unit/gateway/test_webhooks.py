@@ -3,17 +3,25 @@ signature a receiver checks, the back-off, and the per-tenant secrets file."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import re
+import typing
 from pathlib import Path
 
 import pytest
+import yarl
 
 from services.gateway.settings import GatewaySettings
-from services.gateway.webhooks import CallbackRules, backoff_s, signature
+from services.gateway.urls import CheckedUrl
+from services.gateway.webhooks import CallbackRules, WebhookSender, backoff_s, signature
+from services.jobs.store.jobs import DeliveryState, NewJob
 from services.serving.errors import FailedPrecondition, InvalidRequest
+from services.serving.metrics import Metrics
 from services.serving.settings import parse_settings
 from services.serving.tenants import parse_webhook_secrets
+from tests.helpers.stores import Stores, temp_stores
 
 SECRET = "s" * 32
 
@@ -39,8 +47,9 @@ def rules(tmp_path: Path) -> CallbackRules:
         "http://127.0.0.1:8080/x",
     ],
 )
-def test_listed_hosts_are_accepted(rules: CallbackRules, url: str) -> None:
-    assert rules.check(url, "acme") == url
+def test_listed_hosts_are_accepted_as_the_parsed_url_that_is_sent(rules: CallbackRules, url: str) -> None:
+    checked = rules.check(url, "acme")
+    assert isinstance(checked, CheckedUrl) and checked.url == yarl.URL(url, encoded=True)
 
 
 @pytest.mark.parametrize(
@@ -52,13 +61,85 @@ def test_listed_hosts_are_accepted(rules: CallbackRules, url: str) -> None:
         ("https://evil.example.com/x", "not on this gateway's callback_hosts"),
         ("ftp://hooks.example.com/x", "only https://"),
         ("hooks.example.com/x", "only https://"),
-        ("https://hooks.example.com:99999999/x", "port is not a number"),
+        ("https://hooks.example.com:99999999/x", "is not a number in 1..65535"),
         ("https://hooks.example.com/" + "x" * 3000, "characters"),
+        # issue 29 item 3: what two parsers read differently (urllib saw host 127.0.0.1:8080, listed)
+        ("http://127.0.0.1:6\\@127.0.0.1:8080/hook", "a backslash is not allowed"),
+        ("http://127.0.0.1:8080/ho%5Cok", "encodes a backslash"),
+        ("http://127.0.0.1:8080/hook\t", "tabs and line breaks"),
+        ("http://127.0.0.1:8080/hook\r\nX-Evil: 1", "tabs and line breaks"),
+        ("http://user:pw@127.0.0.1:8080/hook", "user name or password"),
+        ("http://[fe80::1%25eth0]:8080/hook", "IPv6 zone id"),
+        ("https://hooks\uff0eexample.com/x", "U+FF0E"),
+        ("https://hooks\u3002example.com/x", "U+3002"),
+        ("https://hooks\uff61example.com/x", "U+FF61"),
+        ("https://hooks.example.com./x", "ends with '.'"),
     ],
 )
 def test_other_urls_are_invalid_argument_naming_the_setting(rules: CallbackRules, url: str, says: str) -> None:
-    with pytest.raises(InvalidRequest, match=says):
+    with pytest.raises(InvalidRequest, match=re.escape(says)):
         rules.check(url, "acme")
+
+
+def test_the_sender_posts_the_checked_url_not_a_string() -> None:
+    assert typing.get_type_hints(WebhookSender._post)["target"] is CheckedUrl
+    assert typing.get_type_hints(CallbackRules.check)["return"] is CheckedUrl
+
+
+def test_what_is_posted_is_what_was_checked_byte_for_byte(tmp_path: Path) -> None:
+    """The sender's own loop on a SQLite job store, to a receiver on 127.0.0.1 that reads the request
+    line: the stored callback_url is parsed by the same rules and posted as written (no re-quoting,
+    no dot segments removed); one whose host the operator has since unlisted is not posted at all."""
+    path = "/a/../hook%2Fx;v=1?sig=a%2Fb%3D"
+
+    async def run(stores: Stores) -> list[bytes]:
+        seen: list[bytes] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.append(await reader.readline())
+            writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        for job_id, host in (("listed", f"127.0.0.1:{port}"), ("unlisted", f"localhost:{port}")):
+            stores.jobs.create_job(
+                NewJob(
+                    job_id,
+                    "a" * 24,
+                    "tenant:acme",
+                    b"",
+                    0.8,
+                    25.0,
+                    20,
+                    [(0, 20)],
+                    tenant="acme",
+                    callback_url=f"http://{host}{path}",
+                )
+            )
+            stores.jobs.cancel_job(job_id)  # ended: its webhook is due
+        settings = GatewaySettings(callback_http_hosts=f"127.0.0.1:{port}", callback_poll_s=0.05)
+        rules = CallbackRules(settings)
+        rules.use_secrets({"acme": SECRET})
+        sender = WebhookSender(stores.jobs, rules, settings, Metrics("gateway"))
+        async with server:
+            sender.start()
+            try:
+                async with asyncio.timeout(60):
+                    while any(stores.jobs.get_delivery(j).attempts == 0 for j in ("listed", "unlisted")):  # type: ignore[union-attr]
+                        await asyncio.sleep(0.05)
+            finally:
+                await sender.close()
+        return seen
+
+    with temp_stores(tmp_path) as stores:
+        seen = asyncio.run(run(stores))
+        listed, unlisted = stores.jobs.get_delivery("listed"), stores.jobs.get_delivery("unlisted")
+    assert listed is not None and listed.state is DeliveryState.DELIVERED, listed
+    assert unlisted is not None and "not allowed any more" in unlisted.last_error, unlisted
+    assert "callback_http_hosts" in unlisted.last_error
+    assert seen == [f"POST {path} HTTP/1.1\r\n".encode()]
 
 
 def test_a_tenant_without_a_secret_is_failed_precondition(rules: CallbackRules) -> None:
