@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -149,11 +150,11 @@ async def _avatar_upload(
     return AvatarUpload(data, name, photo_fps, request_id, labels)
 
 
-def _job_request(request: gateway_pb2.SubmitJobRequest, audio: bytes, max_audio_bytes: int) -> JobRequest:
-    """SubmitJob's request, decoded: its sizes and ranges checked, only the known options kept.
-    `audio` is the request's bytes, or what its audio_uri held (checked the same way)."""
-    if len(audio) > max_audio_bytes:
-        raise TooLarge(f"audio is {len(audio)} bytes; the limit is {max_audio_bytes}")
+def _job_request(request: gateway_pb2.SubmitJobRequest, max_audio_bytes: int) -> JobRequest:
+    """SubmitJob's request, decoded: its sizes and ranges checked, only the known options kept (an
+    audio_uri is kept as sent; its bytes are fetched later, within the same max_audio_bytes)."""
+    if len(request.audio) > max_audio_bytes:
+        raise TooLarge(f"audio is {len(request.audio)} bytes; the limit is {max_audio_bytes}")
     if request.options.crf > 51:
         raise InvalidRequest(f"crf {request.options.crf} is outside 0..51")
     # Only the known fields are stored (unknown fields of the request would be kept by protobuf).
@@ -168,11 +169,12 @@ def _job_request(request: gateway_pb2.SubmitJobRequest, audio: bytes, max_audio_
     _check_avatar_id(request.avatar_id)
     return JobRequest(
         request.avatar_id,
-        audio,
+        request.audio,
         options.SerializeToString(),
         check_request_id(request.request_id),
         check_labels(request.labels),
         callback_url=options.callback_url,
+        audio_uri=request.audio_uri,
     )
 
 
@@ -230,17 +232,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> gateway_pb2.Job:
         svc = self._svc
         _check_audio_source(request)
-        _job_request(request, request.audio, svc.settings.max_audio_bytes)  # the cheap checks before a fetch
+        job_request = _job_request(request, svc.settings.max_audio_bytes)
         if request.options.callback_url:
             svc.callback_rules.check(request.options.callback_url, _tenant())
-        if request.audio_uri:
-            audio = await svc.audio_fetcher.fetch(request.audio_uri)
-            _LOGGER.info("audio_uri fetched", extra={"audio_uri": request.audio_uri[:200], "bytes": len(audio)})
-        else:
-            audio = request.audio
-        job_request = _job_request(request, audio, svc.settings.max_audio_bytes)
+        fetch_audio = None
+        if request.audio_uri:  # checked now (no I/O); fetched by submit_job after the request-id lookup
+            fetch_audio = functools.partial(svc.audio_fetcher.fetch, svc.audio_fetcher.check(request.audio_uri))
         caller = Caller(_tenant(), CLIENT_ID.get(), REQUEST_ID.get(), context_carrier())
-        return self._job(await submit_job(svc.jobs, svc.blobs, svc.audio, svc.settings, job_request, caller))
+        job = await submit_job(svc.jobs, svc.blobs, svc.audio, svc.settings, job_request, caller, fetch_audio)
+        return self._job(job)
 
     async def GetJob(self, request: gateway_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.Job:
         _check_job_id(request.job_id)

@@ -22,7 +22,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -135,23 +135,25 @@ class JobRequest:
     """A SubmitJob request, decoded and checked for shape (sizes, ranges, the avatar id's form)."""
 
     avatar_id: str
-    audio: bytes
+    audio: bytes  # the uploaded bytes; b"" when audio_uri names them
     options: bytes  # a serialized lipline.v1.JobOptions holding only the fields this lipline knows
     request_id: str = ""  # a checked UUID (services.gateway.request_ids), or "" for none
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # checked (services.gateway.labels)
     callback_url: str = ""  # checked (services.gateway.webhooks); also in `options`, so in the digest
+    audio_uri: str = ""  # as the client sent it (checked by services.gateway.audio_uri); fetched after the id lookup
 
     def key(self, window_s: float) -> RequestKey | None:
-        """The idempotency key: the request id and a digest of what defines the job (the audio by its
-        sha256); None without a request id."""
+        """The idempotency key: the request id and a digest of the request as sent (uploaded audio by
+        its sha256, an audio_uri by its text, not by what it held: a retry whose file changed in
+        between is the same request); None without a request id."""
         if not self.request_id:
             return None
-        fields = {
-            "avatar_id": self.avatar_id,
-            "audio_sha256": hashlib.sha256(self.audio).hexdigest(),
-            "options": self.options.hex(),
-            "labels": dict(self.labels),
-        }
+        source = (
+            {"audio_uri": self.audio_uri}
+            if self.audio_uri
+            else {"audio_sha256": hashlib.sha256(self.audio).hexdigest()}
+        )
+        fields = {"avatar_id": self.avatar_id, **source, "options": self.options.hex(), "labels": dict(self.labels)}
         return request_key(self.request_id, fields, window_s)
 
 
@@ -173,14 +175,16 @@ async def submit_job(
     settings: GatewaySettings,
     request: JobRequest,
     caller: Caller,
+    fetch_audio: Callable[[], Awaitable[bytes]] | None = None,
 ) -> Job:
     """Queue a job: the caller's avatar (NotFound unless it is the tenant's and not deleted), the
-    limits on active jobs (TooLarge), the audio stage's checks and mel windows, then the job and its
-    tasks in one transaction. On any failure nothing of the job is left in the blob store.
+    limits on active jobs (TooLarge), the audio (the upload, or `fetch_audio`'s bytes for an
+    audio_uri), the audio stage's checks and mel windows, then the job and its tasks in one
+    transaction. On any failure nothing of the job is left in the blob store.
 
-    With a request id: a repeat within the window returns the first one's job before any work (and
-    a concurrent duplicate that got past that check finds it in create_job, which drops this one's
-    blobs); the same id with another request is InvalidRequest."""
+    With a request id: a repeat within the window returns the first one's job before any work, an
+    audio_uri's fetch included (and a concurrent duplicate that got past that check finds it in
+    create_job, which drops this one's blobs); the same id with another request is InvalidRequest."""
     s = settings
     key = await asyncio.to_thread(request.key, s.request_id_window_s)  # hashes up to 50 MB: off the loop
     if key is not None:
@@ -198,10 +202,14 @@ async def submit_job(
             f"{stats.active_jobs} jobs are queued or running (limit {s.max_active_jobs}); retry later",
             s.queue_retry_after_ms,
         )
+    data = request.audio
+    if fetch_audio is not None:
+        data = await fetch_audio()
+        _LOGGER.info("audio_uri fetched", extra={"audio_uri": request.audio_uri[:200], "bytes": len(data)})
     job_id = uuid.uuid4().hex[:20]
     try:
         prepared = await prepare_audio(
-            blobs, audio, job_id, request.audio, avatar.fps, s.max_audio_seconds, s.segment_seconds, caller.request_id
+            blobs, audio, job_id, data, avatar.fps, s.max_audio_seconds, s.segment_seconds, caller.request_id
         )
         new = NewJob(
             job_id,

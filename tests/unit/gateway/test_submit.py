@@ -181,3 +181,32 @@ def test_concurrent_duplicates_make_one_job_and_leave_only_its_blobs(stores: Sto
     assert len({j.id for j in jobs}) == 1
     assert stores.jobs.queue_stats().active_jobs == 1
     assert {k.split("/")[1] for k in stores.blob_keys()} == {jobs[0].id}  # the losers' uploads are gone
+
+
+def test_a_retried_audio_uri_request_is_its_first_job_even_after_the_file_changed(stores: Stores) -> None:
+    """Issue 29 item 5: the id is looked up before the URI is fetched, and the digest is of the request
+    as sent (the URI), so a retry gets its job without a fetch, whatever the file holds now; another
+    URI with the same id is still another request, refused before a fetch."""
+    uri = "https://media.example.com/speech.wav"
+    served = [encode_tone("wav", 1.2, rate=16000, channels=1)]
+    fetched: list[bytes] = []
+
+    async def fetch() -> bytes:
+        fetched.append(served[0])
+        return served[0]
+
+    s = dataclasses.replace(GatewaySettings(), segment_seconds=1.0)
+    caller = Caller("acme", "tenant:acme", "req-1")
+    request = JobRequest(AVATAR, b"", b"\x08\x01", RID, audio_uri=uri)
+
+    def submit_uri(r: JobRequest) -> Job:
+        return with_audio(lambda stub: submit_job(stores.jobs, stores.blobs, stub, s, r, caller, fetch))
+
+    first = submit_uri(request)
+    assert stores.blobs.get(upload_key(first.id)) == served[0] and len(fetched) == 1
+    served[0] = encode_tone("wav", 2.0, rate=16000, channels=1)  # the file behind the URI changed
+    assert submit_uri(request).id == first.id
+    assert len(fetched) == 1  # the retry fetched nothing
+    with pytest.raises(InvalidRequest, match=f"request_id {RID} was already used for a different job request"):
+        submit_uri(dataclasses.replace(request, audio_uri=uri + "?v=2"))
+    assert len(fetched) == 1 and stores.jobs.queue_stats().active_jobs == 1
