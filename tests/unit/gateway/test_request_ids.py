@@ -52,13 +52,11 @@ def test_an_audio_uri_request_is_digested_as_sent_not_by_what_the_uri_held() -> 
     """Issue 29 item 5: a retry whose file changed in between is the same request (AIP-155, Stripe:
     the key is the request), another URI is another request, and an upload is still its bytes."""
     uri = "https://media.example.com/speech.wav"
-    first = JobRequest("a" * 24, b"", b"\x08\x01", RID.lower(), {"order": "1"}, audio_uri=uri)
-    assert first.key(60.0) == JobRequest("a" * 24, b"", b"\x08\x01", RID.lower(), {"order": "1"}, audio_uri=uri).key(60.0)
-    others = [
-        JobRequest("a" * 24, b"", b"\x08\x01", RID.lower(), {"order": "1"}, audio_uri=uri + "?v=2"),
-        JobRequest("a" * 24, b"", b"\x08\x01", RID.lower(), {"order": "1"}, audio_uri=uri.upper()),
-        JobRequest("a" * 24, b"", b"\x08\x01", RID.lower(), {"order": "1"}),  # an (empty) upload
-        JobRequest("a" * 24, b"", b"", RID.lower(), {"order": "1"}, audio_uri=uri),
-    ]
-    digests = {first.key(60.0).digest} | {o.key(60.0).digest for o in others}  # type: ignore[union-attr]
-    assert len(digests) == 5
+
+    def request(audio_uri: str = uri, options: bytes = b"\x08\x01") -> JobRequest:
+        return JobRequest("a" * 24, b"", options, RID.lower(), {"order": "1"}, audio_uri=audio_uri)
+
+    first = request().key(60.0)
+    assert first is not None and first == request().key(60.0)
+    others = [request(uri + "?v=2"), request(uri.upper()), request(""), request(options=b"")]  # "": an empty upload
+    assert len({first.digest} | {o.key(60.0).digest for o in others}) == 5  # type: ignore[union-attr]
