@@ -46,6 +46,7 @@ from lipline.v1 import gateway_pb2
 from services.serving.metrics import Metrics
 from services.web.gateway_link import GatewayLink, http_status, key_metadata
 from services.web.live_bridge import LiveBridge
+from services.web.origins import hosts_of, local_port, own_origins
 from services.web.settings import WebSettings
 
 _LOGGER = logging.getLogger(__name__)
@@ -182,13 +183,25 @@ class WebApp:
 
     @web.middleware
     async def _require_key(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every API call but /api/config needs the key header (the WebSocket sends it in its first message)."""
+        """Every API call but /api/config needs the key header (the WebSocket sends it in its first message).
+        Without keys (local mode) nothing guards the API but where it is asked: only requests whose
+        Host names one of the page's own origins, so a DNS-rebinding page (its own name) is refused."""
         path = request.path
-        if path.startswith("/api/") and path not in {"/api/config", "/api/live"} and self.settings.require_api_key:
-            if not api_key(request):
+        if not path.startswith("/api/"):
+            return await handler(request)
+        s = self.settings
+        if s.require_api_key:
+            if path not in {"/api/config", "/api/live"} and not api_key(request):
                 return error_response(
                     401, "this page needs an API key: enter yours in the API key field", "UNAUTHENTICATED"
                 )
+        elif request.host.lower() not in hosts_of(own_origins(s.public_origins, local_port(request, s.http_port))):
+            return error_response(
+                403,
+                f"without API keys this server answers its API only at the page's own address, not at {request.host!r} "
+                "(public_origins)",
+                "PERMISSION_DENIED",
+            )
         return await handler(request)
 
     # -- page -------------------------------------------------------------------------------------

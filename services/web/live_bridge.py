@@ -47,7 +47,7 @@ from google.protobuf import json_format
 from lipline.v1 import session_pb2
 from services.serving.metrics import Metrics
 from services.web.gateway_link import GatewayLink, key_metadata
-from services.web.origins import origin_allowed, page_origins
+from services.web.origins import local_port, origin_allowed, page_origins
 from services.web.settings import WebSettings
 
 _LOGGER = logging.getLogger(__name__)
@@ -118,9 +118,7 @@ def trusted_origin(request: web.Request, settings: WebSettings) -> bool:
     browser always sends Origin on a WebSocket, and a page of another site, a DNS-rebinding one
     included (its Host matches its Origin), must not drive a session with its visitor's key
     (services/web/origins.py)."""
-    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
-    local_port = int(sockname[1]) if sockname else settings.http_port
-    origins = page_origins(settings.public_origins, settings.allowed_origins, local_port)
+    origins = page_origins(settings.public_origins, settings.allowed_origins, local_port(request, settings.http_port))
     return origin_allowed(request.headers.get("Origin", ""), origins)
 
 

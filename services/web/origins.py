@@ -8,13 +8,17 @@ is served, as a browser shows it: an ingress's `https://try.example.com`), plus 
 (other pages allowed to drive sessions). With no public origin configured, the page's origins are
 the loopback ones of the port the connection came to (`http://127.0.0.1:8080`, `http://localhost:8080`,
 `http://[::1]:8080`): local mode's URL, or a `kubectl port-forward` to the same port
-(docs/decisions.md, "The live socket trusts configured origins, not the Host header").
+(docs/decisions.md, "The live socket trusts configured origins, not the Host header"). Where no API
+key is required (local mode), the API itself answers only requests whose Host names one of the
+page's own origins (`hosts_of`): the rebinding page asks under its own name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from urllib.parse import urlsplit
+
+from aiohttp import web
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -44,11 +48,32 @@ def loopback_origins(port: int) -> frozenset[str]:
     return frozenset(origin_of(f"http://{host}:{port}") for host in LOOPBACK_HOSTS)
 
 
+def own_origins(public: Iterable[str], local_port: int) -> frozenset[str]:
+    """The page's own origins: `public`, else the loopback ones of `local_port` (the port the
+    connection came to), each serialized as browsers do."""
+    return frozenset(origin_of(o) for o in public) or loopback_origins(local_port)
+
+
 def page_origins(public: Iterable[str], allowed: Iterable[str], local_port: int) -> frozenset[str]:
-    """The origins that may open the live socket: `public` (else the loopback ones of `local_port`,
-    the port the connection came to) and `allowed`, each serialized as browsers do."""
-    own = frozenset(origin_of(o) for o in public) or loopback_origins(local_port)
-    return own | frozenset(origin_of(o) for o in allowed)
+    """The origins that may open the live socket: the page's own (`own_origins`) and `allowed`."""
+    return own_origins(public, local_port) | frozenset(origin_of(o) for o in allowed)
+
+
+def hosts_of(origins: Iterable[str]) -> frozenset[str]:
+    """The `Host` headers that name these origins (host, or host:port; a default port either way)."""
+    hosts = set()
+    for origin in origins:
+        scheme, _, netloc = origin.partition("://")
+        hosts.add(netloc)
+        if netloc.endswith("]") or ":" not in netloc:  # no port: the scheme's default (an IPv6 host is bracketed)
+            hosts.add(f"{netloc}:{DEFAULT_PORTS[scheme]}")
+    return frozenset(hosts)
+
+
+def local_port(request: web.BaseRequest, fallback: int) -> int:
+    """The port the request's connection came to (not what its Host says); `fallback` without one."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    return int(sockname[1]) if sockname else fallback
 
 
 def origin_allowed(origin: str, origins: frozenset[str]) -> bool:

@@ -40,8 +40,9 @@ class WebSettings(ServiceSettings):
         (),
         "the origins (scheme://host[:port]) the page is served at, as a browser shows them (an ingress's "
         "https://try.example.com): only pages of these (and allowed_origins) may open the live WebSocket, "
-        "whatever Host a request names; empty = the loopback ones of the HTTP port (http://127.0.0.1:<port>, "
-        "http://localhost:<port>, http://[::1]:<port>: local mode)",
+        "whatever Host a request names, and without API keys the API answers only at these; empty = the "
+        "loopback ones of the HTTP port (http://127.0.0.1:<port>, http://localhost:<port>, http://[::1]:<port>: "
+        "local mode)",
     )
     allowed_origins: tuple[str, ...] = setting(
         (),

@@ -6,10 +6,12 @@ chunk behind, answers 502 when it has sent nothing yet, or cuts the transfer sho
 Content-Length, and writes nothing more on the connection (read here on a raw keep-alive socket, as
 an ingress would). An intact download still streams (the web server's peak memory stays far below
 the output's size). Every response carries the security headers, and the live WebSocket opens only
-for the configured public origins, whatever Host the request names (a DNS-rebinding page's does).
+for the configured public origins, whatever Host the request names (a DNS-rebinding page's does);
+without API keys (local mode), the API answers only at the page's own address.
 
 The cluster runs no render worker: the jobs are finished in the job store directly (util.finish_job),
-with outputs of noise of a chosen size.
+with outputs of noise of a chosen size. Its gateway checks no keys, so any key passes the web server's
+check for one.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ import websocket
 from services.jobs.layout import output_key
 from services.jobs.store import open_job_store
 from services.jobs.store.jobs import JobStore
-from services.local.cluster import LocalCluster
+from services.local.cluster import LOCAL_FLAGS, LocalCluster
+from services.local.process import start
 from tests.integration.util import finish_job, new_job, rss_mb, start_cluster
 
 MiB = 1 << 20
 PUBLIC_ORIGIN = "https://try.lipline.example"
+KEY = "any-key"  # the gateway checks none; the web server wants one sent
 SECURITY_HEADERS = ("content-security-policy", "x-frame-options", "x-content-type-options", "referrer-policy")
 
 
@@ -66,7 +70,7 @@ class Site:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    web = ["--require-api-key=false", f"--public-origins={PUBLIC_ORIGIN}"]
+    web = [f"--public-origins={PUBLIC_ORIGIN}"]
     with start_cluster(
         tmp_path_factory.mktemp("web-hardening"), extra_args={"web": web}, replicas={"render": 0, "web": 1}
     ) as cluster:
@@ -108,7 +112,7 @@ class Connection:
         self.sock.close()
 
     def get(self, path: str) -> Answer:
-        request = f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nConnection: keep-alive\r\n\r\n"
+        request = f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nX-Api-Key: {KEY}\r\nConnection: keep-alive\r\n\r\n"
         self.sock.sendall(request.encode())
         return self._answer()
 
@@ -194,7 +198,8 @@ def test_a_damaged_output_of_several_chunks_is_a_failed_transfer_and_nothing_fol
         connection.close()
     # A plain HTTP client sees the failure too.
     with pytest.raises(http.client.IncompleteRead):
-        with urllib.request.urlopen(f"{site.url}/api/jobs/{job_id}/output", timeout=60) as response:
+        request = urllib.request.Request(f"{site.url}/api/jobs/{job_id}/output", headers={"X-Api-Key": KEY})
+        with urllib.request.urlopen(request, timeout=60) as response:
             response.read()
     log = site.cluster.processes["web"].log()
     assert "download cut" in log and "DATA_LOSS" in log and "Traceback" not in log
@@ -299,3 +304,37 @@ def refused_for_origin(site: Site) -> float:
             if line.startswith('lipline_web_live_refused_total{reason="origin"}'):
                 return float(line.split()[-1])
     return 0.0
+
+
+def test_without_api_keys_the_api_answers_only_at_the_pages_own_address(
+    site: Site, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Local mode's web server (no keys, no public origins: the page is at http://127.0.0.1:<port>):
+    a DNS-rebinding page, which no key stops there, gets 403 for its API calls, its Host being its own name."""
+    keyless = start(
+        "web-keyless",
+        "web",
+        [f"--gateway-address={site.cluster.gateway_address}", "--require-api-key=false", "--http-port=0"],
+        tmp_path_factory.mktemp("web-keyless"),
+        base_args=LOCAL_FLAGS,
+    )
+    try:
+        keyless.wait_ready(60)
+        port = keyless.http_port
+
+        def status(path: str, host: str) -> int:
+            connection = Connection(keyless.url)
+            connection.host = host
+            try:
+                return connection.get(path).status
+            finally:
+                connection.close()
+
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
+            assert status("/api/config", host) == 200, host
+        assert status("/api/avatars", f"127.0.0.1:{port}") == 200
+        for host in (f"rebind.example:{port}", "rebind.example", f"127.0.0.1:{port + 1}"):
+            assert status("/api/avatars", host) == 403, host
+        assert status("/", f"rebind.example:{port}") == 200  # the page itself holds nothing
+    finally:
+        keyless.terminate()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.web.origins import loopback_origins, origin_allowed, origin_of, page_origins
+from services.web.origins import hosts_of, loopback_origins, origin_allowed, origin_of, page_origins
 
 
 @pytest.mark.parametrize(
@@ -68,3 +68,9 @@ def test_public_origins_replace_the_loopback_ones() -> None:
 )
 def test_an_origin_is_allowed_only_when_listed(origin: str, ok: bool) -> None:
     assert origin_allowed(origin, page_origins(("https://try.example.com",), (), 8080)) is ok
+
+
+def test_the_hosts_that_name_an_origin_carry_its_port_or_none_for_the_default() -> None:
+    assert hosts_of({"https://try.example.com"}) == {"try.example.com", "try.example.com:443"}
+    assert hosts_of(loopback_origins(8080)) == {"127.0.0.1:8080", "localhost:8080", "[::1]:8080"}
+    assert hosts_of({"http://[::1]"}) == {"[::1]", "[::1]:80"}
