@@ -24,7 +24,10 @@ def test_the_defaults_are_the_registrys_and_the_gateways_limits() -> None:
     [
         (["--http-port=70000"], "http_port 70000"),
         (["--allowed-origins=https://a.example/"], "allowed_origins"),
-        (["--public-origins=try.example.com"], "public_origins: 'try.example.com' is not an http:// or https:// origin"),
+        (
+            ["--public-origins=try.example.com"],
+            "public_origins: 'try.example.com' is not an http:// or https:// origin",
+        ),
         (["--max-live-message-bytes=10"], "max_live_message_bytes"),
         (
             ["--gateway-tls-ca-file=/ca.crt", "--gateway-address=k8s:///gw.ns:50051"],
