@@ -203,7 +203,7 @@ class Metrics:
         )
         self.web_live_refused = Counter(
             "lipline_web_live_refused",
-            "live WebSockets refused before a session: origin (not same-origin), key (none sent), start (bad first message)",
+            "live WebSockets refused before a session: origin (not one of the page's origins), key (none sent), start (bad first message)",
             ["reason"],
             registry=r,
         )

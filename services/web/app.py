@@ -21,7 +21,11 @@ Routes (docs/architecture.md section 11):
     GET    /api/live                 the live session's WebSocket (services/web/live_bridge.py)
 
 A gateway status becomes an HTTP status with the gateway's own message in a JSON body
-(`{"error": ..., "code": "UNAUTHENTICATED"}`): what the page shows.
+(`{"error": ..., "code": "UNAUTHENTICATED"}`): what the page shows. Once a streamed answer has
+started (its status and headers sent), nothing else is: a failure from then on cuts the connection
+before the body's end (`cut_transfer`), so the client sees a failed transfer and never a second
+response on its connection. Every response carries SECURITY_HEADERS (a strict Content-Security-Policy
+the page works under: no inline script or style, nothing from another origin, no framing).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from lipline.v1 import gateway_pb2
 from services.serving.metrics import Metrics
 from services.web.gateway_link import GatewayLink, http_status, key_metadata
 from services.web.live_bridge import LiveBridge
+from services.web.origins import hosts_of, local_port, own_origins
 from services.web.settings import WebSettings
 
 _LOGGER = logging.getLogger(__name__)
@@ -52,6 +57,35 @@ UPLOAD_PIECE = 1 << 20  # CreateAvatar's pieces, as services/gateway/client.py s
 LOOP_MODES = {"ping_pong": gateway_pb2.JobOptions.PING_PONG, "wrap": gateway_pb2.JobOptions.WRAP}
 #: routes by name for the metrics label (bounded: never the raw path, which holds ids)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: The page's Content-Security-Policy: its scripts, styles and worklet come from /static (no inline
+#: code, no eval); pictures and media from blob: (the MP4, a file being uploaded) and data: (the
+#: thumbnails kept in localStorage); its calls and its WebSocket go to its own origin only ('self'
+#: covers ws:/wss: to it, CSP Level 3); no plugin, no <base>, no form posted anywhere, no framing.
+CONTENT_SECURITY_POLICY = "; ".join(
+    (
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' blob: data:",
+        "media-src 'self' blob:",
+        "connect-src 'self'",
+        "worker-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    )
+)
+#: On every response (the page, its files, the API, the WebSocket's handshake, errors).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",  # frame-ancestors 'none' for browsers without CSP Level 2
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+#: the response a handler has prepared (its status line and headers are on their way to the client)
+PREPARED = web.RequestKey("prepared_response", web.StreamResponse)
+#: the HTTP status a cut transfer is counted as (the metrics label; the client saw 200 and a short body)
+CUT_STATUS = web.RequestKey("cut_status", int)
 
 
 def to_json(message: Message) -> dict[str, Any]:
@@ -69,6 +103,19 @@ def api_key(request: web.Request) -> str:
     return request.headers.get(KEY_HEADER, "").strip()
 
 
+def cut_transfer(request: web.Request, response: web.StreamResponse, status: int) -> web.StreamResponse:
+    """End a prepared response as a failed transfer: the connection closes after what was already
+    written, before the body's end (short of its Content-Length, or no chunked terminator), so a
+    browser or client reports the download failed; nothing more is written on the connection (aiohttp's
+    end of the response finds it closing). `status` is what the request is counted as. Returns the
+    response, for the handler to return."""
+    response.force_close()
+    if request.transport is not None:
+        request.transport.close()  # flushes what was written, then closes: no terminator, no next response
+    request[CUT_STATUS] = status
+    return response
+
+
 class WebApp:
     """The aiohttp application of one web server process; `build()` returns it."""
 
@@ -82,6 +129,7 @@ class WebApp:
         # client_max_size bounds the bodies aiohttp would buffer; the uploads are streamed (request.content)
         # and bounded by the gateway's limits below, so they are not buffered at all.
         app = web.Application(middlewares=[self._observe, self._require_key], client_max_size=1 << 20)
+        app.on_response_prepare.append(self._on_prepare)
         app.router.add_get("/", self.page, name="page")
         app.router.add_static("/static/", STATIC, name="static", append_version=False)
         app.router.add_get("/api/config", self.config, name="config")
@@ -97,22 +145,37 @@ class WebApp:
         return app
 
     # -- middlewares ------------------------------------------------------------------------------
+    @staticmethod
+    async def _on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        """Every response, as its headers are about to go: the security headers, and a note that this
+        request's answer has started (after which an error can only cut it, never answer again)."""
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        request[PREPARED] = response
+
     @web.middleware
     async def _observe(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """lipline_requests_total / lipline_request_seconds with the route's name as the method label
-        (bounded), and any unexpected error as a 500 with a message instead of a traceback."""
+        (bounded), and any unexpected error as a 500 with a message instead of a traceback; an error
+        after the handler's response has started cuts that response (`cut_transfer`) instead: a second
+        response on the connection would be read as the answer to the client's next request."""
         route = request.match_info.route.name or "unknown"
         started = time.perf_counter()
         status = 500
         try:
             response = await handler(request)
-            status = response.status
+            status = request.get(CUT_STATUS, response.status)
             return response
         except web.HTTPException as exc:
             status = exc.status
-            raise
+            if (sent := request.get(PREPARED)) is None:
+                raise
+            _LOGGER.warning("request failed after its answer started", extra={"route": route, "status": status})
+            return cut_transfer(request, sent, status)
         except Exception:
             _LOGGER.exception("request failed", extra={"route": route})
+            if (sent := request.get(PREPARED)) is not None:
+                return cut_transfer(request, sent, 500)
             return error_response(500, "the web server failed on this request; its log has the details", "INTERNAL")
         finally:
             self.metrics.requests.labels("web", route, str(status)).inc()
@@ -120,13 +183,25 @@ class WebApp:
 
     @web.middleware
     async def _require_key(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every API call but /api/config needs the key header (the WebSocket sends it in its first message)."""
+        """Every API call but /api/config needs the key header (the WebSocket sends it in its first message).
+        Without keys (local mode) nothing guards the API but where it is asked: only requests whose
+        Host names one of the page's own origins, so a DNS-rebinding page (its own name) is refused."""
         path = request.path
-        if path.startswith("/api/") and path not in {"/api/config", "/api/live"} and self.settings.require_api_key:
-            if not api_key(request):
+        if not path.startswith("/api/"):
+            return await handler(request)
+        s = self.settings
+        if s.require_api_key:
+            if path not in {"/api/config", "/api/live"} and not api_key(request):
                 return error_response(
                     401, "this page needs an API key: enter yours in the API key field", "UNAUTHENTICATED"
                 )
+        elif request.host.lower() not in hosts_of(own_origins(s.public_origins, local_port(request, s.http_port))):
+            return error_response(
+                403,
+                f"without API keys this server answers its API only at the page's own address, not at {request.host!r} "
+                "(public_origins)",
+                "PERMISSION_DENIED",
+            )
         return await handler(request)
 
     # -- page -------------------------------------------------------------------------------------
@@ -256,33 +331,55 @@ class WebApp:
         return response
 
     async def download_output(self, request: web.Request) -> web.StreamResponse:
+        """DownloadOutput streamed through, one gateway chunk (1 MiB) behind: the gateway checks the
+        output's sha256 as it reads and ends the call DATA_LOSS after its last chunk when the stored
+        bytes are damaged (services/jobs/integrity.py), so the last chunk is written only once the call
+        has ended OK. A damaged output that fits in one chunk is then answered 502 DATA_LOSS before any
+        byte; a longer one is cut short of its Content-Length (`cut_transfer`), never completed."""
         job_id = request.match_info["job_id"]
         call = self.gateway.stub.DownloadOutput(
             gateway_pb2.DownloadOutputRequest(job_id=job_id), metadata=key_metadata(api_key(request))
         )
         response: web.StreamResponse | None = None
+        held: bytes | None = None  # the latest chunk, written once the next one (or the call's OK) comes
+        total = 0
         try:
             async for chunk in call:
-                if response is None:
-                    response = web.StreamResponse(
-                        headers={
-                            "Content-Type": "video/mp4",
-                            "Content-Disposition": f'attachment; filename="{_safe_name(job_id)}.mp4"',
-                        }
-                    )
-                    if chunk.total_bytes:
-                        response.content_length = chunk.total_bytes
-                    await response.prepare(request)
-                await response.write(chunk.data)
+                total = total or chunk.total_bytes
+                if held is not None:
+                    if response is None:
+                        response = await self._start_download(request, job_id, total)
+                    await response.write(held)
+                held = chunk.data
         except grpc.aio.AioRpcError as exc:
             if response is None:
                 return _status_response(exc)
-            raise  # mid-body: cut the connection, so the browser sees an incomplete download
+            _LOGGER.warning(
+                "download cut: the gateway ended DownloadOutput mid-stream",
+                extra={"job_id": job_id, "code": exc.code().name, "error": exc.details()},
+            )
+            return cut_transfer(request, response, http_status(exc.code()))
         finally:
             call.cancel()
-        if response is None:
+        if held is None:
             return error_response(502, "the gateway sent no output", "UNKNOWN")
+        if response is None:
+            response = await self._start_download(request, job_id, total)
+        await response.write(held)
         await response.write_eof()
+        return response
+
+    @staticmethod
+    async def _start_download(request: web.Request, job_id: str, total_bytes: int) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "video/mp4",
+                "Content-Disposition": f'attachment; filename="{_safe_name(job_id)}.mp4"',
+            }
+        )
+        if total_bytes:
+            response.content_length = total_bytes
+        await response.prepare(request)
         return response
 
     # -- helpers ----------------------------------------------------------------------------------

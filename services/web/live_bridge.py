@@ -26,7 +26,8 @@ server shutting down, or a stream another resume took over leave it to be resume
 nobody resumes ends by itself after the live worker's idle_timeout_s (60 s). Frames are
 sent as the gateway's stream yields them and each send waits for the socket to drain, so a slow
 page slows the Converse stream and the live worker drops frames for it (counted there), as for any
-slow gRPC reader. Only same-origin pages (or `allowed_origins`) may open it.
+slow gRPC reader. Only pages of the page's public origins (or `allowed_origins`) may open it,
+whatever Host a request names (services/web/origins.py).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import logging
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 from aiohttp import WebSocketError, WSMsgType, web
@@ -47,6 +47,7 @@ from google.protobuf import json_format
 from lipline.v1 import session_pb2
 from services.serving.metrics import Metrics
 from services.web.gateway_link import GatewayLink, key_metadata
+from services.web.origins import local_port, origin_allowed, page_origins
 from services.web.settings import WebSettings
 
 _LOGGER = logging.getLogger(__name__)
@@ -112,15 +113,13 @@ def _parse_resume(resume: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def same_origin(request: web.Request, allowed: tuple[str, ...]) -> bool:
-    """The page that opens the socket was served from this host (or is listed): a browser always sends
-    Origin on a WebSocket, and a page of another site must not drive a session with its visitor's key."""
-    origin = request.headers.get("Origin", "")
-    if not origin:
-        return False
-    if origin in allowed:
-        return True
-    return urlsplit(origin).netloc.lower() == request.host.lower()
+def trusted_origin(request: web.Request, settings: WebSettings) -> bool:
+    """The page that opens the socket is one of the page's public origins (or an allowed one): a
+    browser always sends Origin on a WebSocket, and a page of another site, a DNS-rebinding one
+    included (its Host matches its Origin), must not drive a session with its visitor's key
+    (services/web/origins.py)."""
+    origins = page_origins(settings.public_origins, settings.allowed_origins, local_port(request, settings.http_port))
+    return origin_allowed(request.headers.get("Origin", ""), origins)
 
 
 def frame_message(frame: session_pb2.VideoFrame) -> bytes:
@@ -167,10 +166,14 @@ class LiveBridge:
             await ws.close(code=1001, message=b"the web server is restarting: resuming")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if not same_origin(request, self.settings.allowed_origins):
+        if not trusted_origin(request, self.settings):
             self.metrics.web_live_refused.labels("origin").inc()
             return web.json_response(
-                {"error": "the live WebSocket accepts only this page's own origin", "code": "PERMISSION_DENIED"},
+                {
+                    "error": "the live WebSocket accepts only the page's own origins (the web server's "
+                    "public_origins): open the page at one of them",
+                    "code": "PERMISSION_DENIED",
+                },
                 status=403,
             )
         ws = web.WebSocketResponse(max_msg_size=self.settings.max_live_message_bytes, heartbeat=30.0)

@@ -6,6 +6,7 @@ import dataclasses
 
 from services.serving.settings import ServiceSettings, address_field, setting
 from services.serving.stages import STAGES
+from services.web.origins import origin_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +36,18 @@ class WebSettings(ServiceSettings):
         "refuse API calls and WebSockets that carry no API key (401) before calling the gateway; "
         "off only where the gateway checks no keys (local mode)",
     )
+    public_origins: tuple[str, ...] = setting(
+        (),
+        "the origins (scheme://host[:port]) the page is served at, as a browser shows them (an ingress's "
+        "https://try.example.com): only pages of these (and allowed_origins) may open the live WebSocket, "
+        "whatever Host a request names, and without API keys the API answers only at these; empty = the "
+        "loopback ones of the HTTP port (http://127.0.0.1:<port>, http://localhost:<port>, http://[::1]:<port>: "
+        "local mode)",
+    )
     allowed_origins: tuple[str, ...] = setting(
         (),
-        "origins (scheme://host[:port]) allowed to open the live WebSocket besides the page's own "
-        "(the Host the request came to); empty = same origin only",
+        "origins (scheme://host[:port]) of other pages allowed to open the live WebSocket besides the "
+        "page's own (public_origins); empty = none",
     )
     max_avatar_bytes: int = setting(
         200 * 1024 * 1024, "largest avatar upload, refused 413 before it reaches the gateway (the gateway's own limit)"
@@ -64,9 +73,12 @@ class WebSettings(ServiceSettings):
             problems.append(f"max_live_message_bytes must be >= 1024, got {self.max_live_message_bytes}")
         if self.call_timeout_s <= 0:
             problems.append(f"call_timeout_s must be > 0, got {self.call_timeout_s}")
-        bad = [o for o in self.allowed_origins if not o.startswith(("http://", "https://")) or o.endswith("/")]
-        if bad:
-            problems.append(f"allowed_origins must be scheme://host[:port] without a trailing slash, got {bad}")
+        for name in ("public_origins", "allowed_origins"):
+            for origin in getattr(self, name):
+                try:
+                    origin_of(origin)
+                except ValueError as exc:
+                    problems.append(f"{name}: {exc}")
         if self.gateway_tls or self.gateway_tls_ca_file or self.gateway_tls_server_name:
             if self.gateway_address.startswith(("k8s:", "file:")) or "," in self.gateway_address:
                 problems.append(

@@ -14,6 +14,7 @@ from tests.helm.test_chart import (
     container,
     env_of,
     render,
+    render_fails,
     validate_builtin,
 )
 
@@ -112,3 +113,33 @@ def test_without_web_from_the_page_is_open_and_without_the_option_no_web_ingress
     ]
     assert "from" not in http
     assert "lip-lipline-web" not in by_kind(docs, "Ingress")
+
+
+def web_env(*sets: str, values: tuple = ()) -> dict[str, str]:
+    return env_of(by_kind(render(*sets, values=values), "Deployment")["lip-lipline-web"])
+
+
+def test_the_pages_public_origins_come_from_its_ingress_hosts_or_its_own_config() -> None:
+    """Only pages of LIPLINE_PUBLIC_ORIGINS may open the live WebSocket (services/web/origins.py): the
+    chart names the webIngress hosts as browsers will show them, https:// where its tls covers them."""
+    assert web_env(values=(CI_INGRESS,))["LIPLINE_PUBLIC_ORIGINS"] == "https://try.lipline.example.com"
+    plain = ("webIngress.enabled=true", 'webIngress.hosts:=["a.example.com","b.example.com"]')
+    tls = 'webIngress.tls:=[{"secretName":"t","hosts":["b.example.com"]}]'
+    assert web_env(*plain, tls)["LIPLINE_PUBLIC_ORIGINS"] == "http://a.example.com,https://b.example.com"
+    own = 'stages.web.config.public_origins:=["https://try.example.com","https://app.example.com:8443"]'
+    assert web_env(own, values=(CI_INGRESS,))["LIPLINE_PUBLIC_ORIGINS"] == (
+        "https://try.example.com,https://app.example.com:8443"
+    )
+    # Without webIngress: none, so the web server's default, the loopback origins (kubectl port-forward).
+    assert web_env()["LIPLINE_PUBLIC_ORIGINS"] == ""
+
+
+@pytest.mark.parametrize("hosts", ["[]", '["*.example.com"]'])
+def test_a_web_ingress_for_any_host_needs_the_pages_origins_named(hosts: str) -> None:
+    error = render_fails("webIngress.enabled=true", f"webIngress.hosts:={hosts}")
+    assert "set stages.web.config.public_origins" in error
+    web_env(
+        "webIngress.enabled=true",
+        f"webIngress.hosts:={hosts}",
+        'stages.web.config.public_origins:=["https://x.example"]',
+    )

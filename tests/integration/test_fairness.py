@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,11 +22,19 @@ from grpc_health.v1 import health_pb2
 
 from lipline.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.client import LiplineClient
-from services.jobs.layout import output_key
-from services.jobs.store import open_blob_store, open_job_store
-from services.jobs.store.jobs import AvatarRecord, JobStore, NewJob
+from services.jobs.store import open_job_store
+from services.jobs.store.jobs import AvatarRecord, JobStore
 from services.local.cluster import LocalCluster
-from tests.integration.util import SAMPLES, cut_wav, eventually, health_status, rss_mb, start_cluster
+from tests.integration.util import (
+    SAMPLES,
+    cut_wav,
+    eventually,
+    finish_job,
+    health_status,
+    new_job,
+    rss_mb,
+    start_cluster,
+)
 
 PER_CLIENT, IN_ALL, JOBS_PER_CLIENT = 16, 40, 2
 MiB = 1 << 20
@@ -46,24 +53,6 @@ class Fixture:
     finished: str  # a SUCCEEDED job whose output is OUTPUT_BYTES of noise
 
 
-def new_job(store: JobStore, owner: str = "setup") -> str:
-    job_id = uuid.uuid4().hex[:20]
-    store.create_job(NewJob(job_id, "0" * 24, owner, b"", 1.0, 25.0, 25, [(0, 25)], audio_task=True))
-    return job_id
-
-
-def finish(store: JobStore, job_id: str, output: bytes, blob_store: str) -> None:
-    """Do what render workers do, without rendering: claim and complete every task, store the output."""
-    open_blob_store(blob_store).put(output_key(job_id), output)
-    while (task := store.claim("test", 60.0, 3)) is not None:
-        assert task.job_id == job_id, "finish() needs the job to be the only one with claimable tasks"
-        if task.is_join:
-            assert store.complete_join(task, output_key(job_id), len(output), {})
-        else:
-            assert store.complete_segment(task, task.end_frame - task.start_frame, {}, [])
-    assert store.get_job(job_id).output_bytes == len(output)
-
-
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
     gateway = [
@@ -78,7 +67,7 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
         try:
             finished = new_job(store)  # first, while no other job has claimable tasks
             noise = np.random.default_rng(0).integers(0, 256, OUTPUT_BYTES, dtype=np.uint8).tobytes()
-            finish(store, finished, noise, cluster.blob_store)
+            finish_job(store, finished, noise, cluster.blob_store)
             yield Fixture(cluster, store, new_job(store), finished)
         finally:
             store.close()

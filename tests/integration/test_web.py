@@ -22,13 +22,13 @@ from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
 import pytest
 import websocket
 from playwright.sync_api import Browser, Page, sync_playwright
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from lipline.v1 import session_pb2
 from services.gateway.client import LiplineClient
@@ -115,12 +115,18 @@ def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 
 @pytest.fixture
 def page(chromium: Browser) -> Iterator[Page]:
+    """A fresh page; at the end, no Content-Security-Policy violation may have been reported (Chromium
+    logs each one to the console: the page must work under the server's strict policy)."""
     context = chromium.new_context(viewport=VIEWPORT, permissions=["microphone"])
     context.set_default_timeout(30_000)
+    violations: list[str] = []
     try:
-        yield context.new_page()
+        page = context.new_page()
+        page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+        yield page
     finally:
         context.close()
+    assert not violations, f"the page broke its Content-Security-Policy: {violations}"
 
 
 @pytest.fixture(scope="module")
@@ -137,14 +143,17 @@ def messages(page: Page) -> dict[str, str]:
 
 
 def wait_for(page: Page, expression: str, arg: Any = None, timeout_s: float = 30.0, what: str = "") -> Any:
-    """Poll a JavaScript expression (or function) in the page until it is truthy; return its value."""
-    try:
-        handle = page.wait_for_function(expression, arg=arg, timeout=timeout_s * 1000, polling=100)
-    except PlaywrightTimeout:
-        raise AssertionError(
-            f"timed out after {timeout_s:g} s waiting for {what or expression}; the page's messages: {messages(page)}"
-        ) from None
-    return handle.json_value()
+    """Poll a JavaScript expression (or function) in the page until it is truthy; return its value.
+    Polled from here with page.evaluate (DevTools' own evaluation), not page.wait_for_function, whose
+    in-page polling compiles the expression with eval, which the page's Content-Security-Policy forbids."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := page.evaluate(expression, arg)):
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout_s:g} s waiting for {what or expression}; the page's messages: {messages(page)}"
+            )
+        page.wait_for_timeout(100)
+    return value
 
 
 def text(page: Page, css: str) -> str:
@@ -532,10 +541,11 @@ def test_the_api_and_the_live_socket_need_a_key_and_the_socket_the_pages_origin(
         urllib.request.urlopen(f"{web_cluster.web_url}/api/avatars", timeout=10)
     assert no_key.value.code == 401 and "API key" in json.loads(no_key.value.read())["error"]
 
-    async def socket(origin: str) -> tuple[int, str]:
+    async def socket(origin: str, host: str = "") -> tuple[int, str]:
         async with aiohttp.ClientSession() as http:
+            headers = {"Origin": origin, **({"Host": host} if host else {})}
             try:
-                async with http.ws_connect(f"{web_cluster.web_url}/api/live", headers={"Origin": origin}) as ws:
+                async with http.ws_connect(f"{web_cluster.web_url}/api/live", headers=headers) as ws:
                     await ws.send_json({"type": "start", "avatar_id": "x"})  # no key
                     reply = await ws.receive_json(timeout=10)
                     return 101, reply["code"]
@@ -543,6 +553,10 @@ def test_the_api_and_the_live_socket_need_a_key_and_the_socket_the_pages_origin(
                 return exc.status, ""
 
     assert off_playwrights_loop(socket("http://evil.example")) == (403, "")
+    # A DNS-rebinding page (its name pointed at this server): Origin and Host agree, and it is refused;
+    # with no public_origins set, the page's origins are the loopback ones of its port (web_url's).
+    rebound = f"rebind.example:{urlsplit(web_cluster.web_url).port}"
+    assert off_playwrights_loop(socket(f"http://{rebound}", host=rebound)) == (403, "")
     assert off_playwrights_loop(socket(web_cluster.web_url)) == (101, "UNAUTHENTICATED")
     log = web_cluster.processes["web"].log() + web_cluster.processes["gateway"].log()
     assert KEY not in log, "no key is ever logged"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import time
+import uuid
 import wave
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +15,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.jobs.layout import output_key
+from services.jobs.store import open_blob_store
+from services.jobs.store.jobs import JobStore, NewJob
 from services.local.cluster import REPO_ROOT, STAGES, LocalCluster
 
 SAMPLES = REPO_ROOT / "samples"
@@ -88,12 +93,34 @@ def eventually(check: Callable[[], Any], timeout: float = 40.0, what: str = "", 
     return result
 
 
-def rss_mb(pid: int) -> float:
-    """A process's resident memory (VmRSS) in MiB, from /proc."""
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory (VmRSS; VmHWM: its peak so far) in MiB, from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
+    raise AssertionError(f"no {field} for process {pid}")
+
+
+def new_job(store: JobStore, owner: str = "setup") -> str:
+    """A QUEUED job of one segment (and its audio task) created in the job store directly: no avatar,
+    no audio; `finish_job` completes it."""
+    job_id = uuid.uuid4().hex[:20]
+    store.create_job(NewJob(job_id, "0" * 24, owner, b"", 1.0, 25.0, 25, [(0, 25)], audio_task=True))
+    return job_id
+
+
+def finish_job(store: JobStore, job_id: str, output: bytes, blob_store: str) -> None:
+    """Do what render workers do, without rendering: claim and complete every task, store the output
+    and record its size and sha256 (what DownloadOutput checks). The cluster must run no render worker."""
+    open_blob_store(blob_store).put(output_key(job_id), output)
+    while (task := store.claim("test", 60.0, 3)) is not None:
+        assert task.job_id == job_id, "finish_job() needs the job to be the only one with claimable tasks"
+        if task.is_join:
+            sha256 = hashlib.sha256(output).hexdigest()
+            assert store.complete_join(task, output_key(job_id), len(output), {}, sha256)
+        else:
+            assert store.complete_segment(task, task.end_frame - task.start_frame, {}, [])
+    assert store.get_job(job_id).output_bytes == len(output)
 
 
 def write_template(path: Path, frames: list, fps: float, crf: int = 8) -> None:

@@ -415,6 +415,26 @@ tls: {{ and $s.public (not (empty .root.Values.tls.existingSecret)) }}
 gatewayCa: {{ and (has "gateway" (default list $s.dials)) (not (empty .root.Values.tls.existingSecret)) }}
 {{- end -}}
 
+{{/* The web page's public origins (LIPLINE_PUBLIC_ORIGINS) of a stage with an httpPort, as a YAML list:
+its own config's public_origins, else one per webIngress host as browsers will show it (https:// where
+webIngress.tls names the host, http:// otherwise); empty without webIngress (the page's loopback origins:
+kubectl port-forward). Only these pages may open the live WebSocket, so a webIngress that answers any
+host, or a wildcard one, must name them. Call with (dict "root" $ "config" <the stage's config>). */}}
+{{- define "lipline.publicOrigins" -}}
+{{- $ing := .root.Values.webIngress -}}
+{{- $origins := default list .config.public_origins -}}
+{{- if and (not $origins) $ing.enabled -}}
+{{- $tlsHosts := list -}}
+{{- range $ing.tls }}{{ $tlsHosts = concat $tlsHosts (default list .hosts) }}{{ end -}}
+{{- range $host := $ing.hosts -}}
+{{- if contains "*" $host }}{{ fail (printf "webIngress.hosts has the wildcard %q: set stages.web.config.public_origins to the page's origins (https://try.example.com), the only pages the live WebSocket accepts" $host) }}{{ end -}}
+{{- $origins = append $origins (printf "%s://%s" (ternary "https" "http" (has $host $tlsHosts)) $host) -}}
+{{- end -}}
+{{- if not $origins }}{{ fail "webIngress answers any host (webIngress.hosts is empty): set stages.web.config.public_origins to the page's origins (https://try.example.com), the only pages the live WebSocket accepts" }}{{ end -}}
+{{- end -}}
+{{- toYaml $origins -}}
+{{- end -}}
+
 {{/* The name the chart's own callers of a TLS gateway (the web page, helm test) check its certificate
 against: tls.serverName, else the gateway Service's name. */}}
 {{- define "lipline.gatewayServerName" -}}

@@ -86,7 +86,12 @@ export async function* ndjson(path) {
 export async function blob(path) {
   const response = await fetch(path, { headers: headers() });
   if (!response.ok) throw await errorOf(response);
-  return response.blob();
+  try {
+    return await response.blob();
+  } catch {
+    // The server cuts a download it cannot finish (a damaged output, the gateway gone): keep nothing.
+    throw new ApiError(0, "", "the download broke off before its end, so nothing was kept: try again (the web server's log says why)");
+  }
 }
 
 export function showMessage(element, text, isError = false) {

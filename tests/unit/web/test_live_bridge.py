@@ -9,7 +9,8 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from lipline.v1 import session_pb2
-from services.web.live_bridge import StartError, frame_message, parse_start, response_message, same_origin
+from services.web.live_bridge import StartError, frame_message, parse_start, response_message, trusted_origin
+from services.web.settings import WebSettings
 
 
 def test_a_start_message_is_read_with_its_defaults() -> None:
@@ -58,21 +59,29 @@ def test_a_bad_start_message_says_what_to_fix(text: str, says: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("origin", "allowed", "ok"),
+    ("origin", "public", "allowed", "ok"),
     [
-        ("http://page.example:8080", (), True),
-        ("https://PAGE.example:8080", (), True),
-        ("http://evil.example", (), False),
-        ("http://page.example", (), False),  # another port is another origin
-        ("", (), False),  # a browser always sends Origin on a WebSocket
-        ("https://app.example", ("https://app.example",), True),
+        # A DNS-rebinding page: its Origin names the Host it sends, and it is still refused.
+        ("http://page.example:8080", (), (), False),
+        ("http://page.example:8080", ("https://try.example.com",), (), False),
+        ("https://try.example.com", ("https://try.example.com",), (), True),
+        ("https://TRY.example.com", ("https://try.example.com",), (), True),
+        ("http://evil.example", ("https://try.example.com",), (), False),
+        ("", ("https://try.example.com",), (), False),  # a browser always sends Origin on a WebSocket
+        ("https://app.example", ("https://try.example.com",), ("https://app.example",), True),
+        # No public origin configured: the loopback ones of the port the connection came to (80 here).
+        ("http://127.0.0.1", (), (), True),
+        ("http://localhost", (), (), True),
+        ("http://localhost:8080", (), (), False),
     ],
 )
-def test_only_the_pages_own_origin_or_a_listed_one_may_open_the_socket(
-    origin: str, allowed: tuple[str, ...], ok: bool
+def test_only_the_pages_public_origins_or_a_listed_one_may_open_the_socket_whatever_the_host(
+    origin: str, public: tuple[str, ...], allowed: tuple[str, ...], ok: bool
 ) -> None:
+    settings = WebSettings(public_origins=public, allowed_origins=allowed)
     headers = {"Host": "page.example:8080", **({"Origin": origin} if origin else {})}
-    assert same_origin(make_mocked_request("GET", "/api/live", headers=headers), allowed) is ok
+    request = make_mocked_request("GET", "/api/live", headers=headers)  # its socket: 127.0.0.1:80
+    assert trusted_origin(request, settings) is ok
 
 
 def test_a_frame_is_its_json_header_then_its_picture_then_its_audio() -> None:

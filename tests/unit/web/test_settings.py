@@ -16,6 +16,7 @@ def test_the_defaults_are_the_registrys_and_the_gateways_limits() -> None:
     assert s.gateway_address == "127.0.0.1:50051"
     assert (s.max_avatar_bytes, s.max_audio_bytes) == (200 * 1024 * 1024, 50 * 1024 * 1024)
     assert s.require_api_key
+    assert s.public_origins == ()  # the loopback origins of the HTTP port (services/web/origins.py)
 
 
 @pytest.mark.parametrize(
@@ -23,6 +24,10 @@ def test_the_defaults_are_the_registrys_and_the_gateways_limits() -> None:
     [
         (["--http-port=70000"], "http_port 70000"),
         (["--allowed-origins=https://a.example/"], "allowed_origins"),
+        (
+            ["--public-origins=try.example.com"],
+            "public_origins: 'try.example.com' is not an http:// or https:// origin",
+        ),
         (["--max-live-message-bytes=10"], "max_live_message_bytes"),
         (
             ["--gateway-tls-ca-file=/ca.crt", "--gateway-address=k8s:///gw.ns:50051"],
