@@ -35,9 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.gateway.client import LiplineClient  # noqa: E402
-from services.gateway.live_client import pcm_of_audio  # noqa: E402
-from services.local.cluster import REPO_ROOT, LocalCluster  # noqa: E402
+from services.gateway.client import LiplineClient
+from services.gateway.live_client import pcm_of_audio
+from services.local.cluster import REPO_ROOT, LocalCluster
 
 RATE, CHUNK_S = 24000, 0.02
 SAMPLES = REPO_ROOT / "samples"
@@ -86,7 +86,6 @@ def bench_pipecat(address: str, avatar: str, speech: Path, args: argparse.Namesp
 async def bench_livekit(address: str, avatar: str, pcm: bytes, args: argparse.Namespace, chunks: int) -> dict:
     from livekit import rtc
     from livekit.agents.voice.avatar import AvatarRunner, QueueAudioOutput
-
     from livekit.plugins.lipline import LiplineVideoGenerator
 
     class RoomlessRunner(AvatarRunner):

@@ -137,9 +137,7 @@ def test_the_generator_driven_by_an_avatar_runner(lipline: Lipline) -> None:
     ends = [n for n, k in enumerate(kinds) if k == "end"]
     span = 2 * RATE // FPS
     for start, end in zip([0, ends[0]], ends):
-        track = b"".join(
-            bytes(i.data) for _, i, _ in recording.items[start:end] if isinstance(i, rtc.AudioFrame)
-        )
+        track = b"".join(bytes(i.data) for _, i, _ in recording.items[start:end] if isinstance(i, rtc.AudioFrame))
         assert silent_frames_between(track, lipline.speech, span) <= 0.1 * len(lipline.speech) / span
     # After the clear: no more speech audio, idle frames go on.
     cleared_at = max(n for n, k in enumerate(kinds) if k == "AudioFrame")
@@ -156,7 +154,11 @@ def test_an_avatar_session_in_a_room(lipline: Lipline, tmp_path: Path) -> None:
         from livekit import api
         from livekit.agents import AgentSession
 
-        token = api.AccessToken(key, secret).with_identity("agent").with_grants(api.VideoGrants(room_join=True, room="lipline"))
+        token = (
+            api.AccessToken(key, secret)
+            .with_identity("agent")
+            .with_grants(api.VideoGrants(room_join=True, room="lipline"))
+        )
         room = rtc.Room()
         await room.connect(url, token.to_jwt())
         agent_session = AgentSession()

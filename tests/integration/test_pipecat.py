@@ -57,7 +57,9 @@ def mouth_box() -> tuple[int, int, int, int]:
 
 @pytest.fixture(scope="module")
 def lipline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lipline]:
-    assert PIPECAT_PYTHON.exists(), "no .venv-pipecat: run scripts/install.sh (it makes it from requirements-pipecat.lock)"
+    assert PIPECAT_PYTHON.exists(), (
+        "no .venv-pipecat: run scripts/install.sh (it makes it from requirements-pipecat.lock)"
+    )
     workdir = tmp_path_factory.mktemp("pipecat")
     (workdir / "api-keys").write_text(f"agents:{KEY}\n")
     extra = {"live": ["--superres-address="], "gateway": [f"--api-keys-file={workdir / 'api-keys'}"]}

@@ -31,7 +31,18 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             REPO_ROOT / "clients" / folder, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
         )
         build = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(source)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "-w",
+                str(tmp),
+                str(source),
+            ],
             capture_output=True,
             text=True,
             timeout=240,
@@ -43,7 +54,18 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def install(python: Path | str, wheels: list[Path], target: Path) -> None:
     result = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), *map(str, wheels)],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            *map(str, wheels),
+        ],
         capture_output=True,
         text=True,
         timeout=240,
@@ -54,7 +76,9 @@ def install(python: Path | str, wheels: list[Path], target: Path) -> None:
 def run(python: Path | str, target: Path, code: str) -> list[str]:
     """`code` under `python` with only `target` in front of its site-packages, from outside the checkout."""
     env = {**os.environ, "PYTHONPATH": str(target)}
-    result = subprocess.run([str(python), "-c", code], cwd=target.parent, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(python), "-c", code], cwd=target.parent, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout.split()
 
@@ -64,7 +88,9 @@ def test_the_wheels_carry_their_modules(wheels: dict[str, Path]) -> None:
     assert {"lipline_client/live.py", "lipline_client/frames.py", "lipline_client/audio.py"} <= names["lipline_client"]
     assert {"lipline_pipecat/__init__.py", "lipline_pipecat/video.py"} <= names["pipecat_lipline"]
     assert "livekit/plugins/lipline/__init__.py" in names["livekit_plugins_lipline"]
-    assert not any(n.startswith(("livekit/__init__", "livekit/plugins/__init__")) for n in names["livekit_plugins_lipline"])
+    assert not any(
+        n.startswith(("livekit/__init__", "livekit/plugins/__init__")) for n in names["livekit_plugins_lipline"]
+    )
     for found in names.values():
         assert not any(n.startswith(("lipline/", "services/", "tests/")) for n in found)
 

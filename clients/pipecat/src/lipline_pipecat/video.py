@@ -34,10 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-from lipline_client import LiveSession
-from lipline_client.audio import session_rate
-from lipline_client.frames import FrameDecoder
-from lipline_client.v1 import session_pb2
 from loguru import logger
 from pipecat.frames.frames import (
     CancelFrame,
@@ -53,6 +49,11 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.ai_service import AIService
 from pipecat.services.settings import ServiceSettings
 from pipecat.utils.errors import ErrorCategory
+
+from lipline_client import LiveSession
+from lipline_client.audio import session_rate
+from lipline_client.frames import FrameDecoder
+from lipline_client.v1 import session_pb2
 
 #: how a gateway status reads as Pipecat's error category (what a handler decides on)
 CATEGORIES = {

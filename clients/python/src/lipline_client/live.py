@@ -439,7 +439,9 @@ class LiveSession:
         await self.close()
 
 
-async def _with_retries(attempt: Callable[[float], Any], timeout: float, policy: RetryPolicy, *, idempotent: bool) -> Any:
+async def _with_retries(
+    attempt: Callable[[float], Any], timeout: float, policy: RetryPolicy, *, idempotent: bool
+) -> Any:
     """`await attempt(seconds left)` until it succeeds, its status is not retried, or time is up."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
