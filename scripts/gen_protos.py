@@ -5,7 +5,11 @@
 - The client package's copy (`clients/python/src/lipline_client/v1/`: the public protos only,
   CLIENT_PROTOS) is committed, so `pip install ./clients/python` works from a clone with no protoc;
   its imports are rewritten from `lipline.v1` to `lipline_client.v1` so that the package stands on its
-  own beside the services' modules. tests/unit/test_protos.py checks that it is fresh.
+  own beside the services' modules, and its runtime check names the oldest protobuf it runs on,
+  CLIENT_GENCODE_FLOOR (6.33, not the protoc's own 7.x): voice-agent frameworks still pin protobuf 6
+  (pipecat-ai: protobuf<7), and these stubs use only descriptor-pool and builder calls protobuf 6
+  has (tests/integration/test_pipecat.py imports them under protobuf 6). tests/unit/test_protos.py
+  checks that it is fresh.
 
 `--force` regenerates all.
 """
@@ -26,6 +30,11 @@ CLIENT_DIR = ROOT / "clients" / "python" / "src" / "lipline_client" / "v1"
 CLIENT_PROTOS = ("common", "gateway", "session")
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 _IMPORT = re.compile(r"^from lipline\.v1 import ", re.M)
+#: the protobuf version the client's stubs check for at import (see the module's doc)
+CLIENT_GENCODE_FLOOR = (6, 33, 0)
+_GENCODE_CHECK = re.compile(
+    r"(ValidateProtobufRuntimeVersion\(\n\s*_runtime_version\.Domain\.PUBLIC,\n)\s*\d+,\n\s*\d+,\n\s*\d+,\n"
+)
 _CLIENT_INIT = '"""The generated protobuf and gRPC modules of the public API (scripts/gen_protos.py; do not edit)."""\n'
 
 
@@ -56,8 +65,18 @@ def client_modules(protos_dir: Path = PROTO_DIR) -> dict[str, str]:
         for name in CLIENT_PROTOS:
             for suffix in SUFFIXES:
                 text = (generated / f"{name}{suffix}").read_text()
-                out[f"{name}{suffix}"] = _IMPORT.sub("from lipline_client.v1 import ", text)
+                text = _IMPORT.sub("from lipline_client.v1 import ", text)
+                if suffix == "_pb2.py":
+                    text, found = _GENCODE_CHECK.subn(_floor, text)
+                    if found != 1:
+                        raise SystemExit(f"{name}_pb2.py: protoc's runtime version check has changed shape")
+                out[f"{name}{suffix}"] = text
     return out
+
+
+def _floor(match: re.Match[str]) -> str:
+    major, minor, patch = CLIENT_GENCODE_FLOOR
+    return f"{match.group(1)}    {major},\n    {minor},\n    {patch},\n"
 
 
 def generate_client(out_dir: Path = CLIENT_DIR) -> None:

@@ -41,14 +41,15 @@ if [[ ! -x $VENV/bin/python ]]; then
   fi
 fi
 stamp=$VENV/.lipline-lock.sha256
-want=$(cat requirements.lock pyproject.toml clients/python/pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.lock pyproject.toml clients/python/pyproject.toml clients/livekit/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "install: pip install -r requirements.lock (torch is the CPU build; GPU images pin their own)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.lock
   # setuptools prints pages of advice about editable installs; show its output only if it fails.
-  # The project itself, and the client package backends install (clients/python: lipline-client,
-  # whose generated stubs are committed), both editable: the services' CLI client and tests use it.
-  for project in . ./clients/python; do
+  # The project itself, the client package backends install (clients/python: lipline-client, whose
+  # generated stubs are committed) and the LiveKit plugin (clients/livekit, on livekit-agents from the
+  # lock), all editable: the services' CLI client and the tests use them.
+  for project in . ./clients/python ./clients/livekit; do
     if ! out=$("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$project" 2>&1); then
       echo "$out" >&2
       exit 1
@@ -81,7 +82,27 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "$want" > "$stamp"
 fi
 
-# 6. A second S3-compatible test server, s3rver (npm, with the machine's Node.js): unlike moto it
+# 6. The Pipecat integration's environment (clients/pipecat and its tests): pipecat-ai pins protobuf<7,
+#    the services need >=7.35, so it has its own, with lipline-client and pipecat-lipline editable.
+#    Re-installed only when requirements-pipecat.lock or the two packages' pyproject.toml change.
+PIPECAT_VENV=.venv-pipecat
+if [[ ! -x $PIPECAT_VENV/bin/python ]]; then
+  echo "install: creating $PIPECAT_VENV (the Pipecat integration's tests) with $($PYTHON --version)"
+  "$PYTHON" -m venv "$PIPECAT_VENV"
+fi
+stamp=$PIPECAT_VENV/.lipline-lock.sha256
+want=$(cat requirements-pipecat.lock clients/python/pyproject.toml clients/pipecat/pyproject.toml | sha256sum | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  echo "install: pip install -r requirements-pipecat.lock into $PIPECAT_VENV"
+  "$PIPECAT_VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-pipecat.lock
+  if ! out=$("$PIPECAT_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e ./clients/python -e ./clients/pipecat 2>&1); then
+    echo "$out" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+fi
+
+# 7. A second S3-compatible test server, s3rver (npm, with the machine's Node.js): unlike moto it
 #    refuses a presigned URL once it has expired, which GetOutputUrl's test needs. Re-installed only
 #    when its lock changes; without npm the test that needs it skips, saying so.
 S3RVER_DIR=tests/s3rver

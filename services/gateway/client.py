@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lipline.v1 import gateway_pb2
 from lipline_client import TERMINAL, LiplineClient, RetryPolicy
+from lipline_client.v1 import gateway_pb2
 
 __all__ = ["TERMINAL", "LiplineClient", "RetryPolicy", "main", "progress_printer", "render_file"]
 

@@ -21,7 +21,7 @@ import io
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import av
 import numpy as np
 
-from lipline.v1 import session_pb2
+from lipline_client.v1 import session_pb2
 from services.media.audio import decode_audio
 
 CHUNK_MS = 20
@@ -51,7 +51,7 @@ class SessionClient(Protocol):
         super_resolution: bool = ...,
     ) -> session_pb2.Session: ...
 
-    def converse(self, requests: Iterator[session_pb2.ConverseRequest]) -> Any: ...
+    def converse(self, requests: Iterable[session_pb2.ConverseRequest], timeout: float | None = ...) -> Any: ...
     def close_session(self, session_id: str) -> session_pb2.Session: ...
 
 

@@ -166,7 +166,7 @@ def session_to_proto(row: SessionRow, resume_token: str = "") -> session_pb2.Ses
     created = Timestamp()
     created.FromNanoseconds(int(row.create_time * 1e9))
     session.create_time.CopyFrom(created)
-    session.state = int(row.state)
+    session.state = cast(session_pb2.SessionState, int(row.state))
     session.error, session.error_code = row.error, row.error_code
     session.resume_token = resume_token
     return session

@@ -57,6 +57,47 @@ class OutputUrl:
     expires_at: datetime.datetime
 
 
+@dataclasses.dataclass(frozen=True)
+class Connection:
+    """How a client reaches the gateway, from its arguments or the LIPLINE_* variables: the channel's
+    options, its TLS credentials (None: plaintext) and the metadata every call carries (the API key).
+    The synchronous LiplineClient and the asyncio live sessions (lipline_client.live) share it."""
+
+    options: tuple[tuple[str, int | str], ...]
+    credentials: grpc.ChannelCredentials | None
+    metadata: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def resolve(
+        cls,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        *,
+        api_key: str | None = None,
+        tls: bool | None = None,
+        tls_ca_file: str | None = None,
+        tls_server_name: str | None = None,
+    ) -> Connection:
+        env = os.environ
+        api_key = env.get("LIPLINE_API_KEY", "").strip() if api_key is None else api_key
+        tls_ca_file = env.get("LIPLINE_TLS_CA_FILE", "") if tls_ca_file is None else tls_ca_file
+        tls_server_name = env.get("LIPLINE_TLS_SERVER_NAME", "") if tls_server_name is None else tls_server_name
+        if tls is None:
+            tls = env.get("LIPLINE_TLS", "").lower() in _TRUE
+        options: list[tuple[str, int | str]] = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        ]
+        credentials = None
+        if tls or tls_ca_file:
+            roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+        metadata = ((API_KEY_HEADER, api_key),) if api_key else ()
+        return cls(tuple(options), credentials, metadata)
+
+
 def has_field(message: type[Message], name: str) -> bool:
     """Whether the protos this package carries have `message.name` (a field a newer gateway added)."""
     return name in message.DESCRIPTOR.fields_by_name
@@ -79,28 +120,15 @@ class LiplineClient:
     ) -> None:
         """`timeout` bounds every call (and all of `wait`) unless a method is given its own; `retry`
         says how calls are retried (RetryPolicy(); `NO_RETRY` turns it off). See the module's doc."""
-        env = os.environ
-        api_key = env.get("LIPLINE_API_KEY", "").strip() if api_key is None else api_key
-        tls_ca_file = env.get("LIPLINE_TLS_CA_FILE", "") if tls_ca_file is None else tls_ca_file
-        tls_server_name = env.get("LIPLINE_TLS_SERVER_NAME", "") if tls_server_name is None else tls_server_name
-        if tls is None:
-            tls = env.get("LIPLINE_TLS", "").lower() in _TRUE
-        options: list[tuple[str, int | str]] = [
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
-        ]
-        if tls or tls_ca_file:
-            roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
-            if tls_server_name:
-                options.append(("grpc.ssl_target_name_override", tls_server_name))
-            channel = grpc.secure_channel(
-                address, grpc.ssl_channel_credentials(root_certificates=roots), options=options
-            )
+        connection = Connection.resolve(
+            max_message_bytes, api_key=api_key, tls=tls, tls_ca_file=tls_ca_file, tls_server_name=tls_server_name
+        )
+        if connection.credentials is not None:
+            channel = grpc.secure_channel(address, connection.credentials, options=connection.options)
         else:
-            channel = grpc.insecure_channel(address, options=options)
-        if api_key:
-            channel = grpc.intercept_channel(channel, _Metadata(((API_KEY_HEADER, api_key),)))
+            channel = grpc.insecure_channel(address, options=connection.options)
+        if connection.metadata:
+            channel = grpc.intercept_channel(channel, _Metadata(connection.metadata))
         self.channel: grpc.Channel = channel
         #: the raw stub, for what the typed methods do not cover (the API key travels with it too)
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)

@@ -11,9 +11,9 @@ from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
 _runtime_version.ValidateProtobufRuntimeVersion(
     _runtime_version.Domain.PUBLIC,
-    7,
-    35,
-    1,
+    6,
+    33,
+    0,
     '',
     'lipline/v1/session.proto'
 )
