@@ -378,3 +378,42 @@ def test_a_cancel_of_the_awaiting_task_stays_a_cancel() -> None:
             await asyncio.wait_for(closed.wait(), 10)  # the requests' generator was closed with the call
 
     _run(main())
+
+
+def _client_streaming_methods() -> set[str]:
+    """The names of every RPC whose requests are a stream, from the protos' descriptors."""
+    import importlib
+
+    names = set()
+    for module in ("audio", "gateway", "lipsync", "live", "session", "superres"):
+        descriptor = importlib.import_module(f"lipline.v1.{module}_pb2").DESCRIPTOR
+        for service in descriptor.services_by_name.values():
+            names |= {m.name for m in service.methods if m.client_streaming}
+    return names
+
+
+def test_every_request_iterator_handed_to_grpc_goes_through_stream_call() -> None:
+    """The class of issue 29: a stub method of a client-streaming RPC called with a request iterator
+    (not through stream_call in services/, the client package's helpers in clients/python) swallows
+    the iterator's exception. Calls without one (reader/writer style: `stub.Converse()` then
+    `write`) write their requests themselves and are allowed."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    methods = _client_streaming_methods()
+    assert {"CreateAvatar", "Converse", "DetectFaces", "Generate", "Upscale", "Extract"} <= methods
+    found = []
+    for folder in ("services", "clients/python/src"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in methods
+                    and node.args
+                ):
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.func.attr}(...)")
+    assert found == [], "pass these requests through services.serving.streams.stream_call"
