@@ -60,6 +60,7 @@ class EchoService(Service[ServiceSettings]):
             "Idle": grpc.unary_stream_rpc_method_handler(self.idle),
             "Flood": grpc.unary_stream_rpc_method_handler(self.flood),
             "Relay": grpc.unary_unary_rpc_method_handler(self.relay),
+            "Hold": grpc.unary_unary_rpc_method_handler(self.hold),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
@@ -106,6 +107,11 @@ class EchoService(Service[ServiceSettings]):
         for i in range(int(request or b"0")):
             yield b"item %d" % i
         raise TooLarge("stream is over its limit")
+
+    async def hold(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """No answer until the client goes away."""
+        await self.forever.wait()
+        return b""
 
     async def relay(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Uploads to this server's Upload a stream that fails while it is read (a limit met while
@@ -480,6 +486,16 @@ def test_a_request_iterator_failing_under_a_handler_gets_its_status_and_one_log_
             assert err.code() == grpc.StatusCode.INTERNAL and "Relay" in err.details()
             assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("Relay")] == ["Relay crashed"]
 
+            # A call its client cancels (or whose deadline passes) is still a cancel, not a crash.
+            call = await open_idle(channel, "d")
+            call.cancel()
+            err = await call_error(unary(channel, "Hold")(b"", timeout=0.5))
+            assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await until(lambda: service.idle_open == 0, "the cancelled stream to end")
+            await until(lambda: requests_count(service, "Hold", "CANCELLED") == 1, "the held call to end")
+        assert not [r for r in caplog.records if "crashed" in r.getMessage() and not r.getMessage().startswith("Relay")]
+
     service = run_server(test)
     assert requests_count(service, "Relay", "RESOURCE_EXHAUSTED") == 1
     assert requests_count(service, "Relay", "INTERNAL") == 1
+    assert requests_count(service, "Idle", "CANCELLED") == 1
