@@ -110,7 +110,6 @@ async def ordered_stream(
                 entry[0].cancel()
 
 
-
 class StreamCall:
     """A client-streaming call (stream-unary or stream-stream) made by `stream_call`: awaiting it,
     iterating it or `read()` raise its requests' own exception where gRPC would end them with the
