@@ -54,6 +54,7 @@ import numpy as np
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
 from services.local.process import ServiceProcess, start
 from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
+from services.serving.streams import stream_call
 
 # What `python -m services.lipsync` (and services.superres) imports beyond this script's own needs
 # (module -> pip name).
@@ -195,7 +196,7 @@ async def run_stream(
             first = False
 
     try:
-        call = stub.Generate(requests())
+        call = stream_call(stub.Generate, requests())  # a failure building the requests is raised here
         async for response in call:
             window.release()
             stats.received(sent.popleft(), len(response.faces.frame_indices), response)

@@ -58,6 +58,7 @@ from bench.bench_lipsync_grpc import (
 )
 from lipline.v1 import superres_pb2, superres_pb2_grpc
 from services.media.wire import image_to_proto
+from services.serving.streams import stream_call
 
 CROP_SIDE = 96  # the lipsync stage's output
 
@@ -108,7 +109,7 @@ async def run_stream(
 
     checked = False
     try:
-        call = stub.Upscale(requests())
+        call = stream_call(stub.Upscale, requests())  # a failure building the requests is raised here
         async for response in call:
             window.release()
             stats.received(sent.popleft(), len(response.items), response)

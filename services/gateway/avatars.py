@@ -33,6 +33,7 @@ from services.media.decode import AvatarFrames, open_avatar
 from services.media.wire import image_to_proto
 from services.serving.channels import StageFailed, stage_error_message
 from services.serving.errors import InvalidMedia, InvalidRequest, NotReady
+from services.serving.streams import stream_call
 from services.serving.tracing import outgoing_metadata
 
 _LOGGER = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ async def detect_faces(
                     return
 
         try:
-            call = lipsync.DetectFaces(requests(), metadata=outgoing_metadata(request_id))
+            # A limit met while decoding (services.media.decode) is raised by `requests`, and so here.
+            call = stream_call(lipsync.DetectFaces, requests(), metadata=outgoing_metadata(request_id))
             async for response in call:
                 if response.send_again:
                     decided.put_nowait(True)

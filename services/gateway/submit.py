@@ -40,6 +40,7 @@ from services.media.speech import speech_envelope
 from services.media.wire import MEL_BANDS, MEL_BYTES, MEL_STEP
 from services.serving.channels import StageFailed
 from services.serving.errors import InvalidMedia, InvalidRequest, NoCapacity, TooLarge
+from services.serving.streams import stream_call
 from services.serving.tracing import outgoing_metadata
 
 _LOGGER = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ async def extract_windows(
     total, seconds = -1, 0.0
     out: np.ndarray | None = None
     try:
-        async for response in audio.Extract(requests(), metadata=outgoing_metadata(request_id)):
+        async for response in stream_call(audio.Extract, requests(), metadata=outgoing_metadata(request_id)):
             if response.total_frames:
                 total, seconds = response.total_frames, response.duration_seconds
                 out = np.zeros((total, MEL_BYTES), np.uint8)

@@ -513,7 +513,15 @@ class _OrderedStream:
             if call.retiring:
                 await call.call.done_writing()
                 return
-            requests = self.link.build_requests(self, call, whole=ticked)
+            queued = self.queue
+            try:
+                requests = self.link.build_requests(self, call, whole=ticked)
+            except Exception:
+                # Items taken off the queue but not written: they fail with the stream (`_end`), not late.
+                kept = set(self.queue)
+                call.in_flight.append([item for item in queued if item not in kept])
+                call.sent_at.append(loop.time())
+                raise
             # In flight before they are written: a write that fails fails them with the stream.
             sent = loop.time()
             for _, batch in requests:

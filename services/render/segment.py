@@ -38,6 +38,7 @@ from services.media.wire import image_from_proto, image_to_proto, pack_generate_
 from services.render.mp4 import Mp4Writer
 from services.serving.channels import stage_errors
 from services.serving.metrics import Metrics
+from services.serving.streams import stream_call
 
 # Small messages keep a segment's stages overlapped (lipsync of message k+1 while superres does k and
 # x264 encodes k-1); a 2 s segment is 50 frames, so 10 per message gives 5 steps of that pipeline.
@@ -229,7 +230,7 @@ class SegmentRenderer:
 
         t0 = time.perf_counter()
         async with stage_errors("lipsync"):
-            async for response in self._lipsync().Generate(requests(), metadata=metadata):
+            async for response in stream_call(self._lipsync().Generate, requests(), metadata=metadata):
                 if response.HasField("model"):
                     models.append(_model_dict(response.model))
                 for index, face in zip(response.faces.frame_indices, PackedImages.from_pb(response.faces).arrays()):
@@ -263,8 +264,8 @@ class SegmentRenderer:
                 yield superres_pb2.UpscaleRequest(items=items)
 
         t0 = time.perf_counter()
-        async with stage_errors("superres"):
-            async for response in self._superres().Upscale(requests(), metadata=metadata):
+        async with stage_errors("superres"):  # `requests` read the lipsync stream: its failure is raised as itself
+            async for response in stream_call(self._superres().Upscale, requests(), metadata=metadata):
                 if response.HasField("model"):
                     models.append(_model_dict(response.model))
                 for item in response.items:

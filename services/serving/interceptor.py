@@ -265,8 +265,14 @@ class _Call:
 
     async def fail(self, exc: BaseException) -> None:
         if isinstance(exc, asyncio.CancelledError):
-            self.code = grpc.StatusCode.CANCELLED
-            raise exc
+            task = asyncio.current_task()
+            if task is None or task.cancelling():  # this RPC was cancelled (its client went, the server stops)
+                self.code = grpc.StatusCode.CANCELLED
+                raise exc
+            # Nobody cancelled this RPC: a call the handler made was cancelled under it (gRPC cancels a
+            # call whose request iterator raised; services.serving.streams.request_stream raises that
+            # error instead). Sent on, it would end the RPC without a status, the client waiting until
+            # its deadline: it is a bug, answered INTERNAL below.
         if isinstance(exc, LiplineError):
             self.code = exc.code
             _LOGGER.info(

@@ -44,6 +44,7 @@ from google.protobuf.message import Message
 
 from lipline.v1 import gateway_pb2
 from services.serving.metrics import Metrics
+from services.serving.streams import stream_call
 from services.web.gateway_link import GatewayLink, http_status, key_metadata
 from services.web.live_bridge import LiveBridge
 from services.web.origins import hosts_of, local_port, own_origins
@@ -250,8 +251,11 @@ class WebApp:
                 first = False
 
         try:
-            avatar = await self.gateway.stub.CreateAvatar(
-                pieces(), metadata=key_metadata(api_key(request)), timeout=self.settings.call_timeout_s
+            avatar = await stream_call(  # a failed read of the body is raised as itself
+                self.gateway.stub.CreateAvatar,
+                pieces(),
+                metadata=key_metadata(api_key(request)),
+                timeout=self.settings.call_timeout_s,
             )
         except grpc.aio.AioRpcError as exc:
             if over:

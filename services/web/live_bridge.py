@@ -46,6 +46,7 @@ from google.protobuf import json_format
 
 from lipline.v1 import session_pb2
 from services.serving.metrics import Metrics
+from services.serving.streams import stream_call
 from services.web.gateway_link import GatewayLink, key_metadata
 from services.web.origins import local_port, origin_allowed, page_origins
 from services.web.settings import WebSettings
@@ -273,7 +274,7 @@ class LiveBridge:
             while (request := await up.get()) is not None:
                 yield request
 
-        call = self.gateway.stub.Converse(requests(), metadata=metadata)
+        call = stream_call(self.gateway.stub.Converse, requests(), metadata=metadata)
         reader = asyncio.create_task(self._read_page(ws, up))
         reader.add_done_callback(lambda _: call.cancel())  # the page went away: end the stream
         keep = announced = False

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import av
 import numpy as np
 
 from services.render.mp4 import Mp4Writer
@@ -23,3 +25,21 @@ def write_flat_video(path: Path, frames: int, fps: float, size: tuple[int, int] 
         for i in range(frames):
             writer.write(np.full((height, width, 3), (i * 20) % 256, np.uint8))
     return path
+
+
+def encode_video(fmt: str, size: tuple[int, int], frames: int, codec: str = "libx264") -> bytes:
+    """A small video in memory (container format `fmt`, e.g. "mp4" or "mpegts"), frames of one grey
+    level each (frame i at level 40 * i mod 256), 25 fps; x264's fastest preset."""
+    width, height = size
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=25)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if codec == "libx264":
+            stream.options = {"preset": "ultrafast"}
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), (i * 40) % 256, np.uint8), format="bgr24")
+            frame.pts = i
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return buf.getvalue()

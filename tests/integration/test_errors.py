@@ -6,6 +6,7 @@ still answer a real call, so a request that crashed or wedged a server fails the
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,11 +30,14 @@ from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
 from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 from tests.helpers.audio_files import encode_tone, multichannel_wav
+from tests.helpers.video_files import encode_video
 from tests.integration.util import assert_all_serving, eventually, rss_mb
 
 MiB = 1 << 20
 DEFAULT_MAX_MESSAGE = 64 * MiB  # ServiceSettings.max_message_bytes
 DEFAULT_MAX_AUDIO = 50 * MiB  # GatewaySettings.max_audio_bytes
+DEFAULT_MAX_AVATAR_FRAMES = 1500  # GatewaySettings.max_avatar_frames
+DEFAULT_MAX_AVATAR_PIXELS = 1920 * 1080  # GatewaySettings.max_avatar_pixels
 
 
 def expect_status(code: grpc.StatusCode, call: Callable[[], Any], *words: str) -> str:
@@ -166,6 +170,33 @@ def test_avatar_photo_fps_out_of_range(mclient: LiplineClient, avatar_bytes: byt
     expect_status(
         grpc.StatusCode.INVALID_ARGUMENT, lambda: mclient.create_avatar(avatar_bytes, photo_fps=100), "photo_fps"
     )
+
+
+def gateway_log_lines(cluster: LocalCluster, text: str) -> list[str]:
+    """The gateway's log lines (JSON) whose message contains `text`."""
+    lines = cluster.processes["gateway"].log().splitlines()
+    return [line for line in lines if line.startswith("{") and text in json.loads(line).get("msg", "")]
+
+
+@pytest.mark.parametrize("video", ["1,501 frames at 128x128", "MPEG-TS growing from 64x64 to 2400x1600"])
+def test_avatar_over_a_limit_met_only_while_decoding_answers_and_logs_once(
+    mclient: LiplineClient, cluster: LocalCluster, video: str
+) -> None:
+    """Issue 29: a limit the container's header does not show is met while the gateway decodes the
+    upload into DetectFaces' request stream; the call answers at once (it hung until the client's
+    deadline, the gateway logging nothing) with the limit's status, and the gateway logs it once."""
+    if video.startswith("1,501"):
+        data = encode_video("mp4", (128, 128), DEFAULT_MAX_AVATAR_FRAMES + 1)
+        code, words = grpc.StatusCode.RESOURCE_EXHAUSTED, (f"more than {DEFAULT_MAX_AVATAR_FRAMES} frames", "limit")
+    else:
+        data = encode_video("mpegts", (64, 64), 200) + encode_video("mpegts", (2400, 1600), 20)
+        code, words = grpc.StatusCode.INVALID_ARGUMENT, (f"limited to {DEFAULT_MAX_AVATAR_PIXELS} pixels",)
+    started = time.monotonic()
+    details = expect_status(code, lambda: mclient.create_avatar(data, timeout=60), *words)
+    print(f"{video}: {code.name} after {time.monotonic() - started:.1f} s")
+    logged = eventually(lambda: gateway_log_lines(cluster, details), timeout=10, what="the gateway's log line")
+    assert len(logged) == 1, logged
+    assert json.loads(logged[0])["msg"] == f"CreateAvatar failed: {details}"
 
 
 @pytest.mark.parametrize("avatar_id", ["0123456789abcdef01234567", "../../etc", ""])

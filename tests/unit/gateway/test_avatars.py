@@ -21,8 +21,9 @@ from services.gateway.settings import GatewaySettings
 from services.jobs.avatars import content_hash, prefix
 from services.jobs.store.jobs import AvatarRecord
 from services.serving.channels import StageFailed
-from services.serving.errors import InvalidMedia, InvalidRequest, NotReady, StoreUnavailable
+from services.serving.errors import InvalidMedia, InvalidRequest, NotReady, StoreUnavailable, TooLarge
 from tests.helpers.stores import Stores, temp_stores
+from tests.helpers.video_files import encode_video
 
 SETTINGS = GatewaySettings()
 
@@ -211,3 +212,32 @@ def test_a_job_store_lost_during_the_upload_keeps_nothing_of_it(stores: Stores) 
     with pytest.raises((StoreUnavailable, sqlite3.ProgrammingError)):
         create(stores, finder, (AvatarUpload(photo(), "ann", 25.0), "acme"))
     assert finder.calls == 1 and stores.blob_keys() == []
+
+
+@pytest.fixture(scope="module")
+def too_long_video() -> bytes:
+    """A 128x128 video one frame over the limit: refused only once its frames are decoded (issue 29)."""
+    return encode_video("mp4", (128, 128), SETTINGS.max_avatar_frames + 1)
+
+
+@pytest.fixture(scope="module")
+def growing_video() -> bytes:
+    """An MPEG-TS of 200 frames at 64x64, then 20 at 2400x1600, past the pixel limit (issue 29)."""
+    return encode_video("mpegts", (64, 64), 200) + encode_video("mpegts", (2400, 1600), 20)
+
+
+def test_a_video_over_the_frame_limit_found_while_decoding_is_too_large_and_leaves_nothing(
+    stores: Stores, too_long_video: bytes
+) -> None:
+    # The limit is met in DetectFaces' request stream: it must come out here as itself.
+    with pytest.raises(TooLarge, match=f"more than {SETTINGS.max_avatar_frames} frames"):
+        create(stores, FaceFinder(), (AvatarUpload(too_long_video, "long", 0.0), "acme"))
+    assert stores.blob_keys() == [] and stores.jobs.list_avatars(tenant="acme") == []
+
+
+def test_a_video_growing_past_the_pixel_limit_while_decoding_is_invalid_and_leaves_nothing(
+    stores: Stores, growing_video: bytes
+) -> None:
+    with pytest.raises(InvalidMedia, match=f"limited to {SETTINGS.max_avatar_pixels} pixels"):
+        create(stores, FaceFinder(), (AvatarUpload(growing_video, "growing", 0.0), "acme"))
+    assert stores.blob_keys() == [] and stores.jobs.list_avatars(tenant="acme") == []

@@ -17,7 +17,7 @@ import pytest
 from lipline.v1 import audio_pb2_grpc
 from services.audio.service import AudioService, AudioSettings
 from services.gateway.settings import GatewaySettings
-from services.gateway.submit import Caller, JobRequest, submit_job
+from services.gateway.submit import Caller, JobRequest, extract_windows, submit_job
 from services.jobs.layout import mels_key, upload_key
 from services.jobs.segment_audio import unpack_segment_audio
 from services.jobs.store.jobs import AvatarRecord, Job, JobState, TaskKind
@@ -210,3 +210,20 @@ def test_a_retried_audio_uri_request_is_its_first_job_even_after_the_file_change
     with pytest.raises(InvalidRequest, match=f"request_id {RID} was already used for a different job request"):
         submit_uri(dataclasses.replace(request, audio_uri=uri + "?v=2"))
     assert len(fetched) == 1 and stores.jobs.queue_stats().active_jobs == 1
+
+
+class ReadableFirstMiB(bytes):
+    """Audio of which only the first MiB can be read (an upload whose storage fails mid-read)."""
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, slice) and (key.start or 0) > 0:
+            raise OSError("the upload could not be read past its first MiB")
+        return super().__getitem__(key)
+
+
+def test_audio_that_fails_while_it_is_sent_to_the_audio_stage_fails_as_itself() -> None:
+    """Extract's request stream reads the upload: its failure reaches the caller as itself (on main,
+    gRPC turned it into a bare cancel of the stage call)."""
+    audio = ReadableFirstMiB(encode_tone("wav", 40.0, rate=16000, channels=1))  # 1.3 MB: two messages
+    with pytest.raises(OSError, match="past its first MiB"):
+        with_audio(lambda stub: extract_windows(stub, audio, FPS, 600.0, "req-1"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -214,6 +215,41 @@ def test_a_stream_killed_midway_fails_its_items_and_the_link_recovers() -> None:
                 "the new stream's first message re-sends the crops of every registered session"
             )
             assert link.counters.failed == 2 and link.counters.stream_errors == 1 and link.counters.streams_opened == 2
+
+    asyncio.run(main())
+
+
+def test_a_message_that_fails_to_be_built_fails_its_items_with_a_status_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The link writes its requests itself (no request iterator is handed to gRPC): a failure while it
+    builds a message (here: its `on_message` callback) fails that message's items at once with a
+    StageFailed INTERNAL naming it, is logged, and the link opens the stream again (issue 29)."""
+    built: list[int] = []
+
+    def on_message(stage: str, items: int) -> None:
+        built.append(items)
+        if len(built) == 1:
+            raise RuntimeError("the items histogram broke")
+
+    async def main() -> None:
+        servicer = RecordingLipSync()
+        settings = FaceLinkSettings(flush_interval_s=0.02, default_due_s=30.0)
+        async with serving(servicer) as address:
+            channel = open_channel(address, 64 * 2**20)
+            link = FaceLink(lipsync_pb2_grpc.LipSyncServiceStub(channel), None, settings, on_message=on_message)
+            try:
+                async with link:
+                    link.register("a", [solid_crop((200, 10, 10))])
+                    with caplog.at_level(logging.ERROR, logger=face_link.__name__):
+                        with pytest.raises(StageFailed, match="the items histogram broke") as failed:
+                            await asyncio.wait_for(link.submit("a", 0, 0, MEL), 10)
+                    assert failed.value.code == grpc.StatusCode.INTERNAL
+                    assert [r.getMessage() for r in caplog.records] == ["face link stream failed unexpectedly"]
+                    assert_face(await asyncio.wait_for(link.submit("a", 1, 0, MEL), 10), (200, 10, 10))
+                    assert link.counters.failed == 1 and link.counters.late == 0
+            finally:
+                await channel.close()
 
     asyncio.run(main())
 

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import av
 import cv2
 import numpy as np
 import pytest
@@ -30,6 +29,7 @@ from services.media.wire import MAX_IMAGE_SIDE, image_from_proto
 from services.render.mp4 import Mp4Writer
 from services.serving.errors import InvalidMedia, TooLarge
 from tests.helpers.bombs import jpeg_claiming, png_claiming
+from tests.helpers.video_files import encode_video
 
 MB = 1 << 20
 
@@ -94,23 +94,6 @@ def _image(height: int, width: int) -> np.ndarray:
     return np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), np.full_like(x, 128)], -1).astype(
         np.uint8
     )
-
-
-def _encode_video(fmt: str, size: tuple[int, int], frames: int, codec: str = "libx264") -> bytes:
-    """A small video in memory (format `fmt`), frames of one grey level each."""
-    width, height = size
-    buf = io.BytesIO()
-    with av.open(buf, mode="w", format=fmt) as container:
-        stream = container.add_stream(codec, rate=25)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        if codec == "libx264":
-            stream.options = {"preset": "ultrafast"}
-        for i in range(frames):
-            frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), (i * 40) % 256, np.uint8), format="bgr24")
-            frame.pts = i
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode(None))
-    return buf.getvalue()
 
 
 def _mp4(tmp_path: Path, size: tuple[int, int], frames: int) -> bytes:
@@ -279,20 +262,20 @@ def test_minimum_side_of_a_video_is_checked_before_decoding(tmp_path: Path) -> N
 def test_video_declaring_a_huge_frame_is_refused_before_decoding() -> None:
     # MPEG-TS declares no size; the H.264 parser reads it from the SPS. FFmpeg's stream probing would
     # decode the frame (unbounded) to learn it: _open_video does not let it.
-    bomb = _encode_video("mpegts", (4096, 4096), 2)
+    bomb = encode_video("mpegts", (4096, 4096), 2)
     _refused_cheaply(lambda: decode_avatar(bomb), TooLarge, "4096x4096")
 
 
 def test_frame_size_change_mid_stream_is_invalid_media() -> None:
     # Two MPEG-TS segments of different sizes, concatenated: a valid stream whose SPS changes size.
-    data = _encode_video("mpegts", (96, 96), 6) + _encode_video("mpegts", (128, 96), 6)
+    data = encode_video("mpegts", (96, 96), 6) + encode_video("mpegts", (128, 96), 6)
     with pytest.raises(InvalidMedia, match=r"frame 6 of the avatar video is 128x96 but frame 0 is 96x96"):
         decode_avatar(data)
 
 
 def test_mid_stream_switch_to_an_oversized_frame_is_refused_by_the_decoder() -> None:
     # The second segment's frames exceed max_pixels: the decoder refuses to allocate them.
-    data = _encode_video("mpegts", (96, 96), 4) + _encode_video("mpegts", (512, 512), 2)
+    data = encode_video("mpegts", (96, 96), 4) + encode_video("mpegts", (512, 512), 2)
     with _measured() as cost, pytest.raises(InvalidMedia, match=r"could not decode frame 4 .*limited to 20000 pixels"):
         decode_avatar(data, max_pixels=20000)
     assert cost["seconds"] < 1.0
@@ -301,7 +284,7 @@ def test_mid_stream_switch_to_an_oversized_frame_is_refused_by_the_decoder() -> 
 def test_frame_count_is_checked_before_decoding(tmp_path: Path) -> None:
     # MP4 declares its count; MPEG-TS does not, so the packets are counted before any is decoded.
     # Beyond 2 * max_frames (a frame may take two packets, one per field) nothing is decoded.
-    mp4, ts = _mp4(tmp_path, (96, 96), 30), _encode_video("mpegts", (96, 96), 30)
+    mp4, ts = _mp4(tmp_path, (96, 96), 30), encode_video("mpegts", (96, 96), 30)
     with pytest.raises(TooLarge, match=r"more than 10 frames \(it declares 30\)"):
         decode_avatar(mp4, max_frames=10)
     with pytest.raises(TooLarge, match=r"more than 10 frames, the limit \(0.4 s at 25 fps\)"):
@@ -317,7 +300,7 @@ def test_other_containers_decode(tmp_path: Path) -> None:
     # Containers that declare their streams only in packets (MPEG-PS, FLV) still open (no decoding
     # during probing), and one that declares sizes in the header (Matroska) too.
     for fmt, codec in [("mpeg", "mpeg2video"), ("flv", "libx264"), ("matroska", "libx264"), ("mpegts", "libx264")]:
-        frames, fps = decode_avatar(_encode_video(fmt, (96, 80), 12, codec))
+        frames, fps = decode_avatar(encode_video(fmt, (96, 80), 12, codec))
         assert frames.shape == (12, 80, 96, 3), fmt
         assert fps > 0
 
@@ -354,7 +337,7 @@ def test_frames_decode_into_one_array_whatever_the_packet_count_said(tmp_path: P
 
 def test_odd_sized_video_is_cropped_even_without_a_copy(tmp_path: Path) -> None:
     # libx264 needs even sizes; an MPEG-4 Part 2 stream in AVI may be odd.
-    data = _encode_video("avi", (97, 81), 3, codec="mpeg4")
+    data = encode_video("avi", (97, 81), 3, codec="mpeg4")
     frames, _ = decode_avatar(data)
     assert frames.shape == (3, 80, 96, 3)
     assert frames.flags.c_contiguous

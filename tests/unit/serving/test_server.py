@@ -23,6 +23,7 @@ from services.serving.interceptor import CLIENT_ID, REQUEST_ID, TENANT, client_i
 from services.serving.metrics import Metrics
 from services.serving.server import Service, ServiceRunner
 from services.serving.settings import ServiceSettings
+from services.serving.streams import stream_call
 
 SERVICE = "lipline.test.Echo"
 SECRET = "secret internal detail 12345"
@@ -42,6 +43,7 @@ class EchoService(Service[ServiceSettings]):
         self.idle_open = 0  # Idle streams whose handler is running
         self.forever = asyncio.Event()  # never set: Idle streams wait on it
         self.flood_sent = 0  # messages Flood streams have handed to gRPC
+        self.loopback: grpc.aio.Channel | None = None  # a channel to this server, for Relay
 
     @property
     def service_names(self) -> Sequence[str]:
@@ -57,6 +59,8 @@ class EchoService(Service[ServiceSettings]):
             "Upload": grpc.stream_unary_rpc_method_handler(self.upload),
             "Idle": grpc.unary_stream_rpc_method_handler(self.idle),
             "Flood": grpc.unary_stream_rpc_method_handler(self.flood),
+            "Relay": grpc.unary_unary_rpc_method_handler(self.relay),
+            "Hold": grpc.unary_unary_rpc_method_handler(self.hold),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
@@ -103,6 +107,25 @@ class EchoService(Service[ServiceSettings]):
         for i in range(int(request or b"0")):
             yield b"item %d" % i
         raise TooLarge("stream is over its limit")
+
+    async def hold(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """No answer until the client goes away."""
+        await self.forever.wait()
+        return b""
+
+    async def relay(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Uploads to this server's Upload a stream that fails while it is read (a limit met while
+        decoding): through stream_call when `request` is b"stream_call", else handed to gRPC as it is."""
+
+        async def failing() -> AsyncIterator[bytes]:
+            yield b"ab"
+            raise TooLarge("the upload met its limit while it was read")
+
+        assert self.loopback is not None
+        upload = self.loopback.stream_unary(f"/{SERVICE}/Upload")
+        if request == b"stream_call":
+            return await stream_call(upload, failing(), timeout=30)
+        return await upload(failing(), timeout=30)
 
     async def upload(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
         total = 0
@@ -438,3 +461,41 @@ def test_a_stream_the_client_cancels_while_it_is_sending_ends_cancelled_not_cras
         if r.levelno >= logging.ERROR and (r.name.startswith("services") or r.name == "asyncio")
     ]
     assert not errors, errors
+
+
+def test_a_request_iterator_failing_under_a_handler_gets_its_status_and_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler's own client-streaming call whose requests fail: through stream_call, the failure is
+    the RPC's status (logged once); handed to gRPC as it is, gRPC only cancels the inner call, and
+    the interceptor answers INTERNAL rather than leave the client waiting until its deadline."""
+
+    async def test(service: EchoService, runner: ServiceRunner, channel: grpc.aio.Channel) -> None:
+        service.loopback = channel
+        with caplog.at_level(logging.INFO, logger="services.serving.interceptor"):
+            err = await call_error(unary(channel, "Relay")(b"stream_call", timeout=60))
+            assert (err.code(), err.details()) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "the upload met its limit while it was read",
+            )
+            logged = [r for r in caplog.records if r.getMessage().startswith("Relay")]
+            assert [r.getMessage() for r in logged] == ["Relay failed: the upload met its limit while it was read"]
+
+            caplog.clear()
+            err = await call_error(unary(channel, "Relay")(b"as it is", timeout=60))
+            assert err.code() == grpc.StatusCode.INTERNAL and "Relay" in err.details()
+            assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("Relay")] == ["Relay crashed"]
+
+            # A call its client cancels (or whose deadline passes) is still a cancel, not a crash.
+            call = await open_idle(channel, "d")
+            call.cancel()
+            err = await call_error(unary(channel, "Hold")(b"", timeout=0.5))
+            assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await until(lambda: service.idle_open == 0, "the cancelled stream to end")
+            await until(lambda: requests_count(service, "Hold", "CANCELLED") == 1, "the held call to end")
+        assert not [r for r in caplog.records if "crashed" in r.getMessage() and not r.getMessage().startswith("Relay")]
+
+    service = run_server(test)
+    assert requests_count(service, "Relay", "RESOURCE_EXHAUSTED") == 1
+    assert requests_count(service, "Relay", "INTERNAL") == 1
+    assert requests_count(service, "Idle", "CANCELLED") == 1

@@ -33,6 +33,7 @@ import grpc
 from google.protobuf.message import Message
 
 from lipline_client.retry import RESUME_POLICY, RetryPolicy, retry_delay_s
+from lipline_client.streams import stream_responses, unary_response
 from lipline_client.v1 import gateway_pb2, gateway_pb2_grpc, session_pb2
 
 _LOGGER = logging.getLogger(__name__)
@@ -167,7 +168,9 @@ class LiplineClient:
             for start in range(UPLOAD_CHUNK, len(data), UPLOAD_CHUNK):
                 yield gateway_pb2.CreateAvatarRequest(data=data[start : start + UPLOAD_CHUNK])
 
-        return self._call("CreateAvatar", lambda t: self.stub.CreateAvatar(requests(), timeout=t), timeout, True)
+        return self._call(
+            "CreateAvatar", lambda t: unary_response(self.stub.CreateAvatar, requests(), timeout=t), timeout, True
+        )
 
     def get_avatar(self, avatar_id: str, *, timeout: float | None = None) -> gateway_pb2.Avatar:
         request = gateway_pb2.GetAvatarRequest(avatar_id=avatar_id)
@@ -358,8 +361,9 @@ class LiplineClient:
         audio chunks, EndOfUtterance and Clear. Returns gRPC's response iterator of ConverseResponse
         (iterate it for frames, events and stats; `cancel()` ends the stream). No deadline unless
         given: a session lives as long as its limits. A cut stream is resumed by calling this again
-        with a ConverseStart naming the last frame received."""
-        return self.stub.Converse(iter(requests), timeout=timeout)
+        with a ConverseStart naming the last frame received. An exception `requests` raise ends the
+        stream, and iterating the responses raises it (not the RpcError it caused)."""
+        return stream_responses(self.stub.Converse, requests, timeout=timeout)
 
     def get_session(self, session_id: str, *, timeout: float | None = None) -> session_pb2.Session:
         request = session_pb2.GetSessionRequest(session_id=session_id)
