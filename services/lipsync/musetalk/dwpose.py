@@ -350,7 +350,7 @@ def _flip_test(model: nn.Module, x: torch.Tensor) -> tuple[np.ndarray, np.ndarra
     """The config's test: the mean of the SimCC vectors of the input and of its mirror (mapped back)."""
     simcc_x, simcc_y = model(x)
     flip_x, flip_y = flip_simcc(*model(x.flip(-1)))
-    return ((simcc_x + flip_x) * 0.5)[0].cpu().numpy(), ((simcc_y + flip_y) * 0.5)[0].cpu().numpy()
+    return ((simcc_x + flip_x) * 0.5)[0].float().cpu().numpy(), ((simcc_y + flip_y) * 0.5)[0].float().cpu().numpy()
 
 
 def decode_simcc(simcc_x: np.ndarray, simcc_y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -373,8 +373,8 @@ def input_to_frame(keypoints: np.ndarray, center: np.ndarray, scale: np.ndarray)
 def whole_body_keypoints(model: nn.Module, frame_bgr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """All 133 keypoints [133, 2] in frame pixels (float64) and their scores [133], as upstream's `inference_topdown`."""
     x, center, scale = preprocess(frame_bgr)
-    device = next(model.parameters()).device
-    simcc_x, simcc_y = _flip_test(model, x.to(device))
+    weight = next(model.parameters())  # the model's device and precision (fp16 on a GPU, fp64 in tests)
+    simcc_x, simcc_y = _flip_test(model, x.to(device=weight.device, dtype=weight.dtype))
     keypoints, scores = decode_simcc(simcc_x, simcc_y)
     return input_to_frame(keypoints, center, scale), scores
 
