@@ -173,12 +173,19 @@ class CSPNeXt(nn.Module):
     """mmdet's CSPNeXt, arch P5, out_indices (4,): the stride-32 feature map only."""
 
     # in, out, blocks, add_identity, spp (arch P5)
-    ARCH_P5 = ((64, 128, 3, True, False), (128, 256, 6, True, False), (256, 512, 6, True, False), (512, 1024, 3, False, True))
+    ARCH_P5 = (
+        (64, 128, 3, True, False),
+        (128, 256, 6, True, False),
+        (256, 512, 6, True, False),
+        (512, 1024, 3, False, True),
+    )
 
     def __init__(self, widen_factor: float = 1.0, deepen_factor: float = 1.0) -> None:
         super().__init__()
         stem = int(self.ARCH_P5[0][0] * widen_factor)
-        self.stem = nn.Sequential(ConvModule(3, stem // 2, 3, 2), ConvModule(stem // 2, stem // 2, 3), ConvModule(stem // 2, stem, 3))
+        self.stem = nn.Sequential(
+            ConvModule(3, stem // 2, 3, 2), ConvModule(stem // 2, stem // 2, 3), ConvModule(stem // 2, stem, 3)
+        )
         for i, (cin, cout, blocks, identity, spp) in enumerate(self.ARCH_P5):
             cin, cout = int(cin * widen_factor), int(cout * widen_factor)
             layers: list[nn.Module] = [ConvModule(cin, cout, 3, 2)]
@@ -415,23 +422,28 @@ def musetalk_box(
     return (x1, y1, x2, min(chin + extra_margin, frame_h))
 
 
-# The same geometry on a mean 68-point face (the iBUG 300-W mean shape, normalised so the landmarks
-# span [0, 1] in x): the chin lies 0.658 of the landmarks' width below landmark 29.
-CHIN_BELOW_NOSE_PER_WIDTH = 0.658
+# Where the bundled Haar detector's box (services/lipsync/faces.py) has the two landmarks the MuseTalk box
+# is built from, as fractions of the box's height: landmark 29 (lower nose bridge) 0.51 below its top,
+# the chin 0.08 below its bottom (the box ends near the lower lip). Read off the sample avatar photo;
+# the mean 68-point face agrees on the box's shape (chin - landmark 29 = 0.66 of the landmarks' width,
+# here 0.62). An approximation for avatars without a landmark checkpoint, not upstream's box.
+NOSE_BELOW_TOP = 0.51
+CHIN_BELOW_BOTTOM = 0.08
 
 
 def box_from_face_detection(face_box: Sequence[int], frame_h: int, extra_margin: int = EXTRA_MARGIN) -> Box | None:
-    """A MuseTalk-like box from a face detector's box, for avatars prepared without a landmark checkpoint.
+    """A MuseTalk-like box from the face detector's box, for avatars prepared without a landmark checkpoint.
 
-    The detector's box (lipline's is S3FD-like: its sides at the jaw, its bottom at the chin) stands
-    in for the landmarks: x1/x2 are kept, the chin is its bottom, landmark 29 is placed where a mean
-    face has it, `CHIN_BELOW_NOSE_PER_WIDTH` x the width above the chin, and the MuseTalk rule
-    follows: y1 = max(0, chin - 2 x that), y2 = min(chin + extra_margin, frame_h). So the crop
-    keeps MuseTalk's proportions (its middle row, where the generator's masked half starts, near
-    the lower nose) whatever the detector's top edge. None for an empty box.
+    The detector's raw box (`FaceDetector.detect`, before Wav2Lip's pads) stands in for the landmarks:
+    its sides are the landmarks' x extent, landmark 29 and the chin are placed where they sit in the
+    Haar box (`NOSE_BELOW_TOP`, `CHIN_BELOW_BOTTOM`), and MuseTalk's rule follows: y1 = max(0, lm29 -
+    (chin - lm29)), y2 = min(chin + extra_margin, frame_h). So the crop keeps MuseTalk's proportions:
+    its middle row, where the generator's masked half starts, at the lower nose. None for an empty box.
     """
     x1, y1, x2, y2 = (int(v) for v in face_box)
     if x2 <= x1 or y2 <= y1:
         return None
-    half = round(CHIN_BELOW_NOSE_PER_WIDTH * (x2 - x1))
-    return (max(0, x1), max(0, y2 - 2 * half), x2, min(y2 + extra_margin, frame_h))
+    height = y2 - y1
+    nose = y1 + round(NOSE_BELOW_TOP * height)
+    chin = y2 + round(CHIN_BELOW_BOTTOM * height)
+    return (max(0, x1), max(0, nose - (chin - nose)), x2, min(chin + extra_margin, frame_h))

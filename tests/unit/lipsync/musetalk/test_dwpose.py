@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from services.inference.checkpoints import seeded_state_dict
+from services.lipsync.faces import HaarFaceDetector
 from services.lipsync.musetalk.dwpose import (
     FLIP_INDICES,
     RTMPoseWholeBody,
@@ -146,7 +147,9 @@ def reference_landmarks(sd: dict[str, torch.Tensor], frame: np.ndarray) -> np.nd
     """Upstream's whole-frame top-down inference, written from the config with closed-form geometry."""
     h, w = frame.shape[:2]
     scale_w, scale_h = w * 1.25, h * 1.25
-    scale_w, scale_h = (scale_w, scale_w * 384 / 288) if scale_w / scale_h > 288 / 384 else (scale_h * 288 / 384, scale_h)
+    scale_w, scale_h = (
+        (scale_w, scale_w * 384 / 288) if scale_w / scale_h > 288 / 384 else (scale_h * 288 / 384, scale_h)
+    )
     s = 288 / scale_w
     matrix = np.array([[s, 0, 144 - s * w / 2], [0, s, 192 - s * h / 2]])
     crop = cv2.warpAffine(frame, matrix, (288, 384), flags=cv2.INTER_LINEAR)
@@ -376,8 +379,18 @@ def test_musetalk_box_refuses_what_upstream_refuses() -> None:
 
 
 def test_box_from_face_detection_keeps_musetalk_proportions() -> None:
-    # 100 px wide: landmark 29 is 66 px above the chin (0.658 x 100), the box twice that, + 10 px.
-    assert box_from_face_detection((100, 50, 200, 160), frame_h=480) == (100, 28, 200, 170)
-    assert box_from_face_detection((100, 50, 200, 160), frame_h=165) == (100, 28, 200, 165)
-    assert box_from_face_detection((100, 50, 200, 100), frame_h=480) == (100, 0, 200, 110)
+    # 100 px high: landmark 29 at 51 px below the top, the chin 8 px below the bottom; the box is
+    # centred on landmark 29 and reaches 10 px below the chin.
+    assert box_from_face_detection((100, 50, 200, 150), frame_h=480) == (100, 44, 200, 168)
+    assert box_from_face_detection((100, 50, 200, 150), frame_h=165) == (100, 44, 200, 165)
+    assert box_from_face_detection((100, 0, 200, 100), frame_h=480) == (100, 0, 200, 118)  # top clipped
     assert box_from_face_detection((100, 50, 100, 160), frame_h=480) is None
+
+
+def test_box_from_face_detection_on_the_sample_avatar() -> None:
+    """The bundled detector's box on samples/avatar.jpg, and the box the rule makes of it: centred on the
+    lower nose (y 119) and ending 10 px below the chin (y 177), as read off the photo."""
+    frame = cv2.imread(str(Path(__file__).resolve().parents[4] / "samples" / "avatar.jpg"))
+    (face,) = HaarFaceDetector().detect([frame])
+    assert face == (177, 67, 270, 169)
+    assert box_from_face_detection(face, frame_h=frame.shape[0]) == (177, 61, 270, 187)
