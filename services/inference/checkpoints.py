@@ -7,8 +7,9 @@ weights (Wav2Lip: `state_dict`; Real-ESRGAN: `params_ema`, else `params`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,7 +51,7 @@ class _ForeignObject:
         pass
 
 
-def _inert_stand_ins(path: Path) -> list[tuple[type, str]]:
+def _inert_stand_ins(path: Path) -> list[Callable[..., Any] | tuple[Callable[..., Any], str]]:
     """One `_ForeignObject` subclass per global the file names beyond torch's weights-only allowlist."""
     names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     return [(type(name.rsplit(".", 1)[-1], (_ForeignObject,), {}), name) for name in names]
