@@ -46,12 +46,14 @@ __all__ = [
     "box_from_face_detection",
     "decode_simcc",
     "face_landmarks",
+    "face_landmarks_batch",
     "flip_simcc",
     "input_to_frame",
     "load_landmarker",
     "musetalk_box",
     "preprocess",
     "whole_body_keypoints",
+    "whole_body_keypoints_batch",
     "whole_frame_affine",
 ]
 
@@ -357,17 +359,17 @@ def _flip_test(model: nn.Module, x: torch.Tensor) -> tuple[np.ndarray, np.ndarra
     """The config's test: the mean of the SimCC vectors of the input and of its mirror (mapped back)."""
     simcc_x, simcc_y = model(x)
     flip_x, flip_y = flip_simcc(*model(x.flip(-1)))
-    return ((simcc_x + flip_x) * 0.5)[0].float().cpu().numpy(), ((simcc_y + flip_y) * 0.5)[0].float().cpu().numpy()
+    return ((simcc_x + flip_x) * 0.5).float().cpu().numpy(), ((simcc_y + flip_y) * 0.5).float().cpu().numpy()
 
 
 def decode_simcc(simcc_x: np.ndarray, simcc_y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """SimCC argmax decode ([K, 576], [K, 768]) -> keypoints [K, 2] in input pixels (float32), scores [K].
+    """SimCC argmax decode ([..., K, 576], [..., K, 768]) -> keypoints [..., K, 2] in input pixels (float32), scores.
 
     mmpose's `get_simcc_maximum` + `SimCCLabel.decode` (no DARK): the first maximal bin, the score
     is the smaller of the two maxima, a keypoint whose score is not positive gets bin -1.
     """
-    locs = np.stack((np.argmax(simcc_x, axis=1), np.argmax(simcc_y, axis=1)), axis=-1).astype(np.float32)
-    scores = np.minimum(np.amax(simcc_x, axis=1), np.amax(simcc_y, axis=1))
+    locs = np.stack((np.argmax(simcc_x, axis=-1), np.argmax(simcc_y, axis=-1)), axis=-1).astype(np.float32)
+    scores = np.minimum(np.amax(simcc_x, axis=-1), np.amax(simcc_y, axis=-1))
     locs[scores <= 0.0] = -1
     return locs / np.float32(SIMCC_SPLIT_RATIO), scores
 
@@ -377,18 +379,38 @@ def input_to_frame(keypoints: np.ndarray, center: np.ndarray, scale: np.ndarray)
     return keypoints / np.array(INPUT_SIZE_WH) * scale + center - 0.5 * scale
 
 
-def whole_body_keypoints(model: nn.Module, frame_bgr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """All 133 keypoints [133, 2] in frame pixels (float64) and their scores [133], as upstream's `inference_topdown`."""
-    x, center, scale = preprocess(frame_bgr)
+def whole_body_keypoints_batch(model: nn.Module, frames_bgr: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """All 133 keypoints [N, 133, 2] in frame pixels (float64) and their scores [N, 133], one batch.
+
+    Each frame as upstream's `inference_topdown` with no person box; frames may differ in size.
+    """
+    prepared = [preprocess(frame) for frame in frames_bgr]
     weight = next(model.parameters())  # the model's device and precision (fp16 on a GPU, fp64 in tests)
-    simcc_x, simcc_y = _flip_test(model, x.to(device=weight.device, dtype=weight.dtype))
-    keypoints, scores = decode_simcc(simcc_x, simcc_y)
-    return input_to_frame(keypoints, center, scale), scores
+    x = torch.cat([p[0] for p in prepared]).to(device=weight.device, dtype=weight.dtype)
+    keypoints, scores = decode_simcc(*_flip_test(model, x))
+    centers = np.stack([p[1] for p in prepared])[:, None]
+    scales = np.stack([p[2] for p in prepared])[:, None]
+    return input_to_frame(keypoints, centers, scales), scores
+
+
+def whole_body_keypoints(model: nn.Module, frame_bgr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All 133 keypoints [133, 2] in frame pixels (float64) and their scores [133] of one frame."""
+    keypoints, scores = whole_body_keypoints_batch(model, [frame_bgr])
+    return keypoints[0], scores[0]
 
 
 def face_landmarks(model: nn.Module, frame_bgr: np.ndarray) -> np.ndarray:
-    """The 68 face landmarks [68, 2] (x, y) in pixels of the full frame: keypoints 23-90 of the 133."""
+    """The 68 face landmarks [68, 2] (x, y) in pixels of the full frame: keypoints 23-90 of the 133.
+
+    The model always answers; whether the frame has a face (and an uncovered mouth) is the face
+    detector's call, as upstream asks its face detector.
+    """
     return whole_body_keypoints(model, frame_bgr)[0][FACE_KEYPOINTS]
+
+
+def face_landmarks_batch(model: nn.Module, frames_bgr: Sequence[np.ndarray]) -> np.ndarray:
+    """`face_landmarks` of several frames in one batch: [N, 68, 2]."""
+    return whole_body_keypoints_batch(model, frames_bgr)[0][:, FACE_KEYPOINTS]
 
 
 # -- the MuseTalk v1.5 box -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from services.lipsync.musetalk.dwpose import (
     box_from_face_detection,
     decode_simcc,
     face_landmarks,
+    face_landmarks_batch,
     flip_simcc,
     input_to_frame,
     load_landmarker,
@@ -268,11 +269,19 @@ def test_face_landmarks_match_the_independent_pipeline(narrow) -> None:
     frame = _frame()
     got = face_landmarks(model64, frame)
     assert got.shape == (68, 2) and got.dtype == np.float64
-    want = reference_landmarks({k: v.double() for k, v in sd.items()}, frame)
+    sd64 = {k: v.double() for k, v in sd.items()}
+    want = reference_landmarks(sd64, frame)
     np.testing.assert_allclose(got, want, atol=1e-3)
     assert len(np.unique(got, axis=0)) > 20  # landmarks that differ, not one bin for all
-    # The output depends on the image: the mirrored frame gives other landmarks.
-    assert not np.allclose(face_landmarks(model64, frame[:, ::-1].copy()), got)
+    # The output depends on the image: the mirrored frame gives other landmarks. In one batch, frames
+    # of other sizes each get their own box.
+    mirrored, small = frame[:, ::-1].copy(), cv2.resize(frame, (200, 150))
+    batch = face_landmarks_batch(model64, [frame, mirrored, small])
+    assert batch.shape == (3, 68, 2)
+    np.testing.assert_allclose(batch[0], want, atol=1e-3)
+    np.testing.assert_allclose(batch[1], face_landmarks(model64, mirrored), atol=1e-3)
+    np.testing.assert_allclose(batch[2], reference_landmarks(sd64, small), atol=1e-3)
+    assert not np.allclose(batch[1], got)
     # In fp32 every keypoint of the 133 lands in frame pixels, within the padded box (x from -40,
     # y from -146.7 for 320x240) or at upstream's "no keypoint" -0.5 input px.
     keypoints, scores = whole_body_keypoints(model, frame)
