@@ -7,8 +7,9 @@ weights (Wav2Lip: `state_dict`; Real-ESRGAN: `params_ema`, else `params`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,20 +34,54 @@ def clean_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.
     return cleaned
 
 
-def read_checkpoint(path: str | Path, entries: Sequence[str]) -> dict[str, torch.Tensor]:
+class _ForeignObject:
+    """Stands in for a class or function that a checkpoint names outside the weights (see below).
+
+    It accepts whatever the pickle hands it and keeps nothing: the object it replaces is never
+    imported, so nothing from the file runs.
+    """
+
+    def __new__(cls, *args: object, **kwargs: object) -> _ForeignObject:
+        return object.__new__(cls)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+
+def _inert_stand_ins(path: Path) -> list[Callable[..., Any] | tuple[Callable[..., Any], str]]:
+    """One `_ForeignObject` subclass per global the file names beyond torch's weights-only allowlist."""
+    names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    return [(type(name.rsplit(".", 1)[-1], (_ForeignObject,), {}), name) for name in names]
+
+
+def read_checkpoint(
+    path: str | Path, entries: Sequence[str], *, inert_foreign_objects: bool = False
+) -> dict[str, torch.Tensor]:
     """Read a `.pth` file and return the first present entry of `entries` (or the file itself).
 
     Args:
         path: the checkpoint file.
         entries: names of the dict entry that may hold the weights, in order of preference. A file
             that is already a flat state dict (all values tensors) is accepted as is.
+        inert_foreign_objects: for training checkpoints whose other entries hold library objects
+            (an mmengine file's `meta` and `message_hub`: numpy arrays, log buffers). Each class
+            or function the file names beyond torch's weights-only allowlist is replaced by an
+            inert stand-in, so the weights can be read without the library and without running
+            anything from the file; the entry returned must still hold only tensors.
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a file")
     try:
         # weights_only: a checkpoint is data; never execute pickled code from a weights volume.
-        blob = torch.load(path, map_location="cpu", weights_only=True)
+        if inert_foreign_objects:
+            with torch.serialization.safe_globals(_inert_stand_ins(path)):
+                blob = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"checkpoint {path} could not be read as a torch file: {exc}") from exc
     if not isinstance(blob, Mapping):
@@ -54,7 +89,11 @@ def read_checkpoint(path: str | Path, entries: Sequence[str]) -> dict[str, torch
     for entry in entries:
         if entry in blob and isinstance(blob[entry], Mapping):
             _LOGGER.info("checkpoint %s: using entry %r", path, entry)
-            return dict(blob[entry])
+            weights = dict(blob[entry])
+            others = sorted(str(k) for k, v in weights.items() if not isinstance(v, torch.Tensor))
+            if inert_foreign_objects and others:
+                raise CheckpointError(f"checkpoint {path}: entry {entry!r} holds non-tensors under {others[:8]}")
+            return weights
     if blob and all(isinstance(v, torch.Tensor) for v in blob.values()):
         return dict(blob)
     raise CheckpointError(

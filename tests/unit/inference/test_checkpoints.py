@@ -141,6 +141,49 @@ def test_read_checkpoint_refuses_pickled_code(tmp_path: Path) -> None:
         read_checkpoint(path, ["state_dict"])
 
 
+def test_read_checkpoint_inert_foreign_objects_reads_a_training_checkpoint(tmp_path: Path) -> None:
+    import argparse
+
+    import numpy as np
+
+    # A training checkpoint: weights beside numpy arrays and a library object (here argparse.Namespace).
+    blob = {"meta": {"sigmas": np.ones(3)}, "state_dict": {"w": torch.ones(2)}, "hub": argparse.Namespace(a=1)}
+    path = _save(tmp_path, blob)
+    with pytest.raises(CheckpointError, match="could not be read"):
+        read_checkpoint(path, ["state_dict"])  # the default refuses it
+    got = read_checkpoint(path, ["state_dict"], inert_foreign_objects=True)
+    assert list(got) == ["w"] and torch.equal(got["w"], torch.ones(2))
+
+
+def _touch(target: Path) -> None:
+    target.touch()
+
+
+class _Trap:
+    """Pickles as a call of `_touch`: loading it for real would create the file."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (_touch, (self.target,))
+
+
+def test_read_checkpoint_inert_foreign_objects_runs_nothing_from_the_file(tmp_path: Path) -> None:
+    target = tmp_path / "touched"
+    path = _save(tmp_path, {"state_dict": {"w": torch.zeros(1)}, "extra": _Trap(target)})
+    assert read_checkpoint(path, ["state_dict"], inert_foreign_objects=True).keys() == {"w"}
+    assert not target.exists()
+
+
+def test_read_checkpoint_inert_foreign_objects_still_wants_tensors(tmp_path: Path) -> None:
+    import argparse
+
+    path = _save(tmp_path, {"state_dict": {"w": torch.zeros(1), "n": argparse.Namespace(a=1)}})
+    with pytest.raises(CheckpointError, match=r"entry 'state_dict' holds non-tensors under \['n'\]"):
+        read_checkpoint(path, ["state_dict"], inert_foreign_objects=True)
+
+
 # -- load_strict -----------------------------------------------------------------------------------
 
 
