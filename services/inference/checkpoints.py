@@ -62,6 +62,27 @@ def read_checkpoint(path: str | Path, entries: Sequence[str]) -> dict[str, torch
     )
 
 
+def read_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """A flat state dict from a `.safetensors` file or a torch pickle (`.bin`, `.pth`).
+
+    The Hugging Face layouts (diffusers and transformers folders) store one or the other; a pickle is
+    read by `read_checkpoint` (weights only) and must be a flat state dict.
+    """
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        return read_checkpoint(path, entries=())
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a file")
+    # Imported here: only the images that read Hugging Face folders (lipsync) carry safetensors.
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} could not be read as safetensors: {exc}") from exc
+
+
 def load_strict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], source: str) -> nn.Module:
     """Load `state_dict` into `model`, failing with the missing/unexpected/mismatched keys listed."""
     expected = model.state_dict()
