@@ -9,7 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from services.inference.checkpoints import clean_state_dict, load_strict, read_checkpoint, seeded_state_dict
+from services.inference.checkpoints import (
+    clean_state_dict,
+    load_strict,
+    read_checkpoint,
+    read_state_dict_file,
+    seeded_state_dict,
+)
 from services.serving.errors import CheckpointError
 
 
@@ -139,6 +145,28 @@ def test_read_checkpoint_refuses_pickled_code(tmp_path: Path) -> None:
     path = _save(tmp_path, {"state_dict": {"w": torch.zeros(1)}, "extra": argparse.Namespace(a=1)})
     with pytest.raises(CheckpointError, match="could not be read"):
         read_checkpoint(path, ["state_dict"])
+
+
+# -- read_state_dict_file (the Hugging Face folders' two formats) -----------------------------------
+
+
+def test_read_state_dict_file_reads_safetensors_and_pickles(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    weights = {"a.weight": torch.arange(6.0).reshape(2, 3), "b.bias": torch.ones(2)}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    torch.save(weights, tmp_path / "pytorch_model.bin")
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        loaded = read_state_dict_file(tmp_path / name)
+        assert list(loaded) == list(weights) and all(torch.equal(loaded[k], weights[k]) for k in weights)
+
+
+def test_read_state_dict_file_names_an_unreadable_or_missing_safetensors_file(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    with pytest.raises(CheckpointError, match="model.safetensors could not be read as safetensors"):
+        read_state_dict_file(tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="absent.safetensors does not exist"):
+        read_state_dict_file(tmp_path / "absent.safetensors")
 
 
 # -- load_strict -----------------------------------------------------------------------------------
