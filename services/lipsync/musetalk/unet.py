@@ -75,9 +75,10 @@ def load_unet(path: str | Path, config_path: str | Path | None = None) -> MuseTa
     config_file = Path(config_path) if config_path is not None else path.parent / UNET_CONFIG_NAME
     config = read_json_config(config_file)
     try:
-        model = build_unet(config)
+        with torch.device("meta"):  # the weights come from the file: no initialisation of 850 M parameters
+            model = build_unet(config)
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"model config {config_file} does not describe a UNet2DConditionModel: {exc}") from exc
     state_dict = clean_state_dict(read_state_dict_file(path))
-    load_strict(model.unet, state_dict, source=str(path))
+    load_strict(model.unet, state_dict, source=str(path), assign=True)
     return model.eval()

@@ -100,9 +100,10 @@ def load_vae(folder: str | Path) -> MuseTalkVAE:
     config = read_json_config(config_file)
     weights = weights_in(folder, VAE_WEIGHT_FILES)
     try:
-        model = build_vae(config)
+        with torch.device("meta"):  # the weights come from the file: nothing to initialise
+            model = build_vae(config)
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"model config {config_file} does not describe an AutoencoderKL: {exc}") from exc
     state_dict = rename_legacy_attention(clean_state_dict(read_state_dict_file(weights)))
-    load_strict(model.vae, state_dict, source=str(weights))
+    load_strict(model.vae, state_dict, source=str(weights), assign=True)
     return model.eval()

@@ -216,6 +216,26 @@ def test_load_strict_shortens_long_key_lists() -> None:
     assert "7.bias" not in message
 
 
+def test_load_strict_with_assign_fills_a_model_built_on_the_meta_device() -> None:
+    weights = seeded_state_dict(_small())
+    with torch.device("meta"):
+        model = _small()
+    load_strict(model, weights, "x.pth", assign=True)
+    assert all(not t.is_meta for t in model.state_dict().values())
+    assert torch.equal(model.state_dict()["0.weight"], weights["0.weight"])
+
+    class WithScratch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 1, 1)
+            self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    with torch.device("meta"):
+        unset = WithScratch()
+    with pytest.raises(CheckpointError, match="left scratch unset"):
+        load_strict(unset, seeded_state_dict(WithScratch()), "y.pth", assign=True)
+
+
 # -- seeded_state_dict -----------------------------------------------------------------------------
 
 
