@@ -9,7 +9,8 @@ Every image leaves out the development tools (tests, chart checks, the proto com
 generated in a build stage of their own). The gateway and the render workers run no model, so
 theirs also leave out torch and what only torch needs, the ONNX export tools and the mel
 pipeline (librosa and its scientific stack; mel windows come from the audio service). The audio
-image leaves out torch too: its mel pipeline is librosa and numpy.
+image leaves out torch too: its mel pipeline is librosa and numpy. diffusers (the MuseTalk tier's UNet
+and VAE) and what only it requires go into the lipsync image alone; transformers is a test tool.
 
 Only the GPU images (the stages with `gpu` in services/serving/stages.py, the registry: lipsync and
 superres; `gpu` > 0 in the chart, RUNTIME=gpu in the Dockerfile) get
@@ -66,14 +67,25 @@ DEV = frozenset(
         # the browser tests (tests/integration/test_web.py) and what only Playwright requires
         "playwright",
         "greenlet",
-        # bench/autoscale.py's plot (optional there: JSON without it)
+        # bench/autoscale.py's plot (optional there: JSON without it); its pillow is in DIFFUSERS
         "matplotlib",
         "contourpy",
         "cycler",
         "fonttools",
         "kiwisolver",
-        "pillow",
         "pyparsing",
+        # transformers: the reference the tests check the MuseTalk tier's whisper encoder and log-mel
+        # against, and what only it requires
+        "transformers",
+        "tokenizers",
+        "kernels",
+        "tomlkit",
+        "typer",
+        "rich",
+        "markdown-it-py",
+        "mdurl",
+        "shellingham",
+        "annotated-doc",
     }
 )
 # torch and the packages in the lock that only torch requires.
@@ -104,21 +116,44 @@ MEL = frozenset(
     }
 )
 
+# The MuseTalk tier's UNet and VAE (services/lipsync/musetalk): diffusers and what only it requires at
+# run time (pillow also serves the dev tools' matplotlib). The lipsync image only.
+DIFFUSERS = frozenset(
+    {
+        "diffusers",
+        "huggingface-hub",
+        "hf-xet",
+        "httpx2",
+        "httpcore2",
+        "h11",
+        "anyio",
+        "truststore",
+        "click",
+        "tqdm",
+        "importlib-metadata",
+        "zipp",
+        "lazy-importer",
+        "regex",
+        "safetensors",
+        "pillow",
+    }
+)
+
 # NVML's Python bindings (`import pynvml`, services/serving/metrics.py): the GPU metrics, GPU images only.
 GPU_ONLY = frozenset({"nvidia-ml-py"})
 # The images that run on a GPU (the registry's; the chart's stages with `gpu` > 0, tests/unit/serving/test_stages.py checks).
 GPU_SERVICES = frozenset(gpu_stages())
 
 EXCLUDED: dict[str, frozenset[str]] = {
-    "audio": DEV | TORCH | ONNX,
+    "audio": DEV | TORCH | ONNX | DIFFUSERS,
     "lipsync": DEV,
-    "superres": DEV,
-    "gateway": DEV | TORCH | ONNX | MEL,
-    "render": DEV | TORCH | ONNX | MEL,
+    "superres": DEV | DIFFUSERS,
+    "gateway": DEV | TORCH | ONNX | MEL | DIFFUSERS,
+    "render": DEV | TORCH | ONNX | MEL | DIFFUSERS,
     # The live worker's incremental mel is services/media/mel.py: librosa stays; no torch, no ONNX.
-    "live": DEV | TORCH | ONNX,
+    "live": DEV | TORCH | ONNX | DIFFUSERS,
     # The web page: aiohttp, grpc and protobuf over the gateway; no model, no media decoding.
-    "web": DEV | TORCH | ONNX | MEL,
+    "web": DEV | TORCH | ONNX | MEL | DIFFUSERS,
 }
 if set(EXCLUDED) != set(STAGES):  # a stage joined or left the registry: say what its image leaves out
     raise SystemExit(f"{__file__}: EXCLUDED has {sorted(EXCLUDED)}, the registry {sorted(STAGES)}")

@@ -101,8 +101,35 @@ def read_checkpoint(
     )
 
 
-def load_strict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], source: str) -> nn.Module:
-    """Load `state_dict` into `model`, failing with the missing/unexpected/mismatched keys listed."""
+def read_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """A flat state dict from a `.safetensors` file or a torch pickle (`.bin`, `.pth`).
+
+    The Hugging Face layouts (diffusers and transformers folders) store one or the other; a pickle is
+    read by `read_checkpoint` (weights only) and must be a flat state dict.
+    """
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        return read_checkpoint(path, entries=())
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a file")
+    # Imported here: only the images that read Hugging Face folders (lipsync) carry safetensors.
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} could not be read as safetensors: {exc}") from exc
+
+
+def load_strict(
+    model: nn.Module, state_dict: Mapping[str, torch.Tensor], source: str, assign: bool = False
+) -> nn.Module:
+    """Load `state_dict` into `model`, failing with the missing/unexpected/mismatched keys listed.
+
+    assign: take the state dict's tensors as the parameters instead of copying into them, so `model`
+    may be built on the meta device (no initialisation, no second copy of a large network's weights).
+    """
     expected = model.state_dict()
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
@@ -118,7 +145,11 @@ def load_strict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], source
                 shown = ", ".join(keys[:10]) + (f", ... ({len(keys)} in all)" if len(keys) > 10 else "")
                 parts.append(f"{title}: {shown}")
         raise CheckpointError("; ".join(parts))
-    model.load_state_dict(state_dict, strict=True)
+    model.load_state_dict(state_dict, strict=True, assign=assign)
+    if assign:
+        unset = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+        if unset:  # a tensor outside the state dict (a non-persistent buffer) was never materialised
+            raise CheckpointError(f"checkpoint {source}: {type(model).__name__} left {', '.join(unset[:10])} unset")
     return model
 
 

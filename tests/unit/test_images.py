@@ -167,6 +167,15 @@ def test_gateway_and_render_images_carry_no_torch_nor_dev_tools() -> None:
     assert "aiohttp" in _installed("web")  # the web page's server
 
 
+def test_only_the_lipsync_image_carries_diffusers() -> None:
+    """The 256 px tier's UNet and VAE run on diffusers in the lipsync stage; transformers is a test tool."""
+    for service in STAGES:
+        installed = _installed(service)
+        assert ("diffusers" in installed) == (service == "lipsync"), service
+        assert "transformers" not in installed, service
+    assert {"diffusers", "safetensors", "huggingface-hub", "pillow"} <= _installed("lipsync")
+
+
 def _requires(name: str) -> set[str]:
     """The packages `name` requires here (markers evaluated, no extras), normalized."""
     ir = _image_requirements()

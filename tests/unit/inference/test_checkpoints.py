@@ -9,7 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from services.inference.checkpoints import clean_state_dict, load_strict, read_checkpoint, seeded_state_dict
+from services.inference.checkpoints import (
+    clean_state_dict,
+    load_strict,
+    read_checkpoint,
+    read_state_dict_file,
+    seeded_state_dict,
+)
 from services.serving.errors import CheckpointError
 
 
@@ -184,6 +190,28 @@ def test_read_checkpoint_inert_foreign_objects_still_wants_tensors(tmp_path: Pat
         read_checkpoint(path, ["state_dict"], inert_foreign_objects=True)
 
 
+# -- read_state_dict_file (the Hugging Face folders' two formats) -----------------------------------
+
+
+def test_read_state_dict_file_reads_safetensors_and_pickles(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    weights = {"a.weight": torch.arange(6.0).reshape(2, 3), "b.bias": torch.ones(2)}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    torch.save(weights, tmp_path / "pytorch_model.bin")
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        loaded = read_state_dict_file(tmp_path / name)
+        assert list(loaded) == list(weights) and all(torch.equal(loaded[k], weights[k]) for k in weights)
+
+
+def test_read_state_dict_file_names_an_unreadable_or_missing_safetensors_file(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    with pytest.raises(CheckpointError, match="model.safetensors could not be read as safetensors"):
+        read_state_dict_file(tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="absent.safetensors does not exist"):
+        read_state_dict_file(tmp_path / "absent.safetensors")
+
+
 # -- load_strict -----------------------------------------------------------------------------------
 
 
@@ -229,6 +257,26 @@ def test_load_strict_shortens_long_key_lists() -> None:
     assert "(16 in all)" in message
     assert "0.weight" in message
     assert "7.bias" not in message
+
+
+def test_load_strict_with_assign_fills_a_model_built_on_the_meta_device() -> None:
+    weights = seeded_state_dict(_small())
+    with torch.device("meta"):
+        model = _small()
+    load_strict(model, weights, "x.pth", assign=True)
+    assert all(not t.is_meta for t in model.state_dict().values())
+    assert torch.equal(model.state_dict()["0.weight"], weights["0.weight"])
+
+    class WithScratch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 1, 1)
+            self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    with torch.device("meta"):
+        unset = WithScratch()
+    with pytest.raises(CheckpointError, match="left scratch unset"):
+        load_strict(unset, seeded_state_dict(WithScratch()), "y.pth", assign=True)
 
 
 # -- seeded_state_dict -----------------------------------------------------------------------------
