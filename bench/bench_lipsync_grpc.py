@@ -52,6 +52,7 @@ import grpc
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
+from services.local.affinity import gpu_of, parse_gpus, replicas_for
 from services.local.process import ServiceProcess, start
 from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 
@@ -136,14 +137,13 @@ def start_service(
         "--max-pending-per-stream",
         str(max(512, args.items * (args.window + 1))),
     ]
-    gpus = args.gpus.split(",") if args.gpus else []  # one replica per GPU: replica i sees only gpus[i % n]
     return start(
         f"{stage}-{replica}",
         stage,
         flags,
         workdir,
         base_args=common,
-        cuda_visible_devices=gpus[replica % len(gpus)] if gpus else None,
+        cuda_visible_devices=gpu_of(parse_gpus(args.gpus), replica),  # replica i sees only gpus[i % n]
     )
 
 
@@ -345,6 +345,7 @@ def serve_and_load(
 
     Returns `load`'s result plus startup_s and service_exit, and the first replica's log tail.
     """
+    args.replicas = replicas_for(args.replicas, parse_gpus(args.gpus))  # 0: one per listed GPU
     services = [start_service(args, workdir, r, stage, flags) for r in range(args.replicas)]
     print("starting: " + " ".join(services[0].cmd) + f" (x{args.replicas})", file=sys.stderr)
     try:
@@ -404,7 +405,12 @@ def print_result_table(args: argparse.Namespace, result: dict, unit: str, extra:
 def add_load_args(p: argparse.ArgumentParser, stage: str) -> None:
     """The load and output flags both gRPC benchmarks share (the stage-specific ones stay in each)."""
     p.add_argument("--procs", type=int, default=1, help="client processes the streams are spread over")
-    p.add_argument("--replicas", type=int, default=1, help=f"{stage} service processes (streams round-robin over them)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help=f"{stage} service processes (streams round-robin over them; default: one per --gpus entry, else 1)",
+    )
     p.add_argument("--gpus", default="", help="e.g. 0,1: replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
     p.add_argument("--window", type=int, default=2, help="messages in flight per stream")
     p.add_argument("--seconds", type=float, default=20.0, help="how long each stream sends")
