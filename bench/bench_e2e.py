@@ -59,6 +59,7 @@ import math
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -694,6 +695,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_detector()
+    # `timeout` sends SIGTERM: unwind, so that the services are stopped and nothing holds the GPU after us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lipline-e2e-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:

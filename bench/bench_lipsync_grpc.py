@@ -35,6 +35,7 @@ import asyncio
 import datetime as _dt
 import importlib.util
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -445,6 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.warmup_seconds >= args.seconds:
         p.error("--warmup-seconds must be below --seconds")
+    # `timeout` sends SIGTERM: unwind, so that the services are stopped and nothing holds the GPU after us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     missing = check_service_imports()
     if missing:

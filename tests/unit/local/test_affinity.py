@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Iterator
 from itertools import combinations
 from pathlib import Path
@@ -122,6 +123,11 @@ def test_pinning_moves_the_bench_to_the_cores_left_over(own_affinity: set[int]) 
 
 
 def _environ(pid: int) -> dict[str, str]:
+    """The environment a started process runs with. Popen returns once exec has begun (its close-on-exec
+    pipe closed), a moment before the kernel sets up the new program's arguments and environment."""
+    deadline = time.monotonic() + 30
+    while not Path(f"/proc/{pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
