@@ -94,6 +94,8 @@ def row_of(kind: str, result: dict, source: str) -> dict:
             workers=jobs.get("workers"),
             audio_seconds=args.get("audio_seconds"),
             fps=args.get("fps"),
+            size=f"{args.get('width')}x{args.get('height')}",
+            super_resolution=args.get("super_resolution") == "on",
             preset=args.get("preset"),
             gpu_util_median=gpu.get("median"),
             host_cpu=gpu.get("host_cpu"),
@@ -103,13 +105,19 @@ def row_of(kind: str, result: dict, source: str) -> dict:
     return row
 
 
-def x264_jobs_per_minute(encode: dict, audio_seconds: float, fps: float, preset: str) -> float | None:
-    """bench_encode's best frames/s at `preset` (its most writers) as jobs of audio_seconds at fps per minute."""
-    rows = [r for r in encode.get("rows", []) if r.get("preset") == preset]
-    if not rows or not audio_seconds or not fps:
+def x264_jobs_per_minute(encode: dict, job: dict) -> float | None:
+    """bench_encode's frames/s at the job's preset and size (its most writers) as such jobs per minute;
+    None where bench_encode ran another size or preset."""
+    rows = [r for r in encode.get("rows", []) if r.get("preset") == job["preset"]]
+    if (
+        not rows
+        or not job["audio_seconds"]
+        or not job["fps"]
+        or f"{encode.get('width')}x{encode.get('height')}" != job["size"]
+    ):
         return None
     best = max(rows, key=lambda r: r["writers"])
-    return best["frames_per_s"] / (audio_seconds * fps) * 60
+    return best["frames_per_s"] / (job["audio_seconds"] * job["fps"]) * 60
 
 
 def summarise(results: Iterable[tuple[str, dict]]) -> dict[str, Any]:
@@ -129,7 +137,7 @@ def summarise(results: Iterable[tuple[str, dict]]) -> dict[str, Any]:
             r["x_of_one_gpu"] = r["value"] / base if base else None
             r["efficiency"] = r["value"] / (r["gpus"] * base) if base else None
     for r in rows["jobs"]:
-        alone = x264_jobs_per_minute(encode or {}, r["audio_seconds"], r["fps"], r["preset"]) if encode else None
+        alone = x264_jobs_per_minute(encode, r) if encode else None
         r["x264_alone_jobs_per_minute"] = alone
         r["ratio_to_x264_alone"] = r["value"] / alone if alone else None
     return {"rows": rows, "encode": encode}
@@ -170,8 +178,11 @@ def table(summary: dict[str, Any]) -> str:
         ]
         out.append("")
     if rows["jobs"]:
+        first = rows["jobs"][0]
+        sr = "with" if first["super_resolution"] else "without"
         out += [
-            "render jobs per minute (720p with super-resolution) against x264 alone on the same cores",
+            f"render jobs per minute ({first['audio_seconds']:g} s at {first['size']}, {sr} super-resolution) "
+            "against x264 alone on the same cores",
             "",
             "| GPUs | jobs/min | x of 1 GPU | efficiency | x264 alone jobs/min | ratio to x264 alone | GPU util % | host CPU % | pinned |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---|",

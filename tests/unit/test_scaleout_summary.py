@@ -42,13 +42,22 @@ def jobs(gpus: list[str], per_minute: float) -> dict:
     return {
         "job": {},
         "jobs": {"jobs_per_minute": per_minute, "count": 16, "workers": 16, "gpu_utilization": {"median": 30.0}},
-        "args": {"audio_seconds": 30.0, "fps": 25.0, "preset": "veryfast"},
+        "args": {
+            "audio_seconds": 30.0,
+            "fps": 25.0,
+            "preset": "veryfast",
+            "width": 1280,
+            "height": 720,
+            "super_resolution": "on",
+        },
         "placement": {"gpus": gpus, "cores": {"render": [[0], [1]]}},
     }
 
 
 ENCODE = {
     "bench": "encode",
+    "width": 1280,
+    "height": 720,
     "rows": [
         {"preset": "veryfast", "writers": 1, "frames_per_s": 400.0},
         {"preset": "veryfast", "writers": 16, "frames_per_s": 1500.0},  # 1500 / 750 frames * 60 = 120 jobs/min
@@ -94,6 +103,9 @@ def test_jobs_are_set_against_x264_alone_at_their_preset() -> None:
     assert [r["x264_alone_jobs_per_minute"] for r in rows] == pytest.approx([120.0, 120.0])
     assert [r["ratio_to_x264_alone"] for r in rows] == pytest.approx([0.5, 0.75])
     assert rows[1]["efficiency"] == pytest.approx(0.75) and rows[1]["pinned"]
+    other_size = {**ENCODE, "width": 640, "height": 360}
+    (row,) = summarise([("e", other_size), ("j1", jobs([], 60.0))])["rows"]["jobs"]
+    assert row["x264_alone_jobs_per_minute"] is None and row["ratio_to_x264_alone"] is None
 
 
 def test_the_command_reads_a_folder_and_skips_what_is_not_a_result(
