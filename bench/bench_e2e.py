@@ -662,7 +662,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gateway-flags", default="", help="more gateway flags")
     p.add_argument("--render-flags", default="", help="more render worker flags")
     p.add_argument(
-        "--workers", type=int, default=0, help="render worker processes (default: the usable CPUs, at least 2)"
+        "--workers",
+        type=int,
+        default=0,
+        help="render worker processes (default: the usable CPUs, or the --pin-cores ones; at least 2)",
     )
     p.add_argument(
         "--worker-counts", default="", help="with --jobs > 1: e.g. 16,8,4,2,1 runs the batch once per worker count"
