@@ -555,7 +555,7 @@ def codec_name(codec: str, preset: str) -> str:
 
 
 def placement_note(placement: dict) -> str:
-    """ ", lipsync x2 on GPUs 0,1, live workers pinned" for the table's heading (nothing for the defaults)."""
+    """The heading's placement part, e.g. ", lipsync x2 on GPUs 0,1, live workers pinned" (empty by default)."""
     replicas = placement.get("replicas", {}).get("lipsync", 1)
     note = f", lipsync x{replicas}" if replicas > 1 else ""
     if placement.get("gpus"):

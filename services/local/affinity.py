@@ -179,7 +179,7 @@ def add_placement_args(p: argparse.ArgumentParser, pinned: str) -> None:
         "--pin-cores",
         default="",
         help=f"cores (e.g. 0-11, or all) to spread the {pinned} over, disjoint sets one per process; every other "
-        "process runs on the usable cores outside the list (default: nothing pinned)",
+        "process runs on the usable cores outside the list, or anywhere with all (default: nothing pinned)",
     )
 
 
