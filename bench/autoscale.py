@@ -13,6 +13,9 @@ Writes --out JSON (every sync: per stage replicas desired / current / ready, eac
 target; per job its submit and end times, state and queue wait; the figures) and, where matplotlib
 imports, a PNG plot beside it. `--time-scale 10` divides every window, period, the sync period and
 the scrape interval by 10 (the CI test's way to show a 5-minute scale-down in 30 s); 1 is real time.
+`--gpus 0,1,2,3` places the GPU stages' replicas one per listed GPU (a replica the HPA adds takes the
+lowest GPU slot free, services/local/affinity.py); `--pin-cores` gives each render and live worker,
+up to its HPA's maximum, cores of its own.
 
 CPU smoke (what tests/integration/test_autoscale.py runs):
     .venv/bin/python bench/autoscale.py --device cpu --time-scale 10 --scale render \\
@@ -44,6 +47,7 @@ import grpc
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import run_session
+from services.local.affinity import add_placement_args, plan_from_args, validate_placement_args
 from services.local.autoscaler import Autoscaler
 from services.local.chart_scaling import (
     HPA_SYNC_PERIOD_S,
@@ -203,6 +207,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     scrape_s = scrape_interval_s(docs) / scale
     replicas = {"render": 2, "live": 1 if args.sessions else 0}
     replicas.update({s: o.min_replicas for s, o in objects.items()})
+    # --pin-cores: a core set per render and live worker the HPAs may run (their maximum), the rest shared.
+    most = {s: objects[s].max_replicas if s in objects else replicas[s] for s in ("render", "live")}
+    gpus, cores = plan_from_args(args.gpus, args.pin_cores, {s: n for s, n in most.items() if n})
     print(f"scaling {', '.join(objects)} every {sync_s:g} s (scrape {scrape_s:g} s, time scale {scale:g})", flush=True)
     for o in objects.values():
         metrics = ", ".join(f"{m.name} ({m.kind}) target {m.target:g}" for m in o.metrics)
@@ -213,7 +220,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         replicas=replicas,
         address_files=True,
         start_timeout_s=600,
-        gpus=[g for g in args.gpus.split(",") if g],
+        gpus=gpus,
+        cores=cores,
     )
     prometheus = PrometheusServer(
         workdir / "prometheus", scrape_interval_s=scrape_s, rule_files=[RULES], binary=args.prometheus
@@ -465,9 +473,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--scale", default="render", help="comma-separated stages to autoscale (render,live,lipsync,superres,audio)"
     )
-    p.add_argument(
-        "--gpus", default="", help="GPUs to spread the GPU stages' replicas over (replica i -> gpus[i %% n])"
-    )
+    add_placement_args(p, "render and live workers (one set per replica up to the HPA's maximum)")
     p.add_argument("--set", action="append", default=[], help="a chart value, as helm --set (repeatable)")
     p.add_argument(
         "--set-json", action="append", default=[], help="a chart value, as helm --set-json (a fraction: 0.2)"
@@ -502,6 +508,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
     args.scale = [s for s in args.scale.split(",") if s]
+    validate_placement_args(p, args)
     return args
 
 

@@ -25,8 +25,10 @@ wall seconds from the first SubmitJob to the last job finished, jobs/minute, aud
 wall second and per-job SubmitJob -> MP4 p50/max (result["jobs"] in the JSON). Render workers
 (--workers, default one per usable CPU) claim the jobs' segments; --worker-counts 16,8,4,2,1 runs
 the batch once per count (workers beyond the count are stopped between batches), so the scaling
-is visible. GPU utilisation is sampled with nvidia-smi during each measured run.
-With --replicas 2 --gpus 0,1 this is the "jobs per minute on two GPUs" number.
+is visible. GPU utilisation is sampled with nvidia-smi during each measured run (the GPUs in --gpus).
+With --gpus 0,1 (one lipsync and one superres replica per listed GPU; --replicas overrides the count)
+this is the "jobs per minute on two GPUs" number; --pin-cores all spreads the render workers over
+disjoint core sets (services/local/affinity.py; off by default, docs/decisions.md).
 
 Weights (speed does not depend on the values):
 * lipsync: a seeded synthetic Wav2Lip checkpoint (services.inference.checkpoints.seeded_state_dict)
@@ -42,7 +44,7 @@ Examples:
     # the GPU issue's case: 60 s of speech on a 720p 25-fps template
     python bench/bench_e2e.py --device cuda --out var/bench/e2e-gpu.json
     # jobs per minute on two GPUs: 8 jobs, 4 in flight, after a warm-up job
-    python bench/bench_e2e.py --device cuda --replicas 2 --gpus 0,1 --warmup-seconds 5 --jobs 8 --concurrency 4
+    python bench/bench_e2e.py --device cuda --gpus 0,1 --warmup-seconds 5 --jobs 8 --concurrency 4
     # the render-workers issue's case: 16 concurrent 30 s jobs at 720p with SR, 16..1 workers
     python bench/bench_e2e.py --device cuda --audio-seconds 30 --jobs 16 --worker-counts 16,8,4,2,1
 """
@@ -57,12 +59,13 @@ import math
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
 import time
 import wave
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,6 +75,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np
+
+from services.local.affinity import add_placement_args, plan_from_args, replicas_for, validate_placement_args
 
 if TYPE_CHECKING:
     from services.gateway.client import LiplineClient
@@ -235,15 +240,21 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     result["stage_flags"] = extra
     t = time.perf_counter()
     counts = [int(c) for c in args.worker_counts.split(",")] if args.worker_counts else [args.workers]
+    gpus, cores = plan_from_args(args.gpus, args.pin_cores, {"render": max(counts)})
     replicas = {
-        "lipsync": args.replicas,
-        "superres": args.replicas,
+        "lipsync": replicas_for(args.replicas, gpus),
+        "superres": replicas_for(args.replicas, gpus),
         "render": max(counts),
         "audio": args.audio_replicas,
     }
-    gpus = args.gpus.split(",") if args.gpus else []
+    result["placement"] = {"replicas": replicas, "gpus": gpus, "cores": cores}
     with LocalCluster(
-        workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout, replicas=replicas, gpus=gpus
+        workdir / "cluster",
+        extra_args=extra,
+        start_timeout_s=args.startup_timeout,
+        replicas=replicas,
+        gpus=gpus,
+        cores=cores,
     ) as cluster:
         result["startup_seconds"] = time.perf_counter() - t
         log(f"services SERVING after {result['startup_seconds']:.1f} s (logs in {workdir / 'cluster'})")
@@ -285,7 +296,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                     log(f"warm-up job ({args.warmup_seconds:g} s of audio): {result['warmup_seconds']:.2f} s")
 
                 if args.jobs == 1:
-                    with GpuSampler() as gpu:
+                    with GpuSampler(gpus) as gpu:
                         first = submit_and_wait(client, avatar.id, speech, sr, args.crf, progress_printer(log))
                     result["gpu_utilization"] = gpu.summary()
                 else:
@@ -294,7 +305,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                         for name in cluster.replica_names("render")[workers:]:
                             cluster.terminate(name)  # idle between batches: no task to give back
                         cpu_before = process_cpu_seconds(cluster)
-                        with GpuSampler() as gpu:
+                        with GpuSampler(gpus) as gpu:
                             runs = run_jobs(client, avatar.id, speech, sr, args)
                         cpu = cpu_by_service(cpu_before, process_cpu_seconds(cluster))
                         summary = {
@@ -400,8 +411,11 @@ def _cpu_times() -> tuple[float, float]:
 
 
 class GpuSampler:
-    """GPU utilisation (nvidia-smi, every 200 ms, all GPUs averaged) while a block runs, and the host's
-    CPU utilisation over the block (/proc/stat); the GPU part is empty without a GPU."""
+    """GPU utilisation (nvidia-smi, every 200 ms; the GPUs given, else all, averaged) while a block runs,
+    and the host's CPU utilisation over the block (/proc/stat); the GPU part is empty without a GPU."""
+
+    def __init__(self, gpus: Sequence[str] = ()) -> None:
+        self.gpus = list(dict.fromkeys(gpus))  # --gpus 0,0: GPU 0 once
 
     def __enter__(self) -> GpuSampler:
         import subprocess
@@ -411,7 +425,8 @@ class GpuSampler:
         self._proc = None
         if shutil.which("nvidia-smi"):
             self._proc = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"]
+                + ([f"--id={','.join(self.gpus)}"] if self.gpus else []),
                 stdout=subprocess.PIPE,
                 text=True,
             )
@@ -613,14 +628,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="lipsync and superres --device")
-    p.add_argument("--replicas", type=int, default=1, help="replicas of lipsync and superres (the gateway balances)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="replicas of lipsync and superres (the gateway balances; default: one per --gpus entry, else 1)",
+    )
     p.add_argument(
         "--audio-replicas",
         type=int,
         default=1,
         help="replicas of the audio stage (a CPU stage: one Python process each, as a pod would be)",
     )
-    p.add_argument("--gpus", default="", help="e.g. 0,1: GPU replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
+    add_placement_args(p, "render workers")
     p.add_argument("--audio-seconds", type=float, default=60.0, help="length of the speech clip")
     p.add_argument("--audio-rate", type=int, default=16_000, help="sample rate of the uploaded WAV")
     p.add_argument("--width", type=int, default=1280)
@@ -642,7 +662,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gateway-flags", default="", help="more gateway flags")
     p.add_argument("--render-flags", default="", help="more render worker flags")
     p.add_argument(
-        "--workers", type=int, default=0, help="render worker processes (default: the usable CPUs, at least 2)"
+        "--workers",
+        type=int,
+        default=0,
+        help="render worker processes (default: the usable CPUs, or the --pin-cores ones; at least 2)",
     )
     p.add_argument(
         "--worker-counts", default="", help="with --jobs > 1: e.g. 16,8,4,2,1 runs the batch once per worker count"
@@ -664,16 +687,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.jobs < 1 or args.concurrency < 0:
         p.error("--jobs must be at least 1 and --concurrency at least 0")
     args.concurrency = min(args.concurrency or args.jobs, args.jobs)
-    if not args.workers:
+    pinned = validate_placement_args(p, args)
+    if not args.workers:  # one per core the workers may use
         from services.render.encoder_threads import usable_cpus
 
-        args.workers = max(2, usable_cpus())
+        args.workers = max(2, len(pinned) or usable_cpus())
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_detector()
+    # `timeout` sends SIGTERM: unwind, so that the services are stopped and nothing holds the GPU after us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lipline-e2e-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:

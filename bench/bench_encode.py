@@ -8,6 +8,9 @@ the way the compositor threads hand frames over) and reports frames/s per preset
 count, and with --parallel P also P writers on P threads at once (P segments of one clip, or P
 jobs): if P writers give about P times the frames/s, segment-parallel encoding would pay off.
 
+It is also the "x264 alone on the same cores" figure the scale-out table sets render jobs against
+(bench/gpu_session.sh scaleout): one writer per core, --out writes the rows as JSON.
+
 Example:
     python bench/bench_encode.py --frames 300 --presets veryfast,superfast --parallel 1,2,4
 """
@@ -15,6 +18,8 @@ Example:
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
+import json
 import os
 import sys
 import tempfile
@@ -63,9 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--height", type=int, default=720)
     p.add_argument("--presets", default="veryfast,superfast")
     p.add_argument("--parallel", default="1,2", help="writers at once, each on its own thread and file")
+    p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     args = p.parse_args(argv)
     frames = synthetic_frames(args.frames, args.width, args.height)
-    print(f"{os.cpu_count()} CPUs, {args.frames} frames of {args.width}x{args.height} per writer")
+    cpus = len(os.sched_getaffinity(0))
+    rows = []
+    print(f"{cpus} usable CPUs, {args.frames} frames of {args.width}x{args.height} per writer")
     print("| preset | writers at once | seconds | frames/s (all writers) | ms/frame per writer | MB per writer |")
     print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="bench-encode-") as tmp:
@@ -77,9 +85,30 @@ def main(argv: list[str] | None = None) -> int:
                     took = list(pool.map(lambda path: encode(path, frames, args.width, args.height, preset), paths))
                 wall = time.perf_counter() - t0
                 size = sum(path.stat().st_size for path in paths) / parallel / 1e6
+                row = {
+                    "preset": preset,
+                    "writers": parallel,
+                    "seconds": wall,
+                    "frames_per_s": parallel * args.frames / wall,
+                    "ms_per_frame_per_writer": 1000 * float(np.mean(took)) / args.frames,
+                    "mb_per_writer": size,
+                }
+                rows.append(row)
                 print(
-                    f"| {preset} | {parallel} | {wall:.2f} | {parallel * args.frames / wall:,.0f} | {1000 * np.mean(took) / args.frames:.2f} | {size:.2f} |"
+                    f"| {preset} | {parallel} | {wall:.2f} | {row['frames_per_s']:,.0f} | {row['ms_per_frame_per_writer']:.2f} | {size:.2f} |"
                 )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        result = {
+            "bench": "encode",
+            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "usable_cpus": cpus,
+            "frames": args.frames,
+            "width": args.width,
+            "height": args.height,
+            "rows": rows,
+        }
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -35,6 +35,7 @@ import asyncio
 import datetime as _dt
 import importlib.util
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -52,6 +53,7 @@ import grpc
 import numpy as np
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
+from services.local.affinity import gpu_of, parse_gpus, replicas_for
 from services.local.process import ServiceProcess, start
 from services.media.wire import image_to_proto, mel_to_bytes, pack_generate_items
 from services.serving.streams import stream_call
@@ -137,14 +139,13 @@ def start_service(
         "--max-pending-per-stream",
         str(max(512, args.items * (args.window + 1))),
     ]
-    gpus = args.gpus.split(",") if args.gpus else []  # one replica per GPU: replica i sees only gpus[i % n]
     return start(
         f"{stage}-{replica}",
         stage,
         flags,
         workdir,
         base_args=common,
-        cuda_visible_devices=gpus[replica % len(gpus)] if gpus else None,
+        cuda_visible_devices=gpu_of(parse_gpus(args.gpus), replica),  # replica i sees only gpus[i % n]
     )
 
 
@@ -346,6 +347,7 @@ def serve_and_load(
 
     Returns `load`'s result plus startup_s and service_exit, and the first replica's log tail.
     """
+    args.replicas = replicas_for(args.replicas, parse_gpus(args.gpus))  # 0: one per listed GPU
     services = [start_service(args, workdir, r, stage, flags) for r in range(args.replicas)]
     print("starting: " + " ".join(services[0].cmd) + f" (x{args.replicas})", file=sys.stderr)
     try:
@@ -405,7 +407,12 @@ def print_result_table(args: argparse.Namespace, result: dict, unit: str, extra:
 def add_load_args(p: argparse.ArgumentParser, stage: str) -> None:
     """The load and output flags both gRPC benchmarks share (the stage-specific ones stay in each)."""
     p.add_argument("--procs", type=int, default=1, help="client processes the streams are spread over")
-    p.add_argument("--replicas", type=int, default=1, help=f"{stage} service processes (streams round-robin over them)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help=f"{stage} service processes (streams round-robin over them; default: one per --gpus entry, else 1)",
+    )
     p.add_argument("--gpus", default="", help="e.g. 0,1: replica i runs with CUDA_VISIBLE_DEVICES=gpus[i %% n]")
     p.add_argument("--window", type=int, default=2, help="messages in flight per stream")
     p.add_argument("--seconds", type=float, default=20.0, help="how long each stream sends")
@@ -440,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.warmup_seconds >= args.seconds:
         p.error("--warmup-seconds must be below --seconds")
+    # `timeout` sends SIGTERM: unwind, so that the services are stopped and nothing holds the GPU after us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     missing = check_service_imports()
     if missing:

@@ -2,8 +2,10 @@
 """N concurrent live sessions through the gateway: real speech in real time, frames back, per N the figures.
 
 Starts the services with services.local.LocalCluster (as bench_e2e.py does): the audio stage, lipsync
-(--device; a seeded synthetic Wav2Lip, --checkpoint or --procedural), superres only with --sr, --gateways
-gateways and --live-workers live workers (each --max-sessions, x264 --preset), no render workers. Then
+(--device; a seeded synthetic Wav2Lip, --checkpoint or --procedural; with --gpus 0,1,.. one replica per
+listed GPU), superres only with --sr (as many), --gateways gateways and --live-workers live workers
+(each --max-sessions, x264 --preset; --pin-cores spreads them over disjoint core sets, the other
+processes on the cores left: services/local/affinity.py), no render workers. Then
 CreateAvatar with a template video built from samples/avatar.jpg (bench_e2e.build_template, --size) or
 the photo itself (--photo), and per session count (--sessions N, or --session-counts 25,50,100 for one
 run per count):
@@ -71,6 +73,13 @@ if __package__ in (None, ""):
 import numpy as np
 
 from bench.bench_e2e import GpuSampler, build_template, check_detector, cpu_by_service, environment, process_cpu_seconds
+from services.local.affinity import (
+    add_placement_args,
+    parse_gpus,
+    plan_from_args,
+    replicas_for,
+    validate_placement_args,
+)
 
 SAMPLES = REPO_ROOT / "samples"
 CHUNK_MS = 20
@@ -414,7 +423,7 @@ def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.N
             + (f"; {len(refused)} problems: {refused[:3]}" if refused else "")
         )
         cpu_before = process_cpu_seconds(cluster)
-        with GpuSampler() as gpu:
+        with GpuSampler(parse_gpus(args.gpus)) as gpu:
             start_value.value = time.monotonic() + 0.5
             start_event.set()
             time.sleep(0.5 + seconds)
@@ -545,12 +554,24 @@ def codec_name(codec: str, preset: str) -> str:
     return f"h264 {preset}" if codec == "h264" else codec
 
 
+def placement_note(placement: dict) -> str:
+    """The heading's placement part, e.g. ", lipsync x2 on GPUs 0,1, live workers pinned" (empty by default)."""
+    replicas = placement.get("replicas", {}).get("lipsync", 1)
+    note = f", lipsync x{replicas}" if replicas > 1 else ""
+    if placement.get("gpus"):
+        note += f"{'' if note else ', lipsync'} on GPUs {','.join(placement['gpus'])}"
+    if placement.get("cores"):
+        note += ", live workers pinned to their own cores"
+    return note
+
+
 def table(result: dict) -> str:
     a = result["args"]
     lines = [
         f"{a['size']} at {result['avatar']['fps']:g} fps, x264 {a['preset']} (H.264 sessions), "
         f"{a['live_workers']} live workers, {a['gateways']} gateways, {a['procs']} client processes, {a['seconds']:g} s per count, "
-        f"device {a['device']}{' (procedural)' if a['procedural'] else ''}{' + SR' if a['sr'] else ''}",
+        f"device {a['device']}{' (procedural)' if a['procedural'] else ''}{' + SR' if a['sr'] else ''}"
+        f"{placement_note(result.get('placement', {}))}",
         "",
         "| codec | sessions | latency p50 / p95 / p99 ms | skipped | missing | dropped | Clear -> idle p95 ms | live CPU ms / session-s | "
         "gateway CPU ms / session-s | GPU util median % | KB / frame | client lag p99 ms | holds |",
@@ -610,17 +631,26 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         template = workdir / "template.mp4"
         build_template(template, width, height, 25.0, args.template_seconds)
         avatar_bytes = template.read_bytes()
+    # The client processes and every unpinned service inherit this process's cores (the rest, with --pin-cores).
+    gpus, cores = plan_from_args(args.gpus, args.pin_cores, {"live": args.live_workers})
+    model_replicas = replicas_for(args.lipsync_replicas, gpus)
     replicas = {
         "render": 0,
         "live": args.live_workers,
-        "lipsync": args.lipsync_replicas,
-        "superres": 1 if args.sr else 0,
+        "lipsync": model_replicas,
+        "superres": model_replicas if args.sr else 0,
         "gateway": args.gateways,
     }
+    result["placement"] = {"replicas": replicas, "gpus": gpus, "cores": cores}
     t = time.perf_counter()
     extra = stage_args(args, workdir, max_sessions)
     with LocalCluster(
-        workdir / "cluster", extra_args=extra, start_timeout_s=args.startup_timeout, replicas=replicas
+        workdir / "cluster",
+        extra_args=extra,
+        start_timeout_s=args.startup_timeout,
+        replicas=replicas,
+        gpus=gpus,
+        cores=cores,
     ) as cluster:
         result["startup_seconds"] = time.perf_counter() - t
         log(f"services SERVING after {result['startup_seconds']:.1f} s (logs in {workdir / 'cluster'})")
@@ -693,8 +723,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sr", action="store_true", help="super-resolution on (starts the superres stage)")
     p.add_argument("--live-workers", type=int, default=1, help="live worker processes")
     p.add_argument(
-        "--lipsync-replicas", type=int, default=1, help="lipsync processes (sharing the GPU: one is host-bound)"
+        "--lipsync-replicas",
+        type=int,
+        default=0,
+        help="lipsync (and with --sr superres) processes; default: one per --gpus entry, else 1",
     )
+    add_placement_args(p, "live workers")
     p.add_argument(
         "--max-sessions",
         type=int,
@@ -739,6 +773,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--checkpoint and --procedural exclude each other")
     if min(args.sessions, args.live_workers, args.gateways, args.procs) < 1 or args.seconds <= 0:
         p.error("--sessions, --live-workers, --gateways and --procs must be at least 1, --seconds above 0")
+    validate_placement_args(p, args)
     return args
 
 

@@ -13,6 +13,10 @@
 #   bash bench/gpu_session.sh live       (after services and e2e, or carry .whlcv): bench_live.py, N concurrent live
 #                                        sessions through the gateway; SIZE=512x512|1280x720 PRESET=ultrafast|veryfast
 #                                        CODECS=h264,jpeg|h264|jpeg (one call per size and preset: the preset is the workers')
+#   bash bench/gpu_session.sh scaleout STEP (after services and e2e, or carry .whl then .cvx): issue 32's scale-out
+#                                        table over the host's GPUs, N = 1,2,4,8 up to `nvidia-smi -L`, each N beside the
+#                                        1-GPU run of the same call; STEP = lipsync | live | jobs, one call each (live on
+#                                        8 GPUs: NS=2,4 then NS=8); NS=2,4 runs only those N (and 1); PIN=all pins workers
 # `e2e` reuses the .devsite of a `services` call on the same warm machine. Results: JSON + logs in $OUT.
 # Extra arguments after the phase are passed on (`services`: run names to keep; `e2e`: bench_e2e flags).
 set -u
@@ -162,9 +166,56 @@ autoscale)  # issue 22: the chart's HPAs driving real replicas (bench/autoscale.
   for log in "$OUT/$name-work"/cluster/*.log; do [ -f "$log" ] && tail -500 "$log" > "$OUT/$name-$(basename "$log")"; done
   rm -rf "$OUT/$name-work"
   ;;
-*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live|live-profile|autoscale [...]" >&2; exit 2 ;;
+scaleout)  # issue 32: the scale-out table on the host's GPUs (bench/README.md, "Scale-out"); extra arguments go to the bench
+  # One replica of each GPU stage per GPU (--gpus 0..N-1); the CPU processes scale with the host's cores, not with N.
+  step=${1:-lipsync}; shift || true
+  cores=$(nproc)
+  if [ -f .cvx/cv.tar.xz ] && [ ! -d .devsite/cv2 ]; then tar xJf .cvx/cv.tar.xz -C .devsite || exit 1; fi  # OpenCV 4 (Haar)
+  ns=1; for n in $(echo "${NS:-2,4,8}" | tr ',' ' '); do [ "$n" -gt 1 ] && [ "$n" -le "$gpus" ] && ns="$ns $n"; done
+  reserve=0; [ "$step" = jobs ] && reserve=100  # x264 alone first
+  runs=$(echo $ns | wc -w); budget=$(( (${BUDGET_S:-550} - reserve) / runs ))  # each run's share of the call (10 min at most)
+  pack=scaleout-$step-n${ns// /-}
+  pin=(); [ -n "${PIN:-}" ] && pin=(--pin-cores "$PIN")
+  echo "scaleout $step: N = $ns of $gpus GPUs, $cores cores, ${budget} s per run${PIN:+, workers pinned to $PIN}" | tee "$OUT/scaleout-$step.txt"
+  case $step in
+  lipsync)  # Wav2Lip frames/s through gRPC: 64 streams and up to 8 client processes per GPU (half the cores at most)
+    for n in $ns; do
+      procs=$(( 8 * n < cores / 2 ? 8 * n : cores / 2 )); [ "$procs" -ge 1 ] || procs=1
+      KEEP=(); T=$budget lipsync scaleout-lipsync-g$n --gpus "$(seq -s, 0 $((n - 1)))" --streams $((64 * n)) \
+        --procs "$procs" --pipeline-depth 2 "$@" | tee -a "$OUT/scaleout-$step.txt"
+    done ;;
+  live)  # 512x512 H.264 ultrafast sessions; 16 cores held ~100: counts around 6 per core, workers as on 16 cores
+    base=$(( cores * 25 / 4 )); half=$(( cores > 1 ? cores / 2 : 1 )); quarter=$(( cores > 3 ? cores / 4 : 1 ))
+    counts=${COUNTS:-$((base / 2)),$((base * 3 / 4)),$base,$((base * 5 / 4))}
+    for n in $ns; do
+      name=scaleout-live-g$n
+      timeout -k 30 "$budget" python3 bench/bench_live.py --device cuda --size 512x512 --preset ultrafast --codec h264 \
+        --gpus "$(seq -s, 0 $((n - 1)))" "${pin[@]}" --session-counts "$counts" --seconds "${LIVE_SECONDS:-12}" \
+        --warmup-seconds 6 --live-workers "${LIVE_WORKERS:-$half}" --gateways "${GATEWAYS:-$(((cores + 4) / 5))}" \
+        --procs "${PROCS:-$quarter}" --log-level INFO --workdir "$OUT/$name-work" --out "$OUT/$name.json" "$@" 2>&1 \
+        | grep -vE '^\s*$' | tail -12 | tee -a "$OUT/scaleout-$step.txt"
+      for log in "$OUT/$name-work"/cluster/{gateway,lipsync}*.log; do [ -f "$log" ] && tail -300 "$log" > "$OUT/$name-$(basename "$log")"; done
+      rm -rf "$OUT/$name-work"
+    done ;;
+  jobs)  # 30 s 720p jobs with SR (one render worker per core), and x264 alone on the same cores (one writer per core)
+    jobs=${JOBS:-$(( cores > 16 ? cores : 16 ))}
+    if [ -n "${PIN:-}" ] && [ "$PIN" != all ]; then on=(taskset -c "$PIN"); writers=$(taskset -c "$PIN" nproc); else on=(); writers=$cores; fi
+    timeout 90 "${on[@]}" python3 bench/bench_encode.py --frames 250 --presets veryfast --parallel "$writers" \
+      --out "$OUT/scaleout-x264.json" 2>&1 | tail -3 | tee -a "$OUT/scaleout-$step.txt"
+    for n in $ns; do
+      timeout -k 30 "$budget" python3 bench/bench_e2e.py --device cuda --audio-seconds 30 --jobs "$jobs" \
+        --warmup-seconds $(( 2 * cores > 64 ? 2 * cores : 64 )) \
+        --gpus "$(seq -s, 0 $((n - 1)))" "${pin[@]}" --log-level WARNING --out "$OUT/scaleout-jobs-g$n.json" "$@" 2>&1 \
+        | grep -E 'jobs|workers|CPU seconds|rror|Trace' | tail -8 | tee -a "$OUT/scaleout-$step.txt"
+    done ;;
+  *) echo "usage: $0 scaleout lipsync|live|jobs [bench flags]" >&2; exit 2 ;;
+  esac
+  python3 bench/scaleout_summary.py "$OUT" --out "$OUT/scaleout-summary-$step.json" | tee "$OUT/scaleout-summary-$step.txt"
+  ;;
+*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live|live-profile|autoscale|scaleout [...]" >&2; exit 2 ;;
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
-( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$phase.tgz" -print0 \
-    | tar czf "$phase.tgz" --null -T - && find . -mindepth 1 ! -name "*.tgz" -delete )  # earlier phases' archives stay
+pack=${pack:-$phase}  # scaleout: one archive per step and N list
+( cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) ! -name "$pack.tgz" -print0 \
+    | tar czf "$pack.tgz" --null -T - && find . -mindepth 1 ! -name "*.tgz" -delete )  # earlier phases' archives stay
 ls -la "$OUT"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.local.affinity import gpu_of, lowest_free_slot
 from services.local.process import REPO_ROOT, ServiceProcess, start
 from services.serving.stages import STAGES as REGISTRY
 from services.serving.stages import called_stages, start_order
@@ -42,8 +43,12 @@ class LocalCluster:
     #: Live workers are opt-in (`replicas={"live": 1}`): only live sessions need one, and most clusters
     #: (the demo, the job benchmarks, most integration tests) render jobs only.
     replicas: dict[str, int] = field(default_factory=dict)
-    #: GPUs to spread the GPU stages' replicas over (CUDA_VISIBLE_DEVICES, replica i -> gpus[i % n]).
+    #: GPUs to spread the GPU stages' replicas over (CUDA_VISIBLE_DEVICES, replica slot i -> gpus[i % n];
+    #: services/local/affinity.py: replicas started in order take slots 0, 1, ..., a later one the lowest free).
     gpus: list[str] = field(default_factory=list)
+    #: per stage, the cores its replicas are pinned to (slot i -> cores[stage][i % n]); stages not named
+    #: keep the affinity they inherit from the process that starts the cluster
+    cores: dict[str, list[list[int]]] = field(default_factory=dict)
     #: job store URL; default an SQLite file in workdir
     job_store: str = ""
     #: blob store URL; default a folder in workdir
@@ -52,6 +57,8 @@ class LocalCluster:
     #: of a fixed list, so replicas can come and go (the local autoscaler rewrites the files)
     address_files: bool = False
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
+    #: each process's replica slot (kept across a restart: the same GPU and cores again)
+    slots: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.replicas = {"render": 2, "live": 0, "web": 0, **self.replicas}
@@ -170,14 +177,37 @@ class LocalCluster:
         """SIGKILL one process (no drain) and reap it."""
         self.processes[name].kill()
 
+    def slot_of(self, name: str) -> int:
+        """The replica slot of process `name` (which GPU and cores it gets): the one it had before (a
+        restart) while no other running replica of its stage holds it, else the lowest no such one holds."""
+        service = self.service_of(name)
+        taken = {
+            self.slots[other]
+            for other, proc in self.processes.items()
+            if other != name
+            and other in self.slots
+            and self.service_of(other) == service
+            and proc.process.poll() is None
+        }
+        if name in self.slots and self.slots[name] not in taken:
+            return self.slots[name]
+        self.slots[name] = lowest_free_slot(taken)
+        return self.slots[name]
+
     def _start(self, name: str, args: list[str], module: str | None = None) -> None:
         module = module or name
-        gpu = None
-        if self.gpus and REGISTRY[module].gpu:
-            replica = int(name.rsplit("-", 1)[1]) if name != module else 0
-            gpu = self.gpus[replica % len(self.gpus)]
+        slot = self.slot_of(name)
+        gpu = gpu_of(self.gpus, slot) if REGISTRY[module].gpu else None
+        sets = self.cores.get(module)
         self.processes[name] = start(
-            name, module, args, self.workdir, base_args=LOCAL_FLAGS, env=self.env, cuda_visible_devices=gpu
+            name,
+            module,
+            args,
+            self.workdir,
+            base_args=LOCAL_FLAGS,
+            env=self.env,
+            cuda_visible_devices=gpu,
+            cpus=sets[slot % len(sets)] if sets else None,
         )
 
     def _wait_ready(self, name: str) -> None:

@@ -14,10 +14,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.local.affinity import pin_process
 from services.serving.stages import stage as registered
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +107,7 @@ def start(
     base_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     cuda_visible_devices: str | None = None,
+    cpus: Collection[int] | None = None,
 ) -> ServiceProcess:
     """Start `python -m services.<module> <base_args> <args> --port-file=<workdir>/<name>.port`, logging to
     <workdir>/<name>.log.
@@ -117,6 +119,8 @@ def start(
         base_args: the caller's flags of every service it starts (host, ports, logs), before `args`.
         env: variables set over this process's environment (PYTHONPATH gets the repository first).
         cuda_visible_devices: the GPUs it sees, if given.
+        cpus: the cores it (and every thread and child it starts) may run on, if given
+            (services/local/affinity.py); otherwise it inherits this process's.
     """
     port_file = workdir / f"{name}.port"
     port_file.unlink(missing_ok=True)
@@ -129,4 +133,6 @@ def start(
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    if cpus is not None:
+        pin_process(process.pid, cpus)
     return ServiceProcess(name, process, log_path, module, list(args), port_file=port_file, cmd=cmd, started=started)
