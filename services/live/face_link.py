@@ -1,8 +1,8 @@
 """FaceLink: a live worker's one long-lived Generate stream (and Upscale stream) for all its sessions.
 
 Why one stream per worker, not per session: the lipsync stage's cost is per message, not per frame
-(one replica answers ~2,600-3,000 messages a second whatever they carry; docs/architecture.md, and
-DESIGN.md section 9), so a worker with 100 speaking sessions must send one message per tick holding
+(one replica answers ~2,600-3,000 messages a second whatever they carry; docs/architecture.md,
+section 10, and docs/decisions.md), so a worker with 100 speaking sessions must send one message per tick holding
 a frame of each of them, not 100 messages. The stage's batcher then merges that message with every
 other worker's.
 
