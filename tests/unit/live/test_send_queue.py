@@ -63,11 +63,11 @@ def test_a_waiting_reader_wakes_on_put_and_on_close() -> None:
         await asyncio.sleep(0.01)
         assert not reader.done()
         q.put_frame("x", 7)
-        assert await asyncio.wait_for(reader, 1) == ("x", 7)
+        assert await asyncio.wait_for(reader, 10) == ("x", 7)
         reader = asyncio.create_task(q.get())
         await asyncio.sleep(0.01)
         q.close()
         with pytest.raises(StreamClosed):
-            await asyncio.wait_for(reader, 1)
+            await asyncio.wait_for(reader, 10)
 
     asyncio.run(main())
