@@ -457,6 +457,8 @@ def test_a_client_sending_faster_than_real_time_is_refused(worker: Worker, speec
         and talk.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         and "real time" in talk.error.details()
     )
+    # A back-off hint, as every RESOURCE_EXHAUSTED refusal carries: when the queue will have room.
+    assert int(dict(talk.error.trailing_metadata())["retry-after-ms"]) > 0
     worker.close(session.id)
 
 
