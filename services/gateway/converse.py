@@ -30,7 +30,7 @@ import grpc
 
 from lipline.v1 import live_pb2_grpc, session_pb2
 from services.gateway.live_workers import GONE, LiveWorkerError, LiveWorkers, call_metadata
-from services.gateway.sessions import require_active, session_to_proto, stream_session
+from services.gateway.sessions import check_last_frame, require_active, session_to_proto, stream_session
 from services.jobs.store.jobs import JobStore
 from services.jobs.store.sessions import SessionRow
 from services.serving.errors import InvalidRequest
@@ -205,6 +205,7 @@ async def converse(
     requests = aiter(requests)  # one iterator: the start is read from it, the rest relayed
     start = await first_start(requests)
     row = await stream_session(jobs, tenant, start.session_id, start.resume_token)
+    check_last_frame(row, start.last_frame)
     call, first = await attach(jobs, workers, row, start, tenant, request_id)
     try:
         yield first

@@ -41,8 +41,8 @@ import numpy as np
 from lipline.v1 import lipsync_pb2_grpc, live_pb2, live_pb2_grpc, session_pb2, superres_pb2_grpc
 from services.jobs.avatar_cache import AvatarCache, LocalAvatar
 from services.jobs.store import close_stores, open_stores
-from services.jobs.store.sessions import SessionState
-from services.live.clock import FrameClock, FrameKind
+from services.jobs.store.sessions import CLOCK_SLACK_S, SessionState
+from services.live.clock import FrameClock, FrameKind, started_at
 from services.live.encoders import DEFAULT_CRF, H264Encoder, JpegEncoder
 from services.live.face_link import FaceLink, FaceLinkSettings, avatar_reference_faces
 from services.live.frame_size import i420_scaler, output_size
@@ -217,7 +217,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                     shared_as=(meta.id, asked.super_resolution),
                 )
             link, loop = self.link, asyncio.get_running_loop()
-            clock = FrameClock(fps)
+            clock = FrameClock(fps, t0=_session_start(asked))
 
             def submit_face(frame: int, template: int, window: Any, due_ns: int) -> Any:
                 crop = crop_of.get(template)
@@ -298,7 +298,14 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 f"session {session_id!r} is not held by this live worker (it ended, or moved: resume it through the gateway)"
             )
         # last_frame: unset reads 0, and a client that saw only frame 0 loses nothing by starting anywhere after it
-        stream = runner.attach(first.start.last_frame if first.start.last_frame > 0 else -1)
+        last_frame = first.start.last_frame
+        if last_frame < -1 or last_frame > runner.live.clock.last_due(CLOCK_SLACK_S):
+            raise InvalidRequest(
+                f"last_frame {last_frame} is not a frame session {session_id} has made (at most "
+                f"{runner.live.clock.last_due()} by now, on its clock since it started): send the index of the "
+                "last frame received, or -1"
+            )
+        stream = runner.attach(last_frame if last_frame > 0 else -1)
         self._export_gauges()
         reader = asyncio.create_task(self._read(runner, stream, iterator), name=f"live-read-{session_id}")
         try:
@@ -474,6 +481,14 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         if hasattr(self, "clients"):
             await self.clients.close()
         close_stores(getattr(self, "jobs", None), getattr(self, "blobs", None))
+
+
+def _session_start(session: session_pb2.Session) -> int | None:
+    """The session's frame clock's t0 on this process's monotonic clock: from its create_time (the
+    gateway's row), so that it keeps its numbering on whichever worker holds it; None (now) without one."""
+    if session.create_time.seconds <= 0:
+        return None
+    return started_at(session.create_time.ToNanoseconds())
 
 
 def _warm_up() -> None:

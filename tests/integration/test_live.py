@@ -226,15 +226,28 @@ def test_a_killed_worker_loses_its_session_to_the_other(live: Live) -> None:
     talk.thread.join(20)
     assert talk.error is not None and talk.error.code() == grpc.StatusCode.UNAVAILABLE, talk.error
     assert "resume" in talk.error.details()
-    started = time.monotonic()
+    time.sleep(2.0)  # nobody holds the session for a while: its frames must show the gap
+    started, resumed_at = time.monotonic(), time.time()
     resumed = Stream(live.client, session, last_frame=talk.frames[-1].index)
     resumed.wait(lambda: len(resumed.frames) > 5, "frames from the other worker")
     print(f"resume after SIGKILL: first frames within {time.monotonic() - started:.2f} s")
     survivor = next(n for n in LIVE if n != doomed)
     assert live.worker_of(session.id) == survivor and resumed.frames[0].keyframe and steady(resumed.frames)
+    # The other worker numbers frames on the session's clock (frame k is due k / fps after it was
+    # created), not on from the last frame: its first frame is one due after the resume began, never
+    # before it (0.5 s for the machines' clocks, which here are one).
+    created = session.create_time.ToNanoseconds() / 1e9
+    first = resumed.frames[0].index
+    assert created + first / FPS >= resumed_at - 0.5, (first, talk.frames[-1].index)
+    assert created + first / FPS <= time.time() + 0.5  # and no frame ahead of the clock
     resumed.say(live.speech[:RATE])
     resumed.wait(lambda: resumed.finished, "speech on the other worker")
     assert any(f.speech for f in resumed.frames)
+    # Audio and video stay locked: every frame carries its slot's audio (and that of any slot skipped
+    # just before it), so the audio received covers exactly the slots from the first frame to the last.
+    frames = list(resumed.frames)
+    audio = sum(len(f.audio) for f in frames) // 2
+    assert audio == (frames[-1].index - frames[0].index + 1) * RATE // FPS
     resumed.cut()
     live.client.close_session(session.id)
 
