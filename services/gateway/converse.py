@@ -13,7 +13,11 @@ session, and relayed both ways; a session whose worker is gone re-placed on anot
 - **Relay**: two loops, one per direction, each awaiting the other side before it takes the next
   message (gRPC's flow control pushes back through them), so the gateway holds at most a message
   each way per stream: a client that reads slowly stalls the worker's stream, where the worker
-  drops frames (counted) rather than buffering them. When either side ends, both are cancelled.
+  drops its oldest frames (counted; the reader gets the live edge, H.264 from an IDR) rather than
+  buffering them. Below the worker's send queue a stream holds the message the worker is writing,
+  the gateway's receive window for the stream (16 KiB: services.gateway.live_workers, no BDP
+  probing) and the message relayed; the client's own receive window is the client's (docs/limits.md).
+  When either side ends, both are cancelled.
   A worker's status reaches the client as it was (its message is written for people), UNAVAILABLE
   mid-stream with a note that the stream may be resumed.
 """

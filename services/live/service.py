@@ -251,6 +251,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 self.metrics,
                 s.send_queue_frames,
                 self._ended,
+                send_lag_s=s.send_lag_s,
             )
             self.sessions[session_id] = runner
         except BaseException:  # nothing of a session that could not open stays behind: its crops, its lease
@@ -315,9 +316,9 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                     response, arrived_ns = await stream.get()
                 except StreamClosed:
                     break
-                yield response
+                yield response  # returns once gRPC has taken it: flow control holds the rest here, bounded
                 if response.WhichOneof("response") == "frame":
-                    runner.observe_sent(arrived_ns)
+                    runner.observe_sent(response, arrived_ns)
             if stream.error is not None:
                 raise stream.error
         finally:
