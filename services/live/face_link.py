@@ -697,6 +697,9 @@ class FaceLink:
             if crop_set.share_key is not None:
                 del self._shared[crop_set.share_key]
             self._free_crops.extend(crop_set.indices)
+            for stream in (self._generate, self._upscale):  # its crops are not kept for the calls' lives
+                for call in stream.calls if stream is not None else ():
+                    call.sent.discard(crop_set)
 
     def _allocate_crop(self) -> int:
         if self._free_crops:

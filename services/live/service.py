@@ -94,6 +94,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             str, asyncio.Task
         ] = {}  # a session's end being written to the store (CloseSession waits for it)
         self._link_seen: dict[str, int] = {}
+        self._avatar_users: dict[str, int] = {}  # avatar id -> sessions open on it (the avatar is closed at 0)
 
     async def load(self) -> None:
         s = self.settings
@@ -185,6 +186,19 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         if asked.super_resolution and not s.superres_address:
             raise InvalidRequest("super-resolution was asked for, but this live worker has no superres stage")
         avatar: LocalAvatar = await asyncio.to_thread(self.cache.get, asked.avatar_id)
+        self._avatar_users[asked.avatar_id] = self._avatar_users.get(asked.avatar_id, 0) + 1
+        try:
+            return await self._start(request, avatar)
+        except BaseException:
+            self._release_avatar(asked.avatar_id)
+            raise
+
+    async def _start(self, request: live_pb2.OpenSessionRequest, avatar: LocalAvatar) -> SessionRunner:
+        """The session on its avatar (open, counted in `_avatar_users`): its encoder, lease, face link
+        registration and runner."""
+        s, asked = self.settings, request.session
+        rate = asked.audio.sample_rate or 16000
+        video, limits = asked.video, asked.limits
         meta = avatar.meta
         width, height = output_size(meta.width, meta.height, video.max_height, asked.width, asked.height)
         fps = video.fps or meta.fps or 25.0
@@ -380,6 +394,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         if self.sessions.get(runner.session_id) is runner:
             del self.sessions[runner.session_id]
         self.link.unregister(runner.session_id)
+        self._release_avatar(runner.proto.avatar_id)
         self._export_gauges()
         ending = runner.ending
         assert ending is not None
@@ -403,6 +418,28 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                     self._row_updates.pop(session_id, None) if self._row_updates.get(session_id) is task else None
                 )
             )
+
+    def _release_avatar(self, avatar_id: str) -> None:
+        """One session fewer on the avatar; the last one closes it (its memory goes with the session)."""
+        users = self._avatar_users.get(avatar_id, 0) - 1
+        if users > 0:
+            self._avatar_users[avatar_id] = users
+            return
+        self._avatar_users.pop(avatar_id, None)
+        self.cache.release(avatar_id)
+
+    def footprint(self) -> dict[str, int]:
+        """What this worker holds for its sessions, by where: every figure is 0 once every session has
+        ended (what a closed session leaves behind is a leak; tests/unit/live/test_service.py)."""
+        return {
+            "sessions": len(self.sessions),
+            "opening": self.opening,
+            "row_updates": len(self._row_updates),
+            "avatars_in_use": len(self._avatar_users),
+            "avatars_open": len(self.cache.open_ids),
+            "link_sessions": self.link.sessions,
+            "link_crops": self.link.crops_in_use,
+        }
 
     def _spawn(self, coroutine: Any) -> asyncio.Task:
         task = asyncio.create_task(coroutine)
