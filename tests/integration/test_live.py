@@ -28,9 +28,9 @@ from lipline.v1 import gateway_pb2_grpc, session_pb2
 from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import frame_audio, pcm_chunks, pcm_of_audio, run_session, write_mp4
+from services.gateway.live_workers import LIVE_STREAM_WINDOW_BYTES
 from services.jobs.store import open_job_store
 from services.jobs.store.jobs import JobStore
-from services.gateway.live_workers import LIVE_STREAM_WINDOW_BYTES
 from services.jobs.store.sessions import SessionRow
 from services.local.cluster import LocalCluster
 from services.media.probe import probe_media

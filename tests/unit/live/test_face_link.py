@@ -489,7 +489,9 @@ def restart_on_same_port(old: ServiceProcess, workdir: Path) -> ServiceProcess:
 
 def test_the_real_stage_routes_every_sessions_face(lipsync_stage: ServiceProcess) -> None:
     async def main() -> None:
-        async with linked(lipsync_stage.address, FaceLinkSettings(flush_interval_s=0.04, default_due_s=RELAXED)) as link:
+        async with linked(
+            lipsync_stage.address, FaceLinkSettings(flush_interval_s=0.04, default_due_s=RELAXED)
+        ) as link:
             sessions = 12
             for s in range(sessions):
                 # Two crops each, different paste sizes: the face comes back at its own crop's size.

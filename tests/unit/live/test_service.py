@@ -103,7 +103,11 @@ def save_sample_avatar(blobs: FolderBlobStore, jobs: JobStore, shift: int) -> st
 @pytest.fixture(scope="module")
 def lipsync(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     process = start(
-        "lipsync", "lipsync", ["--device=cpu", "--detector=none"], tmp_path_factory.mktemp("lipsync"), base_args=LOCAL_FLAGS
+        "lipsync",
+        "lipsync",
+        ["--device=cpu", "--detector=none"],
+        tmp_path_factory.mktemp("lipsync"),
+        base_args=LOCAL_FLAGS,
     )
     try:
         process.wait_ready(180)
@@ -193,7 +197,9 @@ def test_a_closed_session_leaves_nothing_behind(worker: tuple[RunningWorker, Job
     while any(ref() is not None for ref in held) and time.monotonic() < deadline:
         running.call(asyncio.sleep(0.1))
         gc.collect()
-    assert [ref() is None for ref in held] == [True] * len(held), "a closed session's runner, session or encoder is still held"
+    assert [ref() is None for ref in held] == [True] * len(held), (
+        "a closed session's runner, session or encoder is still held"
+    )
     # The avatars were closed with their last session; a new session opens one again.
     again = open_session(running, jobs, first)
     assert running.footprint()["avatars_open"] == 1 and running.footprint()["link_sessions"] == 1
