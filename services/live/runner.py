@@ -297,16 +297,20 @@ class SessionRunner:
             self.live.force_keyframe()
 
     def _frame_audio(self, tick: Tick) -> bytes:
-        """The frame's re-timed audio, after that of the slots skipped before it (silence where idle)."""
+        """The frame's re-timed audio, after that of the slots skipped before it (silence where idle).
+        A slot is never short: an utterance's last frame, whose input ends inside the slot, is
+        filled with silence to the slot's end, so the audio concatenated stays as long as the frames."""
         by_frame = {a.frame: a.samples for a in tick.audio}
         rate, fps = self.live.sample_rate, self.live.clock.fps
         parts = []
         for frame in [*tick.skipped, tick.slot]:
+            start, stop = frame_sample_range(frame, rate, fps)
             samples = by_frame.get(frame)
             if samples is None:
-                start, stop = frame_sample_range(frame, rate, fps)
                 samples = np.zeros(stop - start, np.int16)
             parts.append(samples.astype("<i2", copy=False).tobytes())
+            if len(samples) < stop - start:
+                parts.append(bytes(2 * (stop - start - len(samples))))
         return b"".join(parts)
 
     def observe_sent(self, response: session_pb2.ConverseResponse, arrived_ns: int | None) -> None:

@@ -78,6 +78,37 @@ def test_frames_carry_the_audio_of_the_slots_skipped_before_them(template, speec
     assert any(m.WhichOneof("response") == "stats" for m in messages)
 
 
+def test_an_utterance_ending_inside_a_slot_is_filled_with_silence_to_the_slots_end(template, speech_pcm) -> None:  # noqa: F811
+    """The audio a client concatenates is exactly as long as the frames: the last frame of an
+    utterance whose input ends inside its slot carries that input, then silence to the slot's end."""
+    clock = FakeClock()
+    session = make_session(template, clock, codec="jpeg")
+    runner = make_runner(session)
+
+    async def attach():
+        return runner.attach()
+
+    stream = asyncio.run(attach())
+    pcm = speech_pcm[RATE][: RATE // 2 + 100]  # 12 slots of 640 samples, and 100 more
+    for i in range(0, len(pcm) + 20 * STEP, STEP):
+        clock.advance_ms(20)
+        if i < len(pcm):
+            session.push_audio(pcm[i : i + STEP].tobytes())
+            if i + STEP >= len(pcm):
+                session.end_utterance()
+        tick = session.tick()
+        if tick is not None:
+            runner.deliver(tick, stream)
+    frames = [m.frame for m in drain(stream) if m.WhichOneof("response") == "frame"]
+    assert all(len(f.audio) == 2 * RATE // 25 for f in frames[1:])  # every slot whole (nothing skipped here)
+    track = np.frombuffer(b"".join(f.audio for f in frames), "<i2")
+    assert len(track) == (frames[-1].index - frames[0].index + 1) * RATE // 25
+    speech = np.frombuffer(b"".join(f.audio for f in frames if f.speech), "<i2")
+    assert len(speech) == 13 * 640 and sum(f.speech for f in frames) == 13
+    np.testing.assert_array_equal(speech[: len(pcm)], pcm)
+    assert not speech[len(pcm) :].any()
+
+
 def unread(runner: SessionRunner, session, clock: FakeClock, stream, ticks: int) -> None:  # type: ignore[no-untyped-def]
     """`ticks` frames made as the pacing task makes them (room first, then the frame), nobody reading."""
     for _ in range(ticks):
