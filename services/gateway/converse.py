@@ -13,7 +13,11 @@ session, and relayed both ways; a session whose worker is gone re-placed on anot
 - **Relay**: two loops, one per direction, each awaiting the other side before it takes the next
   message (gRPC's flow control pushes back through them), so the gateway holds at most a message
   each way per stream: a client that reads slowly stalls the worker's stream, where the worker
-  drops frames (counted) rather than buffering them. When either side ends, both are cancelled.
+  drops its oldest frames (counted; the reader gets the live edge, H.264 from an IDR) rather than
+  buffering them. Below the worker's send queue a stream holds the message the worker is writing,
+  the gateway's receive window for the stream (16 KiB: services.gateway.live_workers, no BDP
+  probing) and the message relayed; the client's own receive window is the client's (docs/limits.md).
+  When either side ends, both are cancelled.
   A worker's status reaches the client as it was (its message is written for people), UNAVAILABLE
   mid-stream with a note that the stream may be resumed.
 """
@@ -30,7 +34,7 @@ import grpc
 
 from lipline.v1 import live_pb2_grpc, session_pb2
 from services.gateway.live_workers import GONE, LiveWorkerError, LiveWorkers, call_metadata
-from services.gateway.sessions import require_active, session_to_proto, stream_session
+from services.gateway.sessions import check_last_frame, require_active, session_to_proto, stream_session
 from services.jobs.store.jobs import JobStore
 from services.jobs.store.sessions import SessionRow
 from services.serving.errors import InvalidRequest
@@ -205,6 +209,7 @@ async def converse(
     requests = aiter(requests)  # one iterator: the start is read from it, the rest relayed
     start = await first_start(requests)
     row = await stream_session(jobs, tenant, start.session_id, start.resume_token)
+    check_last_frame(row, start.last_frame)
     call, first = await attach(jobs, workers, row, start, tenant, request_id)
     try:
         yield first

@@ -38,6 +38,15 @@ MAX_CHANNELS = 256  # channels kept to live workers; the least recently used bey
 # 120 s by default, and a call during the back-off fails UNAVAILABLE at once): a worker restarted on
 # the same address takes sessions again as soon as it is up.
 RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000))
+# A live stream's frames must wait in the worker's send queue, where a reader that fell behind loses
+# the oldest and gets the live edge (services/live/send_queue.py), not in gRPC's buffers below it,
+# which can only hand the past over. The gateway is the receiver of a worker's Converse stream, so
+# its window bounds what the worker's transport takes while the relay is not reading (its client is
+# not): a fixed 16 KiB, never grown by BDP probing (which grows it to megabytes on a fast link). A
+# frame larger than that still flows in one round trip: gRPC opens the window as far as the message a
+# pending read needs (docs/limits.md: what a live session holds below its send queue).
+LIVE_STREAM_WINDOW_BYTES = 16 * 1024
+LIVE_STREAM_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", LIVE_STREAM_WINDOW_BYTES))
 CLOSE_TIMEOUT_S = 5.0
 # A call to a worker that is going away (killed, draining, its server stopping) ends with one of
 # these, depending on the moment: gRPC says "Internal error from Core" or CANCELLED for a call cut
@@ -92,7 +101,7 @@ class LiveWorkers:
     def stub(self, address: str) -> live_pb2_grpc.LiveServiceStub:
         """A stub on the worker's channel (opened on first use, kept for the next call)."""
         channel = self._channels.pop(address, None) or open_channel(
-            address, self._max_message_bytes, extra_options=RECONNECT_OPTIONS
+            address, self._max_message_bytes, extra_options=RECONNECT_OPTIONS + LIVE_STREAM_OPTIONS
         )
         self._channels[address] = channel
         while len(self._channels) > MAX_CHANNELS:  # the least recently used: a worker long gone, most likely

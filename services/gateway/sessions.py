@@ -19,7 +19,9 @@ import dataclasses
 import hashlib
 import hmac
 import logging
+import math
 import secrets
+import time
 import uuid
 from typing import cast
 
@@ -30,7 +32,7 @@ from lipline.v1 import session_pb2
 from services.gateway.live_workers import LiveWorkers
 from services.gateway.settings import GatewaySettings
 from services.jobs.store.jobs import AvatarRecord, JobStore
-from services.jobs.store.sessions import SessionRow
+from services.jobs.store.sessions import CLOCK_SLACK_S, SessionRow
 from services.serving.errors import CorruptRecord, FailedPrecondition, InvalidRequest, NotFound, PermissionDenied
 
 _LOGGER = logging.getLogger(__name__)
@@ -177,6 +179,21 @@ def require_active(row: SessionRow) -> None:
     if not row.active:
         state = session_pb2.SessionState.Name(int(row.state))
         raise FailedPrecondition(f"session {row.id} is {state}: {row.error or 'it has ended'}; create a new one")
+
+
+def check_last_frame(row: SessionRow, last_frame: int, now: float | None = None) -> None:
+    """InvalidRequest for a ConverseStart's `last_frame` the session cannot have sent: below -1 (none),
+    or past the frame its clock has reached. The clock is the session's, wherever it runs: frame k is
+    due k / fps after its create_time (services/live/clock.py), with CLOCK_SLACK_S for the machines'
+    clocks. Checked here, before a resume could place the session on another worker."""
+    fps = session_to_proto(row).video.fps or 25.0
+    latest = math.floor(((time.time() if now is None else now) - row.create_time + CLOCK_SLACK_S) * fps)
+    if last_frame < -1 or last_frame > latest:
+        raise InvalidRequest(
+            f"last_frame {last_frame} is not a frame session {row.id} has sent (its clock is at frame "
+            f"{max(0, latest - math.floor(CLOCK_SLACK_S * fps))} at {fps:g} fps since it started): send the index "
+            "of the last frame received, or -1 for none"
+        )
 
 
 async def stream_session(jobs: JobStore, tenant: str, session_id: str, resume_token: str) -> SessionRow:

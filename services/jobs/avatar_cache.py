@@ -80,6 +80,19 @@ class AvatarCache:
                     self._open.popitem(last=False)
             return avatar
 
+    def release(self, avatar_id: str) -> None:
+        """Closes an open avatar: its crops, compositor and memory map go once nobody holds them. A live
+        worker calls it when the last session of the avatar ends, so that it keeps no memory for
+        sessions that closed; the local file stays, and the next `get` maps it again."""
+        with self._lock:
+            self._open.pop(avatar_id, None)
+
+    @property
+    def open_ids(self) -> list[str]:
+        """The avatars open now (least recently used first)."""
+        with self._lock:
+            return list(self._open)
+
     def _load(self, avatar_id: str) -> LocalAvatar:
         meta = load_meta(self._blobs, avatar_id)
         crops = load_crops(self._blobs, avatar_id)

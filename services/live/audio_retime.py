@@ -11,18 +11,20 @@ locked for as long as it plays.
 The queue (`SpeechQueue`): utterances in arrival order; the head one plays frame by frame (`take`);
 `clear` (barge-in) drops everything queued and says how far the head one had played. The queued,
 unplayed audio is bounded (`max_samples`): a client that sends faster than real time is refused
-(`TooLarge`, RESOURCE_EXHAUSTED) once the bound is reached, and never costs the worker more memory.
+(`NoCapacity`, RESOURCE_EXHAUSTED with `retry-after-ms`: when the queue will have played enough to
+take the chunk) once the bound is reached, and never costs the worker more memory.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from fractions import Fraction
 
 import numpy as np
 
-from services.serving.errors import TooLarge
+from services.serving.errors import NoCapacity
 
 
 def frame_start_sample(frame: int, rate: int, fps: Fraction) -> int:
@@ -110,13 +112,16 @@ class SpeechQueue:
         """Appends samples to the open utterance (opening one after an `end_utterance`); returns its id.
 
         Raises:
-            TooLarge: the queue would hold more than ``max_samples`` unplayed samples.
+            NoCapacity: the queue would hold more than ``max_samples`` unplayed samples; its
+                `retry_after_ms` is how long the queue takes to play enough to take the chunk.
         """
         samples = np.asarray(samples, dtype=np.int16)
-        if self._queued + len(samples) > self.max_samples:
-            raise TooLarge(
+        excess = self._queued + len(samples) - self.max_samples
+        if excess > 0:
+            raise NoCapacity(
                 f"speech queue full: {self._queued / self.rate:.2f} s of audio wait to be played, the limit is "
-                f"{self.max_samples / self.rate:.2f} s; send audio in real time (chunks of 10-100 ms as it plays)"
+                f"{self.max_samples / self.rate:.2f} s; send audio in real time (chunks of 10-100 ms as it plays)",
+                max(1, math.ceil(1000 * excess / self.rate)),
             )
         if not self._utterances or self._utterances[-1].ended:
             self._utterances.append(_Utterance(self._next_id, [], 0))

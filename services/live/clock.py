@@ -6,6 +6,12 @@ is ``t0 + ceil(k * 1e9 * den / num)`` ns, so frame k's slot is the same whenever
 `frame_at` is its exact inverse. Time comes from an injected monotonic source (``time.monotonic_ns``
 in a worker, a fake in tests).
 
+Why the session's start and not the worker's: a session resumed on another worker keeps its clock
+(frame k is due k / fps after the session was created, wherever it runs), so the indices, and the
+timestamps index / fps a player shows them at, follow the session's time: a gap while nobody held it
+shows as a gap, never as frames played early. The wall clock is the only clock two machines share
+(`started_at` turns the session's wall-clock start into this process's monotonic time).
+
 Why skip and never delay: the output is paced to the wall clock so that the re-timed audio and the
 frames stay locked. A frame that cannot be sent within its own slot (the worker was descheduled, an
 encode ran long) is dropped and counted; the next frame sent is the one due now, with its own
@@ -69,6 +75,15 @@ def exact_fps(fps: float | Fraction) -> Fraction:
             raise ValueError(f"fps must be positive, got {fps}")
         return fps
     return exact_rate(float(fps))
+
+
+def started_at(
+    wall_start_ns: int, monotonic_ns: Callable[[], int] = time.monotonic_ns, wall_ns: Callable[[], int] = time.time_ns
+) -> int:
+    """When a session that started at ``wall_start_ns`` (ns since the epoch: its row's create_time)
+    started, on the ``monotonic_ns`` clock: a FrameClock's t0. A start in the future (this machine's
+    wall clock is behind the one that created the session) counts as now."""
+    return monotonic_ns() - max(0, wall_ns() - wall_start_ns)
 
 
 class FrameClock:
@@ -138,14 +153,16 @@ class FrameClock:
         self._next = max(self._next, self.due_now())
 
     def continue_from(self, frame: int) -> None:
-        """Makes ``frame`` the frame due now, later ones at the fps from it (never earlier than the
-        clock already is). Why: a session resumed on another worker starts a new clock, and its
-        client's frame indices must go on after the last frame it received, not start again at 0."""
-        if frame <= self._next:
-            return
-        now = self._now()
-        self.t0 = now - -(-frame * NS_PER_S * self.fps.denominator // self.fps.numerator)
-        self._next = frame
+        """The next frame made is ``frame`` at the earliest, at its own time (t0 never moves; never
+        earlier than the clock already is). Why: a resumed stream goes on after the last frame its
+        client received, which another worker's clock (the same session clock, on another machine's
+        wall time) may have made a moment before this one's is due."""
+        self._next = max(self._next, frame)
+
+    def last_due(self, slack_s: float = 0.0) -> int:
+        """The last frame due by now plus ``slack_s``: no frame after it can have been made yet (a
+        resume's last_frame beyond it is impossible)."""
+        return self.frame_at(self._now() + round(slack_s * NS_PER_S))
 
     def sent(self, kind: FrameKind) -> None:
         """Counts a frame the caller made and sent (speech or idle)."""

@@ -1,8 +1,8 @@
 """FaceLink: a live worker's one long-lived Generate stream (and Upscale stream) for all its sessions.
 
 Why one stream per worker, not per session: the lipsync stage's cost is per message, not per frame
-(one replica answers ~2,600-3,000 messages a second whatever they carry; docs/architecture.md, and
-DESIGN.md section 9), so a worker with 100 speaking sessions must send one message per tick holding
+(one replica answers ~2,600-3,000 messages a second whatever they carry; docs/architecture.md,
+section 10, and docs/decisions.md), so a worker with 100 speaking sessions must send one message per tick holding
 a frame of each of them, not 100 messages. The stage's batcher then merges that message with every
 other worker's.
 
@@ -705,6 +705,9 @@ class FaceLink:
             if crop_set.share_key is not None:
                 del self._shared[crop_set.share_key]
             self._free_crops.extend(crop_set.indices)
+            for stream in (self._generate, self._upscale):  # its crops are not kept for the calls' lives
+                for call in stream.calls if stream is not None else ():
+                    call.sent.discard(crop_set)
 
     def _allocate_crop(self) -> int:
         if self._free_crops:

@@ -3,7 +3,8 @@
 A `SessionRunner` owns a `LiveSession` and one asyncio task that paces it: it waits for the next
 slot, takes it (`begin_tick`, on the event loop: it reads the faces' futures), composites and encodes
 it in the worker's thread pool (`render`), and queues the frame on the attached stream's bounded
-`SendQueue` (a client that reads slowly loses frames, counted; never the worker's memory).
+`SendQueue` (a client that reads slowly loses its oldest frames, counted, and gets the live edge,
+H.264 restarting at a forced IDR; never the worker's memory).
 
 Streams: at most one Converse stream is attached; a newer one takes over (the older one ends
 ABORTED). With no stream attached the session makes no frames (nobody would see them): the queued
@@ -14,7 +15,8 @@ CloseSession, by its `max_session_seconds`, or after `idle_timeout_s` with no st
 Wire conventions (protos/lipline/v1/session.proto): utterances are numbered from 1 on the wire (0 is
 "idle"); a frame's `audio` is its own re-timed input (silence while idle), preceded by the audio of
 the slots skipped right before it, so the audio a client concatenates has no hole (a frame dropped
-for a slow reader goes with its audio: both are counted lost).
+for a slow reader goes with its audio: both are counted lost, and the gap in the indices is the gap
+in the audio; each frame's audio ends where its slot does, so the two stay locked).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -71,7 +74,10 @@ class SessionRunner:
         metrics: Metrics,
         send_queue_frames: int,
         on_end: Callable[[SessionRunner], None],
+        send_lag_s: float | None = None,
     ) -> None:
+        """`send_queue_frames`, `send_lag_s`: the bounds of each stream's SendQueue (frames; how far
+        behind the newest frame a queued one may fall, None: no such bound)."""
         self.session_id = session_id
         self.tenant = tenant
         self.proto = proto
@@ -79,6 +85,7 @@ class SessionRunner:
         self.pool = pool
         self.metrics = metrics
         self.send_queue_frames = send_queue_frames
+        self.send_lag_frames = None if send_lag_s is None else math.ceil(send_lag_s * live.clock.fps)
         self.on_end = on_end
         self.max_session_s = proto.limits.max_session_seconds
         self.idle_timeout_s = proto.limits.idle_timeout_seconds
@@ -112,10 +119,9 @@ class SessionRunner:
             return
         self.ending = Ending(state, error, code)
         if self.stream is not None:
-            if code == grpc.StatusCode.OK:
-                self.stream.close()
-            else:
-                self.stream.abort(StreamEnded(code, error))
+            # What is queued is not sent: the session is over (its frames and their memory go now,
+            # even when the reader has stopped reading and its stream stays open).
+            self.stream.abort(None if code == grpc.StatusCode.OK else StreamEnded(code, error))
         self._ended.set()
         self._attached.set()
         self.on_end(self)
@@ -133,7 +139,7 @@ class SessionRunner:
             self.stream.abort(
                 StreamEnded(grpc.StatusCode.ABORTED, f"a newer Converse stream took session {self.session_id}")
             )
-        self.stream = SendQueue(self.send_queue_frames)
+        self.stream = SendQueue(self.send_queue_frames, self.send_lag_frames)
         self.half_closed = False
         self._carried_audio = b""
         self.live.clock.skip_to_now()
@@ -191,6 +197,7 @@ class SessionRunner:
                 if work.pending is not None:  # its face is not back yet: wait for it within the grace
                     await self._wait_for_face(work)
                     self.live.settle(work)
+                self.make_room(stream, work.frame)
                 tick = await loop.run_in_executor(self.pool, self.live.render, work)
                 if (
                     self.stream is stream
@@ -262,15 +269,11 @@ class SessionRunner:
             arrived_ns = None
             if tick.latency_s is not None:
                 arrived_ns = time.monotonic_ns() - round(tick.latency_s * NS_PER_S)
-            if stream.put_frame(session_pb2.ConverseResponse(frame=frame), arrived_ns):
-                m.live_frames.labels(tick.kind.value).inc()
-                if tick.kind is FrameKind.IDLE and self._clear_at is not None:
-                    m.live_clear_seconds.observe(time.monotonic() - self._clear_at)
-                    self._clear_at = None
-            else:
-                self.dropped += 1
-                m.live_frames.labels("dropped").inc()
-                self.live.force_keyframe()  # the frames after a dropped one decode again (its audio is lost with it)
+            response = session_pb2.ConverseResponse(frame=frame)
+            self._count_dropped(stream.put_frame(response, frame.index, frame.keyframe, arrived_ns), stream)
+            if tick.kind is FrameKind.IDLE and self._clear_at is not None:
+                m.live_clear_seconds.observe(time.monotonic() - self._clear_at)
+                self._clear_at = None
         now = time.monotonic()
         if now >= self._next_stats:
             self._next_stats = now + STATS_EVERY_S
@@ -278,21 +281,42 @@ class SessionRunner:
         if self.half_closed and not self.live.playing:
             stream.close()  # the client sent everything and it has played
 
+    def make_room(self, stream: SendQueue, frame: int) -> None:
+        """Before `frame` is made: a reader behind by a bound loses its oldest frames now, and when
+        that breaks the reference chain, this frame is made a keyframe (rather than lost too)."""
+        self._count_dropped(stream.make_room(frame), stream)
+
+    def _count_dropped(self, dropped: int, stream: SendQueue) -> None:
+        """Frames the stream's queue dropped for a slow reader (with their audio): counted in the
+        stats and `lipline_live_frames_total{kind="dropped"}`; when no decodable frame is left queued,
+        the next frame made is a keyframe (an H.264 IDR), so the reader decodes again from it."""
+        if dropped:
+            self.dropped += dropped
+            self.metrics.live_frames.labels("dropped").inc(dropped)
+        if stream.need_keyframe:
+            self.live.force_keyframe()
+
     def _frame_audio(self, tick: Tick) -> bytes:
-        """The frame's re-timed audio, after that of the slots skipped before it (silence where idle)."""
+        """The frame's re-timed audio, after that of the slots skipped before it (silence where idle).
+        A slot is never short: an utterance's last frame, whose input ends inside the slot, is
+        filled with silence to the slot's end, so the audio concatenated stays as long as the frames."""
         by_frame = {a.frame: a.samples for a in tick.audio}
         rate, fps = self.live.sample_rate, self.live.clock.fps
         parts = []
         for frame in [*tick.skipped, tick.slot]:
+            start, stop = frame_sample_range(frame, rate, fps)
             samples = by_frame.get(frame)
             if samples is None:
-                start, stop = frame_sample_range(frame, rate, fps)
                 samples = np.zeros(stop - start, np.int16)
             parts.append(samples.astype("<i2", copy=False).tobytes())
+            if len(samples) < stop - start:
+                parts.append(bytes(2 * (stop - start - len(samples))))
         return b"".join(parts)
 
-    def observe_sent(self, arrived_ns: int | None) -> None:
-        """The writer sent a frame: its latency (audio arrived -> frame sent) when it is a speech frame."""
+    def observe_sent(self, response: session_pb2.ConverseResponse, arrived_ns: int | None) -> None:
+        """The writer sent a frame: counted by kind (a frame still queued may yet be dropped, so it
+        counts when it goes), and its latency (audio arrived -> frame sent) when it is a speech frame."""
+        self.metrics.live_frames.labels(FrameKind.SPEECH.value if response.frame.speech else FrameKind.IDLE.value).inc()
         if arrived_ns is None:
             return
         latency = (time.monotonic_ns() - arrived_ns) / NS_PER_S

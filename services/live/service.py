@@ -41,8 +41,8 @@ import numpy as np
 from lipline.v1 import lipsync_pb2_grpc, live_pb2, live_pb2_grpc, session_pb2, superres_pb2_grpc
 from services.jobs.avatar_cache import AvatarCache, LocalAvatar
 from services.jobs.store import close_stores, open_stores
-from services.jobs.store.sessions import SessionState
-from services.live.clock import FrameClock, FrameKind
+from services.jobs.store.sessions import CLOCK_SLACK_S, SessionState
+from services.live.clock import FrameClock, FrameKind, started_at
 from services.live.encoders import DEFAULT_CRF, H264Encoder, JpegEncoder
 from services.live.face_link import FaceLink, FaceLinkSettings, avatar_reference_faces
 from services.live.frame_size import i420_scaler, output_size
@@ -94,6 +94,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             str, asyncio.Task
         ] = {}  # a session's end being written to the store (CloseSession waits for it)
         self._link_seen: dict[str, int] = {}
+        self._avatar_users: dict[str, int] = {}  # avatar id -> sessions open on it (the avatar is closed at 0)
 
     async def load(self) -> None:
         s = self.settings
@@ -185,6 +186,19 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         if asked.super_resolution and not s.superres_address:
             raise InvalidRequest("super-resolution was asked for, but this live worker has no superres stage")
         avatar: LocalAvatar = await asyncio.to_thread(self.cache.get, asked.avatar_id)
+        self._avatar_users[asked.avatar_id] = self._avatar_users.get(asked.avatar_id, 0) + 1
+        try:
+            return await self._start(request, avatar)
+        except BaseException:
+            self._release_avatar(asked.avatar_id)
+            raise
+
+    async def _start(self, request: live_pb2.OpenSessionRequest, avatar: LocalAvatar) -> SessionRunner:
+        """The session on its avatar (open, counted in `_avatar_users`): its encoder, lease, face link
+        registration and runner."""
+        s, asked = self.settings, request.session
+        rate = asked.audio.sample_rate or 16000
+        video, limits = asked.video, asked.limits
         meta = avatar.meta
         width, height = output_size(meta.width, meta.height, video.max_height, asked.width, asked.height)
         fps = video.fps or meta.fps or 25.0
@@ -217,7 +231,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                     shared_as=(meta.id, asked.super_resolution),
                 )
             link, loop = self.link, asyncio.get_running_loop()
-            clock = FrameClock(fps)
+            clock = FrameClock(fps, t0=_session_start(asked))
 
             def submit_face(frame: int, template: int, window: Any, due_ns: int) -> Any:
                 crop = crop_of.get(template)
@@ -251,6 +265,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 self.metrics,
                 s.send_queue_frames,
                 self._ended,
+                send_lag_s=s.send_lag_s,
             )
             self.sessions[session_id] = runner
         except BaseException:  # nothing of a session that could not open stays behind: its crops, its lease
@@ -298,7 +313,14 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 f"session {session_id!r} is not held by this live worker (it ended, or moved: resume it through the gateway)"
             )
         # last_frame: unset reads 0, and a client that saw only frame 0 loses nothing by starting anywhere after it
-        stream = runner.attach(first.start.last_frame if first.start.last_frame > 0 else -1)
+        last_frame = first.start.last_frame
+        if last_frame < -1 or last_frame > runner.live.clock.last_due(CLOCK_SLACK_S):
+            raise InvalidRequest(
+                f"last_frame {last_frame} is not a frame session {session_id} has made (at most "
+                f"{runner.live.clock.last_due()} by now, on its clock since it started): send the index of the "
+                "last frame received, or -1"
+            )
+        stream = runner.attach(last_frame if last_frame > 0 else -1)
         self._export_gauges()
         reader = asyncio.create_task(self._read(runner, stream, iterator), name=f"live-read-{session_id}")
         try:
@@ -308,9 +330,9 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                     response, arrived_ns = await stream.get()
                 except StreamClosed:
                     break
-                yield response
+                yield response  # returns once gRPC has taken it: flow control holds the rest here, bounded
                 if response.WhichOneof("response") == "frame":
-                    runner.observe_sent(arrived_ns)
+                    runner.observe_sent(response, arrived_ns)
             if stream.error is not None:
                 raise stream.error
         finally:
@@ -372,6 +394,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         if self.sessions.get(runner.session_id) is runner:
             del self.sessions[runner.session_id]
         self.link.unregister(runner.session_id)
+        self._release_avatar(runner.proto.avatar_id)
         self._export_gauges()
         ending = runner.ending
         assert ending is not None
@@ -395,6 +418,28 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                     self._row_updates.pop(session_id, None) if self._row_updates.get(session_id) is task else None
                 )
             )
+
+    def _release_avatar(self, avatar_id: str) -> None:
+        """One session fewer on the avatar; the last one closes it (its memory goes with the session)."""
+        users = self._avatar_users.get(avatar_id, 0) - 1
+        if users > 0:
+            self._avatar_users[avatar_id] = users
+            return
+        self._avatar_users.pop(avatar_id, None)
+        self.cache.release(avatar_id)
+
+    def footprint(self) -> dict[str, int]:
+        """What this worker holds for its sessions, by where: every figure is 0 once every session has
+        ended (what a closed session leaves behind is a leak; tests/unit/live/test_service.py)."""
+        return {
+            "sessions": len(self.sessions),
+            "opening": self.opening,
+            "row_updates": len(self._row_updates),
+            "avatars_in_use": len(self._avatar_users),
+            "avatars_open": len(self.cache.open_ids),
+            "link_sessions": self.link.sessions,
+            "link_crops": self.link.crops_in_use,
+        }
 
     def _spawn(self, coroutine: Any) -> asyncio.Task:
         task = asyncio.create_task(coroutine)
@@ -474,6 +519,14 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         if hasattr(self, "clients"):
             await self.clients.close()
         close_stores(getattr(self, "jobs", None), getattr(self, "blobs", None))
+
+
+def _session_start(session: session_pb2.Session) -> int | None:
+    """The session's frame clock's t0 on this process's monotonic clock: from its create_time (the
+    gateway's row), so that it keeps its numbering on whichever worker holds it; None (now) without one."""
+    if session.create_time.seconds <= 0:
+        return None
+    return started_at(session.create_time.ToNanoseconds())
 
 
 def _warm_up() -> None:

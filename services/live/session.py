@@ -235,7 +235,8 @@ class LiveSession:
 
         Raises:
             InvalidMedia: an odd byte count. InvalidRequest: a chunk over `max_chunk_ms`.
-            TooLarge: the speech queue's bound (the chunk is dropped whole, nothing else changes).
+            NoCapacity: the speech queue's bound (RESOURCE_EXHAUSTED with `retry-after-ms`; the chunk is
+                dropped whole, nothing else changes).
         """
         samples = pcm_int16(pcm)
         if len(samples) * 1000 > self.max_chunk_ms * self.sample_rate:

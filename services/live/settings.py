@@ -62,7 +62,14 @@ class LiveSettings(FaceWorkerSettings):
     )
     send_queue_frames: int = setting(
         50,
-        "frames queued per Converse stream for a client that reads slowly (2 s at 25 fps); beyond it frames are dropped (counted)",
+        "frames queued per Converse stream for a client that reads slowly (2 s at 25 fps); beyond it the oldest are dropped (counted)",
+    )
+    # Why 1 s: a viewer that fell behind (it stopped reading, its link stalled) wants the present;
+    # frames older than this are dropped, oldest first, and H.264 restarts at a forced IDR.
+    send_lag_s: float = setting(
+        1.0,
+        "a frame queued for a Converse stream this far behind the newest is dropped, oldest first "
+        "(a slow reader gets the live edge, H.264 from a forced IDR; counted)",
     )
     lease_s: float = setting(
         10.0, "a session's lease in the job store; a worker that stops renewing it loses its sessions after this long"
@@ -96,6 +103,8 @@ class LiveSettings(FaceWorkerSettings):
             problems.append(f"face_flush_ms must be in (0, 1000] ms, got {self.face_flush_ms}")
         if self.send_queue_frames < 1:
             problems.append(f"send_queue_frames must be >= 1, got {self.send_queue_frames}")
+        if not 0 < self.send_lag_s <= 60:
+            problems.append(f"send_lag_s must be in (0, 60] s, got {self.send_lag_s}")
         if self.lease_s <= 2 * self.heartbeat_s:
             problems.append(f"lease_s ({self.lease_s}) must be more than twice heartbeat_s ({self.heartbeat_s})")
         if self.avatar_cache_bytes < 1 or self.encode_threads < 0:

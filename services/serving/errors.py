@@ -48,8 +48,9 @@ class TooLarge(LiplineError):
 
 
 class NoCapacity(TooLarge):
-    """Nothing has room for the request now (every live worker is full): RESOURCE_EXHAUSTED with the
-    trailing metadata `retry-after-ms`, so a client backs off for as long as the server suggests."""
+    """Nothing has room for the request now (every live worker is full, a live session's speech queue
+    is): RESOURCE_EXHAUSTED with the trailing metadata `retry-after-ms`, so a client backs off for as
+    long as the server suggests."""
 
     def __init__(self, message: str, retry_after_ms: int = 1000) -> None:
         super().__init__(message)

@@ -11,6 +11,7 @@ then admission with the one worker left, and a drain.
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 import threading
 import time
@@ -18,14 +19,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import av
 import grpc
 import numpy as np
 import pytest
 
-from lipline.v1 import session_pb2
+from lipline.v1 import gateway_pb2_grpc, session_pb2
 from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import frame_audio, pcm_chunks, pcm_of_audio, run_session, write_mp4
+from services.gateway.live_workers import LIVE_STREAM_WINDOW_BYTES
 from services.jobs.store import open_job_store
 from services.jobs.store.jobs import JobStore
 from services.jobs.store.sessions import SessionRow
@@ -217,6 +220,136 @@ def test_a_cut_stream_resumes_on_the_same_worker(live: Live) -> None:
     live.client.close_session(session.id)
 
 
+CLIENT_WINDOW = 16 * 1024  # the slow reader's own receive window: gRPC's BDP probing off (docs/limits.md)
+STALL_S = 7.0  # the issue's 20 s behaves the same: what matters is that the stall outlasts every buffer
+
+
+class SlowReader:
+    """A Converse stream through the gateway whose reader stops reading for a while (a viewer whose app
+    stalled), then reads again. Its channel keeps gRPC's receive window at 16 KiB (no BDP probing): what
+    the client's own transport takes while it does not read is the client's, and docs/limits.md
+    advises a client that wants the live edge after a stall to keep it small."""
+
+    def __init__(self, address: str, session: session_pb2.Session) -> None:
+        options = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", CLIENT_WINDOW)]
+        self.channel = grpc.insecure_channel(address, options=options)
+        self.requests: queue.Queue = queue.Queue()
+        start = session_pb2.ConverseStart(session_id=session.id, resume_token=session.resume_token)
+        self.requests.put(session_pb2.ConverseRequest(start=start))
+        self.call = gateway_pb2_grpc.GatewayStub(self.channel).Converse(iter(self.requests.get, None))
+        self.reading = threading.Event()
+        self.reading.set()
+        self.frames: list[session_pb2.VideoFrame] = []
+        self.sizes: list[int] = []  # each frame's message, as it came over the wire
+        self.stats: list[session_pb2.SessionStats] = []
+        self.error: grpc.RpcError | None = None
+        self.thread = threading.Thread(target=self._receive, daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> None:
+        try:
+            for response in self.call:
+                self.reading.wait()
+                kind = response.WhichOneof("response")
+                if kind == "frame":
+                    self.frames.append(response.frame)
+                    self.sizes.append(response.ByteSize())
+                elif kind == "stats":
+                    self.stats.append(response.stats)
+        except grpc.RpcError as exc:
+            self.error = exc
+
+    def wait(self, check, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+        def ok() -> bool:
+            assert self.error is None, f"the stream ended: {self.error.code()} {self.error.details()}"
+            return bool(check())
+
+        eventually(ok, timeout=timeout, what=what, every=0.02)
+
+    def cut(self) -> None:
+        self.call.cancel()
+        self.requests.put(None)
+        self.thread.join(10)
+        self.channel.close()
+
+
+def nal_types(access_unit: bytes) -> set[int]:
+    """The NAL unit types in an Annex B access unit (5: an IDR slice, 7: SPS, 8: PPS)."""
+    return {access_unit[i + 3] & 0x1F for i in range(len(access_unit) - 3) if access_unit[i : i + 3] == b"\0\0\1"}
+
+
+def worker_metric(live: Live, worker: str, name: str, **labels: str) -> float:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = live.cluster.processes[worker].metrics_port
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+@pytest.mark.parametrize(
+    "codec", [session_pb2.VIDEO_CODEC_H264, session_pb2.VIDEO_CODEC_JPEG], ids=["h264", "jpeg_quality_100"]
+)
+def test_a_reader_that_stops_reading_gets_the_live_edge_when_it_reads_again(live: Live, codec: int) -> None:
+    """Issue 29: a client stops reading for a while (idle frames: tiny P-frames, the case where
+    gRPC's buffers held the whole stall), then reads again. It gets what gRPC had taken before it
+    stopped (bounded in bytes: the gateway's 16 KiB window for the worker's stream, its own window,
+    the few messages in hand), then frames from the live edge, starting at a keyframe (an IDR);
+    the frames in between were dropped, oldest first, and counted in the stats and the metric."""
+    quality = 100 if codec == session_pb2.VIDEO_CODEC_JPEG else 0
+    session = live.client.create_session(live.avatar_id, codec=codec, jpeg_quality=quality)
+    worker = live.worker_of(session.id)
+    reader = SlowReader(live.cluster.gateway_address, session)
+    reader.wait(lambda: len(reader.frames) > 25, "frames before the stall")
+    reader.reading.clear()
+    time.sleep(0.1)  # a frame being recorded as it was cleared is in
+    before, last = len(reader.frames), reader.frames[-1].index
+    time.sleep(STALL_S)
+    resumed_at = time.time()
+    reader.reading.set()
+    created = session.create_time.ToNanoseconds() / 1e9
+    live_edge = math.floor((resumed_at - created) * FPS)  # the frame due when the reader read again
+    reader.wait(lambda: reader.frames[-1].index > live_edge + FPS, "a second of frames from the live edge")
+    after = reader.frames[before:]
+    split = next(i for i, f in enumerate(after) if f.index >= live_edge - 3 * FPS)  # the past, then the present
+    past, present = after[:split], after[split:]
+    past_bytes, biggest = sum(reader.sizes[before : before + split]), max(reader.sizes)
+    print(
+        f"after a {STALL_S:g} s stall: {len(past)} frames of the past ({past_bytes} bytes), then frame "
+        f"{present[0].index} with the live edge at {live_edge} ({(live_edge - present[0].index) / FPS:.2f} s behind)"
+    )
+    # The past is what gRPC had taken before the reader stopped: frames right after the last one read,
+    # bounded in bytes by the windows and the messages in hand (4: the worker's, the gateway's, the
+    # reader's own, one to spare), never the stall's frames (JPEG: the send queue's, H.264: all of them).
+    assert all(b.index > a.index for a, b in zip(after, after[1:]))
+    assert not past or past[0].index <= last + 2 * FPS
+    assert past_bytes <= LIVE_STREAM_WINDOW_BYTES + CLIENT_WINDOW + 4 * biggest, (len(past), past_bytes, biggest)
+    # The present starts at a keyframe (H.264: an IDR with its SPS and PPS) within a second of the live edge.
+    first = present[0]
+    assert first.keyframe and first.index >= live_edge - 1.5 * FPS, (first.index, live_edge)
+    if codec == session_pb2.VIDEO_CODEC_H264:
+        assert {5, 7, 8} <= nal_types(first.data), nal_types(first.data)
+        decoder = av.CodecContext.create("h264", "r")
+        pictures = [p for f in present for p in decoder.decode(av.Packet(f.data))] + decoder.decode(None)
+        assert len(pictures) == len(present)  # a decoder starts there and never stumbles
+    # The frames between are dropped (with their audio) and counted, in the stats and the metric.
+    missing = first.index - (past[-1].index if past else last) - 1
+    reader.wait(
+        lambda: reader.stats and reader.stats[-1].frames_dropped + reader.stats[-1].frames_skipped >= missing,
+        "stats counting the frames dropped",
+    )
+    assert reader.stats[-1].frames_dropped > 0
+    assert worker_metric(live, worker, "lipline_live_frames_total", kind="dropped") >= reader.stats[-1].frames_dropped
+    assert first.audio and len(first.audio) % (2 * RATE // FPS) == 0  # whole slots: its own (and skipped ones')
+    reader.cut()
+    live.client.close_session(session.id)
+
+
 def test_a_killed_worker_loses_its_session_to_the_other(live: Live) -> None:
     session = live.client.create_session(live.avatar_id)
     doomed = live.worker_of(session.id)
@@ -226,15 +359,28 @@ def test_a_killed_worker_loses_its_session_to_the_other(live: Live) -> None:
     talk.thread.join(20)
     assert talk.error is not None and talk.error.code() == grpc.StatusCode.UNAVAILABLE, talk.error
     assert "resume" in talk.error.details()
-    started = time.monotonic()
+    time.sleep(2.0)  # nobody holds the session for a while: its frames must show the gap
+    started, resumed_at = time.monotonic(), time.time()
     resumed = Stream(live.client, session, last_frame=talk.frames[-1].index)
     resumed.wait(lambda: len(resumed.frames) > 5, "frames from the other worker")
     print(f"resume after SIGKILL: first frames within {time.monotonic() - started:.2f} s")
     survivor = next(n for n in LIVE if n != doomed)
     assert live.worker_of(session.id) == survivor and resumed.frames[0].keyframe and steady(resumed.frames)
+    # The other worker numbers frames on the session's clock (frame k is due k / fps after it was
+    # created), not on from the last frame: its first frame is one due after the resume began, never
+    # before it (0.5 s for the machines' clocks, which here are one).
+    created = session.create_time.ToNanoseconds() / 1e9
+    first = resumed.frames[0].index
+    assert created + first / FPS >= resumed_at - 0.5, (first, talk.frames[-1].index)
+    assert created + first / FPS <= time.time() + 0.5  # and no frame ahead of the clock
     resumed.say(live.speech[:RATE])
     resumed.wait(lambda: resumed.finished, "speech on the other worker")
     assert any(f.speech for f in resumed.frames)
+    # Audio and video stay locked: every frame carries its slot's audio (and that of any slot skipped
+    # just before it), so the audio received covers exactly the slots from the first frame to the last.
+    frames = list(resumed.frames)
+    audio = sum(len(f.audio) for f in frames) // 2
+    assert audio == (frames[-1].index - frames[0].index + 1) * RATE // FPS
     resumed.cut()
     live.client.close_session(session.id)
 

@@ -457,6 +457,8 @@ def test_a_client_sending_faster_than_real_time_is_refused(worker: Worker, speec
         and talk.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         and "real time" in talk.error.details()
     )
+    # A back-off hint, as every RESOURCE_EXHAUSTED refusal carries: when the queue will have room.
+    assert int(dict(talk.error.trailing_metadata())["retry-after-ms"]) > 0
     worker.close(session.id)
 
 
@@ -466,10 +468,17 @@ def test_a_dropped_stream_leaves_the_session_alive_and_a_resume_starts_on_a_keyf
     talk.wait_for(lambda: len(talk.frames) > 60, what="frames")  # past the first keyframe's 2 s interval
     talk.cancel()
     last = talk.frames[-1][1].index
-    time.sleep(0.5)
-    resumed = Conversation(worker, session.id, last_frame=last + 1000)  # as if it had run on another worker before
+    time.sleep(1.0)
+    # A frame the session's clock cannot have made yet: INVALID_ARGUMENT, and the session lives on.
+    for impossible in (10**12, last + 1000):
+        bogus = Conversation(worker, session.id, last_frame=impossible)
+        bogus.thread.join(10)
+        assert bogus.error is not None and bogus.error.code() == grpc.StatusCode.INVALID_ARGUMENT, bogus.error
+        assert f"last_frame {impossible} is not a frame" in bogus.error.details()
+    resumed = Conversation(worker, session.id, last_frame=last)
     resumed.wait_for(lambda: len(resumed.frames) > 3, what="frames after the resume")
-    assert resumed.ready is not None and resumed.ready.next_frame == last + 1001
+    # The numbering is the session's clock: the second without a stream is a gap of 25 frames at least.
+    assert resumed.ready is not None and resumed.ready.next_frame >= last + 25
     first = resumed.frames[0][1]
     assert first.keyframe and first.index >= resumed.ready.next_frame
     frames = [f for _, f in resumed.frames]  # one snapshot: the stream goes on adding frames meanwhile

@@ -33,6 +33,13 @@ from collections.abc import Iterable
 FOREVER = 1e12
 
 
+#: A live session's frame clock runs from its `create_time` on whichever live worker holds it (frame k
+#: is due k / fps after it: a resume elsewhere goes on with the same numbering, a gap shows as a gap).
+#: Two machines' wall clocks differ by milliseconds under NTP; a resume's `last_frame` may name a frame
+#: this far past the one due now before it is refused as one the session could not have made.
+CLOCK_SLACK_S = 1.0
+
+
 class SessionState(enum.IntEnum):
     """The same numbers as lipline.v1.SessionState."""
 

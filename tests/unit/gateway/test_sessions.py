@@ -21,6 +21,7 @@ from services.gateway.converse import converse
 from services.gateway.live_workers import LiveWorkerError, LiveWorkers
 from services.gateway.sessions import (
     SessionRequest,
+    check_last_frame,
     close_session,
     create_session,
     output_size,
@@ -415,6 +416,27 @@ def test_converse_refuses_a_bad_start_a_wrong_token_another_tenant_and_an_ended_
     with_workers(jobs, {"a": 2}, test)
 
 
+def test_a_resume_from_a_frame_the_session_cannot_have_made_is_refused(jobs: JobStore) -> None:
+    """The session's clock runs from its create_time (frame k due k / fps after it, on any worker): a
+    last_frame past the frame due now (and CLOCK_SLACK_S for machines' clocks) or below -1 is
+    INVALID_ARGUMENT, before a resume could place the session anywhere."""
+
+    async def test(c: Cluster) -> None:
+        sid, token = await c.create()
+        for bad in (10**12, 25 * 10, -2):  # 10 s of frames ahead of a session made a moment ago
+            with pytest.raises(InvalidRequest, match=f"last_frame {bad} is not a frame session {sid} has sent"):
+                await c.talk(sid, token, last_frame=bad)
+        assert c.workers["a"].starts == []
+        row = await jobs.get_session(TENANT, sid)
+        check_last_frame(row, 25 * 60, now=row.create_time + 60)  # a minute on: frame 1,500 was made
+        with pytest.raises(InvalidRequest, match="its clock is at frame 1500 at 25 fps"):
+            check_last_frame(row, 25 * 62, now=row.create_time + 60)
+        responses = await c.talk(sid, token, last_frame=5)
+        assert responses[0].ready.next_frame == 6
+
+    with_workers(jobs, {"a": 2}, test)
+
+
 def test_a_second_start_on_a_stream_ends_it(jobs: JobStore) -> None:
     async def test(c: Cluster) -> None:
         sid, token = await c.create()
@@ -437,8 +459,8 @@ def test_a_resume_after_the_worker_died_lands_on_another_and_continues(jobs: Job
         assert (await jobs.get_session(TENANT, sid)).worker_id == "a"
         await c.workers["b"].heartbeat()
         await first.kill()  # its lease is still live: it answers UNAVAILABLE at the start
-        responses = await c.talk(sid, token, chunks=2, last_frame=41)
-        assert responses[0].ready.next_frame == 42 and [r.frame.index for r in responses[1:]] == [42, 43]
+        responses = await c.talk(sid, token, chunks=2, last_frame=11)  # within the session's first second
+        assert responses[0].ready.next_frame == 12 and [r.frame.index for r in responses[1:]] == [12, 13]
         assert c.workers["b"].opened == [(sid, TENANT, True)]
         assert (await jobs.get_session(TENANT, sid)).worker_id == "b"
 

@@ -135,9 +135,14 @@ def test_clear_before_the_first_frame_played() -> None:
 def test_a_client_faster_than_real_time_is_refused_at_the_bound() -> None:
     queue = SpeechQueue(16000, Fraction(25), max_samples=8000)
     queue.push(np.ones(8000, np.int16))
-    with pytest.raises(TooLarge, match="send audio in real time"):
+    with pytest.raises(TooLarge, match="send audio in real time") as refused:
         queue.push(np.ones(1, np.int16))
-    assert queue.queued_samples == 8000  # the refused chunk left nothing behind
+    # RESOURCE_EXHAUSTED with a back-off hint, as every refusal: when the queue has played enough for it
+    assert refused.value.trailing_metadata() == (("retry-after-ms", "1"),)
+    with pytest.raises(TooLarge) as refused:
+        queue.push(np.ones(1600, np.int16))
+    assert refused.value.trailing_metadata() == (("retry-after-ms", "100"),)  # 1,600 samples at 16 kHz
+    assert queue.queued_samples == 8000  # the refused chunks left nothing behind
     queue.take()
     queue.push(np.ones(640, np.int16))  # playing made room
     assert queue.queued_samples == 8000

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from services.live.clock import NS_PER_S, FrameClock, FrameKind, Slot
+from services.live.clock import NS_PER_S, FrameClock, FrameKind, Slot, started_at
 
 
 class FakeClock:
@@ -102,16 +102,31 @@ def test_a_given_t0_and_a_bad_rate() -> None:
         FrameClock(Fraction(-1), fake)
 
 
-def test_continue_from_moves_the_numbering_on_never_back() -> None:
-    """A session resumed on another worker goes on after the client's last frame."""
+def test_a_resumed_stream_goes_on_after_the_last_frame_on_the_sessions_clock() -> None:
+    """The numbering is the session's: t0 never moves. A client that got frame 13 from another worker
+    (its clock a little ahead) gets frame 14 next, when it is due; a last frame in the past changes nothing."""
     fake = FakeClock()
     clock = FrameClock(25, fake)
-    fake.advance(0.5)
-    clock.continue_from(1000)
-    assert clock.due_now() == 1000 and clock.take() == Slot(1000, range(1000, 1000))
+    t0 = clock.t0
+    fake.advance(0.48)  # frame 12 is due
+    clock.skip_to_now()
+    clock.continue_from(14)
+    assert clock.take() is None and clock.seconds_until_next() == pytest.approx(0.08)
+    fake.advance(0.08)
+    assert clock.take() == Slot(14, range(14, 14)) and clock.t0 == t0
     assert clock.counts.skipped == 0
-    fake.advance(0.04)
-    assert clock.take() == Slot(1001, range(1001, 1001))
     clock.continue_from(10)  # never back: the encoder's pts only grow
     fake.advance(0.04)
-    assert clock.take().frame == 1002
+    assert clock.take().frame == 15
+    assert clock.last_due() == 15 and clock.last_due(1.0) == 40
+
+
+def test_a_session_started_elsewhere_keeps_its_start() -> None:
+    """started_at: the session's wall-clock start on this process's monotonic clock, so a worker that
+    takes the session over numbers its frames from the session's start, not its own."""
+    mono, wall = FakeClock(100 * NS_PER_S), FakeClock(1_700_000_000 * NS_PER_S)
+    t0 = started_at(wall.t - 10 * NS_PER_S, mono, wall)  # created 10 s ago on another machine
+    assert t0 == mono.t - 10 * NS_PER_S
+    clock = FrameClock(25, mono, t0=t0)
+    assert clock.take() == Slot(250, range(0, 250))  # frame 250 is due: 10 s at 25 fps
+    assert started_at(wall.t + NS_PER_S, mono, wall) == mono.t  # a start "in the future": now

@@ -3,6 +3,11 @@ process), and a small LipSyncService servicer in the test where a failure has to
 
 The servicer answers like the stage (faces in request order, the crop resized to its paste size, or
 96x96 with raw_size) and keeps every request of every stream, so the tests can count messages.
+
+Every test holds on a loaded 2-core machine: faces get a generous deadline (`RELAXED`) wherever
+lateness is not what the test is about, a test waits for what it needs to have happened rather than
+sleeping and hoping, and time limits are only upper bounds for "eventually". How many faces come
+back on time is a count that follows the CPU: bench/bench_live_link.py measures it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,16 @@ from services.serving.channels import StageFailed, open_channel
 from services.serving.errors import InvalidRequest
 
 MEL = np.full((80, 16), -1.0, np.float32)
+RELAXED = 10.0  # default_due_s where lateness is not under test: a loaded machine never makes a face late
+
+
+async def eventually(check, timeout: float = 10.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
+    """Waits (on the event loop) until `check()` holds; fails after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
 
 
 def solid_crop(bgr: tuple[int, int, int], paste: tuple[int, int] = (120, 130)) -> ReferenceFace:
@@ -51,6 +66,7 @@ class RecordingLipSync(lipsync_pb2_grpc.LipSyncServiceServicer):
         self.abort_next = False
         self.delay_s = 0.0
         self.half_closed = 0  # streams the client ended by closing its side (after every answer)
+        self.answered = 0  # messages with items answered, every stream
 
     def item_messages(self) -> list[lipsync_pb2.GenerateRequest]:
         return [r for stream in self.streams for r in stream if r.items.frame_indices]
@@ -78,6 +94,7 @@ class RecordingLipSync(lipsync_pb2_grpc.LipSyncServiceServicer):
             if any(c not in crops for c in indices):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an item names a crop this stream has not sent")
             faces = [crops[c] if request.raw_size else cv2.resize(crops[c], paste[c]) for c in indices]
+            self.answered += 1
             yield lipsync_pb2.GenerateResponse(
                 faces=PackedImages.from_arrays(faces).to_pb(list(request.items.frame_indices), indices)
             )
@@ -145,7 +162,8 @@ def assert_face(face: np.ndarray, bgr: tuple[int, int, int], size: tuple[int, in
 def test_many_sessions_share_one_message_per_tick() -> None:
     async def main() -> None:
         servicer = RecordingLipSync()
-        async with serving(servicer) as address, linked(address, FaceLinkSettings(flush_interval_s=0.04)) as link:
+        settings = FaceLinkSettings(flush_interval_s=0.04, default_due_s=RELAXED)
+        async with serving(servicer) as address, linked(address, settings) as link:
             sessions = 20
             for s in range(sessions):
                 link.register(("session", s), [solid_crop(colour_of(s))])
@@ -172,12 +190,14 @@ def test_a_full_message_goes_at_once_without_waiting_for_the_tick() -> None:
         settings = FaceLinkSettings(flush_interval_s=30.0, max_items_per_message=8, default_due_s=60.0)
         async with serving(servicer) as address, linked(address, settings) as link:
             link.register("a", [solid_crop((10, 200, 30))])
-            await asyncio.sleep(0.1)  # the first tick has sent the crops; the next is 30 s away
+            # Queued before the stream opens, so the stream's first tick (at once) sends it; once its
+            # face is back, that tick has passed and the next is 30 s away.
+            await link.submit("a", 100, 0, MEL)
             futures = [link.submit("a", i, 0, MEL) for i in range(20)]
-            await asyncio.wait_for(asyncio.gather(*futures[:16]), timeout=5.0)  # two full messages of 8 went at once
+            await asyncio.wait_for(asyncio.gather(*futures[:16]), timeout=30.0)  # two full messages of 8 went at once
             await asyncio.sleep(0.1)
             assert not any(f.done() for f in futures[16:]), "the last 4 wait for the tick"
-            assert [len(m.items.frame_indices) for m in servicer.item_messages()] == [8, 8]
+            assert [len(m.items.frame_indices) for m in servicer.item_messages()] == [1, 8, 8]
             for future in futures[16:]:
                 future.cancel()
 
@@ -187,7 +207,8 @@ def test_a_full_message_goes_at_once_without_waiting_for_the_tick() -> None:
 def test_a_stream_killed_midway_fails_its_items_and_the_link_recovers() -> None:
     async def main() -> None:
         servicer = RecordingLipSync()
-        async with serving(servicer) as address, linked(address, FaceLinkSettings(flush_interval_s=0.02)) as link:
+        settings = FaceLinkSettings(flush_interval_s=0.02, default_due_s=RELAXED)
+        async with serving(servicer) as address, linked(address, settings) as link:
             link.register("a", [solid_crop((200, 10, 10)), solid_crop((10, 10, 200), (80, 90))])
             link.register("b", [solid_crop((10, 200, 10))])
             assert_face(await link.submit("a", 0, 1, MEL), (10, 10, 200), (80, 90))
@@ -267,7 +288,7 @@ def test_old_streams_are_replaced_before_break_and_lose_nothing() -> None:
     async def main() -> None:
         servicer = RecordingLipSync()
         servicer.delay_s = 0.03  # items are in flight at every handover
-        settings = FaceLinkSettings(flush_interval_s=0.02, max_stream_age_s=0.25)
+        settings = FaceLinkSettings(flush_interval_s=0.02, max_stream_age_s=0.25, default_due_s=RELAXED)
         async with serving(servicer) as address, linked(address, settings) as link:
             for s in range(3):
                 link.register(s, [solid_crop(colour_of(s))])
@@ -287,12 +308,9 @@ def test_old_streams_are_replaced_before_break_and_lose_nothing() -> None:
                     "a new stream sends every crop before any item"
                 )
             # The stage sees a replaced stream's half-close a moment after the link got its last answer.
-            for _ in range(100):
-                if servicer.half_closed >= len(servicer.streams) - 1:
-                    break
-                await asyncio.sleep(0.02)
-            assert servicer.half_closed >= len(servicer.streams) - 1, (
-                "each replaced stream was closed by the link, not cut"
+            await eventually(
+                lambda: servicer.half_closed >= len(servicer.streams) - 1,
+                what="each replaced stream closed by the link, not cut",
             )
 
     asyncio.run(main())
@@ -304,13 +322,13 @@ def test_an_unregistered_sessions_faces_are_dropped_and_its_crops_reused() -> No
         servicer.delay_s = 0.3
         async with (
             serving(servicer) as address,
-            linked(address, FaceLinkSettings(flush_interval_s=0.02, default_due_s=5.0)) as link,
+            linked(address, FaceLinkSettings(flush_interval_s=0.02, default_due_s=RELAXED)) as link,
         ):
             link.register("a", [solid_crop((200, 0, 200))])
             link.register("b", [solid_crop((0, 200, 200))])
             gone = link.submit("a", 0, 0, MEL)
             kept = link.submit("b", 0, 0, MEL)
-            await asyncio.sleep(0.1)  # both are in flight on the stream
+            await eventually(lambda: servicer.item_messages(), what="both items in flight at the stage")
             link.unregister("a")
             assert gone.cancelled()
             # "c" takes the crop index "a" had; "a"'s face, still in flight, must not reach it.
@@ -329,24 +347,22 @@ def test_an_unregistered_sessions_faces_are_dropped_and_its_crops_reused() -> No
 def test_a_face_past_its_deadline_fails_with_face_late() -> None:
     async def main() -> None:
         servicer = RecordingLipSync()
-        servicer.delay_s = 0.5
-        async with (
-            serving(servicer) as address,
-            linked(address, FaceLinkSettings(fps=25, late_frames=2, flush_interval_s=0.01)) as link,
-        ):
+        settings = FaceLinkSettings(fps=25, late_frames=2, flush_interval_s=0.01, default_due_s=RELAXED)
+        async with serving(servicer) as address, linked(address, settings) as link:
             link.register("a", [solid_crop((1, 2, 3))])
+            assert_face(await link.submit("a", 0, 0, MEL), (1, 2, 3))  # the stream is up
+            servicer.delay_s = 3.0  # far past the deadline: the future must fail at it, not when the face comes
             loop = asyncio.get_running_loop()
             started = loop.time()
-            future = link.submit("a", 0, 0, MEL, due=started + 0.04)
+            future = link.submit("a", 1, 0, MEL, due=started + 0.3)
             with pytest.raises(FaceLate):
                 await future
             waited = loop.time() - started
-            assert 0.11 <= waited < 0.4, f"failed {waited:.3f} s after submission; due + 2 frames is 0.12 s"
+            assert 0.37 <= waited < 2.5, f"failed {waited:.3f} s after submission; due + 2 frames is 0.38 s"
             assert link.counters.late == 1
             servicer.delay_s = 0.0
-            await asyncio.sleep(0.6)  # the late face comes back and is dropped
-            assert link.counters.dropped == 1
-            assert_face(await link.submit("a", 1, 0, MEL), (1, 2, 3))
+            await eventually(lambda: link.counters.dropped == 1, what="the late face to come back and be dropped")
+            assert_face(await link.submit("a", 2, 0, MEL), (1, 2, 3))
 
     asyncio.run(main())
 
@@ -356,7 +372,7 @@ def test_super_resolution_chains_upscale_after_raw_faces() -> None:
         lipsync, superres = RecordingLipSync(), ResizingSuperRes()
         async with (
             serving(lipsync, superres) as address,
-            linked(address, FaceLinkSettings(flush_interval_s=0.02), superres=True) as link,
+            linked(address, FaceLinkSettings(flush_interval_s=0.02, default_due_s=RELAXED), superres=True) as link,
         ):
             link.register("plain", [solid_crop((30, 60, 90))])
             link.register("sharp", [solid_crop((90, 60, 30), (200, 210))], super_resolution=True)
@@ -407,7 +423,8 @@ def test_register_rejects_bad_crops_and_full_streams() -> None:
 def test_sessions_of_one_avatar_share_its_crops() -> None:
     async def main() -> None:
         servicer = RecordingLipSync()
-        async with serving(servicer) as address, linked(address, FaceLinkSettings(flush_interval_s=0.02)) as link:
+        settings = FaceLinkSettings(flush_interval_s=0.02, default_due_s=RELAXED)
+        async with serving(servicer) as address, linked(address, settings) as link:
             avatar = [solid_crop((70, 80, 90)), solid_crop((90, 80, 70), (60, 70))]
             for s in range(5):
                 link.register(s, avatar, shared_as="avatar-1")
@@ -446,7 +463,8 @@ def test_messages_stay_within_what_the_stage_accepts(monkeypatch: pytest.MonkeyP
 
     async def main() -> None:
         servicer = RecordingLipSync()
-        async with serving(servicer) as address, linked(address, FaceLinkSettings(flush_interval_s=0.02)) as link:
+        settings = FaceLinkSettings(flush_interval_s=0.02, default_due_s=RELAXED)
+        async with serving(servicer) as address, linked(address, settings) as link:
             link.register("a", [solid_crop((1, 1, 1))])
             bad = MEL.copy()
             bad[3, 4] = np.nan
@@ -476,7 +494,7 @@ def test_an_avatars_crops_register_by_template_frame() -> None:
     async def main() -> None:
         async with (
             serving(RecordingLipSync()) as address,
-            linked(address, FaceLinkSettings(flush_interval_s=0.02)) as link,
+            linked(address, FaceLinkSettings(flush_interval_s=0.02, default_due_s=RELAXED)) as link,
         ):
             link.register("s", faces, shared_as="avatar-7")
             face = await link.submit("s", 0, index[3], MEL)
@@ -507,7 +525,9 @@ def restart_on_same_port(old: ServiceProcess, workdir: Path) -> ServiceProcess:
 
 def test_the_real_stage_routes_every_sessions_face(lipsync_stage: ServiceProcess) -> None:
     async def main() -> None:
-        async with linked(lipsync_stage.address, FaceLinkSettings(flush_interval_s=0.04, default_due_s=10.0)) as link:
+        async with linked(
+            lipsync_stage.address, FaceLinkSettings(flush_interval_s=0.04, default_due_s=RELAXED)
+        ) as link:
             sessions = 12
             for s in range(sessions):
                 # Two crops each, different paste sizes: the face comes back at its own crop's size.
@@ -543,7 +563,7 @@ def test_the_real_stage_cutting_old_connections_costs_no_face(tmp_path: Path) ->
     process = start("lipsync", "lipsync", flags, tmp_path, base_args=LOCAL_FLAGS)
 
     async def main() -> None:
-        async with linked(process.address, FaceLinkSettings(max_stream_age_s=0.8, default_due_s=2.0)) as link:
+        async with linked(process.address, FaceLinkSettings(max_stream_age_s=0.8, default_due_s=RELAXED)) as link:
             for s in range(4):
                 link.register(s, [solid_crop(colour_of(s))])
             faces = await speak(link, [0, 1, 2, 3], seconds=4.5)
@@ -563,7 +583,7 @@ def test_the_real_stage_cutting_old_connections_costs_no_face(tmp_path: Path) ->
 def test_the_real_stage_killed_and_restarted(lipsync_stage: ServiceProcess, tmp_path: Path) -> None:
     async def main() -> None:
         nonlocal lipsync_stage
-        settings = FaceLinkSettings(flush_interval_s=0.04, default_due_s=1.0, backoff_max_s=0.5)
+        settings = FaceLinkSettings(flush_interval_s=0.04, default_due_s=3.0, backoff_max_s=0.5)
         async with linked(lipsync_stage.address, settings) as link:
             link.register("a", [solid_crop((20, 120, 220))])
             assert_face(await link.submit("a", 0, 0, MEL, speech=0.0), (20, 120, 220))
@@ -593,10 +613,17 @@ def test_the_real_stage_killed_and_restarted(lipsync_stage: ServiceProcess, tmp_
 
 
 def test_an_overloaded_stage_gets_only_faces_it_can_answer_in_time() -> None:
-    """A stage that answers 10 messages a second, asked for 25 (one per frame): without shedding the
-    stage's queue grows without bound and, after the first few, every face comes back late. The link
-    sends an item only while the stage's round trip leaves it time, sheds the rest unsent, and so keeps
-    getting faces back on time all through."""
+    """A stage that answers one message every 0.1 s (10 a second), asked for one a frame (25 a
+    second). Without shedding its queue grows without bound (~45 messages after 3 s) and, after the
+    first few, every face comes back late. The link sends an item only while the stage's round trip
+    leaves it time before its deadline (due + 80 ms) and sheds the rest unsent.
+
+    Asserted is what holds however slowly a loaded machine runs this process: an item is written
+    only while the oldest message the stage has not answered is younger than the item's deadline
+    lead (at most 180 ms), so the messages waiting at the stage are those of the last 180 ms of
+    ticks (at most 7 at one every 40 ms; a slower loop sends fewer), never a growing queue; and faces
+    still come back on time after the queue would have grown (at least one: how many follows the
+    CPU, and is bench/bench_live_link.py's to measure)."""
 
     async def main() -> None:
         servicer = RecordingLipSync()
@@ -609,10 +636,12 @@ def test_an_overloaded_stage_gets_only_faces_it_can_answer_in_time() -> None:
                 link.register(s, [solid_crop(colour_of(s))])
             loop = asyncio.get_running_loop()
             futures: list[tuple[float, asyncio.Future]] = []
+            waiting = []  # messages written and not yet answered by the stage, after each frame
             for frame in range(int(3.0 * fps)):
                 due = loop.time() + 0.1
                 futures += [(loop.time(), link.submit(s, frame, 0, MEL, due=due)) for s in sessions]
                 await asyncio.sleep(1 / fps)
+                waiting.append(link.counters.generate_messages - servicer.answered)
             results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
             on_time = [t for (t, _), r in zip(futures, results) if isinstance(r, np.ndarray)]
             late = [r for r in results if isinstance(r, FaceLate)]
@@ -620,9 +649,9 @@ def test_an_overloaded_stage_gets_only_faces_it_can_answer_in_time() -> None:
                 r for r in results if not isinstance(r, (np.ndarray, FaceLate))
             ]
             assert link.counters.shed > 0 and link.counters.failed == 0, link.counters
-            # Faces keep coming in the last second too (a queue growing at the stage gives none then).
+            assert max(waiting) <= 8, f"messages waiting at the stage grew: {waiting}"
+            # Faces keep coming after the first 1.5 s (a queue growing at the stage gives none then).
             start = futures[0][0]
-            assert sum(1 for t in on_time if t - start > 2.0) >= 20, (len(on_time), link.counters)
-            assert len(on_time) >= 60, (len(on_time), link.counters)
+            assert any(t - start > 1.5 for t in on_time), (len(on_time), link.counters)
 
     asyncio.run(main())

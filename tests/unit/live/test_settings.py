@@ -30,6 +30,7 @@ def test_flags_set_the_limits() -> None:
         ("idle_timeout_s", 0.0, "idle_timeout_s"),
         ("face_lead_s", 2.0, "face_lead_s"),
         ("send_queue_frames", 0, "send_queue_frames"),
+        ("send_lag_s", 0.0, "send_lag_s"),
         ("lease_s", 1.0, "lease_s"),
     ],
 )
