@@ -86,6 +86,26 @@ DEV = frozenset(
         "mdurl",
         "shellingham",
         "annotated-doc",
+        # the LiveKit integration's tests (clients/livekit: livekit-agents in the lock) and what only it requires
+        "livekit",
+        "livekit-agents",
+        "livekit-api",
+        "livekit-blingfire",
+        "livekit-local-inference",
+        "livekit-protocol",
+        "aiofiles",
+        "docstring-parser",
+        "eval-type-backport",
+        "jiter",
+        "json-repair",
+        "nest-asyncio",
+        "openai",
+        "psutil",
+        "pyjwt",
+        "sniffio",
+        "sounddevice",
+        "types-protobuf",
+        "watchfiles",
     }
 )
 # torch and the packages in the lock that only torch requires.
