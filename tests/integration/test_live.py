@@ -350,7 +350,18 @@ def test_a_reader_that_stops_reading_gets_the_live_edge_when_it_reads_again(live
     live.client.close_session(session.id)
 
 
+def wait_until_the_workers_are_empty(live: Live) -> None:
+    """Sessions earlier tests closed are gone from every live worker's heartbeat and leases (a close is
+    acted on asynchronously: on a loaded machine the next test could otherwise meet a worker still full)."""
+    eventually(
+        lambda: all(w.active == 0 and w.leased == 0 for w in asyncio.run(live.jobs.live_workers(5.0))),
+        timeout=60,
+        what="the live workers to hold no session",
+    )
+
+
 def test_a_killed_worker_loses_its_session_to_the_other(live: Live) -> None:
+    wait_until_the_workers_are_empty(live)
     session = live.client.create_session(live.avatar_id)
     doomed = live.worker_of(session.id)
     talk = Stream(live.client, session)
@@ -386,6 +397,7 @@ def test_a_killed_worker_loses_its_session_to_the_other(live: Live) -> None:
 
 
 def test_admission_refuses_a_third_session_and_leaves_the_two_alone(live: Live) -> None:
+    wait_until_the_workers_are_empty(live)
     for name in LIVE[1:]:  # one worker of capacity 2 (the previous test killed one; any order works)
         if (
             live.cluster.processes[name].process.poll() is None
@@ -427,6 +439,7 @@ def test_a_draining_worker_hands_its_session_to_another(live: Live) -> None:
     for name in LIVE:
         if live.cluster.processes[name].process.poll() is not None:
             live.cluster.restart(name)
+    wait_until_the_workers_are_empty(live)
     session = live.client.create_session(live.avatar_id)
     draining = live.worker_of(session.id)
     talk = Stream(live.client, session)
