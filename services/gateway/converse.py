@@ -18,6 +18,10 @@ session, and relayed both ways; a session whose worker is gone re-placed on anot
   the gateway's receive window for the stream (16 KiB: services.gateway.live_workers, no BDP
   probing) and the message relayed; the client's own receive window is the client's (docs/limits.md).
   When either side ends, both are cancelled.
+- **Acknowledgements** (ConverseStart.ack_window N > 0): the client sends FrameAck as it takes frames and
+  the relay holds the next frame while N it has not acknowledged are out (services.gateway.frame_acks),
+  so a client that stalls holds at most N frames of the past whatever its transport buffers. Acks go
+  no further than the gateway; when the client ends its side, nothing more is held back.
   A worker's status reaches the client as it was (its message is written for people), UNAVAILABLE
   mid-stream with a note that the stream may be resumed.
 """
@@ -33,6 +37,7 @@ from typing import TypeAlias
 import grpc
 
 from lipline.v1 import live_pb2_grpc, session_pb2
+from services.gateway.frame_acks import MAX_ACK_WINDOW, FrameAcks
 from services.gateway.live_workers import GONE, LiveWorkerError, LiveWorkers, call_metadata
 from services.gateway.sessions import check_last_frame, require_active, session_to_proto, stream_session
 from services.jobs.store.jobs import JobStore
@@ -136,31 +141,53 @@ async def attach(
         raise LiveWorkerError(exc) from exc
 
 
+def check_ack_window(start: session_pb2.ConverseStart) -> None:
+    if start.ack_window > MAX_ACK_WINDOW:
+        raise InvalidRequest(
+            f"ack_window {start.ack_window} is over {MAX_ACK_WINDOW} frames: ask for the frames a client may "
+            "hold unacknowledged (about a second's worth), or 0 for no acknowledgements"
+        )
+
+
 async def _pump(
-    requests: AsyncIterator[session_pb2.ConverseRequest], call: StreamCall, problems: list[BaseException]
+    requests: AsyncIterator[session_pb2.ConverseRequest],
+    call: StreamCall,
+    acks: FrameAcks,
+    problems: list[BaseException],
 ) -> None:
-    """Client -> worker, one message at a time; a second ConverseStart ends the stream."""
+    """Client -> worker, one message at a time (acknowledgements stop here); a second ConverseStart
+    ends the stream."""
     try:
         async for request in requests:
-            if request.WhichOneof("request") == "start":
+            kind = request.WhichOneof("request")
+            if kind == "ack":
+                acks.acked(request.ack.frame)
+                continue
+            if kind == "start":
                 raise InvalidRequest(
                     "ConverseStart comes once, as the stream's first message; to resume, open a new stream"
                 )
             await call.write(request)
+        acks.stop()
         await call.done_writing()
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
         pass  # the worker's side has ended: the reading loop reports its status
     except Exception as exc:  # noqa: BLE001 - the client's stream failed or broke a rule: end both sides
         problems.append(exc)
         call.cancel()
+    finally:
+        acks.stop()
 
 
 async def relay(
-    call: StreamCall, requests: AsyncIterator[session_pb2.ConverseRequest], session_id: str
+    call: StreamCall, requests: AsyncIterator[session_pb2.ConverseRequest], session_id: str, ack_window: int = 0
 ) -> AsyncIterator[session_pb2.ConverseResponse]:
-    """Worker -> client until either side ends; the worker's status as the stream's."""
+    """Worker -> client until either side ends; the worker's status as the stream's. With an
+    `ack_window`, a frame waits while that many sent ones are unacknowledged (the worker's stream
+    waits with it)."""
     problems: list[BaseException] = []
-    pump = asyncio.create_task(_pump(requests, call, problems))
+    acks = FrameAcks(ack_window)
+    pump = asyncio.create_task(_pump(requests, call, acks, problems))
     try:
         while True:
             try:
@@ -177,6 +204,9 @@ async def relay(
                 raise
             if response is grpc.aio.EOF:
                 break
+            if response.HasField("frame"):
+                await acks.wait_for_room()
+                acks.sent(response.frame.index)
             yield response
         if problems:
             raise problems[0]
@@ -210,11 +240,12 @@ async def converse(
     start = await first_start(requests)
     row = await stream_session(jobs, tenant, start.session_id, start.resume_token)
     check_last_frame(row, start.last_frame)
+    check_ack_window(start)
     call, first = await attach(jobs, workers, row, start, tenant, request_id)
     try:
         yield first
     except BaseException:
         call.cancel()
         raise
-    async for response in relay(call, requests, row.id):
+    async for response in relay(call, requests, row.id, start.ack_window):
         yield response

@@ -355,6 +355,8 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                     runner.end_utterance()
                 elif kind == "clear":
                     runner.clear()
+                elif kind == "ack":
+                    pass  # acknowledgements pace the gateway's relay (services/gateway/converse.py), not the worker
                 elif kind == "start":
                     raise InvalidRequest(
                         "ConverseStart is the first message of a Converse stream only; open a new stream to resume"

@@ -433,11 +433,21 @@ class LiplineClient:
                 time.sleep(delay)
 
 
-def converse_start(session: session_pb2.Session, last_frame: int = -1) -> session_pb2.ConverseRequest:
-    """The first message of a Converse stream (`last_frame`: the last frame received, on a resume)."""
+def converse_start(
+    session: session_pb2.Session, last_frame: int = -1, ack_window: int = 0
+) -> session_pb2.ConverseRequest:
+    """The first message of a Converse stream (`last_frame`: the last frame received, on a resume;
+    `ack_window`: frames the gateway may send past the last FrameAck, 0 for no acknowledgements)."""
     return session_pb2.ConverseRequest(
-        start=session_pb2.ConverseStart(session_id=session.id, resume_token=session.resume_token, last_frame=last_frame)
+        start=session_pb2.ConverseStart(
+            session_id=session.id, resume_token=session.resume_token, last_frame=last_frame, ack_window=ack_window
+        )
     )
+
+
+def frame_ack(frame: session_pb2.VideoFrame) -> session_pb2.ConverseRequest:
+    """The acknowledgement of `frame` (and every frame before it) on a stream with an ack_window."""
+    return session_pb2.ConverseRequest(ack=session_pb2.FrameAck(frame=frame.index))
 
 
 def _left(deadline: float) -> float:

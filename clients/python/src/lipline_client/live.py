@@ -24,6 +24,10 @@ s of outage). Audio pushed meanwhile waits and is sent on the resumed stream (th
 speech it had queued: nobody saw it). Any other status, or an outage longer than that, ends the
 iteration by raising the `grpc.aio.AioRpcError` (its `code()` and `details()` say what went wrong).
 
+Frames are acknowledged as the consumer takes them (FrameAck, `ack_window_s` of frames may be out
+unacknowledged, 1 s by default): a consumer that stalls finds at most that much of the past waiting
+when it reads again, then the live edge (H.264 from an IDR), however large gRPC's receive window grew.
+
 Audio is paced, never lost: a TTS makes speech faster than real time, and a worker refuses more
 than `max_queued_audio_s` (10 s) queued ahead of playback, so no more than `max_ahead_s` of speech
 is sent ahead of the frames that played it; the rest waits here. Frames are read only as fast as
@@ -36,13 +40,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from lipline_client.audio import PcmChunker, StreamResampler, to_mono
-from lipline_client.client import DEFAULT_MAX_MESSAGE_BYTES, Connection, converse_start
+from lipline_client.client import DEFAULT_MAX_MESSAGE_BYTES, Connection, converse_start, frame_ack
 from lipline_client.retry import RESUME_POLICY, RetryPolicy, retry_delay_s
 from lipline_client.v1 import gateway_pb2_grpc, session_pb2
 
@@ -52,6 +57,7 @@ CODECS = {"h264": session_pb2.VIDEO_CODEC_H264, "jpeg": session_pb2.VIDEO_CODEC_
 #: statuses after which a Converse stream is opened again (the session lives on)
 RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 OUT_QUEUE = 16  # items read ahead of the consumer (< 1 s of frames)
+MAX_ACK_WINDOW = 1000  # frames (the gateway's bound)
 FINISHED = session_pb2.SessionEvent.PLAYBACK_FINISHED
 
 Item = session_pb2.Ready | session_pb2.VideoFrame | session_pb2.SessionEvent | session_pb2.SessionStats
@@ -68,6 +74,7 @@ class LiveSession:
         *,
         chunk_ms: int = 20,
         max_ahead_s: float = 4.0,
+        ack_window_s: float = 1.0,
         resume: RetryPolicy = RESUME_POLICY,
         call_timeout_s: float = 30.0,
     ) -> None:
@@ -78,6 +85,9 @@ class LiveSession:
         self._resume = resume
         self._call_timeout_s = call_timeout_s
         self.max_ahead_s = max_ahead_s
+        # Frames that may be out unacknowledged (0: no acknowledgements, gRPC's flow control alone).
+        self.ack_window = min(MAX_ACK_WINDOW, math.ceil(ack_window_s * (session.video.fps or 25.0)))
+        self._ack_due: session_pb2.ConverseRequest | None = None  # the newest FrameAck not sent yet
         self._chunker = PcmChunker(self.sample_rate, chunk_ms)
         self._resamplers: dict[int, StreamResampler] = {}
         self._pending: collections.deque[session_pb2.ConverseRequest] = collections.deque()
@@ -118,6 +128,7 @@ class LiveSession:
         idle_timeout_seconds: float = 0.0,
         chunk_ms: int = 20,
         max_ahead_s: float = 4.0,
+        ack_window_s: float = 1.0,
         retry: RetryPolicy | None = None,
         resume: RetryPolicy | None = None,
         timeout: float = 30.0,
@@ -126,7 +137,8 @@ class LiveSession:
         """A new session on `avatar_id`, its stream open. `codec`: "jpeg" or "h264" (or the enum);
         0 leaves a field to the gateway (fps: the avatar's; max_height: its size). API key and TLS as
         LiplineClient takes them (or the LIPLINE_* variables). `timeout` bounds CreateSession with
-        its retries, and each of GetSession and CloseSession."""
+        its retries, and each of GetSession and CloseSession. `ack_window_s`: how much video may be
+        on its way unacknowledged (see the module's doc; 0 turns acknowledgements off)."""
         codec_value = CODECS[codec] if isinstance(codec, str) else codec
         connection = Connection.resolve(
             max_message_bytes, api_key=api_key, tls=tls, tls_ca_file=tls_ca_file, tls_server_name=tls_server_name
@@ -169,6 +181,7 @@ class LiveSession:
             connection.metadata,
             chunk_ms=chunk_ms,
             max_ahead_s=max_ahead_s,
+            ack_window_s=ack_window_s,
             resume=resume or RESUME_POLICY,
             call_timeout_s=timeout,
         )
@@ -284,6 +297,9 @@ class LiveSession:
         if isinstance(item, BaseException):
             self._ended = True
             raise item
+        if isinstance(item, session_pb2.VideoFrame) and self.ack_window:
+            self._ack_due = frame_ack(item)  # taken: the gateway may send one more
+            self._wake.set()
         return item
 
     # -- the stream -------------------------------------------------------------------------------
@@ -295,7 +311,8 @@ class LiveSession:
             call = self._call = self._stub.Converse(metadata=self._metadata)
             sender: asyncio.Task[None] | None = None
             try:
-                await call.write(converse_start(self.session, self._last_frame))
+                self._ack_due = None  # a new stream counts its own frames
+                await call.write(converse_start(self.session, self._last_frame, self.ack_window))
                 sender = asyncio.get_running_loop().create_task(self._write(call))
                 async for response in call:
                     failures = 0
@@ -340,13 +357,25 @@ class LiveSession:
             await self._out.put(None)
 
     async def _write(self, call: Any) -> None:
-        """Send the queued requests on `call`, pacing speech to `max_ahead_s` ahead of playback."""
+        """Send the queued requests on `call`, pacing speech to `max_ahead_s` ahead of playback; the
+        newest frame acknowledgement goes first (it paces nothing but the frames)."""
         while True:
-            while not self._pending or (
-                self._pending[0].WhichOneof("request") == "audio" and self._sent_s - self._played_s > self.max_ahead_s
+            while self._ack_due is None and (
+                not self._pending
+                or (
+                    self._pending[0].WhichOneof("request") == "audio"
+                    and self._sent_s - self._played_s > self.max_ahead_s
+                )
             ):
                 self._wake.clear()
                 await self._wake.wait()
+            if self._ack_due is not None:
+                ack, self._ack_due = self._ack_due, None
+                try:
+                    await call.write(ack)
+                except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                    return  # the stream broke: the next one starts its own count
+                continue
             request = self._pending[0]
             _LOGGER.debug("live session %s: sending %s", self.id, request.WhichOneof("request"))
             try:
@@ -367,6 +396,8 @@ class LiveSession:
                 self._played_s += len(frame.audio) / 2 / self.sample_rate
                 self._wake.set()
                 if self._dropping_speech:
+                    if self.ack_window:
+                        self._ack_due = frame_ack(frame)  # taken, to be dropped: the gateway may send on
                     return  # said before the Clear: its picture and sound go with it
             else:
                 self._dropping_speech = False

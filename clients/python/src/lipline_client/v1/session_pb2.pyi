@@ -114,14 +114,16 @@ class CloseSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class ConverseStart(_message.Message):
-    __slots__ = ("session_id", "resume_token", "last_frame")
+    __slots__ = ("session_id", "resume_token", "last_frame", "ack_window")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LAST_FRAME_FIELD_NUMBER: _ClassVar[int]
+    ACK_WINDOW_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_token: str
     last_frame: int
-    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., last_frame: _Optional[int] = ...) -> None: ...
+    ack_window: int
+    def __init__(self, session_id: _Optional[str] = ..., resume_token: _Optional[str] = ..., last_frame: _Optional[int] = ..., ack_window: _Optional[int] = ...) -> None: ...
 
 class AudioChunk(_message.Message):
     __slots__ = ("pcm",)
@@ -137,17 +139,25 @@ class Clear(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class FrameAck(_message.Message):
+    __slots__ = ("frame",)
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    frame: int
+    def __init__(self, frame: _Optional[int] = ...) -> None: ...
+
 class ConverseRequest(_message.Message):
-    __slots__ = ("start", "audio", "end_of_utterance", "clear")
+    __slots__ = ("start", "audio", "end_of_utterance", "clear", "ack")
     START_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     END_OF_UTTERANCE_FIELD_NUMBER: _ClassVar[int]
     CLEAR_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     start: ConverseStart
     audio: AudioChunk
     end_of_utterance: EndOfUtterance
     clear: Clear
-    def __init__(self, start: _Optional[_Union[ConverseStart, _Mapping]] = ..., audio: _Optional[_Union[AudioChunk, _Mapping]] = ..., end_of_utterance: _Optional[_Union[EndOfUtterance, _Mapping]] = ..., clear: _Optional[_Union[Clear, _Mapping]] = ...) -> None: ...
+    ack: FrameAck
+    def __init__(self, start: _Optional[_Union[ConverseStart, _Mapping]] = ..., audio: _Optional[_Union[AudioChunk, _Mapping]] = ..., end_of_utterance: _Optional[_Union[EndOfUtterance, _Mapping]] = ..., clear: _Optional[_Union[Clear, _Mapping]] = ..., ack: _Optional[_Union[FrameAck, _Mapping]] = ...) -> None: ...
 
 class VideoFrame(_message.Message):
     __slots__ = ("index", "keyframe", "data", "audio", "speech", "utterance")
