@@ -301,7 +301,7 @@ def long_speech(seconds: float) -> bytes:
 
 
 @pytest.mark.slow
-def test_ten_minute_clip_keeps_worker_memory_flat(
+def test_a_long_clip_keeps_worker_memory_flat(
     rcluster: LocalCluster, store_url: tuple[str, PostgresServer | None], client: LiplineClient
 ) -> None:
     if store_url[1] is not None:
@@ -309,8 +309,10 @@ def test_ten_minute_clip_keeps_worker_memory_flat(
     photo = cv2.resize(cv2.imread(str(SAMPLES / "avatar.jpg")), (256, 256), interpolation=cv2.INTER_AREA)
     ok, jpeg = cv2.imencode(".jpg", photo)
     avatar = client.create_avatar(jpeg.tobytes(), name="small")
-    job = client.submit_job(avatar.id, long_speech(600.0))
-    assert job.total_frames == 15_000
+    # Three minutes (the 10-minute run took 194 s of CI's 2 cores): 18 segments of the same work, enough
+    # for a per-segment leak to show; bench/bench_e2e.py renders the long clips.
+    job = client.submit_job(avatar.id, long_speech(180.0))
+    assert job.total_frames == 4_500
     pids = {name: rcluster.processes[name].process.pid for name in rcluster.replica_names("render")}
     samples: dict[str, list[tuple[int, float]]] = {name: [] for name in pids}
     while True:
@@ -323,11 +325,11 @@ def test_ten_minute_clip_keeps_worker_memory_flat(
     assert now.state == gateway_pb2.JOB_STATE_SUCCEEDED, now.error
     for name, series in samples.items():
         # From the first tenth of the clip on (the avatar is cached, the encoder warm) to the end.
-        settled = [rss for done, rss in series if done >= 1_500]
+        settled = [rss for done, rss in series if done >= 450]
         assert settled, series[:5]
         growth = max(settled) - settled[0]
         assert growth < 60, (
-            f"{name} grew by {growth:.0f} MB over a 10-minute clip ({settled[0]:.0f} -> {max(settled):.0f} MB)"
+            f"{name} grew by {growth:.0f} MB over a 3-minute clip ({settled[0]:.0f} -> {max(settled):.0f} MB)"
         )
 
 

@@ -121,47 +121,43 @@ def test_stage_replica_sigterm_mid_job(
             dcluster.restart(name)
 
 
-def test_connection_age_expiry_mid_job(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+def test_connection_age_expiry_mid_job(dcluster: LocalCluster, numbered: gateway_pb2.Avatar, tmp_path: Path) -> None:
     """Stages close every connection after 1 s (1 s grace): two 8 s jobs at once outlive many connections.
 
-    The template avatar is registered first, with the default ages: CreateAvatar's DetectFaces is one
+    The template avatar was registered with the default ages: CreateAvatar's DetectFaces is one
     stream over the whole avatar (200 frames here), which a 1 s age cuts (that is the gateway's call,
-    not a render stream). Then every stage replica is restarted, one at a time, with the short ages.
+    not a render stream). Then every stage replica is restarted, one at a time, with the short ages,
+    which they keep for the rest of the module: jobs must not notice them.
     """
-    workdir = tmp_path_factory.mktemp("age")
-    with _cluster(workdir) as cluster:
-        avatar = _template(cluster, workdir)
-        for stage in ("audio", "lipsync", "superres"):
-            for name in cluster.replica_names(stage):
-                assert cluster.terminate(name) == 0
-                cluster.processes[name].args.extend(["--max-connection-age-s=1", "--grace-s=1"])
-                cluster.restart(name)
-        with LiplineClient(cluster.gateway_address, timeout=180) as client:
-            # Pairs of 8 s jobs back to back for at least AGE_TEST_S: whatever the machine's speed,
-            # the render streams run over several generations of connections.
-            started, rounds = time.monotonic(), 0
-            while rounds == 0 or time.monotonic() - started < AGE_TEST_S:
-                jobs = [client.submit_job(avatar.id, speech(8.0), super_resolution=sr) for sr in (True, False)]
-                results: dict[str, gateway_pb2.Job] = {}
-                threads = [
-                    threading.Thread(target=lambda j=j: results.__setitem__(j.id, client.wait(j.id))) for j in jobs
-                ]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(200)
-                for k, job in enumerate(jobs):
-                    done = results[job.id]
-                    assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
-                    assert done.total_frames == 200
-                    out = tmp_path / f"{rounds}-{k}"
-                    out.mkdir()
-                    assert_every_frame_in_order(client, job, out)
-                rounds += 1
-        retried = sum(
-            cluster.processes[n].log().count("task given back for another attempt")
-            for n in cluster.replica_names("render")
-        )
-        print(
-            f"{2 * rounds} jobs of 8 s in {time.monotonic() - started:.1f} s with 1 s connection ages; {retried} segment retries"
-        )
+    cluster, avatar = dcluster, numbered
+    for stage in ("audio", "lipsync", "superres"):
+        for name in cluster.replica_names(stage):
+            assert cluster.terminate(name) == 0
+            cluster.processes[name].args.extend(["--max-connection-age-s=1", "--grace-s=1"])
+            cluster.restart(name)
+    with LiplineClient(cluster.gateway_address, timeout=180) as client:
+        # Pairs of 8 s jobs back to back for at least AGE_TEST_S: whatever the machine's speed,
+        # the render streams run over several generations of connections.
+        started, rounds = time.monotonic(), 0
+        while rounds == 0 or time.monotonic() - started < AGE_TEST_S:
+            jobs = [client.submit_job(avatar.id, speech(8.0), super_resolution=sr) for sr in (True, False)]
+            results: dict[str, gateway_pb2.Job] = {}
+            threads = [threading.Thread(target=lambda j=j: results.__setitem__(j.id, client.wait(j.id))) for j in jobs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(200)
+            for k, job in enumerate(jobs):
+                done = results[job.id]
+                assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
+                assert done.total_frames == 200
+                out = tmp_path / f"{rounds}-{k}"
+                out.mkdir()
+                assert_every_frame_in_order(client, job, out)
+            rounds += 1
+    retried = sum(
+        cluster.processes[n].log().count("task given back for another attempt") for n in cluster.replica_names("render")
+    )
+    print(
+        f"{2 * rounds} jobs of 8 s in {time.monotonic() - started:.1f} s with 1 s connection ages; {retried} segment retries"
+    )

@@ -301,7 +301,9 @@ def test_a_live_session_from_the_microphone_moves_the_mouth_in_speech_only_and_c
     latency = text(page, "#live-latency")
     assert latency.endswith("speech frames)"), latency
     latency_ms = float(latency.split(" ms")[0])
-    assert 100 < latency_ms < 2000, latency_ms
+    # At least the mouth's look-ahead (the frame waits for 0.2 s of audio after its own time); how much more
+    # depends on the machine's load, so no upper bound here (bench/bench_live.py measures it).
+    assert latency_ms > 100, latency_ms
 
     page.click("#live-clear")
     wait_for(
