@@ -61,7 +61,9 @@ class LocalCluster:
     slots: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.replicas = {"render": 2, "live": 0, "web": 0, **self.replicas}
+        # optional stages (the registry's `optional`: lipsync-musetalk) run only where asked, as in the chart
+        optional = {s.name: 0 for s in REGISTRY.values() if s.optional}
+        self.replicas = {"render": 2, "live": 0, "web": 0, **optional, **self.replicas}
         self.job_store = self.job_store or f"sqlite:///{self.workdir / 'lipline.db'}"
         self.blob_store = self.blob_store or str(self.workdir / "blobs")
 
@@ -107,7 +109,11 @@ class LocalCluster:
         return [stage if i == 0 else f"{stage}-{i}" for i in range(self.replicas.get(stage, 1))]
 
     def service_of(self, name: str) -> str:
-        return name.split("-", 1)[0]
+        """The stage a process name runs: the name itself, or a replica's "<stage>-<i>" less its number."""
+        if name in REGISTRY:
+            return name
+        stage, _, number = name.rpartition("-")
+        return stage if number.isdigit() and stage in REGISTRY else name.split("-", 1)[0]
 
     def store_args(self, service: str) -> list[str]:
         """The flags a stage gets from the cluster: the stores, its stages' addresses (all replicas, or their file)."""
@@ -115,10 +121,10 @@ class LocalCluster:
         args = [f"--job-store={self.job_store}", f"--blob-store={self.blob_store}"] if s.stores else []
         args += [
             f"--{stage}-address=file://{self.address_file(stage)}"
-            if self.address_files
+            if self.address_files and self.replica_names(stage)
             else f"--{stage}-address={','.join(self.processes[n].address for n in self.replica_names(stage))}"
             for stage in s.calls
-        ]
+        ]  # an optional stage not started: an empty address, "not deployed" to its callers
         return args
 
     def address_file(self, stage: str) -> Path:
