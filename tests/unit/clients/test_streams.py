@@ -27,7 +27,8 @@ class ReadingGateway(gateway_pb2_grpc.GatewayServicer):
         return gateway_pb2.Avatar(id="a1", frame_count=sum(len(r.data) for r in request_iterator))
 
     def Converse(self, request_iterator, context):
-        context.add_callback(self.ended.set)
+        if not context.add_callback(self.ended.set):  # the call ended before this handler ran
+            self.ended.set()
         for _ in request_iterator:
             yield session_pb2.ConverseResponse(stats=session_pb2.SessionStats())
 
