@@ -168,14 +168,16 @@ def test_the_musetalk_tier_is_a_second_stage_of_the_lipsync_image() -> None:
 def test_a_local_cluster_starts_an_optional_stage_only_where_asked(tmp_path: Path) -> None:
     """Replicas 0 by default: the gateway gets an empty address (the tier is not served), also with
     address files (no file nobody writes); replica names of a stage with a hyphen in its name."""
-    from services.local.cluster import LocalCluster
+    from services.local.cluster import LocalCluster, started_stages
 
     cluster = LocalCluster(tmp_path, address_files=True)
     assert cluster.replica_names("lipsync-musetalk") == []
+    assert cluster.stages == started_stages() == ("audio", "lipsync", "superres")  # what health loops iterate
     args = cluster.store_args("gateway")
     assert args[-3].startswith("--audio-address=file://") and args[-1] == "--lipsync-musetalk-address="
     asked = LocalCluster(tmp_path, replicas={"lipsync-musetalk": 2})
     assert asked.replica_names("lipsync-musetalk") == ["lipsync-musetalk", "lipsync-musetalk-1"]
+    assert asked.stages == ("audio", "lipsync", "lipsync-musetalk", "superres")
     assert [asked.service_of(n) for n in ("lipsync-musetalk-1", "lipsync-musetalk", "render-1", "gateway")] == [
         "lipsync-musetalk",
         "lipsync-musetalk",
