@@ -1,6 +1,7 @@
 """The chart's lipsync-musetalk stage (the 256 px tier, issue 30): off by default, and when enabled a
 Deployment of the lipsync image running services.lipsync.musetalk with its checkpoints on the models
-volume, its Service, HPA, NetworkPolicy (the gateway only) and the gateway's address of it."""
+volume, its Service, HPA, NetworkPolicy (its callers: the gateway, the render and live workers) and
+their addresses of it."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def objects(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
 def test_off_by_default_and_the_gateway_then_has_no_address_of_it() -> None:
     docs = render()
     assert objects(docs) == set()
-    assert "LIPLINE_LIPSYNC_MUSETALK_ADDRESS" not in env_of(by_kind(docs, "Deployment")["lip-lipline-gateway"])
+    for caller in ("gateway", "render", "live"):
+        assert "LIPLINE_LIPSYNC_MUSETALK_ADDRESS" not in env_of(by_kind(docs, "Deployment")[f"lip-lipline-{caller}"])
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +66,10 @@ def test_enabled_it_is_a_gpu_deployment_of_the_lipsync_image_with_its_objects(en
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "lipline_gpu_utilization_ratio"
     assert by_kind(enabled, "Service")[NAME]["spec"]["clusterIP"] == "None"
     policy = by_kind(enabled, "NetworkPolicy")[NAME]
-    assert _grpc_callers(policy) == {"gateway"}  # the render and live workers dial it in a later version
-    gateway = env_of(by_kind(enabled, "Deployment")["lip-lipline-gateway"])
-    assert gateway["LIPLINE_LIPSYNC_MUSETALK_ADDRESS"] == "dns:///lip-lipline-lipsync-musetalk.media.svc:50068"
+    assert _grpc_callers(policy) == {"gateway", "render", "live"}
+    for caller in ("gateway", "render", "live"):
+        env = env_of(by_kind(enabled, "Deployment")[f"lip-lipline-{caller}"])
+        assert env["LIPLINE_LIPSYNC_MUSETALK_ADDRESS"] == "dns:///lip-lipline-lipsync-musetalk.media.svc:50068"
     for kube_version in KUBE_VERSIONS:
         validate_builtin(enabled, kube_version)
 
