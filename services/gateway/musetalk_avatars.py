@@ -34,6 +34,7 @@ from services.media.musetalk_wire import LATENT_BYTES, LATENT_SHAPE, MASK_BYTES,
 from services.media.wire import image_to_proto
 from services.serving.channels import StageFailed, stage_error_message
 from services.serving.errors import InvalidMedia, NotReady
+from services.serving.streams import stream_call
 from services.serving.tracing import outgoing_metadata
 
 _LOGGER = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ async def prepare_frames(
                 yield lipsync_pb2.PrepareAvatarRequest(frames=items)
 
         try:
-            call = stub.PrepareAvatar(requests(), metadata=outgoing_metadata(request_id))
+            call = stream_call(stub.PrepareAvatar, requests(), metadata=outgoing_metadata(request_id))
             async for response in call:
                 pack.add(response)
         except grpc.aio.AioRpcError as exc:
