@@ -37,7 +37,7 @@ Weights (speed does not depend on the values):
   format ({"params": ...}) unless --sr-checkpoint is given; --no-sr-weights uses the Lanczos fallback.
   --super-resolution off skips the stage (the lipsync stage then resizes its faces itself).
 * --model musetalk: the avatar is made for the 256 px tier and the lipsync-musetalk stage (--replicas
-  of it) renders its faces, from seeded checkpoints in the public formats (bench/musetalk_checkpoints.py;
+  of it) renders its faces, from seeded checkpoints in the public formats (services/lipsync/musetalk/seeded.py;
   `--tiny`: narrow networks a CPU runs) unless --procedural (the weight-free musetalk-standin).
 
 Examples:
@@ -207,9 +207,9 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
     if args.model == "musetalk":
         musetalk = [f"--device={args.device}", f"--log-level={args.log_level}"]
         if not args.procedural:
-            from bench.musetalk_checkpoints import write_checkpoints
+            from services.lipsync.musetalk.seeded import write_seeded_networks
 
-            paths = write_checkpoints(workdir / "musetalk-models", tiny=args.tiny)
+            paths = write_seeded_networks(workdir / "musetalk-models", small=args.tiny)
             musetalk += [f"--{name.replace('_', '-')}={path}" for name, path in paths.items()]
         stages["lipsync-musetalk"] = musetalk + shlex.split(args.musetalk_flags)
     return {

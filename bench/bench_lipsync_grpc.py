@@ -210,6 +210,37 @@ class Stats:
             self.model_info = response.model
 
 
+async def paced_stream(
+    generate: Callable[..., Any],
+    message: Callable[[list[int], bool], Any],
+    sid: int,
+    args: argparse.Namespace,
+    stop_at: float,
+    stats: Stats,
+) -> None:
+    """One Generate stream of either tier: `message(frame indices, first)` for --items frames at a time
+    until `stop_at`, at most --window messages unanswered; each answer recorded into `stats`."""
+    window = asyncio.Semaphore(args.window)
+    sent: deque[float] = deque()
+
+    async def requests() -> AsyncIterator[Any]:
+        frame = 0
+        while time.perf_counter() < stop_at:
+            await window.acquire()
+            request = message(list(range(frame, frame + args.items)), frame == 0)
+            frame += args.items
+            sent.append(time.perf_counter())
+            yield request
+
+    try:
+        call = stream_call(generate, requests())  # a failure building the requests is raised here
+        async for response in call:
+            window.release()
+            stats.received(sent.popleft(), len(response.faces.frame_indices), response)
+    except grpc.aio.AioRpcError as exc:
+        stats.errors.append(f"stream {sid}: {exc.code().name}: {exc.details()}")
+
+
 async def run_stream(
     stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: argparse.Namespace, stop_at: float, stats: Stats
 ) -> None:
@@ -219,30 +250,12 @@ async def run_stream(
         for i in range(args.crops)
     ]
     mels = [mel_to_bytes(rng.uniform(-4, 0, (80, 16)).astype(np.float32)) for _ in range(32)]
-    window = asyncio.Semaphore(args.window)
-    sent: deque[float] = deque()
 
-    async def requests() -> AsyncIterator[lipsync_pb2.GenerateRequest]:
-        frame = 0
-        first = True
-        while time.perf_counter() < stop_at:
-            await window.acquire()
-            indices = list(range(frame, frame + args.items))
-            items = pack_generate_items(
-                indices, [i % args.crops for i in indices], [mels[i % len(mels)] for i in indices]
-            )
-            frame += args.items
-            sent.append(time.perf_counter())
-            yield lipsync_pb2.GenerateRequest(crops=crops if first else [], items=items, raw_size=True)
-            first = False
+    def message(indices: list[int], first: bool) -> lipsync_pb2.GenerateRequest:
+        items = pack_generate_items(indices, [i % args.crops for i in indices], [mels[i % len(mels)] for i in indices])
+        return lipsync_pb2.GenerateRequest(crops=crops if first else [], items=items, raw_size=True)
 
-    try:
-        call = stream_call(stub.Generate, requests())  # a failure building the requests is raised here
-        async for response in call:
-            window.release()
-            stats.received(sent.popleft(), len(response.faces.frame_indices), response)
-    except grpc.aio.AioRpcError as exc:
-        stats.errors.append(f"stream {sid}: {exc.code().name}: {exc.details()}")
+    await paced_stream(stub.Generate, message, sid, args, stop_at, stats)
 
 
 async def run_musetalk_stream(
@@ -255,37 +268,21 @@ async def run_musetalk_stream(
     latents = (rng.standard_normal((args.crops, 8, 32, 32)) * 0.5).astype(np.float16)
     mel = rng.uniform(-0.7, 1.3, (80, 3000)).astype(np.float16)
     frames_per_window = 1400 // 2  # offsets 2 i - 4 stay inside the window's 1500 positions
-    window = asyncio.Semaphore(args.window)
-    sent: deque[float] = deque()
 
-    async def requests() -> AsyncIterator[lipsync_pb2.MuseTalkGenerateRequest]:
-        frame = 0
-        first = True
-        while time.perf_counter() < stop_at:
-            await window.acquire()
-            indices = list(range(frame, frame + args.items))
-            items = pack_items(
-                indices,
-                [i % args.crops for i in indices],
-                [0] * len(indices),
-                [2 * (i % frames_per_window) - 4 for i in indices],
-            )
-            frame += args.items
-            sent.append(time.perf_counter())
-            request = lipsync_pb2.MuseTalkGenerateRequest(items=items)
-            if first:
-                request.latents.CopyFrom(pack_latents(list(range(args.crops)), latents))
-                request.windows.append(pack_window(0, mel, -0.7))
-                first = False
-            yield request
+    def message(indices: list[int], first: bool) -> lipsync_pb2.MuseTalkGenerateRequest:
+        items = pack_items(
+            indices,
+            [i % args.crops for i in indices],
+            [0] * len(indices),
+            [2 * (i % frames_per_window) - 4 for i in indices],
+        )
+        request = lipsync_pb2.MuseTalkGenerateRequest(items=items)
+        if first:
+            request.latents.CopyFrom(pack_latents(list(range(args.crops)), latents))
+            request.windows.append(pack_window(0, mel, -0.7))
+        return request
 
-    try:
-        call = stream_call(stub.Generate, requests())
-        async for response in call:
-            window.release()
-            stats.received(sent.popleft(), len(response.faces.frame_indices), response)
-    except grpc.aio.AioRpcError as exc:
-        stats.errors.append(f"stream {sid}: {exc.code().name}: {exc.details()}")
+    await paced_stream(stub.Generate, message, sid, args, stop_at, stats)
 
 
 def estimate_batches(arrivals: Sequence[tuple[float, int]], gap_s: float) -> list[int]:

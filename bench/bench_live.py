@@ -38,7 +38,7 @@ session created; the largest such N is printed under the markdown table. --out w
 
 --model musetalk: the avatar is made for the 256 px tier and its sessions go to the lipsync-musetalk
 stage (--lipsync-replicas of it), from seeded checkpoints in the public formats
-(bench/musetalk_checkpoints.py; `--tiny`: narrow networks a CPU runs) unless --procedural (the
+(services/lipsync/musetalk/seeded.py; `--tiny`: narrow networks a CPU runs) unless --procedural (the
 weight-free musetalk-standin); the stage holds each worker's sessions' audio windows
 (`--max-window-positions`, set here from the sessions per worker).
 
@@ -554,9 +554,9 @@ def stage_args(args: argparse.Namespace, workdir: Path, max_sessions: int) -> di
             f"--max-window-positions={max(32000, 1500 * max_sessions)}",
         ]
         if not args.procedural:
-            from bench.musetalk_checkpoints import write_checkpoints
+            from services.lipsync.musetalk.seeded import write_seeded_networks
 
-            paths = write_checkpoints(workdir / "musetalk-models", tiny=args.tiny)
+            paths = write_seeded_networks(workdir / "musetalk-models", small=args.tiny)
             musetalk += [f"--{name.replace('_', '-')}={path}" for name, path in paths.items()]
         stages["lipsync-musetalk"] = musetalk + shlex.split(args.musetalk_flags)
     return {
@@ -597,7 +597,6 @@ def table(result: dict) -> str:
         f"{a['live_workers']} live workers, {a['gateways']} gateways, {a['procs']} client processes, {a['seconds']:g} s per count, "
         f"device {a['device']}{' (procedural)' if a['procedural'] else ''}{' + SR' if a['sr'] else ''}"
         f"{placement_note(result.get('placement', {}))}",
-
         f"device {a['device']}{' (procedural)' if a['procedural'] else ''}{' + SR' if a['sr'] else ''}, "
         f"model {a.get('model', 'wav2lip')}{' (tiny)' if a.get('tiny') else ''}",
         "",

@@ -20,7 +20,7 @@ is given: speed does not depend on the values, but with seeded weights the outpu
 (services/lipsync/musetalk/networks.py): `musetalk` is the generator of one batch (positional
 encoding, UNet at t = 0, VAE decode: latents [B, 8, 32, 32] + tokens [B, 50, 384] -> faces
 [B, 3, 256, 256]), `whisper` the encoder on 30 s windows ([B, 80, 3000] -> [B, 1500, 5, 384]);
-seeded checkpoints in the public formats (bench/musetalk_checkpoints.py) loaded through the stage's
+seeded checkpoints in the public formats (services/lipsync/musetalk/seeded.py) loaded through the stage's
 loaders, at full size, or narrow with `--tiny` (a CPU's smoke run).
 
 Examples:
@@ -110,9 +110,8 @@ WAV2LIP_ROWS = [
         gpu_only=True,
     ),
 ]
-SR_ROWS = [
-    Config("fp32", "fp32"),
-    Config("fp16", "fp16"),
+#: the CUDA graph and compiled rows of a network without BatchNorm in channels_last (SRVGG, MuseTalk's UNet + VAE)
+CHANNELS_LAST_FAST_ROWS = [
     Config("fp16 channels_last + CUDA graph", "fp16", channels_last=True, cuda_graphs=True, gpu_only=True),
     Config("torch.compile max-autotune (fp16)", "fp16", channels_last=True, compile=True),
     Config(
@@ -124,19 +123,11 @@ SR_ROWS = [
         gpu_only=True,
     ),
 ]
+SR_ROWS = [Config("fp32", "fp32"), Config("fp16", "fp16"), *CHANNELS_LAST_FAST_ROWS]
 MUSETALK_ROWS = [
     Config("fp32 eager", "fp32"),
     Config("fp16 channels_last", "fp16", channels_last=True),
-    Config("fp16 channels_last + CUDA graph", "fp16", channels_last=True, cuda_graphs=True, gpu_only=True),
-    Config("torch.compile max-autotune (fp16)", "fp16", channels_last=True, compile=True),
-    Config(
-        "torch.compile max-autotune + CUDA graph",
-        "fp16",
-        channels_last=True,
-        compile=True,
-        cuda_graphs=True,
-        gpu_only=True,
-    ),
+    *CHANNELS_LAST_FAST_ROWS,
 ]
 WHISPER_ROWS = [
     Config("fp32 eager", "fp32"),
@@ -155,10 +146,10 @@ MODEL_SETS = {"wav2lip": "wav2lip,srvgg", "musetalk": "musetalk,whisper"}
 
 def build_musetalk(folder: Path, tiny: bool) -> tuple[nn.Module, nn.Module]:
     """(generator, whisper encoder) from seeded checkpoints in the public formats, through the stage's loaders."""
-    from bench.musetalk_checkpoints import write_checkpoints
     from services.lipsync.musetalk.networks import load_networks
+    from services.lipsync.musetalk.seeded import write_seeded_networks
 
-    paths = write_checkpoints(folder, tiny=tiny)
+    paths = write_seeded_networks(folder, small=tiny)
     networks = load_networks(paths["unet"], paths["unet_config"], paths["vae"], paths["whisper"])
     return networks.generator.eval(), networks.encoder.eval()
 

@@ -9,7 +9,7 @@ its window (float16 on the wire, as the face link sends it), the encoder runs on
 10 positions are read at its offset (zeros outside the window's positions), as the stage gathers
 them. Printed per right context: the mean and max absolute difference of the tokens [frames, 50, 384]
 over the frames, and the mean absolute token for scale. Weights: whisper-tiny's config, seeded
-(bench/musetalk_checkpoints.py), or the public checkpoint with --whisper: trained weights give other
+(services/lipsync/musetalk/seeded.py), or the public checkpoint with --whisper: trained weights give other
 numbers; seeded ones measure the approximation's mechanics (the encoder's attention reaching the
 missing future, the window's own maximum).
 
@@ -32,8 +32,8 @@ if __package__ in (None, ""):
 import numpy as np
 import torch
 
-from bench.musetalk_checkpoints import write_whisper
 from services.lipsync.musetalk import load_whisper_encoder, whisper_chunks
+from services.lipsync.musetalk.seeded import write_seeded_whisper
 from services.lipsync.musetalk.whisper import feature_length
 from services.live.whisper_stream import WhisperStream, lookahead_ms
 from services.media.audio import decode_audio
@@ -83,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="the audio this many times over, as one utterance")
     p.add_argument("--every", type=int, default=1, help="measure every n-th frame (each costs an encoder pass)")
     p.add_argument("--right-ms", type=float, nargs="+", default=[0.0, 80.0, 200.0])
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--whisper", type=Path, help="an HF whisper-tiny folder (the public checkpoint) instead of seeded weights"
     )
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         encoder = load_whisper_encoder(args.whisper)
     else:
         with tempfile.TemporaryDirectory() as folder:
-            encoder = load_whisper_encoder(write_whisper(Path(folder) / "whisper", tiny=True, seed=args.seed))
+            encoder = load_whisper_encoder(write_seeded_whisper(Path(folder) / "whisper"))
     offline = offline_tokens(encoder, speech, frames)
     chosen = list(range(0, frames, args.every))
     scale = float(offline[chosen].abs().mean())

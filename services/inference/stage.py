@@ -142,6 +142,7 @@ def stage_backend_builder(
     precision: str | None = None,
     cuda_graphs: bool | None = None,
     compile_mode: str = DEFAULT_COMPILE_MODE,
+    buckets: tuple[int, ...] | None = None,
 ) -> Callable[[bool], Backend]:
     """`build(allow_compile)` for `start_backend`: a model stage's settings -> `resolve_backend_spec`
     (which decides and logs) -> `build_backend`. Both GPU stages build their backend through this.
@@ -153,7 +154,13 @@ def stage_backend_builder(
         precision: None = the spec's default (fp16 on CUDA, fp32 on the CPU).
         cuda_graphs: None = the spec's default; False for a model that cannot be captured.
         compile_mode: torch.compile's mode where the backend is `compile`.
+        buckets: a second model of the stage with batch sizes of its own (the musetalk tier's whisper
+            encoder: windows per pass): its largest is the max batch, and on CUDA they are its static
+            buckets; None = the settings' max_batch and batch_buckets.
     """
+    max_batch, batch_buckets = settings.max_batch, settings.batch_buckets or None
+    if buckets is not None:
+        max_batch, batch_buckets = buckets[-1], buckets if device.type == "cuda" else None
 
     def build(allow_compile: bool) -> Backend:
         spec = resolve_backend_spec(
@@ -161,8 +168,8 @@ def stage_backend_builder(
             device,
             model=model,
             precision=precision,
-            max_batch=settings.max_batch,
-            batch_buckets=settings.batch_buckets or None,
+            max_batch=max_batch,
+            batch_buckets=batch_buckets,
             cache_dir=settings.compile_cache_dir or None,
             cuda_graphs=cuda_graphs,
             compile_mode=compile_mode,
@@ -230,12 +237,19 @@ class ModelStage(Service[S], Generic[S, Chunk]):
         precision: str | None = None,
         cuda_graphs: bool | None = None,
         compile_mode: str = DEFAULT_COMPILE_MODE,
+        buckets: tuple[int, ...] | None = None,
     ) -> Backend:
         """Build the backend of `model` (settings -> `stage_backend_builder`), run `warm` on it (one
         pass per `backend.spec.warmup_batches`, where a compile happens; `auto` falls back from a
         failed compile), then the numerics guard against `model` on `guard_inputs`."""
         build = stage_backend_builder(
-            self.settings, device, model, precision=precision, cuda_graphs=cuda_graphs, compile_mode=compile_mode
+            self.settings,
+            device,
+            model,
+            precision=precision,
+            cuda_graphs=cuda_graphs,
+            compile_mode=compile_mode,
+            buckets=buckets,
         )
         backend = await start_backend(self.settings.backend, build, warm)
         await asyncio.to_thread(finish_backend_start, backend, model, guard_inputs, self.settings, self.metrics)

@@ -615,16 +615,7 @@ class Compositor:
             y1 += start
             h -= start
 
-        # Expand the region to even coordinates so the face's chroma grid is the frame's (x2/y2 cannot
-        # pass the even frame size). The padding's content only feeds chroma blocks whose weight
-        # there is 0 (top-left siting) or near 0, so replicating the face's edge is enough.
-        top, left, bottom, right = y1 & 1, x1 & 1, y2 & 1, x2 & 1
-        if top or left or bottom or right:
-            padded = cv2.copyMakeBorder(face, top, bottom, left, right, cv2.BORDER_REPLICATE)
-        else:
-            padded = face if face.flags.c_contiguous else np.ascontiguousarray(face)
-        eh, ew = h + top + bottom, w + left + right
-        face_y, face_u, face_v = split_i420(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
+        face_y, face_u, face_v, (top, left, bottom, right) = _even_planes(face, (x1, y1, x2, y2))
         weights = _weights(h + start, w, top, left, bottom, right, self._feather, self._siting, start)
         return _FaceRegion(face_y, face_u, face_v, weights, (x1, y1, x2, y2), top, left)
 
@@ -651,15 +642,25 @@ class Compositor:
         face, alpha = face[start:], alpha[start:]
         y1 += start
         h -= start
-        top, left, bottom, right = y1 & 1, x1 & 1, y2 & 1, x2 & 1
-        if top or left or bottom or right:
-            padded = cv2.copyMakeBorder(face, top, bottom, left, right, cv2.BORDER_REPLICATE)
-        else:
-            padded = face if face.flags.c_contiguous else np.ascontiguousarray(face)
-        eh, ew = h + top + bottom, w + left + right
-        face_y, face_u, face_v = split_i420(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
+        face_y, face_u, face_v, (top, left, bottom, right) = _even_planes(face, (x1, y1, x2, y2))
         weights = _mask_weights(alpha, top, left, bottom, right, self._siting)
         return _FaceRegion(face_y, face_u, face_v, weights, (x1, y1, x2, y2), top, left)
+
+
+def _even_planes(face: np.ndarray, box: Box) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int, int, int]]:
+    """The face's I420 planes over its box expanded to even coordinates, and that padding (top, left,
+    bottom, right): so the face's chroma grid is the frame's (x2/y2 cannot pass the even frame size).
+    The padding's content only feeds chroma blocks whose weight there is 0 (top-left siting) or near
+    0, so replicating the face's edge is enough."""
+    x1, y1, x2, y2 = box
+    top, left, bottom, right = y1 & 1, x1 & 1, y2 & 1, x2 & 1
+    if top or left or bottom or right:
+        padded = cv2.copyMakeBorder(face, top, bottom, left, right, cv2.BORDER_REPLICATE)
+    else:
+        padded = face if face.flags.c_contiguous else np.ascontiguousarray(face)
+    eh, ew = y2 - y1 + top + bottom, x2 - x1 + left + right
+    face_y, face_u, face_v = split_i420(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
+    return face_y, face_u, face_v, (top, left, bottom, right)
 
 
 @functools.lru_cache(maxsize=64)

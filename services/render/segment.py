@@ -268,14 +268,8 @@ class SegmentRenderer:
                     raw_size=raw_size,
                 )
 
-        t0 = time.perf_counter()
-        async with stage_errors("lipsync"):
-            async for response in stream_call(self._lipsync().Generate, requests(), metadata=metadata):
-                if response.HasField("model"):
-                    models.append(_model_dict(response.model))
-                for index, face in zip(response.faces.frame_indices, PackedImages.from_pb(response.faces).arrays()):
-                    yield index, face
-                times["lipsync"] = time.perf_counter() - t0
+        async for index, face in _faces("lipsync", self._lipsync().Generate, requests(), times, models, metadata):
+            yield index, face
 
     async def _generated_musetalk(
         self,
@@ -319,14 +313,9 @@ class SegmentRenderer:
                 )
                 yield lipsync_pb2.MuseTalkGenerateRequest(items=items)
 
-        t0 = time.perf_counter()
-        async with stage_errors("lipsync-musetalk"):
-            async for response in stream_call(self._musetalk().Generate, requests(), metadata=metadata):
-                if response.HasField("model"):
-                    models.append(_model_dict(response.model))
-                for index, face in zip(response.faces.frame_indices, PackedImages.from_pb(response.faces).arrays()):
-                    yield index, face
-                times["lipsync"] = time.perf_counter() - t0
+        generate = self._musetalk().Generate
+        async for index, face in _faces("lipsync-musetalk", generate, requests(), times, models, metadata):
+            yield index, face
 
     async def _restored(
         self,
@@ -362,6 +351,26 @@ class SegmentRenderer:
                 for item in response.items:
                     yield item.index, image_from_proto(item.image, "restored face")
                 times["superres"] = time.perf_counter() - t0
+
+
+async def _faces(
+    stage: str,
+    generate: Callable[..., Any],
+    requests: AsyncIterator[Any],
+    times: dict[str, float],
+    models: list[dict],
+    metadata: Sequence[tuple[str, str]],
+) -> AsyncIterator[tuple[int, np.ndarray]]:
+    """(frame index, face) as a generator stage's Generate answers them (both tiers answer packed
+    GeneratedFaces), in order; its model noted once, the time so far as "lipsync"."""
+    t0 = time.perf_counter()
+    async with stage_errors(stage):
+        async for response in stream_call(generate, requests, metadata=metadata):
+            if response.HasField("model"):
+                models.append(_model_dict(response.model))
+            for index, face in zip(response.faces.frame_indices, PackedImages.from_pb(response.faces).arrays()):
+                yield index, face
+            times["lipsync"] = time.perf_counter() - t0
 
 
 def _face_box(meta: AvatarMeta, frame: int) -> Box:

@@ -24,12 +24,12 @@ compute stream under its lock, so hidden states made by one batch are ready for 
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import numpy as np
 import torch
 
 from services.inference.backends import Backend
+from services.inference.bank import DeviceBank
 from services.inference.engine import DeviceBatchEngine, Part
 from services.media.musetalk_wire import FACE_SIZE, ITEM_POSITIONS, LATENT_SHAPE, Window
 from services.serving.errors import InvalidRequest, TooLarge
@@ -37,70 +37,15 @@ from services.serving.errors import InvalidRequest, TooLarge
 __all__ = ["AudioWindowState", "LatentBank", "MuseTalkChunk", "MuseTalkEngine", "StreamWindows"]
 
 
-class LatentBank:
+class LatentBank(DeviceBank):
     """One stream's latents, uploaded once, as an (N, 8, 32, 32) float16 tensor on the device."""
 
     def __init__(self, device: torch.device, max_latents: int) -> None:
-        self.device = device
-        self.max_latents = max_latents
-        self._rows: dict[int, int] = {}
-        self._pending: list[np.ndarray] = []
-        self._tensor = torch.empty((0, *LATENT_SHAPE), dtype=torch.float16, device=device)
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._rows)
+        super().__init__(device, LATENT_SHAPE, torch.float16, max_latents, "latent", "latents")
 
     def add(self, indices: np.ndarray, latents: np.ndarray) -> None:
         """Register latents (N, 8, 32, 32) float16 under `indices`; an index sent again is replaced."""
-        with self._lock:
-            new = {int(i) for i in indices} - self._rows.keys()
-            if len(self._rows) + len(new) > self.max_latents:
-                raise TooLarge(f"more than {self.max_latents} latents in one stream")
-            replaced = False
-            for index, latent in zip(indices.tolist(), latents):
-                if index not in self._rows:
-                    self._rows[index] = len(self._rows)
-                    self._pending.append(latent)
-                    continue
-                self._flush()
-                # The bank was (re)built inside the model thread's inference_mode, so it is an
-                # inference tensor: updated in place only under inference_mode too.
-                with torch.inference_mode():
-                    self._tensor[self._rows[index]] = torch.from_numpy(np.array(latent)).to(self.device)
-                replaced = True
-            if replaced:
-                self._settle()
-
-    def rows(self, latent_indices: np.ndarray, frame_indices: np.ndarray) -> np.ndarray:
-        """Latent indices -> bank rows; InvalidRequest naming the first unknown one."""
-        rows = np.fromiter(
-            (self._rows.get(int(i), -1) for i in latent_indices), dtype=np.int64, count=len(latent_indices)
-        )
-        if (rows < 0).any():
-            bad = int(np.argmax(rows < 0))
-            raise InvalidRequest(
-                f"item for frame {int(frame_indices[bad])} names latent {int(latent_indices[bad])}, which this stream has not sent"
-            )
-        return rows
-
-    def tensor(self) -> torch.Tensor:
-        with self._lock:
-            self._flush()
-            return self._tensor
-
-    def _flush(self) -> None:
-        """Upload the latents added since the last use in one copy."""
-        if self._pending:
-            new = torch.from_numpy(np.stack(self._pending)).to(self.device)
-            self._tensor = torch.cat((self._tensor, new))
-            self._pending = []
-            self._settle()
-
-    def _settle(self) -> None:
-        """Wait for this thread's stream to finish the upload: other threads read the bank on theirs."""
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+        self.put(indices.tolist(), latents)
 
 
 class AudioWindowState:

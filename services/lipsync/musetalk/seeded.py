@@ -28,7 +28,7 @@ from services.lipsync.musetalk.unet import UNET_CONFIG_NAME, build_unet
 from services.lipsync.musetalk.vae import build_vae
 from services.lipsync.musetalk.whisper import WhisperEncoder, WhisperEncoderConfig
 
-__all__ = ["UNET_CONFIG", "VAE_CONFIG", "WHISPER_CONFIG", "configs", "write_seeded_networks"]
+__all__ = ["UNET_CONFIG", "VAE_CONFIG", "WHISPER_CONFIG", "configs", "write_seeded_networks", "write_seeded_whisper"]
 
 # musetalkV15/musetalk.json
 UNET_CONFIG: dict[str, Any] = {
@@ -127,7 +127,6 @@ def write_seeded_networks(folder: str | Path, small: bool = False) -> dict[str, 
     cfg = configs(small)
     (folder / "musetalkV15").mkdir(parents=True, exist_ok=True)
     (folder / "sd-vae").mkdir(exist_ok=True)
-    (folder / "whisper").mkdir(exist_ok=True)
     with torch.device("meta"):  # shapes only: seeded_state_dict draws every tensor on the CPU
         unet = build_unet(cfg["unet"]).unet
         vae = build_vae(cfg["vae"]).vae
@@ -139,15 +138,31 @@ def write_seeded_networks(folder: str | Path, small: bool = False) -> dict[str, 
     weights = _variance_preserving(seeded_state_dict(vae, scale=0.05))
     torch.save(_legacy_names(weights), folder / "sd-vae" / "diffusion_pytorch_model.bin")
     (folder / "sd-vae" / "config.json").write_text(json.dumps(cfg["vae"], indent=2))
-    weights = seeded_state_dict(encoder, scale=0.05)
-    for key in weights:
-        if "layer_norm" in key and key.endswith(".weight"):
-            weights[key] = weights[key] + 1
-    torch.save({f"model.encoder.{k}": v for k, v in weights.items()}, folder / "whisper" / "pytorch_model.bin")
-    (folder / "whisper" / "config.json").write_text(json.dumps(cfg["whisper"], indent=2))
+    _write_whisper(encoder, cfg["whisper"], folder / "whisper")
     return {
         "unet": str(unet_path),
         "unet_config": str(folder / "musetalkV15" / UNET_CONFIG_NAME),
         "vae": str(folder / "sd-vae"),
         "whisper": str(folder / "whisper"),
     }
+
+
+def write_seeded_whisper(folder: str | Path, small: bool = False) -> Path:
+    """Only the whisper encoder's seeded folder (what the setting `whisper` names): for measuring the
+    features alone (bench/musetalk_live_features.py). Returns `folder`."""
+    config = configs(small)["whisper"]
+    with torch.device("meta"):
+        encoder = WhisperEncoder(WhisperEncoderConfig.from_hf(config))
+    return _write_whisper(encoder, config, Path(folder))
+
+
+def _write_whisper(encoder: WhisperEncoder, config: dict[str, Any], folder: Path) -> Path:
+    """config.json + pytorch_model.bin, the encoder's keys under `model.encoder.` as in the HF file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = seeded_state_dict(encoder, scale=0.05)
+    for key in weights:
+        if "layer_norm" in key and key.endswith(".weight"):
+            weights[key] = weights[key] + 1
+    torch.save({f"model.encoder.{k}": v for k, v in weights.items()}, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder

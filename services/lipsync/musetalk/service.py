@@ -19,12 +19,12 @@ from typing import Any
 import grpc
 import numpy as np
 import torch
-from torch import nn
 
 from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc
-from services.inference.backends import PRECISIONS, Backend, build_backend, resolve_backend_spec
+from services.inference.backends import PRECISIONS, Backend
 from services.inference.request_bounds import check_items_per_message, check_output_bytes
-from services.inference.stage import Keys, ModelStage, StageServicer, finish_backend_start, model_stream, start_backend
+from services.inference.stage import Keys, ModelStage, StageServicer, model_stream
+from services.lipsync.frames import FrameSequence
 from services.lipsync.musetalk.engine import MuseTalkChunk, MuseTalkEngine, StreamWindows
 from services.lipsync.musetalk.networks import load_networks, standin_networks
 from services.lipsync.musetalk.prep import AvatarPreparer, PreparedFace
@@ -41,8 +41,7 @@ from services.media.musetalk_wire import (
     unpack_window,
 )
 from services.media.packed import PackedImages
-from services.media.wire import image_from_proto
-from services.serving.errors import InvalidRequest, TooLarge
+from services.serving.errors import InvalidRequest
 from services.serving.stages import STAGES
 
 _LOGGER = logging.getLogger(__name__)
@@ -73,31 +72,14 @@ class MuseTalkServicer(StageServicer["MuseTalkService"], lipsync_pb2_grpc.MuseTa
     ) -> AsyncIterator[lipsync_pb2.PrepareAvatarResponse]:
         """Each message's frames prepared and answered in order (no frame waits for another)."""
         svc = self._service
-        limit = svc.settings.max_prepare_frames
-        position = 0
-        shape: tuple[int, ...] | None = None
+        sequence = FrameSequence("PrepareAvatar", svc.settings.max_prepare_frames)
         async for request in request_iterator:
-            frames = []
-            for item in request.frames:
-                if item.index != position:
-                    raise InvalidRequest(
-                        f"frame index {item.index} where {position} was expected: frames are numbered 0, 1, 2... in the order sent"
-                    )
-                if position >= limit:
-                    raise TooLarge(f"more than {limit} frames in one PrepareAvatar stream")
-                frame = image_from_proto(item.image, f"frame {item.index}")
-                shape = shape or frame.shape
-                if frame.shape != shape:
-                    raise InvalidRequest(
-                        f"all frames of one stream must have the same size, got {sorted({frame.shape, shape})}"
-                    )
-                frames.append(frame)
-                position += 1
+            frames = sequence.take(request.frames)
             if not frames:
                 continue
             prepared = await asyncio.to_thread(svc.preparer.prepare, frames)
             svc.metrics.items.labels(svc.stage).inc(len(frames))
-            start = position - len(frames)
+            start = sequence.position - len(frames)
             response = lipsync_pb2.PrepareAvatarResponse(
                 frames=[prepared_frame(start + k, face) for k, face in enumerate(prepared)]
             )
@@ -105,7 +87,7 @@ class MuseTalkServicer(StageServicer["MuseTalkService"], lipsync_pb2_grpc.MuseTa
                 response.model.CopyFrom(svc.preparer.model_info)
                 response.box_source = svc.preparer.box_source
             yield response
-        if position == 0:
+        if sequence.position == 0:
             raise InvalidRequest("PrepareAvatar received no frames")
 
     async def Generate(
@@ -181,8 +163,15 @@ class MuseTalkService(ModelStage[MuseTalkSettings, MuseTalkChunk]):
         graphs = None if not nets.standin else False  # the stand-in makes host tensors per call
         gen = torch.Generator().manual_seed(0)
         mel_guard = torch.rand((2, LOG_MEL_BANDS, WINDOW_COLUMNS), generator=gen) * 2 - 1.5
-        encoder = await self._start(
-            device, nets.encoder, mel_guard, buckets=encoder_buckets(s.max_windows_per_batch), precision=precision
+        encoder = await self.start_model(
+            device,
+            nets.encoder,
+            self._warm_encoder,
+            [mel_guard],
+            precision=precision,
+            cuda_graphs=graphs,
+            compile_mode=s.compile_mode,
+            buckets=encoder_buckets(s.max_windows_per_batch),
         )
         # (fp16 and channels_last: the backend casts the inputs; positional_encoding builds its table in the
         # tokens' dtype and device, the UNet's timestep is made on the latents' device, diffusers embeds it in
@@ -206,41 +195,9 @@ class MuseTalkService(ModelStage[MuseTalkSettings, MuseTalkChunk]):
             extra={"model": nets.name, "backend": self.backend.describe(), "encoder": encoder.describe()},
         )
 
-    async def _start(
-        self,
-        device: torch.device,
-        module: nn.Module,
-        guard: torch.Tensor,
-        *,
-        buckets: tuple[int, ...],
-        precision: str | None,
-    ) -> Backend:
-        """The whisper encoder's backend: the stage's backend kind and compile cache, its own buckets
-        (windows per pass), warmed on every bucket, then the numerics guard."""
-        s = self.settings
-        graphs = False if self.networks.standin else None
-
-        def build(allow_compile: bool) -> Backend:
-            spec = resolve_backend_spec(
-                s.backend,
-                device,
-                model=module,
-                precision=precision,
-                max_batch=buckets[-1],
-                batch_buckets=buckets if device.type == "cuda" else None,
-                cache_dir=s.compile_cache_dir or None,
-                cuda_graphs=graphs,
-                compile_mode=s.compile_mode,
-                allow_compile=allow_compile,
-            )
-            return build_backend(spec, module)
-
-        async def warm(backend: Backend) -> None:
-            await asyncio.to_thread(backend.warmup, lambda b: (torch.full((b, LOG_MEL_BANDS, WINDOW_COLUMNS), -1.5),))
-
-        backend = await start_backend(s.backend, build, warm)
-        await asyncio.to_thread(finish_backend_start, backend, module, [guard], s, self.metrics)
-        return backend
+    async def _warm_encoder(self, backend: Backend) -> None:
+        """One pass per bucket of windows (compilation, CUDA graph capture), largest first."""
+        await asyncio.to_thread(backend.warmup, lambda b: (torch.full((b, LOG_MEL_BANDS, WINDOW_COLUMNS), -1.5),))
 
     async def _warm_generator(self, backend: Backend) -> None:
         """One pass per warm-up batch of the spec (compilation, CUDA graph capture), largest first."""
