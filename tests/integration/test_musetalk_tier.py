@@ -1,6 +1,8 @@
-"""The musetalk tier end to end (issue 30, items 3, 6 and 9): jobs and live sessions of avatars
-created with model=musetalk, through real processes on 127.0.0.1 with the lipsync-musetalk stage (its
-weight-free stand-in), once on SQLite and once on PostgreSQL.
+"""The musetalk tier end to end (issue 30, items 1, 3, 4, 6 and 9): avatars created with
+model=musetalk (a photo and a template video prepared into the avatar's pack: latents and masks),
+their jobs and live sessions, through real processes on 127.0.0.1 with the lipsync-musetalk stage (its
+weight-free stand-in), once on SQLite and once on PostgreSQL: one cluster per store for the module.
+A deployment without the stage refuses the tier FAILED_PRECONDITION; an unknown tier is INVALID_ARGUMENT.
 
 What the stand-in makes is known (services/lipsync/musetalk/standin.py): the reference crop blurred
 to its 32x32 latent detail, with a dark mouth as open as the audio is loud; the compositor blends it
@@ -19,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import av
+import cv2
 import grpc
 import numpy as np
 import pytest
@@ -139,6 +142,100 @@ def photo_job(
     return render(tier_client, photo.id, speech_bytes, out, super_resolution=request.param)
 
 
+# --------------------------------------------------------------------------------------------------
+# Avatars of the tier
+# --------------------------------------------------------------------------------------------------
+
+
+def pack(cluster: LocalCluster, avatar_id: str) -> tuple[dict, np.ndarray, np.ndarray, list[str]]:
+    """The avatar's meta, latents and masks as stored, and its blobs' names."""
+    folder = cluster.blob_dir / "avatars" / avatar_id
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    meta = json.loads((folder / "meta.json").read_text())
+    return meta, np.load(folder / "musetalk" / "latents.npy"), np.load(folder / "musetalk" / "masks.npy"), names
+
+
+def test_a_photo_avatar_of_the_tier_is_prepared_stored_and_listed_by_it(
+    tier: LocalCluster, tier_client: LiplineClient, photo: gateway_pb2.Avatar
+) -> None:
+    data = (SAMPLES / "avatar.jpg").read_bytes()
+    avatar = photo
+    assert (avatar.model, avatar.frame_count, avatar.faces_found) == ("musetalk", 1, 1)
+    meta, latents, masks, names = pack(tier, avatar.id)
+    assert names == ["meta.json", "musetalk/latents.npy", "musetalk/masks.npy", "source"]  # no Wav2Lip crops
+    assert meta["model"] == "musetalk" and meta["prep"]["box_source"] == "face-detector"
+    assert meta["prep"]["model"] == "face-detector+musetalk-standin+ellipse"
+    assert latents.shape == (1, 8, 32, 32) and latents.dtype == np.float16 and np.isfinite(latents).all()
+    assert masks.shape == (1, 256, 256) and masks.dtype == np.uint8 and masks[0, 160:].max() == 255
+    x1, y1, x2, y2 = meta["boxes"][0]
+    assert x1 < 223 < x2 and y1 < 118 < y2 and len(meta["mask_boxes"][0]) == 4
+    assert tier_client.get_avatar(avatar.id).model == "musetalk"
+    assert (
+        tier_client.create_avatar(data, "again", model="musetalk").id == avatar.id
+    )  # the same upload, the same avatar
+    plain = tier_client.create_avatar(data, "photo")  # the same bytes for the default tier: another avatar
+    assert plain.id != avatar.id and plain.model == "wav2lip"
+    assert avatar.id in [a.id for a in tier_client.list_avatars(model="musetalk")]
+    assert plain.id not in [a.id for a in tier_client.list_avatars(model="musetalk")]
+    assert {a.id for a in tier_client.list_avatars()} >= {avatar.id, plain.id}
+
+
+@dataclasses.dataclass
+class Video:
+    avatar: gateway_pb2.Avatar
+    frames: list[np.ndarray]  # the template as decoded
+
+
+@pytest.fixture(scope="module")
+def video(tier_client: LiplineClient, tmp_path_factory: pytest.TempPathFactory) -> Video:
+    """A template video avatar of the tier: the photo moving right 4 px a frame, then a grey frame (no face)."""
+    folder = tmp_path_factory.mktemp("musetalk-video")
+    photo = cv2.imread(str(SAMPLES / "avatar.jpg"))
+    shifted = write_shifted_video(folder / "shifted.mp4", photo, frames=6, step=4)
+    with Mp4Writer(folder / "template.mp4", photo.shape[1], photo.shape[0], FPS, None, 16_000, crf=10) as writer:
+        for frame in [*shifted, np.full_like(shifted[0], 90)]:
+            writer.write(frame)
+    data = (folder / "template.mp4").read_bytes()
+    return Video(tier_client.create_avatar(data, "video", model="musetalk"), decode_avatar(data)[0])
+
+
+def test_a_video_avatar_of_the_tier_keeps_a_row_per_face_and_passes_faceless_frames(
+    tier: LocalCluster, video: Video
+) -> None:
+    avatar = video.avatar
+    assert (avatar.model, avatar.frame_count, avatar.faces_found, avatar.fps) == ("musetalk", 7, 6, 25.0)
+    meta, latents, masks, _ = pack(tier, avatar.id)
+    assert meta["boxes"][6] is None and meta["mask_boxes"][6] is None
+    assert latents.shape == (6, 8, 32, 32) and masks.shape == (6, 256, 256)
+    lefts = [meta["boxes"][i][0] for i in range(6)]
+    assert lefts == sorted(lefts) and lefts[-1] > lefts[0]  # the boxes follow the moving face
+    assert np.isfinite(latents).all() and all(m[160:].max() == 255 for m in masks)  # a face and an alpha per row
+
+
+def test_an_unknown_tier_is_invalid_argument(tier_client: LiplineClient) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        tier_client.create_avatar((SAMPLES / "avatar.jpg").read_bytes(), model="sadtalker")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "model 'sadtalker' is not a model tier; use one of wav2lip, musetalk" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        tier_client.list_avatars(model="sadtalker")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_deployment_without_the_stage_refuses_the_tier_before_the_upload(client: LiplineClient) -> None:
+    """The shared cluster runs no lipsync-musetalk stage (the registry's optional stage is off by default)."""
+    with pytest.raises(grpc.RpcError) as err:
+        client.create_avatar((SAMPLES / "avatar.jpg").read_bytes(), model="musetalk")
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "does not serve the 'musetalk' model tier: it runs no lipsync-musetalk stage" in err.value.details()
+    assert client.create_avatar((SAMPLES / "avatar.jpg").read_bytes()).model == "wav2lip"
+
+
+# --------------------------------------------------------------------------------------------------
+# Jobs on the tier
+# --------------------------------------------------------------------------------------------------
+
+
 def test_a_photo_job_renders_the_whole_audio_with_the_tiers_model(photo_job: Render, speech_bytes: bytes) -> None:
     job, info = photo_job.job, photo_job.info
     assert (info["video_codec"], info["audio_codec"]) == ("h264", "aac")
@@ -175,35 +272,18 @@ def test_the_upper_face_is_the_template_and_the_mouth_follows_the_gate(
     assert darkness.max() - darkness.min() > 10.0, darkness  # it opens and closes with the audio
 
 
-@pytest.mark.parametrize(
-    "loop", [gateway_pb2.JobOptions.PING_PONG, gateway_pb2.JobOptions.WRAP], ids=["ping-pong", "wrap"]
-)
 def test_a_template_video_job_loops_and_passes_faceless_frames(
-    tier_client: LiplineClient, tier: LocalCluster, speech_bytes: bytes, tmp_path: Path, loop: int
+    tier_client: LiplineClient, video: Video, speech_bytes: bytes, tmp_path: Path
 ) -> None:
-    photo = decode_avatar((SAMPLES / "avatar.jpg").read_bytes())[0][0]
-    shifted = write_shifted_video(tmp_path / "shifted.mp4", photo, frames=6, step=4)
-    video = tmp_path / "template.mp4"
-    template = [*shifted, np.full_like(shifted[0], 90)]  # frame 6 has no face
-    with av.open(str(video), mode="w") as container:
-        stream = container.add_stream("libx264", rate=FPS)
-        stream.width, stream.height, stream.pix_fmt = photo.shape[1], photo.shape[0], "yuv420p"
-        stream.options = {"crf": "10", "preset": "ultrafast"}
-        for i, image in enumerate(template):
-            frame = av.VideoFrame.from_ndarray(image, format="bgr24")
-            frame.pts = i
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode(None))
-    avatar = tier_client.create_avatar(video.read_bytes(), "video", model="musetalk")
-    assert (avatar.model, avatar.frame_count, avatar.faces_found) == ("musetalk", 7, 6)
-    decoded, _ = decode_avatar(video.read_bytes())
-    out = render(tier_client, avatar.id, speech_bytes, tmp_path / "out.mp4", loop=loop)
+    """Ping-pong (the default) over the 7 frames; the loop modes' mapping itself is the Wav2Lip path's
+    (services/media/timeline.py), tested there."""
+    avatar, decoded = video.avatar, video.frames
+    out = render(tier_client, avatar.id, speech_bytes, tmp_path / "out.mp4")
     assert out.info["frames"] == round(out.job.audio_seconds * FPS) > 2 * avatar.frame_count
     assert [m.name for m in out.job.models] == ["musetalk-standin"]
-    mode = "wrap" if loop == gateway_pb2.JobOptions.WRAP else "ping_pong"
     body = (slice(300, None), slice(None))  # far below the face: only the template's own motion
     for i, frame in enumerate(out.frames):
-        source = loop_frame(i, 7, mode)
+        source = loop_frame(i, 7, "ping_pong")
         diffs = [mean_abs_diff(frame[body], t[body]) for t in decoded]
         assert int(np.argmin(diffs)) == source, (i, [round(d, 2) for d in diffs])
         if source == 6:  # no face: the frame passes through whole
