@@ -36,6 +36,9 @@ Weights (speed does not depend on the values):
 * superres: a seeded realesr-general-x4v3 (SRVGGNetCompact, 32 convs, x4) in Real-ESRGAN's file
   format ({"params": ...}) unless --sr-checkpoint is given; --no-sr-weights uses the Lanczos fallback.
   --super-resolution off skips the stage (the lipsync stage then resizes its faces itself).
+* --model musetalk: the avatar is made for the 256 px tier and the lipsync-musetalk stage (--replicas
+  of it) renders its faces, from seeded checkpoints in the public formats (services/lipsync/musetalk/seeded.py;
+  `--tiny`: narrow networks a CPU runs) unless --procedural (the weight-free musetalk-standin).
 
 Examples:
     # CPU smoke (about a minute on 2 cores)
@@ -45,6 +48,10 @@ Examples:
     python bench/bench_e2e.py --device cuda --out var/bench/e2e-gpu.json
     # jobs per minute on two GPUs: 8 jobs, 4 in flight, after a warm-up job
     python bench/bench_e2e.py --device cuda --gpus 0,1 --warmup-seconds 5 --jobs 8 --concurrency 4
+
+    python bench/bench_e2e.py --device cuda --replicas 2 --gpus 0,1 --warmup-seconds 5 --jobs 8 --concurrency 4
+    # the 256 px tier's case: a 60 s clip on a 720p template (seeded MuseTalk networks on the GPU)
+    python bench/bench_e2e.py --model musetalk --device cuda --super-resolution off --out var/bench/e2e-musetalk.json
     # the render-workers issue's case: 16 concurrent 30 s jobs at 720p with SR, 16..1 workers
     python bench/bench_e2e.py --device cuda --audio-seconds 30 --jobs 16 --worker-counts 16,8,4,2,1
 """
@@ -196,7 +203,17 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
 
         write_seeded_sr(path, "realesr-general-x4v3")
         superres.append(f"--checkpoint={path}")
+    stages = {}
+    if args.model == "musetalk":
+        musetalk = [f"--device={args.device}", f"--log-level={args.log_level}"]
+        if not args.procedural:
+            from services.lipsync.musetalk.seeded import write_seeded_networks
+
+            paths = write_seeded_networks(workdir / "musetalk-models", small=args.tiny)
+            musetalk += [f"--{name.replace('_', '-')}={path}" for name, path in paths.items()]
+        stages["lipsync-musetalk"] = musetalk + shlex.split(args.musetalk_flags)
     return {
+        **stages,
         "audio": [f"--log-level={args.log_level}", *shlex.split(args.audio_flags)],
         "lipsync": lipsync + shlex.split(args.lipsync_flags),
         "superres": superres + shlex.split(args.superres_flags),
@@ -246,6 +263,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         "superres": replicas_for(args.replicas, gpus),
         "render": max(counts),
         "audio": args.audio_replicas,
+        "lipsync-musetalk": args.replicas if args.model == "musetalk" else 0,
     }
     result["placement"] = {"replicas": replicas, "gpus": gpus, "cores": cores}
     with LocalCluster(
@@ -261,7 +279,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         try:
             with LiplineClient(cluster.gateway_address, timeout=args.timeout) as client:
                 t = time.perf_counter()
-                avatar = client.create_avatar(template.read_bytes(), name="bench-template")
+                avatar = client.create_avatar(template.read_bytes(), name="bench-template", model=args.model)
                 result["create_avatar_seconds"] = time.perf_counter() - t
                 result["avatar"] = {
                     "id": avatar.id,
@@ -656,6 +674,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-seconds", type=float, default=0.0, help="run an unmeasured job of this length first")
     p.add_argument("--jobs", type=int, default=1, help="measured jobs (same avatar and audio); >1 adds jobs/minute")
     p.add_argument("--concurrency", type=int, default=0, help="most jobs in flight at once (default: --jobs)")
+    p.add_argument("--model", default="wav2lip", choices=["wav2lip", "musetalk"], help="the avatar's tier")
+    p.add_argument("--tiny", action="store_true", help="musetalk: narrow seeded networks (a CPU's smoke run)")
+    p.add_argument("--musetalk-flags", default="", help="more lipsync-musetalk flags, e.g. '--max-batch=64'")
     p.add_argument("--lipsync-flags", default="", help="more lipsync flags, e.g. '--backend=compile --max-batch=256'")
     p.add_argument("--superres-flags", default="", help="more superres flags")
     p.add_argument("--audio-flags", default="", help="more audio flags")

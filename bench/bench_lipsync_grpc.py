@@ -23,6 +23,14 @@ bench_superres_grpc.py reuses them for the superres service's Upscale RPC.
 Weights: a seeded synthetic Wav2Lip checkpoint is written to a temp dir unless --checkpoint is
 given (speed does not depend on the values); --procedural runs the weight-free stand-in instead.
 
+`--model musetalk` measures the lipsync-musetalk stage (`python -m services.lipsync.musetalk`, the
+256 px tier) the same way: seeded full-size networks in the public layout are written to the temp
+dir (services/lipsync/musetalk/seeded.py: unet.pth + musetalk.json, the sd-vae folder, the whisper
+folder; `--small` for CPU-sized ones, `--musetalk-dir` for real ones, `--standin` for the weight-free
+stand-in); each stream sends its LatentBank (`--crops` latents) and one 30 s audio window with its
+first message, then items (frame i: latent i mod crops, window offset 2 i - 4 within the window).
+`--fast-decode` passes the stage's switch. The frames are 256 x 256.
+
 Examples:
     python bench/bench_lipsync_grpc.py --device cpu --streams 2 --items 4 --seconds 5 --max-batch 8
     python bench/bench_lipsync_grpc.py --device cuda --max-batch 256 --out var/bench/grpc-h200.json
@@ -82,6 +90,38 @@ def write_seeded_checkpoint(path: Path) -> None:
 
     model = Wav2Lip()
     torch.save({"state_dict": seeded_state_dict(model)}, path)
+
+
+def musetalk_flags(args: argparse.Namespace, workdir: Path) -> list[str]:
+    """The lipsync-musetalk stage's flags: its checkpoints (seeded ones written under `workdir`
+    unless --musetalk-dir or --standin), precision, the switch and the model-serving flags."""
+    flags: list[str] = []
+    if not args.standin:
+        if args.musetalk_dir:
+            root = Path(args.musetalk_dir)
+            paths = {
+                "unet": root / "musetalkV15" / "unet.pth",
+                "unet_config": root / "musetalkV15" / "musetalk.json",
+                "vae": root / "sd-vae",
+                "whisper": root / "whisper",
+            }
+        else:
+            from services.lipsync.musetalk.seeded import write_seeded_networks
+
+            t0 = time.perf_counter()
+            paths = write_seeded_networks(workdir / "musetalk", small=args.small)
+            print(f"seeded musetalk networks written in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        for name, path in paths.items():
+            flags += ["--" + name.replace("_", "-"), str(path)]
+    if args.precision:
+        flags += ["--precision", args.precision]
+    if args.fast_decode:
+        flags += ["--fast-decode", "true"]
+    if args.compile_mode:
+        flags += ["--compile-mode", args.compile_mode]
+    if args.max_rel_error is not None:
+        flags += ["--max-rel-error", str(args.max_rel_error)]
+    return flags + serving_flags(args)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,6 +210,37 @@ class Stats:
             self.model_info = response.model
 
 
+async def paced_stream(
+    generate: Callable[..., Any],
+    message: Callable[[list[int], bool], Any],
+    sid: int,
+    args: argparse.Namespace,
+    stop_at: float,
+    stats: Stats,
+) -> None:
+    """One Generate stream of either tier: `message(frame indices, first)` for --items frames at a time
+    until `stop_at`, at most --window messages unanswered; each answer recorded into `stats`."""
+    window = asyncio.Semaphore(args.window)
+    sent: deque[float] = deque()
+
+    async def requests() -> AsyncIterator[Any]:
+        frame = 0
+        while time.perf_counter() < stop_at:
+            await window.acquire()
+            request = message(list(range(frame, frame + args.items)), frame == 0)
+            frame += args.items
+            sent.append(time.perf_counter())
+            yield request
+
+    try:
+        call = stream_call(generate, requests())  # a failure building the requests is raised here
+        async for response in call:
+            window.release()
+            stats.received(sent.popleft(), len(response.faces.frame_indices), response)
+    except grpc.aio.AioRpcError as exc:
+        stats.errors.append(f"stream {sid}: {exc.code().name}: {exc.details()}")
+
+
 async def run_stream(
     stub: lipsync_pb2_grpc.LipSyncServiceStub, sid: int, args: argparse.Namespace, stop_at: float, stats: Stats
 ) -> None:
@@ -179,30 +250,39 @@ async def run_stream(
         for i in range(args.crops)
     ]
     mels = [mel_to_bytes(rng.uniform(-4, 0, (80, 16)).astype(np.float32)) for _ in range(32)]
-    window = asyncio.Semaphore(args.window)
-    sent: deque[float] = deque()
 
-    async def requests() -> AsyncIterator[lipsync_pb2.GenerateRequest]:
-        frame = 0
-        first = True
-        while time.perf_counter() < stop_at:
-            await window.acquire()
-            indices = list(range(frame, frame + args.items))
-            items = pack_generate_items(
-                indices, [i % args.crops for i in indices], [mels[i % len(mels)] for i in indices]
-            )
-            frame += args.items
-            sent.append(time.perf_counter())
-            yield lipsync_pb2.GenerateRequest(crops=crops if first else [], items=items, raw_size=True)
-            first = False
+    def message(indices: list[int], first: bool) -> lipsync_pb2.GenerateRequest:
+        items = pack_generate_items(indices, [i % args.crops for i in indices], [mels[i % len(mels)] for i in indices])
+        return lipsync_pb2.GenerateRequest(crops=crops if first else [], items=items, raw_size=True)
 
-    try:
-        call = stream_call(stub.Generate, requests())  # a failure building the requests is raised here
-        async for response in call:
-            window.release()
-            stats.received(sent.popleft(), len(response.faces.frame_indices), response)
-    except grpc.aio.AioRpcError as exc:
-        stats.errors.append(f"stream {sid}: {exc.code().name}: {exc.details()}")
+    await paced_stream(stub.Generate, message, sid, args, stop_at, stats)
+
+
+async def run_musetalk_stream(
+    stub: lipsync_pb2_grpc.MuseTalkServiceStub, sid: int, args: argparse.Namespace, stop_at: float, stats: Stats
+) -> None:
+    """One MuseTalk Generate stream: latents and a 30 s window once, then --items items per message."""
+    from services.media.musetalk_wire import pack_items, pack_latents, pack_window
+
+    rng = np.random.default_rng(sid)
+    latents = (rng.standard_normal((args.crops, 8, 32, 32)) * 0.5).astype(np.float16)
+    mel = rng.uniform(-0.7, 1.3, (80, 3000)).astype(np.float16)
+    frames_per_window = 1400 // 2  # offsets 2 i - 4 stay inside the window's 1500 positions
+
+    def message(indices: list[int], first: bool) -> lipsync_pb2.MuseTalkGenerateRequest:
+        items = pack_items(
+            indices,
+            [i % args.crops for i in indices],
+            [0] * len(indices),
+            [2 * (i % frames_per_window) - 4 for i in indices],
+        )
+        request = lipsync_pb2.MuseTalkGenerateRequest(items=items)
+        if first:
+            request.latents.CopyFrom(pack_latents(list(range(args.crops)), latents))
+            request.windows.append(pack_window(0, mel, -0.7))
+        return request
+
+    await paced_stream(stub.Generate, message, sid, args, stop_at, stats)
 
 
 def estimate_batches(arrivals: Sequence[tuple[float, int]], gap_s: float) -> list[int]:
@@ -429,6 +509,15 @@ def add_load_args(p: argparse.ArgumentParser, stage: str) -> None:
     )
 
 
+def checkpoint_label(args: argparse.Namespace) -> str:
+    """Where the weights came from, for the JSON."""
+    if args.model == "musetalk":
+        if args.standin:
+            return "standin"
+        return args.musetalk_dir or ("seeded-small" if args.small else "seeded")
+    return "seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -443,6 +532,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=64, help="items (frames) per request message")
     p.add_argument("--crops", type=int, default=4, help="reference crops per stream")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for SERVING (compile!)")
+    p.add_argument("--model", default="wav2lip", choices=["wav2lip", "musetalk"], help="the tier's stage to measure")
+    p.add_argument("--standin", action="store_true", help="musetalk: the weight-free stand-in (no checkpoints)")
+    p.add_argument("--small", action="store_true", help="musetalk: small seeded networks (CPU smoke)")
+    p.add_argument("--musetalk-dir", default="", help="musetalk: a models folder in the public layout")
+    p.add_argument("--fast-decode", action="store_true", help="musetalk: the stage's fast_decode switch")
+    p.add_argument("--compile-mode", default="", help="musetalk: the stage's --compile-mode")
+    p.add_argument("--max-rel-error", type=float, default=None, help="musetalk: the stage's numerics guard bound")
     add_load_args(p, "lipsync")
     args = p.parse_args(argv)
     if args.warmup_seconds >= args.seconds:
@@ -456,19 +552,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-lipsync-") as tmp:
         workdir = Path(tmp)
-        if not args.checkpoint and not args.procedural:
+        if args.model == "musetalk":
+            result, tail = serve_and_load(
+                args,
+                workdir,
+                "lipsync-musetalk",
+                musetalk_flags(args, workdir),
+                lipsync_pb2_grpc.MuseTalkServiceStub,
+                run_musetalk_stream,
+                "frames",
+            )
+        elif not args.checkpoint and not args.procedural:
             args.checkpoint = str(workdir / "wav2lip-seeded.pth")
             write_seeded_checkpoint(Path(args.checkpoint))
-        result, tail = serve_and_load(
-            args, workdir, "lipsync", lipsync_flags(args), lipsync_pb2_grpc.LipSyncServiceStub, run_stream, "frames"
-        )
+        if args.model == "wav2lip":
+            result, tail = serve_and_load(
+                args, workdir, "lipsync", lipsync_flags(args), lipsync_pb2_grpc.LipSyncServiceStub, run_stream, "frames"
+            )
 
     result.update(
         date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         args={k: v for k, v in vars(args).items() if k != "checkpoint"},
-        checkpoint="seeded" if "wav2lip-seeded" in (args.checkpoint or "") else (args.checkpoint or "procedural"),
+        checkpoint=checkpoint_label(args),
     )
-    print_result_table(args, result, "frames")
+    print_result_table(args, result, "frames", {"tier": args.model})
     return report_errors_and_write(result, args, tail, "frames")
 
 

@@ -36,9 +36,18 @@ Measured on the client's clock per N:
 A count "holds" when p95 <= --p95-limit-ms (350) with no skipped and no missing frames and every
 session created; the largest such N is printed under the markdown table. --out writes JSON.
 
+--model musetalk: the avatar is made for the 256 px tier and its sessions go to the lipsync-musetalk
+stage (--lipsync-replicas of it), from seeded checkpoints in the public formats
+(services/lipsync/musetalk/seeded.py; `--tiny`: narrow networks a CPU runs) unless --procedural (the
+weight-free musetalk-standin); the stage holds each worker's sessions' audio windows
+(`--max-window-positions`, set here from the sessions per worker).
+
 Examples:
     # CPU smoke (~60 s on 2 cores)
     python bench/bench_live.py --device cpu --procedural --sessions 2 --seconds 8
+    # the 256 px tier: 18 sessions of 512x512 on seeded MuseTalk networks
+    python bench/bench_live.py --model musetalk --device cuda --size 512x512 --sessions 18 --live-workers 2 \
+        --procs 2 --out var/bench/live-musetalk.json
     # the H200 table's row: 512x512, H.264 ultrafast, 25..300 sessions (bench/gpu_session.sh live)
     python bench/bench_live.py --device cuda --size 512x512 --codec h264 --preset ultrafast \\
         --session-counts 25,50,100,150,200,300 --live-workers 8 --gateways 2 --procs 4 --out var/bench/live.json
@@ -535,7 +544,23 @@ def stage_args(args: argparse.Namespace, workdir: Path, max_sessions: int) -> di
         superres.append(f"--checkpoint={path}")
     # Hundreds of long streams: no stream caps, no connection ageing in the middle of a count.
     streams = ["--max-concurrent-streams=0", "--max-connection-age-s=86400"]
+    stages = {}
+    if args.model == "musetalk":
+        # a session's live window holds up to 1500 encoder positions at the stage (its job window's)
+        musetalk = [
+            f"--device={args.device}",
+            level,
+            *streams,
+            f"--max-window-positions={max(32000, 1500 * max_sessions)}",
+        ]
+        if not args.procedural:
+            from services.lipsync.musetalk.seeded import write_seeded_networks
+
+            paths = write_seeded_networks(workdir / "musetalk-models", small=args.tiny)
+            musetalk += [f"--{name.replace('_', '-')}={path}" for name, path in paths.items()]
+        stages["lipsync-musetalk"] = musetalk + shlex.split(args.musetalk_flags)
     return {
+        **stages,
         "audio": [level],
         "lipsync": lipsync + shlex.split(args.lipsync_flags),
         "superres": superres,
@@ -572,6 +597,8 @@ def table(result: dict) -> str:
         f"{a['live_workers']} live workers, {a['gateways']} gateways, {a['procs']} client processes, {a['seconds']:g} s per count, "
         f"device {a['device']}{' (procedural)' if a['procedural'] else ''}{' + SR' if a['sr'] else ''}"
         f"{placement_note(result.get('placement', {}))}",
+        f"device {a['device']}{' (procedural)' if a['procedural'] else ''}{' + SR' if a['sr'] else ''}, "
+        f"model {a.get('model', 'wav2lip')}{' (tiny)' if a.get('tiny') else ''}",
         "",
         "| codec | sessions | latency p50 / p95 / p99 ms | skipped | missing | dropped | Clear -> idle p95 ms | live CPU ms / session-s | "
         "gateway CPU ms / session-s | GPU util median % | KB / frame | client lag p99 ms | holds |",
@@ -640,6 +667,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         "lipsync": model_replicas,
         "superres": model_replicas if args.sr else 0,
         "gateway": args.gateways,
+        "lipsync-musetalk": args.lipsync_replicas if args.model == "musetalk" else 0,
     }
     result["placement"] = {"replicas": replicas, "gpus": gpus, "cores": cores}
     t = time.perf_counter()
@@ -655,7 +683,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         result["startup_seconds"] = time.perf_counter() - t
         log(f"services SERVING after {result['startup_seconds']:.1f} s (logs in {workdir / 'cluster'})")
         with LiplineClient(cluster.gateway_address, timeout=600) as client:
-            avatar = client.create_avatar(avatar_bytes, name="bench-live")
+            avatar = client.create_avatar(avatar_bytes, name="bench-live", model=args.model)
         result["avatar"] = {
             "id": avatar.id,
             "frames": avatar.frame_count,
@@ -739,6 +767,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--procs", type=int, default=1, help="client processes the sessions are spread over")
     p.add_argument("--checkpoint", default="", help="lipsync wav2lip.pth; default: a seeded synthetic one")
     p.add_argument("--procedural", action="store_true", help="lipsync without weights (the procedural stand-in)")
+    p.add_argument("--model", default="wav2lip", choices=["wav2lip", "musetalk"], help="the avatar's tier")
+    p.add_argument("--tiny", action="store_true", help="musetalk: narrow seeded networks (a CPU's smoke run)")
+    p.add_argument("--musetalk-flags", default="", help="more lipsync-musetalk flags, e.g. '--max-batch=64'")
     p.add_argument("--lipsync-flags", default="", help="more lipsync flags, e.g. '--max-batch=256'")
     p.add_argument("--gateway-flags", default="", help="more gateway flags")
     p.add_argument("--live-flags", default="", help="more live worker flags")

@@ -16,8 +16,17 @@ Weights are synthetic (services.inference.checkpoints.seeded_state_dict) unless 
 is given: speed does not depend on the values, but with seeded weights the outputs sit close to
 0.5, so the error columns are a smoke test, not a quality statement.
 
+`--model musetalk` measures the 256 px tier's networks as the lipsync-musetalk stage runs them
+(services/lipsync/musetalk/networks.py): `musetalk` is the generator of one batch (positional
+encoding, UNet at t = 0, VAE decode: latents [B, 8, 32, 32] + tokens [B, 50, 384] -> faces
+[B, 3, 256, 256]), `whisper` the encoder on 30 s windows ([B, 80, 3000] -> [B, 1500, 5, 384]);
+seeded checkpoints in the public formats (services/lipsync/musetalk/seeded.py) loaded through the stage's
+loaders, at full size, or narrow with `--tiny` (a CPU's smoke run).
+
 Examples:
     python bench/bench_models.py --device cpu --batch 2 --seconds 0.5
+    python bench/bench_models.py --model musetalk --device cpu --tiny --batch 2 --seconds 0.5
+    python bench/bench_models.py --model musetalk --device cuda --batch 16,32,64 --compile
     python bench/bench_models.py --device cuda --out var/bench/models-h200.json            # ~3 min
     python bench/bench_models.py --device cuda --compile --out var/bench/models-h200.json  # + compile
 """
@@ -101,9 +110,8 @@ WAV2LIP_ROWS = [
         gpu_only=True,
     ),
 ]
-SR_ROWS = [
-    Config("fp32", "fp32"),
-    Config("fp16", "fp16"),
+#: the CUDA graph and compiled rows of a network without BatchNorm in channels_last (SRVGG, MuseTalk's UNet + VAE)
+CHANNELS_LAST_FAST_ROWS = [
     Config("fp16 channels_last + CUDA graph", "fp16", channels_last=True, cuda_graphs=True, gpu_only=True),
     Config("torch.compile max-autotune (fp16)", "fp16", channels_last=True, compile=True),
     Config(
@@ -115,11 +123,45 @@ SR_ROWS = [
         gpu_only=True,
     ),
 ]
+SR_ROWS = [Config("fp32", "fp32"), Config("fp16", "fp16"), *CHANNELS_LAST_FAST_ROWS]
+MUSETALK_ROWS = [
+    Config("fp32 eager", "fp32"),
+    Config("fp16 channels_last", "fp16", channels_last=True),
+    *CHANNELS_LAST_FAST_ROWS,
+]
+WHISPER_ROWS = [
+    Config("fp32 eager", "fp32"),
+    Config("fp16", "fp16"),
+    Config("fp16 + CUDA graph", "fp16", cuda_graphs=True, gpu_only=True),
+    Config("torch.compile max-autotune (fp16)", "fp16", compile=True),
+]
+#: what `--model` measures
+MODEL_SETS = {"wav2lip": "wav2lip,srvgg", "musetalk": "musetalk,whisper"}
 
 
 # --------------------------------------------------------------------------------------------------
 # models and inputs
 # --------------------------------------------------------------------------------------------------
+
+
+def build_musetalk(folder: Path, tiny: bool) -> tuple[nn.Module, nn.Module]:
+    """(generator, whisper encoder) from seeded checkpoints in the public formats, through the stage's loaders."""
+    from services.lipsync.musetalk.networks import load_networks
+    from services.lipsync.musetalk.seeded import write_seeded_networks
+
+    paths = write_seeded_networks(folder, small=tiny)
+    networks = load_networks(paths["unet"], paths["unet_config"], paths["vae"], paths["whisper"])
+    return networks.generator.eval(), networks.encoder.eval()
+
+
+def musetalk_inputs(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(77 + batch)
+    return torch.randn(batch, 8, 32, 32, generator=gen) * 0.5, torch.randn(batch, 50, 384, generator=gen)
+
+
+def whisper_inputs(batch: int) -> tuple[torch.Tensor]:
+    gen = torch.Generator().manual_seed(55 + batch)
+    return (torch.rand(batch, 80, 3000, generator=gen) * 2 - 0.8,)
 
 
 def build_wav2lip(checkpoint: str | None) -> nn.Module:
@@ -384,7 +426,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sr-size", type=int, default=96, help="SR input crop side (pixels)")
     p.add_argument("--seconds", type=float, default=3.0, help="timed budget per row and batch size")
     p.add_argument("--warmup-iters", type=int, default=3)
-    p.add_argument("--models", default="wav2lip,srvgg", help="comma list: wav2lip, srvgg")
+    p.add_argument("--model", default="", choices=["", *MODEL_SETS], help="a tier's networks (sets --models)")
+    p.add_argument("--models", default="wav2lip,srvgg", help="comma list: wav2lip, srvgg, musetalk, whisper")
+    p.add_argument("--tiny", action="store_true", help="musetalk: narrow seeded networks (a CPU's smoke run)")
+    p.add_argument("--whisper-batch", type=_ints, default=None, help="whisper windows per pass (default 1,4,16 on GPU)")
     p.add_argument("--rows", default="", help="comma list of substrings: only rows whose name contains one")
     p.add_argument("--compile", action="store_true", help="add the torch.compile row (minutes per batch size)")
     p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs")
@@ -410,7 +455,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(env), file=sys.stderr)
 
     rows: list[Row] = []
-    models = {m.strip() for m in args.models.split(",")}
+    models = {m.strip() for m in (MODEL_SETS[args.model] if args.model else args.models).split(",")}
+    if models & {"musetalk", "whisper"}:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="bench-musetalk-") as folder:
+            generator, encoder = build_musetalk(Path(folder), args.tiny)
+        label = "musetalk" + (" (tiny)" if args.tiny else "")
+        if "musetalk" in models:
+            rows += bench_model(label, "frames", generator, musetalk_inputs, MUSETALK_ROWS, batches, device, args)
+        if "whisper" in models:
+            windows = args.whisper_batch or ([1, 4, 16] if gpu else [1])
+            rows += bench_model(
+                "whisper-tiny encoder", "windows", encoder, whisper_inputs, WHISPER_ROWS, windows, device, args
+            )
     if "wav2lip" in models:
         rows += bench_model(
             "wav2lip",

@@ -10,6 +10,9 @@
 #   bash bench/gpu_session.sh live-profile (as live; carry .prom with py-spy): one count, one live worker profiled
 #   bash bench/gpu_session.sh autoscale  (after services and e2e; carry .prom): bench/autoscale.py, the chart's HPAs on
 #                                        real replicas through a burst and back; METRIC=gpu|queue
+#   bash bench/gpu_session.sh musetalk   carry .whl .cvx : the lipsync-musetalk stage (256 px tier) through gRPC on
+#                                        seeded full-size networks: compiled exact, compiled --fast-decode and its mean
+#                                        absolute difference to exact, a restart from the warm compile cache, eager fp16
 #   bash bench/gpu_session.sh live       (after services and e2e, or carry .whlcv): bench_live.py, N concurrent live
 #                                        sessions through the gateway; SIZE=512x512|1280x720 PRESET=ultrafast|veryfast
 #                                        CODECS=h264,jpeg|h264|jpeg (one call per size and preset: the preset is the workers')
@@ -28,6 +31,7 @@ for dir in .whl .whlcv; do
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .devsite "$dir"/*.whl || exit 1
   fi
 done
+if [ -f .cvx/cv.tar.xz ] && [ ! -d .devsite/cv2 ]; then tar xJf .cvx/cv.tar.xz -C .devsite || exit 1; fi  # OpenCV 4
 export PYTHONPATH=$PWD/.devsite:$PWD:$PWD/clients/python/src PYTHONUNBUFFERED=1  # lipline_client: the benches use it
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, grpc, cv2, google.protobuf as pb; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'grpcio', grpc.__version__, 'protobuf', pb.__version__, 'opencv', cv2.__version__)"
@@ -212,7 +216,67 @@ scaleout)  # issue 32: the scale-out table on the host's GPUs (bench/README.md, 
   esac
   python3 bench/scaleout_summary.py "$OUT" --out "$OUT/scaleout-summary-$step.json" | tee "$OUT/scaleout-summary-$step.txt"
   ;;
-*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live|live-profile|autoscale|scaleout [...]" >&2; exit 2 ;;
+
+musetalk)  # issue 30: the 256 px tier's stage through gRPC, in one call (< 9 min); carry .whl (diffusers) and .cvx
+  # Seeded full-size networks in the public layout (written once: 3.4 GB of fp32 UNet), compiled with Inductor's
+  # default mode at BUCKETS (each bucket is a compile of UNet + VAE: keep them few), STREAMS streams of ITEMS items.
+  python3 -c "import diffusers, cv2" 2>&1 | tail -1 | tee "$OUT/musetalk-imports.txt"
+  models=$PWD/var/musetalk-seeded; cache=$PWD/var/compile-cache-musetalk
+  export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # a cold compile: nothing from earlier calls on this machine
+  [ -f "$models/musetalkV15/unet.pth" ] || python3 -c "from services.lipsync.musetalk.seeded import write_seeded_networks as w; import sys; w(sys.argv[1])" "$models" || exit 1
+  buckets=${BUCKETS:-16,32}; max=${buckets##*,}
+  mt() {  # name, then extra flags
+    local name=$1; shift
+    timeout "${T:-200}" python3 bench/bench_lipsync_grpc.py --model musetalk --musetalk-dir "$models" --device cuda \
+      --max-batch "$max" --batch-buckets "$buckets" --streams "${STREAMS:-24}" --items "${ITEMS:-8}" --window 2 --procs 2 \
+      --crops 16 --max-rel-error 0.1 --compile-cache-dir "$cache" --seconds "${MT_SECONDS:-20}" --warmup-seconds 5 \
+      --log-level INFO --keep-log "$OUT/$name.log" --out "$OUT/$name.json" "$@" 2>&1 | grep -E '^\||SERVING|rror' | tail -3 \
+      | tee "$OUT/$name.txt"
+  }
+  # (a) compiled, exact (a cold compile: its start-up includes it)
+  T=300 mt musetalk-compile-exact --backend compile
+  # (c) a pod's start from the warm compile cache (the same cache dir, Inductor's local cache emptied)
+  export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
+  T=120 MT_SECONDS=8 mt musetalk-compile-warm-start --backend compile
+  export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # (b) below compiles cold again: its own cache key
+  # (b) compiled, fast decode (its own compile-cache key: another cold compile)
+  [ "$SECONDS" -lt 300 ] && T=240 mt musetalk-compile-fast --backend compile --fast-decode
+  # the fast decode's difference to the exact decode on the same inputs (eager fp16, the seeded networks)
+  [ "$SECONDS" -lt 420 ] && timeout 90 python3 - "$models" "$OUT/musetalk-fast-vs-exact.json" <<'PY' 2>&1 | tail -3
+import json, sys, torch
+from services.lipsync.musetalk.networks import FAST_DECODE_FIRST_ROW, load_networks
+root = sys.argv[1]
+paths = dict(unet=f"{root}/musetalkV15/unet.pth", unet_config=f"{root}/musetalkV15/musetalk.json", vae=f"{root}/sd-vae", whisper=f"{root}/whisper")
+exact, fast = (load_networks(**paths, fast_decode=f).generator.cuda().half().eval() for f in (False, True))
+gen = torch.Generator().manual_seed(0)
+lat, tok = torch.randn((16, 8, 32, 32), generator=gen) * 0.5, torch.rand((16, 50, 384), generator=gen)
+with torch.inference_mode():
+    a, b = (g(lat.cuda().half(), tok.cuda().half()).float() for g in (exact, fast))
+rows = slice(111, 256)  # the face rows the avatar's alpha can reach (tests/unit/lipsync/musetalk/test_networks.py)
+d = (a[:, :, rows] - b[:, :, rows]).abs()
+out = dict(mean_abs_diff=d.mean().item(), mean_abs_diff_255=d.mean().item() * 255, max_abs_diff=d.max().item(),
+           exact_std=a[:, :, rows].std().item(), rows="111-255", first_row=FAST_DECODE_FIRST_ROW, batch=16, weights="seeded")
+json.dump(out, open(sys.argv[2], "w"), indent=2)
+print("| fast vs exact | mean abs diff %.4f (%.2f of 255) | max %.3f | exact std %.3f |" % (out["mean_abs_diff"], out["mean_abs_diff_255"], out["max_abs_diff"], out["exact_std"]))
+PY
+  # (d) eager fp16 + CUDA graphs (no compile), for comparison
+  [ "$SECONDS" -lt 470 ] && T=70 MT_SECONDS=12 mt musetalk-eager-fp16 --backend torch
+  echo "musetalk phase: ${SECONDS}s" | tee -a "$OUT/musetalk-imports.txt"
+  python3 - "$OUT" <<'PY' | tee "$OUT/musetalk-table.txt"
+import json, sys
+from pathlib import Path
+print("| run | model | backend | frames/s | p50 ms | p99 ms | est. batch | start-up s |")
+print("|---|---|---|---:|---:|---:|---:|---:|")
+for f in sorted(Path(sys.argv[1]).glob("musetalk-*.json")):
+    r = json.loads(f.read_text())
+    if "frames_per_s" not in r:
+        continue
+    m = r.get("model") or {}
+    print(f"| {f.stem} | {m.get('name', '?')} | {m.get('backend', '?')} | {r['frames_per_s']:,.1f} | {r['latency_p50_ms']:.1f} "
+          f"| {r['latency_p99_ms']:.1f} | {r['est_batch_mean']:.1f} | {r['startup_s']:.1f} |")
+PY
+  ;;
+*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live|live-profile|autoscale|scaleout|musetalk [...]" >&2; exit 2 ;;
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
 pack=${pack:-$phase}  # scaleout: one archive per step and N list

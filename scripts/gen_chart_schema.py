@@ -280,12 +280,26 @@ def _tracing_schema() -> dict[str, Any]:
     }
 
 
-# A stage's name: its env prefix LIPLINE_<STAGE>_ADDRESS and part of its objects' DNS names.
-STAGE_NAME = "^[a-z][a-z0-9]*$"
+# A stage's name: its env prefix LIPLINE_<STAGE>_ADDRESS (a hyphen becomes an underscore) and part of
+# its objects' DNS names.
+STAGE_NAME = "^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
 
 
 def _stage_schema(cls: type | None, stages: list[str]) -> dict[str, Any]:
     props: dict[str, Any] = {
+        "enabled": {
+            "type": "boolean",
+            "description": "deploy the stage (unset = true); false leaves out its objects and its callers' address of it",
+        },
+        "image": {
+            "enum": stages,
+            "description": "run the image of this stage (lipline-<image>) instead of its own (lipsync-musetalk: lipsync)",
+        },
+        "module": {
+            "type": "string",
+            "pattern": "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$",
+            "description": "what the container runs: python -m services.<module> (unset = the stage's name)",
+        },
         "port": {**PORT, "description": "the gRPC port (LIPLINE_PORT, the Service's `grpc` port)"},
         "metricsPort": {
             **PORT,

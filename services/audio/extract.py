@@ -25,20 +25,32 @@ import signal
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.process import BaseProcess
+from typing import NamedTuple
 
 import numpy as np
 
 from services.media.audio import decode_audio
 from services.media.mel import SAMPLE_RATE, MelExtractor
+from services.media.whisper_mel import SAMPLE_RATE as WHISPER_RATE
+from services.media.whisper_mel import whisper_log_mel_segments
 from services.serving.errors import InvalidMedia
 from services.serving.native_threads import one_thread_per_process
 
 _LOGGER = logging.getLogger(__name__)
 MAX_PROCESSES = 64
 
-#: (file bytes, fps, max_seconds) -> (windows (N, 80, 16) float32, number of 16 kHz samples).
-#: A module-level function, so a process pool can send it to its children by name.
-ExtractFn = Callable[[bytes, float, float], tuple[np.ndarray, int]]
+
+class Extracted(NamedTuple):
+    """One upload's features: Wav2Lip's mel windows, its length, and with `whisper` the musetalk tier's."""
+
+    windows: np.ndarray  # (N, 80, 16) float32: one mel window per video frame
+    samples: int  # 16 kHz samples decoded
+    whisper: np.ndarray | None = None  # (W, 80, 3000) float16: whisper's log-mel per 30 s window, or None
+
+
+#: (file bytes, fps, max_seconds, whisper) -> Extracted. A module-level function, so a process pool
+#: can send it to its children by name.
+ExtractFn = Callable[[bytes, float, float, bool], Extracted]
 
 _extractor: MelExtractor | None = None  # one per process, built on first use
 
@@ -50,15 +62,19 @@ def _mel() -> MelExtractor:
     return _extractor
 
 
-def decode_and_extract(data: bytes, fps: float, max_seconds: float) -> tuple[np.ndarray, int]:
-    """Decode an upload and cut its mel windows; runs in the executor (thread or child process)."""
+def decode_and_extract(data: bytes, fps: float, max_seconds: float, whisper: bool = False) -> Extracted:
+    """Decode an upload and cut its mel windows (and with `whisper` its whisper log-mel, upstream
+    MuseTalk's 30 s windows, float16 as they travel); runs in the executor (thread or child process)."""
     samples = decode_audio(data, SAMPLE_RATE, max_seconds)
-    return _mel().run(samples, fps), len(samples)
+    assert WHISPER_RATE == SAMPLE_RATE  # one decode serves both tiers
+    log_mel = whisper_log_mel_segments(samples).astype(np.float16) if whisper else None
+    return Extracted(_mel().run(samples, fps), len(samples), log_mel)
 
 
 def _warm() -> None:
     """Pull librosa's and scipy's lazy imports in and build the mel filterbank before traffic."""
     _mel().run(np.zeros(SAMPLE_RATE // 2, np.float32), 25.0)
+    whisper_log_mel_segments(np.zeros(SAMPLE_RATE // 2, np.float32))  # its filter bank
 
 
 def _start_child() -> None:
@@ -121,8 +137,8 @@ class ClipExtractor:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(self._executor, _warm) for _ in range(max(1, self.processes))))
 
-    async def extract(self, data: bytes, fps: float, max_seconds: float) -> tuple[np.ndarray, int]:
-        """Windows and sample count of one upload (see `decode_and_extract`).
+    async def extract(self, data: bytes, fps: float, max_seconds: float, whisper: bool = False) -> Extracted:
+        """The features of one upload (see `decode_and_extract`).
 
         Raises:
             InvalidMedia, TooLarge: from the decoder, with its message (also across processes); and
@@ -131,7 +147,7 @@ class ClipExtractor:
         loop = asyncio.get_running_loop()
         generation = self._generation
         try:
-            return await loop.run_in_executor(self._executor, self._work, data, fps, max_seconds)
+            return await loop.run_in_executor(self._executor, self._work, data, fps, max_seconds, whisper)
         except BrokenProcessPool:
             pass  # outside the except block, so the retry's errors do not chain onto this one
         if generation == self._generation:  # the first victim of this breakage replaces the pool
@@ -142,16 +158,16 @@ class ClipExtractor:
                 "an audio decoder process died; started a new pool and retrying each request it held alone",
                 extra={"processes": self.processes, "generation": self._generation},
             )
-        return await self._solo(data, fps, max_seconds)
+        return await self._solo(data, fps, max_seconds, whisper)
 
-    async def _solo(self, data: bytes, fps: float, max_seconds: float) -> tuple[np.ndarray, int]:
+    async def _solo(self, data: bytes, fps: float, max_seconds: float, whisper: bool) -> Extracted:
         """Run one request in a fresh pool of one process: if that process dies, this upload killed it."""
         async with self._solo_slots:
             loop = asyncio.get_running_loop()
             pool = self._process_pool(1)
             self._solo_pools.add(pool)
             try:
-                future = loop.run_in_executor(pool, self._work, data, fps, max_seconds)
+                future = loop.run_in_executor(pool, self._work, data, fps, max_seconds, whisper)
                 # submit() has started the child; keep its handle to read the exit code afterwards
                 # (the executor does not expose its processes).
                 children = list((getattr(pool, "_processes", None) or {}).values())

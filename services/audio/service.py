@@ -1,4 +1,5 @@
-"""The audio stage's gRPC service: audio file bytes in, one Wav2Lip mel window per video frame out."""
+"""The audio stage's gRPC service: audio file bytes in, one Wav2Lip mel window per video frame out
+(and, when asked, the clip's whisper log-mel windows for the musetalk tier)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import grpc
 from lipline.v1 import audio_pb2, audio_pb2_grpc, common_pb2
 from services.audio.extract import SAMPLE_RATE, ClipExtractor, ExtractFn, decode_and_extract
 from services.audio.settings import AudioSettings
+from services.media.musetalk_wire import clip_windows
 from services.media.wire import MEL_BANDS, MEL_STEP, mel_to_bytes
 from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
 from services.serving.metrics import Metrics
@@ -66,7 +68,8 @@ class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
         per_message = max(1, min(asked, message_budget(self._settings.max_message_bytes) // _WINDOW_WIRE_BYTES))
         data = b"".join(chunks)
         # Decoding and the STFT are CPU work: off the event loop (so other streams flow), in arrival order.
-        windows, samples = await self._clips.extract(data, fps, limit)
+        whisper = options is not None and options.whisper
+        windows, samples, log_mel = await self._clips.extract(data, fps, limit, whisper)
         m = self._service.metrics
         m.items.labels(m.stage).inc(len(windows))
         duration = samples / SAMPLE_RATE
@@ -86,6 +89,9 @@ class AudioServicer(audio_pb2_grpc.AudioServiceServicer):
             yield response
         if first:  # cannot happen (frame_count >= 1), but never answer with nothing
             raise InvalidMedia("audio produced no frames")
+        if log_mel is not None:  # one 30 s window (at most 480 KB) per response, after the mel windows
+            for window in clip_windows(log_mel, samples):
+                yield audio_pb2.ExtractResponse(whisper_windows=[window])
 
 
 class AudioService(Service[AudioSettings]):

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -33,6 +33,7 @@ from services.media.decode import AvatarFrames, open_avatar
 from services.media.wire import image_to_proto
 from services.serving.channels import StageFailed, stage_error_message
 from services.serving.errors import InvalidMedia, InvalidRequest, NotReady
+from services.serving.stages import DEFAULT_TIER
 from services.serving.streams import stream_call
 from services.serving.tracing import outgoing_metadata
 
@@ -42,6 +43,8 @@ MESSAGE_BYTES = 16 * 1024 * 1024  # fewer frames per message above this (1080p: 
 DETECT_ATTEMPTS = 3  # a replica draining or a connection reaching its age ends the stream UNAVAILABLE
 
 OpenFrames = Callable[[], AvatarFrames]
+# create_avatar's signature: (blobs, lipsync, id, data, name, photo_fps, max_frames, max_pixels, request_id)
+PrepareAvatar = Callable[..., Awaitable[AvatarRecord]]
 
 
 def avatar_to_proto(avatar: AvatarRecord) -> gateway_pb2.Avatar:
@@ -58,6 +61,7 @@ def avatar_to_proto(avatar: AvatarRecord) -> gateway_pb2.Avatar:
         faces_found=avatar.faces_found,
         create_time=created,
         labels=dict(avatar.labels),
+        model=avatar.model,
     )
 
 
@@ -206,6 +210,7 @@ class AvatarUpload:
     photo_fps: float
     request_id: str = ""  # a checked UUID (services.gateway.request_ids), or "" for none
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # checked (services.gateway.labels)
+    model: str = DEFAULT_TIER  # the generator tier, checked (services.gateway.tiers)
 
 
 async def add_avatar(
@@ -216,16 +221,20 @@ async def add_avatar(
     upload: AvatarUpload,
     tenant: str,
     request_id: str = "",
+    prepare: PrepareAvatar | None = None,
 ) -> AvatarRecord:
-    """The tenant's avatar for this upload: the one it already has for the same bytes (the content
+    """The tenant's avatar for this upload (`prepare` makes a new one: `create_avatar`, Wav2Lip's, by
+    default; the servicer passes the upload's tier's, services.gateway.musetalk_avatars): the one it already has for the same bytes (the content
     index; another tenant's is never found), else a new one prepared (`create_avatar`) and recorded.
     On any failure nothing is left under the new id; a concurrent upload of the same bytes by the
     same tenant that was recorded first wins, and this one's blobs are deleted.
 
     With a request id: a repeat within the window returns the avatar the first made (InvalidRequest
     when the same id comes with other bytes, name or labels); the id is recorded with the avatar."""
-    digest = await asyncio.to_thread(content_hash, upload.data, upload.photo_fps)  # up to 200 MB: off the event loop
-    fields = {"content_hash": digest, "name": upload.name, "labels": dict(upload.labels)}
+    digest = await asyncio.to_thread(
+        content_hash, upload.data, upload.photo_fps, upload.model
+    )  # up to 200 MB: off the event loop
+    fields = {"content_hash": digest, "name": upload.name, "labels": dict(upload.labels)}  # the tier is in the hash
     key = request_key(upload.request_id, fields, settings.request_id_window_s)
     if key is not None:
         earlier = await asyncio.to_thread(jobs.find_request, tenant, RequestKind.AVATAR, key.request_id, key.window_s)
@@ -239,7 +248,7 @@ async def add_avatar(
     aid = new_avatar_id()
     recording = False
     try:
-        record = await create_avatar(
+        record = await (prepare or create_avatar)(
             blobs,
             lipsync,
             aid,

@@ -29,15 +29,18 @@ def render_file(
     *,
     super_resolution: bool = True,
     write: Callable[[str], None] = print,
+    model: str = "",
 ) -> tuple[gateway_pb2.Avatar, gateway_pb2.Job]:
-    """Register `avatar`, render `audio` onto it and download the MP4 to `output` (when the job succeeds).
+    """Register `avatar` (for the generator tier `model`; "" the default), render `audio` onto it and
+    download the MP4 to `output` (when the job succeeds).
 
     The round trip the demo and the deployment's smoke test both make; progress goes to `write`.
     Returns the avatar and the job's final state; the caller decides what a failure means.
     """
-    registered = client.create_avatar(avatar.read_bytes(), name=avatar.name)
+    registered = client.create_avatar(avatar.read_bytes(), name=avatar.name, model=model)
     write(
-        f"avatar {registered.id}: {registered.width}x{registered.height}, {registered.frame_count} frame(s), face found in {registered.faces_found}"
+        f"avatar {registered.id} ({registered.model}): {registered.width}x{registered.height}, "
+        f"{registered.frame_count} frame(s), face found in {registered.faces_found}"
     )
     job = client.submit_job(registered.id, audio.read_bytes(), super_resolution=super_resolution)
     write(f"job {job.id}: {job.audio_seconds:.2f} s of audio")

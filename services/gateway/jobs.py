@@ -69,6 +69,7 @@ def job_to_proto(job: Job, now: float | None = None, output_ttl_s: float = 0.0) 
         labels=dict(job.labels),
         output_expire_time=_timestamp(expires) if expires > 0 else None,
         output_expired=output_expired(job, output_ttl_s, now),
+        model=job.model,
     )
 
 

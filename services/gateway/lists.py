@@ -24,6 +24,7 @@ from services.gateway.avatars import avatar_to_proto
 from services.gateway.jobs import job_to_proto
 from services.gateway.labels import parse_selector
 from services.gateway.pages import PageTokens, page_size
+from services.gateway.tiers import check_model
 from services.jobs.store.jobs import JobFilter, JobState, JobStore, PageCursor, UnreadableRecord
 from services.serving.errors import CorruptRecord, InvalidRequest
 
@@ -140,10 +141,13 @@ async def list_jobs(
 async def list_avatars(
     jobs: JobStore, pages: PageTokens, tenant: str, request: gateway_pb2.ListAvatarsRequest, max_message_bytes: int
 ) -> gateway_pb2.ListAvatarsResponse:
+    model = check_model(request.model, "model filter") if request.model else ""
     query: dict[str, object] = {"list": "avatars"}
+    if model:  # a filter binds the token; without one, tokens stay as they were
+        query["model"] = model
     after = pages.read(tenant, query, request.page_token)
     size = page_size(request.page_size)
-    rows = await asyncio.to_thread(jobs.list_avatars, size + 1, tenant, after)
+    rows = await asyncio.to_thread(jobs.list_avatars, size + 1, tenant, after, model)
     page = _page(rows, size, avatar_to_proto, max_message_bytes // 2, tenant)
     token = pages.issue(tenant, query, page.after) if page.after else ""
     return gateway_pb2.ListAvatarsResponse(

@@ -57,11 +57,13 @@ from services.gateway.jobs import job_to_proto
 from services.gateway.labels import check_labels
 from services.gateway.lists import list_avatars, list_jobs
 from services.gateway.live_workers import LiveWorkers
+from services.gateway.musetalk_avatars import musetalk_preparer
 from services.gateway.pages import PAGE_KEY_NAME, PageTokens
 from services.gateway.request_ids import check_request_id
 from services.gateway.sessions import SessionRequest, check_session_id, close_session, create_session, session_to_proto
 from services.gateway.settings import GatewaySettings
 from services.gateway.submit import Caller, JobRequest, submit_job
+from services.gateway.tiers import check_model, require_served
 from services.gateway.webhooks import CallbackRules, WebhookSender, delivery_to_proto
 from services.jobs.avatars import is_avatar_id
 from services.jobs.integrity import OutputCheck, damaged
@@ -70,11 +72,12 @@ from services.jobs.retention import expired_message, output_expired, url_expire_
 from services.jobs.store import close_stores, open_stores
 from services.jobs.store.jobs import Job, JobState
 from services.serving.background import cancel_and_wait
-from services.serving.discovery import DiscoveredStageClients
-from services.serving.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, TooLarge
+from services.serving.discovery import DiscoveredStageClients, NoAddresses
+from services.serving.errors import FailedPrecondition, InvalidMedia, InvalidRequest, NotFound, NotReady, TooLarge
 from services.serving.interceptor import CLIENT_ID, REQUEST_ID, TENANT
 from services.serving.secret_files import start_watch
 from services.serving.server import Service
+from services.serving.stages import DEFAULT_TIER
 from services.serving.tenants import IMPLICIT_TENANT, parse_webhook_secrets
 from services.serving.tracing import context_carrier
 
@@ -123,16 +126,19 @@ def download_chunk_bytes(requested: int, max_message_bytes: int) -> int:
 
 
 async def _avatar_upload(
-    request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], max_bytes: int
+    request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], max_bytes: int, settings: GatewaySettings
 ) -> AvatarUpload:
     """CreateAvatar's stream, decoded: the first non-empty name and photo_fps, the first message's
-    request_id and labels (checked), every message's name bounded, the bytes joined (TooLarge past
-    `max_bytes`, as soon as the stream crosses it)."""
+    request_id, labels and model (checked: a tier this deployment does not serve is refused before
+    the upload is read), every message's name bounded, the bytes joined (TooLarge past `max_bytes`,
+    as soon as the stream crosses it)."""
     name, photo_fps, chunks, size = "", 0.0, [], 0
-    request_id, labels, first = "", {}, True
+    request_id, labels, model, first = "", {}, DEFAULT_TIER, True
     async for request in request_iterator:
         if first:
             request_id, labels, first = check_request_id(request.request_id), check_labels(request.labels), False
+            model = check_model(request.model)
+            require_served(settings, model)
         _check_name(request.name)  # every message's, at once (only the first non-empty one is used)
         name = name or request.name
         photo_fps = photo_fps or request.photo_fps
@@ -147,7 +153,7 @@ async def _avatar_upload(
     data = b"".join(chunks)
     if not data:
         raise InvalidMedia("avatar is empty: send the bytes of a photo or a video")
-    return AvatarUpload(data, name, photo_fps, request_id, labels)
+    return AvatarUpload(data, name, photo_fps, request_id, labels, model)
 
 
 def _job_request(request: gateway_pb2.SubmitJobRequest, max_audio_bytes: int) -> JobRequest:
@@ -194,8 +200,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self, request_iterator: AsyncIterator[gateway_pb2.CreateAvatarRequest], context: grpc.aio.ServicerContext
     ) -> gateway_pb2.Avatar:
         svc = self._svc
-        upload = await _avatar_upload(request_iterator, svc.settings.max_avatar_bytes)
-        record = await add_avatar(svc.jobs, svc.blobs, svc.lipsync, svc.settings, upload, _tenant(), REQUEST_ID.get())
+        upload = await _avatar_upload(request_iterator, svc.settings.max_avatar_bytes, svc.settings)
+        prepare = musetalk_preparer(svc.musetalk) if upload.model == "musetalk" else None
+        record = await add_avatar(
+            svc.jobs, svc.blobs, svc.lipsync, svc.settings, upload, _tenant(), REQUEST_ID.get(), prepare=prepare
+        )
         return avatar_to_proto(record)
 
     async def GetAvatar(
@@ -456,12 +465,14 @@ class GatewayService(Service[GatewaySettings]):
             self.metrics,
             "webhook_secrets",
         )
-        # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
-        self.clients = DiscoveredStageClients(
-            {"audio": s.audio_address, "lipsync": s.lipsync_address}, s.max_message_bytes
-        )
+        # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before). A
+        # tier's optional stage (lipsync-musetalk) is not waited for: only its CreateAvatars need it.
+        addresses = {"audio": s.audio_address, "lipsync": s.lipsync_address}
+        if s.lipsync_musetalk_address:
+            addresses["lipsync-musetalk"] = s.lipsync_musetalk_address
+        self.clients = DiscoveredStageClients(addresses, s.max_message_bytes)
         await self.clients.start()
-        await self.clients.wait_serving(s.stage_wait_s)
+        await self.clients.wait_serving(s.stage_wait_s, stages=("audio", "lipsync"))
 
     @property
     def audio(self) -> audio_pb2_grpc.AudioServiceStub:
@@ -472,6 +483,16 @@ class GatewayService(Service[GatewaySettings]):
     def lipsync(self) -> lipsync_pb2_grpc.LipSyncServiceStub:
         """A stub on the lipsync stage's current channel: one per call, never kept."""
         return self.clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub)
+
+    @property
+    def musetalk(self) -> lipsync_pb2_grpc.MuseTalkServiceStub:
+        """A stub on the lipsync-musetalk stage's current channel: FAILED_PRECONDITION where it is not
+        deployed, UNAVAILABLE (try again) while it is but no replica has been found yet."""
+        require_served(self.settings, "musetalk")
+        try:
+            return self.clients.stub("lipsync-musetalk", lipsync_pb2_grpc.MuseTalkServiceStub)
+        except NoAddresses:
+            raise NotReady("no lipsync-musetalk replica is ready yet (the musetalk tier's stage); try again") from None
 
     async def close(self) -> None:
         await cancel_and_wait(getattr(self, "secrets_watch", None))

@@ -141,6 +141,7 @@ def resolve_session(
         height=height,
         super_resolution=request.super_resolution,
         limits=session_pb2.SessionLimits(max_session_seconds=limit, idle_timeout_seconds=idle),
+        model=avatar.model,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from services.serving.settings import StoreSettings, address_field, output_ttl_field, setting
+from services.serving.settings import ADDRESS_FORMS, StoreSettings, address_field, output_ttl_field, setting
 from services.serving.stages import STAGES
 
 
@@ -19,6 +19,11 @@ class GatewaySettings(StoreSettings):
     )
     audio_address: str = address_field(STAGES["audio"].local_address, "audio")
     lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync (DetectFaces for CreateAvatar)")
+    lipsync_musetalk_address: str = setting(
+        "",
+        "lipsync-musetalk stage (PrepareAvatar for CreateAvatar of model musetalk): "
+        f"{ADDRESS_FORMS}; empty = this deployment does not serve the musetalk tier (CreateAvatar answers FAILED_PRECONDITION)",
+    )
     max_audio_bytes: int = setting(50 * 1024 * 1024, "largest audio file of a job")
     max_audio_seconds: float = setting(600.0, "longest audio of a job")
     max_avatar_bytes: int = setting(200 * 1024 * 1024, "largest avatar upload")

@@ -1,7 +1,7 @@
 """SubmitJob's work, done once per job before it is queued: the audio stage decodes the upload (its
-checks and limits, in a child process) and makes the mel windows; they are stored with the upload
-where the render workers read them (the AAC track is the job's audio task, on a worker:
-services.jobs.layout).
+checks and limits, in a child process) and makes the mel windows (for an avatar of the `musetalk`
+tier also the clip's whisper log-mel windows); they are stored with the upload where the render
+workers read them (the AAC track is the job's audio task, on a worker: services.jobs.layout).
 
 The gateway does not decode the upload itself: FFmpeg runs in the audio stage's child processes,
 where a decoder crash costs one child, not the gateway and every stream it holds; and in a process
@@ -28,18 +28,19 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from lipline.v1 import audio_pb2, audio_pb2_grpc
+from lipline.v1 import audio_pb2, audio_pb2_grpc, lipsync_pb2
 from services.gateway.jobs import segment_bounds
 from services.gateway.request_ids import request_key
 from services.gateway.settings import GatewaySettings
-from services.jobs.layout import job_prefix, mels_key, segment_indices, upload_key
+from services.jobs.layout import job_prefix, mels_key, segment_indices, upload_key, whisper_key
 from services.jobs.segment_audio import pack_segment_audio
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import Job, JobStore, NewJob, RequestKey, RequestKind, request_reused_message
 from services.media.speech import speech_envelope
 from services.media.wire import MEL_BANDS, MEL_BYTES, MEL_STEP
 from services.serving.channels import StageFailed
-from services.serving.errors import InvalidMedia, InvalidRequest, NoCapacity, TooLarge
+from services.serving.errors import InvalidMedia, InvalidRequest, NoCapacity, NotReady, TooLarge
+from services.serving.stages import MUSETALK_TIER
 from services.serving.streams import stream_call
 from services.serving.tracing import outgoing_metadata
 
@@ -56,24 +57,35 @@ class PreparedAudio:
     stage_seconds: dict[str, float]
 
 
+@dataclasses.dataclass(frozen=True)
+class ClipFeatures:
+    """What the audio stage made of one clip."""
+
+    windows: np.ndarray  # (frames, 2560) uint8: the mel windows' bytes (float16 inside)
+    seconds: float  # the decoded length
+    whisper: list[lipsync_pb2.AudioWindow]  # the whisper log-mel windows (asked for: the musetalk tier)
+
+
 async def extract_windows(
     audio: audio_pb2_grpc.AudioServiceStub,
     data: bytes,
     fps: float,
     max_seconds: float,
     request_id: str,
-) -> tuple[np.ndarray, float]:
-    """All mel windows of the clip from the audio stage, (frames, 2560) bytes as uint8 (float16
-    inside), and the clip's decoded length in seconds. The stage refuses audio over `max_seconds`."""
+    whisper: bool = False,
+) -> ClipFeatures:
+    """All mel windows of the clip from the audio stage, its decoded length, and with `whisper` its
+    whisper log-mel windows. The stage refuses audio over `max_seconds`."""
 
     async def requests() -> AsyncIterator[audio_pb2.ExtractRequest]:
-        options = audio_pb2.ExtractOptions(fps=fps, max_seconds=max_seconds)
+        options = audio_pb2.ExtractOptions(fps=fps, max_seconds=max_seconds, whisper=whisper)
         yield audio_pb2.ExtractRequest(options=options, data=data[:_CHUNK])
         for start in range(_CHUNK, len(data), _CHUNK):
             yield audio_pb2.ExtractRequest(data=data[start : start + _CHUNK])
 
     total, seconds = -1, 0.0
     out: np.ndarray | None = None
+    log_mel: list[lipsync_pb2.AudioWindow] = []
     try:
         async for response in stream_call(audio.Extract, requests(), metadata=outgoing_metadata(request_id)):
             if response.total_frames:
@@ -83,11 +95,17 @@ async def extract_windows(
                 if out is None or not 0 <= window.frame_index < total or len(window.data) != MEL_BYTES:
                     raise InvalidMedia("the audio stage sent a malformed mel window")
                 out[window.frame_index] = np.frombuffer(window.data, np.uint8)
+            for whisper_window in response.whisper_windows:
+                if whisper_window.window_index != len(log_mel):
+                    raise InvalidMedia("the audio stage sent its whisper windows out of order")
+                log_mel.append(whisper_window)
     except grpc.aio.AioRpcError as exc:
         raise StageFailed("audio", exc) from exc
     if out is None or total <= 0:
         raise InvalidMedia("the audio is too short for one video frame")
-    return out, seconds
+    if whisper and not log_mel:  # an audio stage older than ExtractOptions.whisper
+        raise NotReady("the audio stage did not send the whisper features the musetalk tier needs: update it")
+    return ClipFeatures(out, seconds, log_mel)
 
 
 async def prepare_audio(
@@ -99,11 +117,14 @@ async def prepare_audio(
     max_audio_seconds: float,
     segment_seconds: float,
     request_id: str = "",
+    whisper: bool = False,
 ) -> PreparedAudio:
     """The audio stage's checks and mel windows (a bad upload is refused before the job exists), then
-    the upload and each segment's windows stored."""
+    the upload and each segment's windows stored. With `whisper` (a `musetalk` job): the clip's whisper
+    windows stored once each, and per segment its speech envelope alone (the tier's noise gate)."""
     t0 = time.perf_counter()
-    windows, seconds = await extract_windows(audio, data, fps, max_audio_seconds, request_id)
+    features = await extract_windows(audio, data, fps, max_audio_seconds, request_id, whisper)
+    windows, seconds = features.windows, features.seconds
     # An audio stage older than ExtractOptions.max_seconds applies only its own limit (1 ms of slack:
     # its length is counted after resampling).
     if seconds > max_audio_seconds + 1e-3:
@@ -116,9 +137,10 @@ async def prepare_audio(
         # segment's mel windows with their speech envelope (which needs the whole clip: see speech.py).
         speech = speech_envelope(windows.view("<f2").reshape(len(windows), MEL_BANDS, MEL_STEP), fps)
         puts = [(upload_key(job_id), data)] + [
-            (mels_key(job_id, k), pack_segment_audio(windows[start:end], speech[start:end]))
+            (mels_key(job_id, k), pack_segment_audio(None if whisper else windows[start:end], speech[start:end]))
             for k, (start, end) in zip(segment_indices(len(segments)), segments, strict=True)
         ]
+        puts += [(whisper_key(job_id, w.window_index), w.SerializeToString()) for w in features.whisper]
         with ThreadPoolExecutor(min(_PUT_THREADS, len(puts))) as pool:
             list(pool.map(lambda item: blobs.put(*item), puts))
 
@@ -210,7 +232,15 @@ async def submit_job(
     job_id = uuid.uuid4().hex[:20]
     try:
         prepared = await prepare_audio(
-            blobs, audio, job_id, data, avatar.fps, s.max_audio_seconds, s.segment_seconds, caller.request_id
+            blobs,
+            audio,
+            job_id,
+            data,
+            avatar.fps,
+            s.max_audio_seconds,
+            s.segment_seconds,
+            caller.request_id,
+            whisper=avatar.model == MUSETALK_TIER,
         )
         new = NewJob(
             job_id,
@@ -227,6 +257,7 @@ async def submit_job(
             audio_task=True,  # the AAC track is encoded by a worker, beside the segments
             labels=request.labels,
             callback_url=request.callback_url,
+            model=avatar.model,
         )
         # check_avatar: still this tenant's and not deleted, in the job's own transaction
         try:

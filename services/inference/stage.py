@@ -24,7 +24,14 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2
-from services.inference.backends import Backend, CompiledBackend, build_backend, numerics_check, resolve_backend_spec
+from services.inference.backends import (
+    DEFAULT_COMPILE_MODE,
+    Backend,
+    CompiledBackend,
+    build_backend,
+    numerics_check,
+    resolve_backend_spec,
+)
 from services.inference.batcher import DynamicBatcher
 from services.inference.device import prepare_device, resolve_pipeline_depth
 from services.media.packed import PackedImages
@@ -134,6 +141,8 @@ def stage_backend_builder(
     *,
     precision: str | None = None,
     cuda_graphs: bool | None = None,
+    compile_mode: str = DEFAULT_COMPILE_MODE,
+    buckets: tuple[int, ...] | None = None,
 ) -> Callable[[bool], Backend]:
     """`build(allow_compile)` for `start_backend`: a model stage's settings -> `resolve_backend_spec`
     (which decides and logs) -> `build_backend`. Both GPU stages build their backend through this.
@@ -144,7 +153,14 @@ def stage_backend_builder(
         model: the fp32 model as loaded (the backend works on a copy).
         precision: None = the spec's default (fp16 on CUDA, fp32 on the CPU).
         cuda_graphs: None = the spec's default; False for a model that cannot be captured.
+        compile_mode: torch.compile's mode where the backend is `compile`.
+        buckets: a second model of the stage with batch sizes of its own (the musetalk tier's whisper
+            encoder: windows per pass): its largest is the max batch, and on CUDA they are its static
+            buckets; None = the settings' max_batch and batch_buckets.
     """
+    max_batch, batch_buckets = settings.max_batch, settings.batch_buckets or None
+    if buckets is not None:
+        max_batch, batch_buckets = buckets[-1], buckets if device.type == "cuda" else None
 
     def build(allow_compile: bool) -> Backend:
         spec = resolve_backend_spec(
@@ -152,10 +168,11 @@ def stage_backend_builder(
             device,
             model=model,
             precision=precision,
-            max_batch=settings.max_batch,
-            batch_buckets=settings.batch_buckets or None,
+            max_batch=max_batch,
+            batch_buckets=batch_buckets,
             cache_dir=settings.compile_cache_dir or None,
             cuda_graphs=cuda_graphs,
+            compile_mode=compile_mode,
             allow_compile=allow_compile,
         )
         return build_backend(spec, model)
@@ -219,11 +236,21 @@ class ModelStage(Service[S], Generic[S, Chunk]):
         *,
         precision: str | None = None,
         cuda_graphs: bool | None = None,
+        compile_mode: str = DEFAULT_COMPILE_MODE,
+        buckets: tuple[int, ...] | None = None,
     ) -> Backend:
         """Build the backend of `model` (settings -> `stage_backend_builder`), run `warm` on it (one
         pass per `backend.spec.warmup_batches`, where a compile happens; `auto` falls back from a
         failed compile), then the numerics guard against `model` on `guard_inputs`."""
-        build = stage_backend_builder(self.settings, device, model, precision=precision, cuda_graphs=cuda_graphs)
+        build = stage_backend_builder(
+            self.settings,
+            device,
+            model,
+            precision=precision,
+            cuda_graphs=cuda_graphs,
+            compile_mode=compile_mode,
+            buckets=buckets,
+        )
         backend = await start_backend(self.settings.backend, build, warm)
         await asyncio.to_thread(finish_backend_start, backend, model, guard_inputs, self.settings, self.metrics)
         return backend

@@ -7,6 +7,10 @@ keeps that on local disk (`<cache_dir>/avatars/<id>.i420.npy`), memory-mapped, s
 only the face box is blended and patched in (docs/architecture.md section 1: only the face box changes). The most
 recently used avatars stay open; the cache is safe to lose (a pod's emptyDir).
 
+A `musetalk` avatar (docs/architecture.md section 12) has no 96x96 crops; its pack's latents and alpha
+masks are downloaded beside its frames (`<id>.latents.npy`, `<id>.masks.npy`) and memory-mapped too
+(16 KB and 64 KB a frame), and its compositor blends through the masks (services.media.composite.AlphaMasks).
+
 Memory: the file is written one frame at a time (decode, convert, write), so building it holds one
 BGR and one I420 frame, not the avatar (a 1,500-frame 1080p avatar is 9.3 GB in BGR, 4.7 GB in
 I420); rendering maps it and pages in the frames it uses. Disk: the files together stay within a
@@ -29,20 +33,27 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from services.jobs.avatars import AvatarMeta, load_crops, load_meta, prefix
+from services.jobs.avatars import MUSETALK_LATENTS, MUSETALK_MASKS, AvatarMeta, load_crops, load_meta, prefix
 from services.jobs.store.blobs import BlobStore
-from services.media.composite import Compositor, I420Frames
+from services.media.composite import AlphaMasks, Compositor, I420Frames
 from services.media.decode import open_avatar
+from services.serving.stages import MUSETALK_TIER
 
 _LOGGER = logging.getLogger(__name__)
+
+
+#: the cache's files of one avatar: its frames in I420 and, for a musetalk avatar, its pack
+SUFFIXES = (".i420.npy", ".latents.npy", ".masks.npy")
+_NO_CROPS = np.zeros((0, 96, 96, 3), np.uint8)
 
 
 @dataclasses.dataclass
 class LocalAvatar:
     meta: AvatarMeta
-    crops: np.ndarray  # (K, 96, 96, 3) uint8, rows in meta.crop_frames order
-    crop_row: dict[int, int]  # avatar frame index -> row of `crops`
+    crops: np.ndarray  # (K, 96, 96, 3) uint8, rows in meta.crop_frames order (none for a musetalk avatar)
+    crop_row: dict[int, int]  # avatar frame index -> row of `crops` (and of `latents`)
     compositor: Compositor
+    latents: np.ndarray | None = None  # musetalk: (K, 8, 32, 32) float16, memory-mapped, rows as `crops`'
 
 
 class AvatarCache:
@@ -95,14 +106,32 @@ class AvatarCache:
 
     def _load(self, avatar_id: str) -> LocalAvatar:
         meta = load_meta(self._blobs, avatar_id)
-        crops = load_crops(self._blobs, avatar_id)
+        musetalk = meta.model == MUSETALK_TIER
+        crops = _NO_CROPS if musetalk else load_crops(self._blobs, avatar_id)
         path = self._root / f"{avatar_id}.i420.npy"
         if not path.exists():
-            self._make_room(meta.frame_count * meta.height * 3 // 2 * meta.width, keep=avatar_id)
+            faces = meta.faces_found if musetalk else 0  # the pack: 16 KB of latents and 64 KB of mask a face
+            self._make_room(meta.frame_count * meta.height * 3 // 2 * meta.width + faces * 81920, keep=avatar_id)
             self._build(avatar_id, meta, path)
         i420 = I420Frames.load(path, mmap=True)
         crop_row = {frame: row for row, frame in enumerate(meta.crop_frames)}
-        return LocalAvatar(meta, crops, crop_row, Compositor(i420, meta.boxes))
+        if not musetalk:
+            return LocalAvatar(meta, crops, crop_row, Compositor(i420, meta.boxes))
+        latents, masks = (self._pack_file(avatar_id, key) for key in (MUSETALK_LATENTS, MUSETALK_MASKS))
+        alpha = AlphaMasks(masks, meta.mask_boxes, crop_row)
+        return LocalAvatar(meta, crops, crop_row, Compositor(i420, meta.boxes, alpha=alpha), latents)
+
+    def _pack_file(self, avatar_id: str, key: str) -> np.ndarray:
+        """One .npy of a musetalk avatar's pack, downloaded once beside its frames, memory-mapped."""
+        path = self._root / f"{avatar_id}.{Path(key).name}"
+        if not path.exists():
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+            try:
+                self._blobs.get_file(prefix(avatar_id) + key, tmp)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        return np.load(path, mmap_mode="r", allow_pickle=False)
 
     def _build(self, avatar_id: str, meta: AvatarMeta, path: Path) -> None:
         """Decodes the source and writes its frames in I420 to ``path``, one frame at a time."""
@@ -139,15 +168,18 @@ class AvatarCache:
         )
 
     def _make_room(self, needed: int, keep: str) -> None:
-        """Deletes least recently used cache files of avatars not open until ``needed`` more bytes fit the budget."""
-        files = []
-        for path in self._root.glob("*.i420.npy"):
+        """Deletes the cache files of the least recently used avatars not open (all of an avatar's
+        files together) until ``needed`` more bytes fit the budget."""
+        avatars: dict[str, list[tuple[Path, int, float]]] = {}
+        for path in self._root.glob("*.npy"):
+            if path.name.startswith(".") or not path.name.endswith(SUFFIXES):
+                continue
             try:
                 stat = path.stat()
             except FileNotFoundError:
                 continue
-            files.append((path, stat.st_size, stat.st_mtime))
-        total = sum(size for _, size, _ in files)
+            avatars.setdefault(_avatar_of(path), []).append((path, stat.st_size, stat.st_mtime))
+        total = sum(size for files in avatars.values() for _, size, _ in files)
         if total + needed <= self._max_bytes:
             return
         with self._lock:
@@ -155,18 +187,19 @@ class AvatarCache:
             used = dict(self._used)
         now_wall, now_mono = time.time(), time.monotonic()
 
-        def last_use(item: tuple[Path, int, float]) -> float:
-            aid = item[0].name.removesuffix(".i420.npy")
-            # This process's last use where it has one, else the file's age (a file from before a restart).
-            return now_wall - (now_mono - used[aid]) if aid in used else item[2]
+        def last_use(aid: str) -> float:
+            # This process's last use where it has one, else its files' age (files from before a restart).
+            return now_wall - (now_mono - used[aid]) if aid in used else max(m for _, _, m in avatars[aid])
 
-        for path, size, _ in sorted(files, key=last_use):
+        for aid in sorted(avatars, key=last_use):
             if total + needed <= self._max_bytes:
                 break
-            aid = path.name.removesuffix(".i420.npy")
             if aid in open_ids or aid == keep:
                 continue
-            path.unlink(missing_ok=True)
+            size = 0
+            for path, file_size, _ in avatars[aid]:
+                path.unlink(missing_ok=True)
+                size += file_size
             with self._lock:
                 self._used.pop(aid, None)  # the record of uses stays as small as the cache
             total -= size
@@ -176,6 +209,11 @@ class AvatarCache:
                 "avatar cache over its disk budget: the avatars open now, and the one being built, need it",
                 extra={"bytes": total + needed, "avatar_cache_bytes": self._max_bytes},
             )
+
+
+def _avatar_of(path: Path) -> str:
+    """The avatar id of one of the cache's files (its name less the SUFFIXES)."""
+    return path.name.split(".", 1)[0]
 
 
 class I420Writer:

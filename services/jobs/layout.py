@@ -8,7 +8,8 @@ it is claimed first of its job because claims go by index. `segments_total` coun
 only.
 
 Blobs: `jobs/<id>/` holds what only the job's rendering needs (the upload, its mel windows per
-segment, the AAC track, the rendered segments) and is deleted when the job ends;
+segment, for a `musetalk` job its whisper log-mel windows, the AAC track, the rendered segments) and
+is deleted when the job ends;
 `outputs/<id>.mp4` is the result.
 """
 
@@ -62,6 +63,13 @@ def job_prefix(job_id: str) -> str:
 
 def mels_key(job_id: str, segment: int) -> str:
     return f"jobs/{job_id}/mels/{segment:05d}.f16"
+
+
+def whisper_key(job_id: str, window: int) -> str:
+    """A `musetalk` job's 30 s whisper log-mel window `window`: a serialized lipline.v1.AudioWindow, as
+    the lipsync-musetalk stage takes it (one per window, not per segment: every segment of a window
+    needs all of it, since the encoder's attention spans the window)."""
+    return f"jobs/{job_id}/whisper/{window:05d}.pb"
 
 
 def audio_key(job_id: str) -> str:

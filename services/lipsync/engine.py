@@ -16,17 +16,17 @@ doing the maths on the device removes that host work.
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from services.inference.backends import Backend
+from services.inference.bank import DeviceBank
 from services.inference.engine import DeviceBatchEngine, Part, group_rows_by_size
 from services.lipsync.prep import IMG_SIZE, model_inputs_torch
 from services.media.wire import MEL_BANDS, MEL_STEP
-from services.serving.errors import InvalidRequest, TooLarge
+from services.serving.errors import InvalidRequest
 
 MEL_SHAPE = (MEL_BANDS, MEL_STEP)
 
@@ -41,19 +41,11 @@ def _resize(faces: torch.Tensor, width: int, height: int) -> torch.Tensor:
     return resized.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
 
 
-class CropBank:
+class CropBank(DeviceBank):
     """One stream's reference crops, uploaded once, as a (N, 96, 96, 3) uint8 tensor on the device."""
 
     def __init__(self, device: torch.device, max_crops: int) -> None:
-        self.device = device
-        self.max_crops = max_crops
-        self._rows: dict[int, int] = {}
-        self._pending: list[np.ndarray] = []
-        self._tensor = torch.empty((0, IMG_SIZE, IMG_SIZE, 3), dtype=torch.uint8, device=device)
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._rows)
+        super().__init__(device, (IMG_SIZE, IMG_SIZE, 3), torch.uint8, max_crops, "crop", "reference crops")
 
     def add(self, crop_index: int, face: np.ndarray) -> None:
         """Register crop `crop_index` (a (96, 96, 3) uint8 BGR array); re-sending an index replaces it."""
@@ -61,50 +53,7 @@ class CropBank:
             raise InvalidRequest(
                 f"reference crop {crop_index} is {face.shape[1]}x{face.shape[0]}; send {IMG_SIZE}x{IMG_SIZE}"
             )
-        with self._lock:
-            if crop_index not in self._rows and len(self._rows) >= self.max_crops:
-                raise TooLarge(f"more than {self.max_crops} reference crops in one stream")
-            if crop_index in self._rows:
-                self._flush()
-                # The bank was (re)built inside the model thread's inference_mode (`tensor`), so it is an
-                # inference tensor: updated in place only under inference_mode too (outside, torch refuses).
-                with torch.inference_mode():
-                    self._tensor[self._rows[crop_index]] = torch.from_numpy(face).to(self.device)
-                self._settle()
-                return
-            self._rows[crop_index] = len(self._rows)
-            self._pending.append(face)
-
-    def rows(self, crop_indices: np.ndarray, frame_indices: np.ndarray) -> np.ndarray:
-        """Map crop indices to bank rows; InvalidRequest naming the first unknown one."""
-        rows = np.fromiter((self._rows.get(int(c), -1) for c in crop_indices), dtype=np.int64, count=len(crop_indices))
-        if (rows < 0).any():
-            bad = int(np.argmax(rows < 0))
-            raise InvalidRequest(
-                f"item for frame {int(frame_indices[bad])} names crop {int(crop_indices[bad])}, which this stream has not sent"
-            )
-        return rows
-
-    def tensor(self) -> torch.Tensor:
-        with self._lock:
-            self._flush()
-            return self._tensor
-
-    def _flush(self) -> None:
-        """Upload crops added since the last use in one copy (crops arrive in messages of many)."""
-        if self._pending:
-            new = torch.from_numpy(np.stack(self._pending)).to(self.device)
-            self._tensor = torch.cat((self._tensor, new))
-            self._pending = []
-            self._settle()
-
-    def _settle(self) -> None:
-        """Wait for this thread's stream to finish the upload: other threads read the bank on theirs.
-
-        Rare (once per stream start, or when a crop is replaced), so a synchronize is cheap enough.
-        """
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+        self.put((crop_index,), (face,))
 
 
 @dataclasses.dataclass

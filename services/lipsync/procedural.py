@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.media.speech import FRAME_COLUMNS, SPEECH_BANDS
+from services.media.speech import ABSOLUTE_CLOSED_LEVEL, ABSOLUTE_OPEN_LEVEL, FRAME_COLUMNS, SPEECH_BANDS
 
 __all__ = ["ProceduralLipSync"]
 
@@ -52,12 +52,11 @@ LIP_VALLEY = 3
 LIP_PRIOR_Y = 64.0
 LIP_PRIOR = 1.0 / 255.0
 
-# Without an envelope, the window's own speech-band level (services.media.speech's bands and
-# columns: the frame's first 50 ms, in sync with the picture) in Wav2Lip's [-4, 4] scale (-4 = -100
-# dB). Measured on synthetic signals: a -60..-50 dBFS noise floor averages -3.1..-2.3, voiced speech
-# at -30/-20 dBFS about -1.6/-0.85. Below CLOSED_LEVEL the mouth is shut; at OPEN_LEVEL and above open.
-CLOSED_LEVEL = -2.5
-OPEN_LEVEL = -0.5
+# Without an envelope, the window's own speech-band level (services.media.speech's bands, columns
+# and fixed levels: the frame's first 50 ms, in sync with the picture). Below CLOSED_LEVEL the mouth
+# is shut; at OPEN_LEVEL and above open.
+CLOSED_LEVEL = ABSOLUTE_CLOSED_LEVEL
+OPEN_LEVEL = ABSOLUTE_OPEN_LEVEL
 
 
 class ProceduralLipSync(nn.Module):

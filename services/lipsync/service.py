@@ -19,13 +19,14 @@ from services.lipsync import prep
 from services.lipsync.detect_stream import FaceStream
 from services.lipsync.engine import MEL_SHAPE, GenerateChunk, LipSyncEngine
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector
+from services.lipsync.frames import FrameSequence
 from services.lipsync.occlusion import OcclusionConfig
 from services.lipsync.procedural import ProceduralLipSync
 from services.lipsync.settings import LipSyncSettings
 from services.lipsync.wav2lip import load_wav2lip
 from services.media.packed import PackedImages
 from services.media.wire import MAX_IMAGE_SIDE, image_from_proto, unpack_generate_items, unpack_speech
-from services.serving.errors import FailedPrecondition, InvalidRequest, TooLarge
+from services.serving.errors import FailedPrecondition, InvalidRequest
 
 _LOGGER = logging.getLogger(__name__)
 IMG = prep.IMG_SIZE
@@ -57,35 +58,19 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
         self, request_iterator: AsyncIterator[lipsync_pb2.DetectFacesRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[lipsync_pb2.DetectFacesResponse]:
         svc = self._service
-        limit = svc.settings.max_detect_frames
+        sequence = FrameSequence("DetectFaces", svc.settings.max_detect_frames)  # within the current sending
         options: lipsync_pb2.DetectFacesOptions | None = None
         stream: FaceStream | None = None
         held: list[np.ndarray] = []  # a client without options.resends: its frames, for a second check
         again = False  # receiving the second sending
         ended = False
-        position = 0  # the next frame's expected index within the current sending
-        first_shape: tuple[int, ...] | None = None
         async for request in request_iterator:
             if options is None:
                 options = request.options
                 pads = check_pad_count(options)
                 smooth = not options.no_smooth
-            frames = []
-            for item in request.frames:
-                if item.index != position:
-                    raise InvalidRequest(
-                        f"frame index {item.index} where {position} was expected: frames are numbered 0, 1, 2... in the order sent"
-                    )
-                if not again and position >= limit:
-                    raise TooLarge(f"more than {limit} frames in one DetectFaces stream")
-                frame = image_from_proto(item.image, f"frame {item.index}")
-                first_shape = first_shape or frame.shape
-                if frame.shape != first_shape:
-                    raise InvalidRequest(
-                        f"all frames of one stream must have the same size, got {sorted({frame.shape, first_shape})}"
-                    )
-                frames.append(frame)
-                position += 1
+            frames = sequence.take(request.frames, limited=not again)
+            first_shape = sequence.shape
             if frames and first_shape is not None and stream is None:  # a frame sets first_shape
                 check_pads(pads, first_shape[0], first_shape[1])
                 if svc.detector is None:
@@ -109,14 +94,15 @@ class LipSyncServicer(StageServicer["LipSyncService"], lipsync_pb2_grpc.LipSyncS
                 if not await asyncio.to_thread(stream.end):
                     ended = True
                     break
-                again, position = True, 0
+                again = True
+                sequence.restart()
                 yield lipsync_pb2.DetectFacesResponse(send_again=True)
         if stream is None:
             raise InvalidRequest("DetectFaces received no frames")
         if not ended:
             if again:
                 raise InvalidRequest(
-                    f"the stream ended after {position} of the {stream.frame_count} frames sent again, without end_of_frames"
+                    f"the stream ended after {sequence.position} of the {stream.frame_count} frames sent again, without end_of_frames"
                 )
             if await asyncio.to_thread(stream.end):
                 if options is not None and options.resends:

@@ -37,6 +37,13 @@ What the link does:
   everything at the stage, every face came back late and none was shown.
 - Sessions that asked for super-resolution get 96x96 faces from Generate (`raw_size`) and the link
   sends them on to one Upscale stream (same ordering and failure rules) as each response arrives.
+- Sessions of a `musetalk` avatar (docs/architecture.md section 12.7) go to the lipsync-musetalk
+  stage over the worker's one MuseTalkService.Generate stream, by the same rules: their avatar's
+  latents (`ReferenceLatent`, registered like crops, shared per avatar) go once per stream as a
+  LatentBank; each session has its own audio window index, and a message carries, per session in it,
+  one AudioWindow made at send time from the session's utterance (`WindowSource`: the whisper stream,
+  services/live/whisper_stream.py) for all its items in that message, then the items (latent, window,
+  offset). Their 256x256 faces come back as Wav2Lip's do (superres scales them to the box).
 
 Torch-free (grpc.aio, numpy): the live worker image installs no torch.
 """
@@ -50,16 +57,18 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
 
 from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc, superres_pb2, superres_pb2_grpc
+from services.live.whisper_stream import FrameWindow
+from services.media.musetalk_wire import LATENT_SHAPE, pack_items, pack_latents, pack_window
 from services.media.packed import PackedImages
 from services.media.wire import MAX_IMAGE_SIDE, MEL_BANDS, MEL_STEP, image_from_proto, image_to_proto, mel_to_bytes
 from services.serving.channels import StageFailed
-from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
+from services.serving.errors import FailedPrecondition, InvalidMedia, InvalidRequest, TooLarge
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -72,6 +81,7 @@ UINT32 = 1 << 32
 FLOAT16_MAX = 65504.0  # mel windows travel as float16
 
 StubProvider = Callable[[], Any]
+LATENTS_PER_MESSAGE = 64  # 16 KiB each: 1 MiB per LatentBank message
 
 
 class FaceLate(TimeoutError):
@@ -86,6 +96,39 @@ class ReferenceFace:
     image: np.ndarray  # (96, 96, 3) uint8 BGR
     paste_width: int
     paste_height: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceLatent:
+    """One frame of a `musetalk` avatar as its sessions register it: the latents of its 256x256 crop
+    (the avatar pack's row) and the size its generated face is pasted back at (the box's)."""
+
+    latents: np.ndarray  # (8, 32, 32) float16
+    paste_width: int
+    paste_height: int
+
+
+class WindowSource(Protocol):
+    """Where a musetalk item's audio comes from: its utterance's features, asked at send time for the
+    window of the frames (of the utterance) that one message carries."""
+
+    def frame_window(self, frames: Sequence[int]) -> FrameWindow: ...
+
+
+def avatar_reference_latents(
+    boxes: Sequence[Sequence[int] | None], latents: np.ndarray, rows: Mapping[int, int]
+) -> tuple[list[ReferenceLatent], dict[int, int]]:
+    """A musetalk avatar's latents as its sessions register them: (the ReferenceLatents, template
+    frame -> latent index to `submit_musetalk` with), as `avatar_reference_faces` for crops."""
+    refs: list[ReferenceLatent] = []
+    index: dict[int, int] = {}
+    for frame, box in enumerate(boxes):
+        if box is None or frame not in rows:
+            continue
+        x1, y1, x2, y2 = (int(v) for v in box)
+        index[frame] = len(refs)
+        refs.append(ReferenceLatent(np.asarray(latents[rows[frame]]), x2 - x1, y2 - y1))
+    return refs, index
 
 
 def avatar_reference_faces(
@@ -177,23 +220,29 @@ class FaceLinkCounters:
     stream_errors: int = 0
 
 
-class _CropSet:
-    """Reference crops under their stream crop indices: one session's, or shared by the sessions of
-    one avatar (`register(..., shared_as=avatar)`): a popular avatar costs its crops once per stream."""
+Reference = ReferenceFace | ReferenceLatent
 
-    def __init__(self, share_key: Hashable | None, crops: Sequence[ReferenceFace], indices: list[int]) -> None:
+
+class _CropSet:
+    """Reference crops (or a musetalk avatar's latents) under their stream indices: one session's, or
+    shared by the sessions of one avatar (`register(..., shared_as=avatar)`): a popular avatar costs
+    its crops once per stream."""
+
+    def __init__(self, share_key: Hashable | None, crops: Sequence[Reference], indices: list[int]) -> None:
         self.share_key = share_key
         self.crops = list(crops)
         self.indices = indices  # crop i -> stream crop index
         self.users = 0  # sessions registered with it
+        self.musetalk = isinstance(self.crops[0], ReferenceLatent)  # the tier (its stream)
 
 
 class _Session:
-    def __init__(self, key: Hashable, crops: _CropSet, super_resolution: bool) -> None:
+    def __init__(self, key: Hashable, crops: _CropSet, super_resolution: bool, window_index: int = -1) -> None:
         self.key = key
         self.crops = crops
         self.indices = crops.indices  # session crop i -> stream crop index
         self.super_resolution = super_resolution
+        self.window_index = window_index  # musetalk: its audio window's index on the stream
         self.active = True
         self.pending: set[_Item] = set()
 
@@ -210,6 +259,8 @@ class _Item:
         "raw_face",
         "session",
         "session_crop",
+        "source",
+        "source_frame",
         "speech",
         "submitted",
         "timer",
@@ -238,6 +289,8 @@ class _Item:
         self.deadline = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.upscale_index = 0
+        self.source: WindowSource | None = None  # musetalk: its utterance's features
+        self.source_frame = 0  # musetalk: the frame's index in its utterance
 
     @property
     def live(self) -> bool:
@@ -577,15 +630,18 @@ class FaceLink:
         settings: FaceLinkSettings | None = None,
         metadata: tuple[tuple[str, str], ...] = (),
         on_message: Callable[[str, int], None] | None = None,
+        musetalk: StubProvider | lipsync_pb2_grpc.MuseTalkServiceStub | None = None,
     ) -> None:
-        """`lipsync`, `superres`: a stub, or a provider called once per stream opened (so a stream
-        that is opened again lands on the stage's current channel). `on_message(stage, items)` is
-        called per message sent with items (for an items-per-message histogram)."""
+        """`lipsync`, `superres`, `musetalk` (lipsync-musetalk: None where the deployment runs none): a
+        stub, or a provider called once per stream opened (so a stream that is opened again lands on
+        the stage's current channel). `on_message(stage, items)` is called per message sent with items
+        (for an items-per-message histogram)."""
         self.settings = settings or FaceLinkSettings()
         self.counters = FaceLinkCounters()
         self.models: dict[str, dict[str, str]] = {}  # stage -> its ModelInfo, from its first response
         self._lipsync = _provider(lipsync)
         self._superres = _provider(superres) if superres is not None else None
+        self._musetalk = _provider(musetalk) if musetalk is not None else None
         self._metadata = metadata
         self._on_message = on_message
         self._sessions: dict[Hashable, _Session] = {}
@@ -594,8 +650,11 @@ class FaceLink:
         self._free_crops: collections.deque[int] = collections.deque()
         self._next_crop = 0
         self._upscale_counter = 0
+        self._free_windows: collections.deque[int] = collections.deque()
+        self._next_window = 0
         self._generate: _OrderedStream | None = None
         self._upscale: _OrderedStream | None = None
+        self._muse: _OrderedStream | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -605,9 +664,12 @@ class FaceLink:
         if self._superres is not None:
             self._upscale = _OrderedStream(self, "superres", 0.0)
             self._upscale.start()
+        if self._musetalk is not None:
+            self._muse = _OrderedStream(self, "lipsync-musetalk", self.settings.interval_s)
+            self._muse.start()
 
     async def close(self) -> None:
-        for stream in (self._generate, self._upscale):
+        for stream in (self._generate, self._upscale, self._muse):
             if stream is not None:
                 await stream.close()
         for session in list(self._sessions.values()):
@@ -633,22 +695,29 @@ class FaceLink:
     def register(
         self,
         session_key: Hashable,
-        crops: Sequence[ReferenceFace],
+        crops: Sequence[ReferenceFace] | Sequence[ReferenceLatent],
         super_resolution: bool = False,
         shared_as: Hashable | None = None,
     ) -> None:
         """Register a session's reference crops (its crop i is `crops[i]`); they go out in the next message.
 
+        ReferenceLatents (a musetalk avatar's) make it a session of the lipsync-musetalk stream.
         `shared_as` (an avatar's id and version): sessions registered under the same key share one set
         of crop indices, sent once per stream; the caller promises their crops are the same (the
         first session's are used). Raises InvalidRequest for a crop that is not 96x96 BGR uint8 (or
-        a paste size out of range), a key already registered, or super-resolution without a superres
-        stage; TooLarge when the stream has no crop indices left (the stage's max_crops_per_stream).
+        latents not (8, 32, 32) float16, or a paste size out of range), a key already registered,
+        super-resolution without a superres stage, or latents without a lipsync-musetalk stage;
+        TooLarge when the stream has no crop indices left (the stage's max_crops_per_stream).
         """
         if session_key in self._sessions:
             raise InvalidRequest(f"session {session_key!r} is already registered on the face link")
         if super_resolution and self._superres is None:
             raise InvalidRequest("super-resolution was asked for, but this worker has no superres stage")
+        if crops and isinstance(crops[0], ReferenceLatent) and self._musetalk is None:
+            raise FailedPrecondition(
+                "the avatar is of the musetalk tier, but this live worker has no lipsync-musetalk stage "
+                "(its lipsync_musetalk_address is empty)"
+            )
         crop_set = self._shared.get(shared_as) if shared_as is not None else None
         if crop_set is not None and len(crops) != len(crop_set.crops):
             raise InvalidRequest(
@@ -657,18 +726,23 @@ class FaceLink:
         if crop_set is None:
             crop_set = self._new_crop_set(session_key, crops, shared_as)
         crop_set.users += 1
-        self._sessions[session_key] = _Session(session_key, crop_set, super_resolution)
+        window = self._allocate_window() if crop_set.musetalk else -1
+        self._sessions[session_key] = _Session(session_key, crop_set, super_resolution, window)
 
-    def _new_crop_set(
-        self, session_key: Hashable, crops: Sequence[ReferenceFace], shared_as: Hashable | None
-    ) -> _CropSet:
+    def _new_crop_set(self, session_key: Hashable, crops: Sequence[Reference], shared_as: Hashable | None) -> _CropSet:
         if not crops:
             raise InvalidRequest(f"session {session_key!r}: no reference crops")
+        if len({type(c) for c in crops}) > 1:
+            raise InvalidRequest(f"session {session_key!r}: crops and latents mixed")
         for i, crop in enumerate(crops):
-            image = crop.image
-            if image.dtype != np.uint8 or image.shape != (CROP_SIZE, CROP_SIZE, 3):
+            if isinstance(crop, ReferenceLatent):
+                if crop.latents.dtype != np.float16 or crop.latents.shape != LATENT_SHAPE:
+                    raise InvalidRequest(
+                        f"session {session_key!r}: latents {i} are {crop.latents.dtype} {crop.latents.shape}; send (8, 32, 32) float16"
+                    )
+            elif crop.image.dtype != np.uint8 or crop.image.shape != (CROP_SIZE, CROP_SIZE, 3):
                 raise InvalidRequest(
-                    f"session {session_key!r}: reference crop {i} is {image.dtype} {image.shape}; send (96, 96, 3) uint8 BGR"
+                    f"session {session_key!r}: reference crop {i} is {crop.image.dtype} {crop.image.shape}; send (96, 96, 3) uint8 BGR"
                 )
             if not (0 < crop.paste_width <= MAX_IMAGE_SIDE and 0 < crop.paste_height <= MAX_IMAGE_SIDE):
                 raise InvalidRequest(
@@ -683,8 +757,9 @@ class FaceLink:
         self._crop_sets[crop_set] = None
         if shared_as is not None:
             self._shared[shared_as] = crop_set
-        if self._generate is not None:
-            self._generate.wake()
+        stream = self._muse if crop_set.musetalk else self._generate
+        if stream is not None:
+            stream.wake()
         return crop_set
 
     def unregister(self, session_key: Hashable) -> None:
@@ -698,6 +773,8 @@ class FaceLink:
         for item in list(session.pending):
             self._settle(item)
             item.future.cancel()
+        if session.window_index >= 0:
+            self._free_windows.append(session.window_index)  # the next session's window replaces it
         crop_set = session.crops
         crop_set.users -= 1
         if crop_set.users == 0:
@@ -714,6 +791,12 @@ class FaceLink:
             return self._free_crops.popleft()
         self._next_crop += 1
         return self._next_crop - 1
+
+    def _allocate_window(self) -> int:
+        if self._free_windows:
+            return self._free_windows.popleft()
+        self._next_window += 1
+        return self._next_window - 1
 
     # --- items ---------------------------------------------------------------------------------
 
@@ -733,15 +816,7 @@ class FaceLink:
         `crop_index` is the session's own (an index into its registered crops); `mel_window` is the
         frame's (80, 16) Wav2Lip window; `speech` the optional mouth opening in [0, 1].
         """
-        session = self._sessions.get(session_key)
-        if session is None:
-            raise InvalidRequest(f"session {session_key!r} is not registered on the face link")
-        if not 0 <= crop_index < len(session.indices):
-            raise InvalidRequest(
-                f"session {session_key!r}: crop {crop_index} is not one of its {len(session.indices)} crops"
-            )
-        if not 0 <= frame_index < UINT32:
-            raise InvalidRequest(f"frame index {frame_index} is outside 0..2^32-1")
+        session = self._checked(session_key, frame_index, crop_index, musetalk=False)
         if mel_window.shape != (MEL_BANDS, MEL_STEP):
             raise InvalidRequest(f"mel window must be (80, 16), got {mel_window.shape}")
         # Checked here, not by the stage: one bad window there fails the message, every session's items with it.
@@ -752,16 +827,55 @@ class FaceLink:
         mel = mel_to_bytes(mel_window)
         if speech is not None and not 0.0 <= speech <= 1.0:
             raise InvalidRequest(f"speech {speech} is outside [0, 1]")
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        future: asyncio.Future[np.ndarray] = loop.create_future()
-        item = _Item(session, frame_index, crop_index, mel, speech, future, now)
-        item.deadline = (now + self.settings.default_due_s if due is None else due) + self.settings.late_s
-        item.timer = loop.call_at(item.deadline, self._expire, item)
-        session.pending.add(item)
         assert self._generate is not None, "FaceLink.start() was not awaited"
-        self._generate.put(item)
-        return future
+        loop = asyncio.get_running_loop()
+        item = _Item(session, frame_index, crop_index, mel, speech, loop.create_future(), loop.time())
+        return self._queue(self._generate, item, due)
+
+    def submit_musetalk(
+        self,
+        session_key: Hashable,
+        frame_index: int,
+        crop_index: int,
+        source: WindowSource,
+        source_frame: int,
+        due: float | None = None,
+    ) -> asyncio.Future[np.ndarray]:
+        """`submit` for a session of a musetalk avatar: its face (256x256 BGR, or restored by superres
+        to its paste size) from frame `source_frame` of the utterance whose features are `source` (its
+        window is made when the item is sent). `crop_index` is the session's own latent index."""
+        session = self._checked(session_key, frame_index, crop_index, musetalk=True)
+        assert self._muse is not None, "FaceLink.start() was not awaited"
+        loop = asyncio.get_running_loop()
+        item = _Item(session, frame_index, crop_index, b"", None, loop.create_future(), loop.time())
+        item.source, item.source_frame = source, source_frame
+        return self._queue(self._muse, item, due)
+
+    def _checked(self, session_key: Hashable, frame_index: int, crop_index: int, musetalk: bool) -> _Session:
+        session = self._sessions.get(session_key)
+        if session is None:
+            raise InvalidRequest(f"session {session_key!r} is not registered on the face link")
+        if session.crops.musetalk != musetalk:
+            raise InvalidRequest(
+                f"session {session_key!r} is of the {'musetalk' if session.crops.musetalk else 'wav2lip'} tier: "
+                f"use {'submit_musetalk' if session.crops.musetalk else 'submit'}"
+            )
+        if not 0 <= crop_index < len(session.indices):
+            raise InvalidRequest(
+                f"session {session_key!r}: crop {crop_index} is not one of its {len(session.indices)} crops"
+            )
+        if not 0 <= frame_index < UINT32:
+            raise InvalidRequest(f"frame index {frame_index} is outside 0..2^32-1")
+        return session
+
+    def _queue(self, stream: _OrderedStream, item: _Item, due: float | None) -> asyncio.Future[np.ndarray]:
+        """Queues an item on `stream` with its deadline (`due` + late_frames; default_due_s from now)."""
+        loop = asyncio.get_running_loop()
+        item.deadline = (item.submitted + self.settings.default_due_s if due is None else due) + self.settings.late_s
+        item.timer = loop.call_at(item.deadline, self._expire, item)
+        item.session.pending.add(item)
+        stream.put(item)
+        return item.future
 
     def _expire(self, item: _Item) -> None:
         item.timer = None
@@ -804,18 +918,27 @@ class FaceLink:
     # --- what the ordered streams call ---------------------------------------------------------
 
     def wants_stream(self, stream: _OrderedStream) -> bool:
-        """Whether `stream` should be open with nothing queued: Generate while any session is
-        registered (its crops go out at once, before its first items)."""
-        return stream is self._generate and bool(self._sessions)
+        """Whether `stream` should be open with nothing queued: a Generate stream while any session of
+        its tier is registered (its crops go out at once, before its first items)."""
+        if stream is self._generate:
+            return any(not s.crops.musetalk for s in self._sessions.values())
+        return stream is self._muse and any(s.crops.musetalk for s in self._sessions.values())
 
     def open_call(self, stream: _OrderedStream) -> Any:
         if stream is self._generate:
             return self._lipsync().Generate(metadata=self._metadata)
+        if stream is self._muse:
+            assert self._musetalk is not None
+            return self._musetalk().Generate(metadata=self._metadata)
         assert self._superres is not None
         return self._superres().Upscale(metadata=self._metadata)
 
-    def crop_requests(self, stream: _OrderedStream, call: _Call) -> list[lipsync_pb2.GenerateRequest]:
-        """A new call's first messages: every registered session's crops (Generate only)."""
+    def crop_requests(self, stream: _OrderedStream, call: _Call) -> list[Any]:
+        """A new call's first messages: every registered session's crops (or latents), on Generate."""
+        if stream is self._muse:
+            banks = self._latents_to_send(call)
+            self.counters.crop_messages += len(banks)
+            return [lipsync_pb2.MuseTalkGenerateRequest(latents=bank) for bank in banks]
         if stream is not self._generate:
             return []
         crops = self._crops_to_send(call)
@@ -845,6 +968,8 @@ class FaceLink:
         queue = queue[:take]
         if stream is self._upscale:
             return [(self._upscale_request(batch), batch) for batch in _batches(queue, limit, raw=False)]
+        if stream is self._muse:
+            return self._musetalk_requests(call, queue, whole)
         crops = self._crops_to_send(call) if whole or queue else []
         groups: dict[tuple[bool, bool], list[_Item]] = {}
         for item in queue:  # what a message sets for all its items: raw_size, speech values or none
@@ -865,14 +990,80 @@ class FaceLink:
                     self._on_message("lipsync", len(batch))
         return requests
 
+    def _musetalk_requests(self, call: _Call, queue: list[_Item], whole: bool) -> list[tuple[Any, list[_Item]]]:
+        """The lipsync-musetalk stream's messages: latents not sent on `call` yet, then the items in
+        messages of at most `max_items_per_message`, each with one window per session in it (a
+        session's items from another utterance start a new message)."""
+        requests: list[tuple[Any, list[_Item]]] = []
+        for bank in self._latents_to_send(call) if whole or queue else []:
+            requests.append((lipsync_pb2.MuseTalkGenerateRequest(latents=bank), []))
+            self.counters.crop_messages += 1
+        batch: list[_Item] = []
+        sources: dict[_Session, WindowSource] = {}
+        for item in queue:
+            assert item.source is not None
+            if (
+                len(batch) == self.settings.max_items_per_message
+                or sources.get(item.session, item.source) is not item.source
+            ):
+                requests.append((self._musetalk_request(batch), batch))
+                batch, sources = [], {}
+            batch.append(item)
+            sources[item.session] = item.source
+        if batch:
+            requests.append((self._musetalk_request(batch), batch))
+        return requests
+
+    def _musetalk_request(self, batch: list[_Item]) -> lipsync_pb2.MuseTalkGenerateRequest:
+        """One message: each session's window for its items here, then the items."""
+        by_session: dict[_Session, list[_Item]] = {}
+        for item in batch:
+            by_session.setdefault(item.session, []).append(item)
+        windows: list[lipsync_pb2.AudioWindow] = []
+        offsets: dict[int, int] = {}
+        for session, items in by_session.items():
+            source = items[0].source
+            assert source is not None
+            window = source.frame_window([item.source_frame for item in items])
+            windows.append(pack_window(session.window_index, window.log_mel, window.pad_value, window.positions))
+            offsets.update(zip(map(id, items), window.offsets))
+        items_pb = pack_items(
+            [item.frame_index for item in batch],
+            [item.crop_index for item in batch],
+            [item.session.window_index for item in batch],
+            [offsets[id(item)] for item in batch],
+        )
+        self.counters.generate_messages += 1
+        self.counters.generate_items += len(batch)
+        if self._on_message is not None:
+            self._on_message("lipsync-musetalk", len(batch))
+        return lipsync_pb2.MuseTalkGenerateRequest(windows=windows, items=items_pb)
+
+    def _latents_to_send(self, call: _Call) -> list[lipsync_pb2.LatentBank]:
+        """LatentBanks of the musetalk crop sets not yet sent on `call` (marked sent)."""
+        indices: list[int] = []
+        latents: list[np.ndarray] = []
+        for crop_set in self._crop_sets:
+            if not crop_set.musetalk or crop_set in call.sent:
+                continue
+            call.sent.add(crop_set)
+            indices += crop_set.indices
+            latents += [crop.latents for crop in crop_set.crops]  # type: ignore[union-attr]
+        self.counters.crops_sent += len(indices)
+        return [
+            pack_latents(indices[k : k + LATENTS_PER_MESSAGE], np.stack(latents[k : k + LATENTS_PER_MESSAGE]))
+            for k in range(0, len(indices), LATENTS_PER_MESSAGE)
+        ]
+
     def _crops_to_send(self, call: _Call) -> list[lipsync_pb2.ReferenceCrop]:
         """The crops of the crop sets not yet sent on `call` (marked sent)."""
         crops = []
         for crop_set in self._crop_sets:
-            if crop_set in call.sent:
+            if crop_set.musetalk or crop_set in call.sent:
                 continue
             call.sent.add(crop_set)
             for index, crop in zip(crop_set.indices, crop_set.crops):
+                assert isinstance(crop, ReferenceFace)  # a set of latents is `musetalk`
                 crops.append(
                     lipsync_pb2.ReferenceCrop(
                         crop_index=index,
@@ -924,7 +1115,7 @@ class FaceLink:
         if not item.live:
             self.counters.dropped += 1
             return
-        if stream is self._generate and item.session.super_resolution:
+        if stream is not self._upscale and item.session.super_resolution:
             assert self._upscale is not None
             item.raw_face = face
             item.upscale_index = self._upscale_counter
@@ -972,4 +1163,15 @@ def _pack(batch: list[_Item]) -> lipsync_pb2.GenerateItems:
     )
 
 
-__all__ = ["FaceLate", "FaceLink", "FaceLinkCounters", "FaceLinkSettings", "ReferenceFace", "avatar_reference_faces"]
+__all__ = [
+    "FaceLate",
+    "FaceLink",
+    "FaceLinkCounters",
+    "FaceLinkSettings",
+    "FrameWindow",
+    "ReferenceFace",
+    "ReferenceLatent",
+    "WindowSource",
+    "avatar_reference_faces",
+    "avatar_reference_latents",
+]

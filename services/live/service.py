@@ -3,7 +3,9 @@
 One process holds up to `max_sessions` sessions (admission: RESOURCE_EXHAUSTED with `retry-after-ms`
 beyond it; the sessions running are never degraded to take one more). Per session a `SessionRunner`
 (services/live/runner.py) paces a `LiveSession`; every session's speech frames go to the lipsync
-stage (and superres) over the worker's one `FaceLink`, per tick one message for all of them. Avatars
+stage (and superres) over the worker's one `FaceLink`, per tick one message for all of them (a
+`musetalk` avatar's sessions to the lipsync-musetalk stage over the link's stream to it, with their
+whisper features and speech gate: docs/architecture.md section 12.7). Avatars
 come from the blob store through the worker's AvatarCache (decoded and converted to I420 once per
 worker, memory-mapped, shared by every session of the avatar). Placement (services/live/placement.py):
 the worker's row and its sessions' leases in the job store, renewed every `heartbeat_s`.
@@ -44,18 +46,28 @@ from services.jobs.store import close_stores, open_stores
 from services.jobs.store.sessions import CLOCK_SLACK_S, SessionState
 from services.live.clock import FrameClock, FrameKind, started_at
 from services.live.encoders import DEFAULT_CRF, H264Encoder, JpegEncoder
-from services.live.face_link import FaceLink, FaceLinkSettings, avatar_reference_faces
+from services.live.face_link import (
+    FaceLink,
+    FaceLinkSettings,
+    ReferenceFace,
+    ReferenceLatent,
+    avatar_reference_faces,
+    avatar_reference_latents,
+)
 from services.live.frame_size import i420_scaler, output_size
 from services.live.idle import IdleLoop
 from services.live.mel_stream import SUPPORTED_RATES, MelStream, check_sample_rate
 from services.live.placement import Placement
 from services.live.runner import SessionRunner, StreamEnded
 from services.live.send_queue import StreamClosed
-from services.live.session import LiveSession, MadeFace
+from services.live.session import LiveSession, MadeFace, SpeechFrame
 from services.live.settings import LiveSettings
+from services.live.whisper_stream import WhisperStream
+from services.media.speech import StreamingEnvelope
 from services.serving.discovery import DiscoveredStageClients
 from services.serving.errors import InvalidRequest, NoCapacity, NotFound
 from services.serving.server import Service
+from services.serving.stages import MUSETALK_TIER
 from services.serving.tenants import IMPLICIT_TENANT
 
 _LOGGER = logging.getLogger(__name__)
@@ -106,18 +118,26 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
         addresses = {"lipsync": s.lipsync_address}
         if s.superres_address:
             addresses["superres"] = s.superres_address
+        if s.lipsync_musetalk_address:  # the musetalk tier's stage: optional, not waited for
+            addresses["lipsync-musetalk"] = s.lipsync_musetalk_address
         self.clients = DiscoveredStageClients(addresses, s.max_message_bytes)
         await self.clients.start()
-        await self.clients.wait_serving(s.stage_wait_s)
+        await self.clients.wait_serving(s.stage_wait_s, stages=[a for a in addresses if a != "lipsync-musetalk"])
         clients = self.clients
         superres = (
             (lambda: clients.stub("superres", superres_pb2_grpc.SuperResServiceStub)) if s.superres_address else None
+        )
+        musetalk = (
+            (lambda: clients.stub("lipsync-musetalk", lipsync_pb2_grpc.MuseTalkServiceStub))
+            if s.lipsync_musetalk_address
+            else None
         )
         self.link = FaceLink(
             lambda: clients.stub("lipsync", lipsync_pb2_grpc.LipSyncServiceStub),
             superres,
             FaceLinkSettings(flush_interval_s=s.face_flush_ms / 1000),
             on_message=self._on_link_message,
+            musetalk=musetalk,
         )
         await self.link.start()
         await asyncio.to_thread(_warm_up)
@@ -221,7 +241,13 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             encoder = H264Encoder(width, height, FrameClock(fps).fps, preset=s.x264_preset, crf=proto.video.crf)
         await self.placement.lease(asked.id)
         try:
-            faces, crop_of = avatar_reference_faces(meta.boxes, avatar.crops, avatar.crop_row)
+            musetalk = meta.model == MUSETALK_TIER
+            faces: Sequence[ReferenceFace] | Sequence[ReferenceLatent]
+            if musetalk:  # the 256 px tier: its latents, its whisper features, its gate
+                assert avatar.latents is not None
+                faces, crop_of = avatar_reference_latents(meta.boxes, avatar.latents, avatar.crop_row)
+            else:
+                faces, crop_of = avatar_reference_faces(meta.boxes, avatar.crops, avatar.crop_row)
             session_id = asked.id
             if faces:
                 self.link.register(
@@ -233,14 +259,23 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
             link, loop = self.link, asyncio.get_running_loop()
             clock = FrameClock(fps, t0=_session_start(asked))
 
-            def submit_face(frame: int, template: int, window: Any, due_ns: int) -> Any:
+            def submit_face(frame: int, template: int, speech: SpeechFrame, due_ns: int) -> Any:
                 crop = crop_of.get(template)
                 if crop is None:  # this template frame has no face: it passes through
                     return MadeFace(None)
                 due = loop.time() + (due_ns - clock.now_ns()) / 1e9
-                future = link.submit(session_id, frame % (1 << 32), crop, window, due=due)
+                if musetalk:
+                    assert isinstance(speech.features, WhisperStream)
+                    future = link.submit_musetalk(
+                        session_id, frame % (1 << 32), crop, speech.features, speech.index, due=due
+                    )
+                else:
+                    future = link.submit(session_id, frame % (1 << 32), crop, speech.mel, due=due)
                 future.add_done_callback(_retrieve)
                 return future
+
+            def whisper_stream() -> WhisperStream:
+                return WhisperStream(rate, float(clock.fps), s.musetalk_right_context_ms)
 
             live = LiveSession(
                 IdleLoop(avatar.compositor.frames),
@@ -255,6 +290,8 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 face_grace_s=s.face_grace_s,
                 max_chunk_ms=s.max_chunk_ms,
                 scale=i420_scaler(meta.width, meta.height, width, height),
+                features=whisper_stream if musetalk else None,
+                gate=StreamingEnvelope(float(clock.fps)) if musetalk else None,
             )
             runner = SessionRunner(
                 session_id,

@@ -27,6 +27,11 @@ on a fake clock (`tests/unit/live/test_session.py`); a live worker drives it fro
   idle frames play meanwhile and the utterance resumes where it was.
 * `clear` (barge-in) empties the queue and the mel; the next tick is idle; the event
   PLAYBACK_FINISHED(interrupted) says how far the utterance had played.
+* A session of the musetalk tier (docs/architecture.md section 12.7) also feeds each utterance to its
+  `features` (the whisper stream: a frame is ready once its window's audio has arrived too, and the
+  submitter gets the stream with the frame, `SpeechFrame`) and gates the generated mouth by a causal
+  speech envelope (`gate`): a frame it shuts asks for no face and shows the template's mouth, the
+  others are blended in proportion (`FrameWork.weight`).
 """
 
 from __future__ import annotations
@@ -45,11 +50,35 @@ from services.live.encoders import EncodedFrame, FrameEncoder
 from services.live.idle import IdleLoop
 from services.live.mel_stream import PCM_SCALE, MelStream, check_sample_rate, pcm_int16
 from services.media.composite import Compositor
+from services.media.speech import StreamingEnvelope
 from services.serving.errors import InvalidRequest
 
 #: (template frame, mel window (80, 16) float32) -> the generated face, BGR at the frame's box size, or
 #: None when that template frame has no face (it passes through).
 FaceGenerator = Callable[[int, np.ndarray], np.ndarray | None]
+
+
+class UtteranceFeatures(Protocol):
+    """A tier's own audio features of one utterance, made as its speech arrives (the musetalk tier's
+    `services.live.whisper_stream.WhisperStream`)."""
+
+    def push(self, samples: np.ndarray) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def ready(self, frame: int) -> bool:
+        """Whether frame `frame` of the utterance has what its features need."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeechFrame:
+    """What a speech frame's face is made from: its Wav2Lip mel window, and for a tier with features
+    of its own the utterance's features and the frame's index in the utterance."""
+
+    mel: np.ndarray  # (80, 16) float32
+    index: int = 0
+    features: UtteranceFeatures | None = None
 
 
 class FaceTicket(Protocol):
@@ -64,8 +93,8 @@ class FaceTicket(Protocol):
     def cancel(self) -> bool: ...
 
 
-#: (session frame, template frame, mel window, due time in ns on the session's clock) -> its face's ticket
-FaceSubmitter = Callable[[int, int, np.ndarray, int], FaceTicket]
+#: (session frame, template frame, its speech, due time in ns on the session's clock) -> its face's ticket
+FaceSubmitter = Callable[[int, int, SpeechFrame, int], FaceTicket]
 
 
 class MadeFace:
@@ -136,6 +165,7 @@ class _Planned:
     events: list[Event]
     arrived_ns: int
     face: FaceTicket | None  # None: a slot skipped while it played (only its audio goes out)
+    weight: float = 1.0  # the gate's blend weight of its face
 
 
 @dataclasses.dataclass
@@ -155,6 +185,7 @@ class FrameWork:
     #: a face not back at the slot's start, still within the session's grace: the caller may wait for
     #: it (at most `LiveSession.grace_s`, inside the slot), then `settle` reads it or skips the frame
     pending: FaceTicket | None = None
+    weight: float = 1.0  # how much of the face is blended in (the gate's; 1 without one)
 
 
 class LiveSession:
@@ -175,6 +206,10 @@ class LiveSession:
             frame is then sent that much later within its slot, instead of skipped); 0: never wait.
         max_chunk_ms: the longest chunk `push_audio` takes.
         scale: the output frame from the compositor's (the session's size, when it is not the avatar's).
+        features: makes an utterance's tier features (`UtteranceFeatures`), one per utterance; None:
+            the Wav2Lip window alone.
+        gate: the causal speech envelope that gates the generated mouth (reset by `clear`); None: every
+            speech frame asks for its face.
     """
 
     def __init__(
@@ -191,6 +226,8 @@ class LiveSession:
         max_chunk_ms: int = MAX_CHUNK_MS,
         scale: Callable[[np.ndarray], np.ndarray] | None = None,
         face_grace_s: float = 0.0,
+        features: Callable[[], UtteranceFeatures] | None = None,
+        gate: StreamingEnvelope | None = None,
     ) -> None:
         self.idle = idle
         self.compositor = compositor
@@ -200,7 +237,7 @@ class LiveSession:
             if generate_face is None:
                 raise ValueError("a session needs a face generator or a face submitter")
             generator = generate_face
-            submit_face = lambda frame, template, window, due: MadeFace(generator(template, window))  # noqa: E731
+            submit_face = lambda frame, template, speech, due: MadeFace(generator(template, speech.mel))  # noqa: E731
         self.submit_face = submit_face
         self.sample_rate = sample_rate
         check_sample_rate(sample_rate)  # before any audio, not at the first chunk
@@ -209,6 +246,9 @@ class LiveSession:
         self.max_chunk_ms = max_chunk_ms
         self.scale = scale
         self.queue = SpeechQueue(sample_rate, clock.fps, max_samples=round(max_queued_seconds * sample_rate))
+        self.make_features = features
+        self.gate = gate
+        self._features: dict[int, UtteranceFeatures] = {}  # queued utterances' tier features
         self._mel: dict[int, MelStream] = {}  # open utterances' mel streams
         self._windows: dict[int, collections.deque[np.ndarray]] = {}  # ready windows of queued utterances
         # per queued utterance, (samples received after a chunk, when it arrived in ns): the latency's start
@@ -251,9 +291,14 @@ class LiveSession:
             self._windows[utterance] = collections.deque()
             self._arrivals[utterance] = collections.deque()
             self._received[utterance] = 0
+            if self.make_features is not None:
+                self._features[utterance] = self.make_features()
         self._received[utterance] += len(samples)
         self._arrivals[utterance].append((self._received[utterance], self.clock.now_ns()))
         self._windows[utterance].extend(mel.push(samples / PCM_SCALE).windows)
+        features = self._features.get(utterance)
+        if features is not None:
+            features.push(samples / PCM_SCALE)
         self.plan_ahead()
         return utterance
 
@@ -269,6 +314,9 @@ class LiveSession:
             return utterance
         assert mel is not None
         self._windows[utterance].extend(mel.finish(n_frames=frames).windows)
+        features = self._features.get(utterance)
+        if features is not None:
+            features.finish()
         self.plan_ahead()
         return utterance
 
@@ -286,6 +334,9 @@ class LiveSession:
                 frame.face.cancel()
         self._plan_next = 0
         self._mel.clear()
+        self._features.clear()
+        if self.gate is not None:
+            self.gate.reset()
         self._windows.clear()
         self._arrivals.clear()
         self._received.clear()
@@ -379,6 +430,7 @@ class LiveSession:
             planned.utterance,
             skip=planned.face is None,
             pending=planned.face,
+            weight=planned.weight,
         )
         if planned.face is not None and (planned.face.done() or self.grace_s <= 0):
             self.settle(work)
@@ -413,10 +465,12 @@ class LiveSession:
             )
         picture: np.ndarray | None = None  # None: composited straight into the encoder's input
         if work.face is not None and self.scale is None:
-            self.compositor.frame_into(work.template, work.face, self.encoder.input_planes())
+            self.compositor.frame_into(work.template, work.face, self.encoder.input_planes(), work.weight)
         else:
             picture = (
-                self.idle.frame(work.frame) if work.face is None else self.compositor.frame(work.template, work.face)
+                self.idle.frame(work.frame)
+                if work.face is None
+                else self.compositor.frame(work.template, work.face, weight=work.weight)
             )
             if self.scale is not None:
                 picture = self.scale(picture)
@@ -466,9 +520,12 @@ class LiveSession:
         return head is not None and head[1] > 0 and frame == self._plan_next
 
     def _speech_ready(self) -> bool:
-        """The head utterance's next frame has its samples and its mel window."""
+        """The head utterance's next frame has its samples and its mel window (and its features)."""
         head = self.queue.peek()
-        return head is not None and bool(self._windows.get(head[0]))
+        if head is None or not self._windows.get(head[0]):
+            return False
+        features = self._features.get(head[0])
+        return features is None or features.ready(head[1])
 
     def _take_speech(self, frame: int, submit: bool) -> _Planned:
         """Takes the head utterance's next frame for session frame ``frame`` (and asks for its face)."""
@@ -484,18 +541,25 @@ class LiveSession:
         if part.first:
             events.append(Event(EventKind.PLAYBACK_STARTED, part.utterance, frame))
         if part.last:
-            self._forget(part.utterance)
             events.append(
                 Event(EventKind.PLAYBACK_FINISHED, part.utterance, frame + 1, 1000.0 * end / self.sample_rate)
             )
-        face = (
-            self.submit_face(frame, self.idle.template_frame(frame), window, self.clock.due_ns(frame))
-            if submit
-            else None
-        )
+        features = self._features.get(part.utterance)
+        if part.last:
+            self._forget(part.utterance)
+        if self.gate is not None and part.first:
+            self.gate.reset()  # an utterance starts shut, whatever the one before left
+        weight = 1.0 if self.gate is None else self.gate.next(window)
+        face: FaceTicket | None = None
+        if submit and weight == 0:  # the gate is shut: the template's mouth, no face asked for
+            face = MadeFace(None)
+        elif submit:
+            speech = SpeechFrame(window, part.index, features)
+            face = self.submit_face(frame, self.idle.template_frame(frame), speech, self.clock.due_ns(frame))
         self._plan_next = frame + 1
-        return _Planned(frame, part.utterance, part.index, TimedAudio(frame, part.samples), events, arrived_ns, face)
+        audio = TimedAudio(frame, part.samples)
+        return _Planned(frame, part.utterance, part.index, audio, events, arrived_ns, face, weight)
 
     def _forget(self, utterance: int) -> None:
-        for table in (self._mel, self._windows, self._arrivals, self._received):
+        for table in (self._mel, self._windows, self._arrivals, self._received, self._features):
             table.pop(utterance, None)

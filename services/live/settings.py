@@ -83,6 +83,11 @@ class LiveSettings(FaceWorkerSettings):
         "threads compositing and encoding frames (more than ~3 per worker process only contend for its GIL); 0 = the CPUs this process may use",
     )
     stage_wait_s: float = setting(60.0, "at start-up, how long to wait for the stages to be SERVING")
+    musetalk_right_context_ms: float = setting(
+        80.0,
+        "the musetalk tier's live audio features: how much audio past a frame's own (132.5 ms after its start) "
+        "its whisper window holds; the tier's look-ahead is 132.5 ms plus this (80: 212.5 ms, Wav2Lip's)",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -107,6 +112,8 @@ class LiveSettings(FaceWorkerSettings):
             problems.append(f"send_lag_s must be in (0, 60] s, got {self.send_lag_s}")
         if self.lease_s <= 2 * self.heartbeat_s:
             problems.append(f"lease_s ({self.lease_s}) must be more than twice heartbeat_s ({self.heartbeat_s})")
+        if not 0 <= self.musetalk_right_context_ms <= 2000:
+            problems.append(f"musetalk_right_context_ms must be in 0..2000, got {self.musetalk_right_context_ms}")
         if self.avatar_cache_bytes < 1 or self.encode_threads < 0:
             problems.append("avatar_cache_bytes must be >= 1 and encode_threads >= 0")
         if problems:

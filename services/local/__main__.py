@@ -1,8 +1,10 @@
 """`python -m services.local`: the whole pipeline on this machine, from sample inputs to an MP4.
 
 Starts the services as separate processes on 127.0.0.1 (CPU when there is no GPU): the audio,
-lipsync and superres stages, the gateway, two render workers and a live worker (live sessions), on
-the embedded stores (an SQLite file and a folder under --workdir). Then registers the avatar, submits the audio through the public
+lipsync and superres stages (with --musetalk the lipsync-musetalk stage too: the 256 px tier), the
+gateway, two render workers and a live worker (live sessions), on
+the embedded stores (an SQLite file and a folder under --workdir). Then registers the avatar (for the
+tier `--model` names: `--model musetalk` renders the 256 px tier), submits the audio through the public
 gRPC API, follows the job's progress, downloads the MP4 and checks it (H.264 + AAC, duration), and
 shuts the services down with SIGTERM.
 
@@ -25,6 +27,7 @@ from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient, render_file
 from services.local.cluster import REPO_ROOT, LocalCluster
 from services.media.probe import probe_media
+from services.serving.stages import DEFAULT_TIER, MUSETALK_TIER, tiers
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,11 +58,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sr-checkpoint", default="", help="Real-ESRGAN .pth; without it a Lanczos resize is used")
     p.add_argument("--sr-model", default="realesr-general-x4v3")
     p.add_argument("--no-super-resolution", action="store_true", help="skip the superres stage")
+    p.add_argument(
+        "--musetalk",
+        action="store_true",
+        help="also start the lipsync-musetalk stage (the 256 px tier: avatars made with model=musetalk); "
+        "without --musetalk-* checkpoints it serves the weight-free 'musetalk-standin'",
+    )
+    p.add_argument(
+        "--model",
+        choices=tiers(),
+        default=DEFAULT_TIER,
+        help="demo: the generator tier the sample avatar is made for; musetalk starts the lipsync-musetalk stage "
+        "(as --musetalk) and renders the 256 px tier",
+    )
+    for name, what in (
+        ("unet", "musetalkV15/unet.pth"),
+        ("unet-config", "musetalkV15/musetalk.json"),
+        ("vae", "the sd-vae folder"),
+        ("whisper", "the whisper-tiny folder"),
+        ("face-parser", "face-parse-bisent/79999_iter.pth"),
+        ("dwpose", "dwpose/dw-ll_ucoco_384.pth"),
+    ):
+        p.add_argument(f"--musetalk-{name}", default="", help=f"with --musetalk: {what}")
     return p.parse_args(argv)
+
+
+def musetalk_args(args: argparse.Namespace) -> list[str]:
+    """The lipsync-musetalk stage's flags from local mode's --musetalk-* ones (the checkpoints given)."""
+    names = ("unet", "unet_config", "vae", "whisper", "face_parser", "dwpose")
+    return [
+        f"--{n.replace('_', '-')}={getattr(args, 'musetalk_' + n)}" for n in names if getattr(args, "musetalk_" + n)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.musetalk = args.musetalk or args.model == MUSETALK_TIER  # the tier's demo needs its stage
     args.output.parent.mkdir(parents=True, exist_ok=True)
     extra = {
         "lipsync": [f"--checkpoint={args.checkpoint}"] if args.checkpoint else [],
@@ -72,11 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     web = args.command == "serve" and args.web_port >= 0
     if web:
         extra["web"] = [f"--http-port={args.web_port}", "--require-api-key=false"]
-    replicas = {"render": args.workers, "live": live_workers, "web": int(web)}
+    replicas = {"render": args.workers, "live": live_workers, "web": int(web), "lipsync-musetalk": int(args.musetalk)}
+    if args.musetalk:
+        extra["lipsync-musetalk"] = musetalk_args(args)
     live = f" and {live_workers} live workers" if live_workers else ""
     page = " and the web page" if web else ""
+    tier = ", lipsync-musetalk" if args.musetalk else ""
     print(
-        f"starting audio, lipsync, superres, gateway, {args.workers} render workers{live}{page} on 127.0.0.1 (logs in {args.workdir})",
+        f"starting audio, lipsync{tier}, superres, gateway, {args.workers} render workers{live}{page} on 127.0.0.1 (logs in {args.workdir})",
         flush=True,
     )
     started = time.perf_counter()
@@ -102,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.output,
                 super_resolution=not args.no_super_resolution,
                 write=lambda line: print(line, flush=True),
+                model=args.model,
             )
             if job.state != gateway_pb2.JOB_STATE_SUCCEEDED:
                 print(f"job failed: {job.error}", file=sys.stderr)

@@ -11,22 +11,39 @@ which the benchmarks use too).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from services.local.affinity import gpu_of, lowest_free_slot
 from services.local.process import REPO_ROOT, ServiceProcess, start
 from services.serving.stages import STAGES as REGISTRY
 from services.serving.stages import called_stages, start_order
 
-__all__ = ["CALLS", "REPO_ROOT", "STAGES", "LocalCluster", "ServiceProcess"]
+__all__ = ["CALLS", "DEFAULT_REPLICAS", "REPO_ROOT", "STAGES", "LocalCluster", "ServiceProcess", "started_stages"]
 
-#: the stages the others call (audio, lipsync, superres), started first
+#: the stages the others call (audio, lipsync, lipsync-musetalk, superres), started first where started
 STAGES = called_stages()
+#: replicas of the services a cluster is not told about: 1, except render 2; live and web 0 (started where
+#: asked: local mode's serve, the tests of live sessions and of the page); the registry's optional stages
+#: (lipsync-musetalk) 0, as in the chart, where their callers run without them
+DEFAULT_REPLICAS: Mapping[str, int] = MappingProxyType(
+    {"render": 2, "live": 0, "web": 0, **{s.name: 0 for s in REGISTRY.values() if s.optional}}
+)
 #: which stages each caller dials (gateway: CreateAvatar's DetectFaces and SubmitJob's mel windows)
 CALLS = {s.name: s.calls for s in REGISTRY.values() if s.calls}
 # What every local process gets: loopback, ports picked by the OS, JSON logs, a short drain.
 LOCAL_FLAGS = ("--host=127.0.0.1", "--port=0", "--metrics-port=0", "--log-format=json", "--grace-s=10")
+
+
+def started_stages(replicas: Mapping[str, int] | None = None) -> tuple[str, ...]:
+    """The called stages (STAGES) a cluster with these `replicas` starts; by default a plain cluster's.
+
+    Health loops and per-stage tests iterate these, never the whole registry: an optional stage is
+    not started unless asked for."""
+    counts = {**DEFAULT_REPLICAS, **(replicas or {})}
+    return tuple(name for name in STAGES if counts.get(name, 1) > 0)
 
 
 @dataclass
@@ -37,8 +54,8 @@ class LocalCluster:
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     start_timeout_s: float = 120.0
-    #: replicas per service (default 1; render 2; live 0 and web 0: started where asked, by local mode's
-    #: serve and the tests of live sessions and of the page). Replica 0 is named after the service, the others
+    #: replicas per service (the others as DEFAULT_REPLICAS says: 1; render 2; live, web and lipsync-musetalk
+    #: 0: started where asked, by local mode's serve and --musetalk and the tests that need them). Replica 0 is named after the service, the others
     #: "<name>-<i>"; callers get all of a stage's addresses and balance calls over them (round-robin).
     #: Live workers are opt-in (`replicas={"live": 1}`): only live sessions need one, and most clusters
     #: (the demo, the job benchmarks, most integration tests) render jobs only.
@@ -61,9 +78,14 @@ class LocalCluster:
     slots: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.replicas = {"render": 2, "live": 0, "web": 0, **self.replicas}
+        self.replicas = {**DEFAULT_REPLICAS, **self.replicas}
         self.job_store = self.job_store or f"sqlite:///{self.workdir / 'lipline.db'}"
         self.blob_store = self.blob_store or str(self.workdir / "blobs")
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The called stages this cluster runs (at least one replica), in registry order."""
+        return started_stages(self.replicas)
 
     @property
     def blob_dir(self) -> Path:
@@ -107,7 +129,11 @@ class LocalCluster:
         return [stage if i == 0 else f"{stage}-{i}" for i in range(self.replicas.get(stage, 1))]
 
     def service_of(self, name: str) -> str:
-        return name.split("-", 1)[0]
+        """The stage a process name runs: the name itself, or a replica's "<stage>-<i>" less its number."""
+        if name in REGISTRY:
+            return name
+        stage, _, number = name.rpartition("-")
+        return stage if number.isdigit() and stage in REGISTRY else name.split("-", 1)[0]
 
     def store_args(self, service: str) -> list[str]:
         """The flags a stage gets from the cluster: the stores, its stages' addresses (all replicas, or their file)."""
@@ -115,10 +141,10 @@ class LocalCluster:
         args = [f"--job-store={self.job_store}", f"--blob-store={self.blob_store}"] if s.stores else []
         args += [
             f"--{stage}-address=file://{self.address_file(stage)}"
-            if self.address_files
+            if self.address_files and self.replica_names(stage)
             else f"--{stage}-address={','.join(self.processes[n].address for n in self.replica_names(stage))}"
             for stage in s.calls
-        ]
+        ]  # an optional stage not started: an empty address, "not deployed" to its callers
         return args
 
     def address_file(self, stage: str) -> Path:

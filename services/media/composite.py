@@ -27,6 +27,16 @@ Measured against the same blend in BGR then ``to_yuv420`` (``to_yuv420(paste_fac
 whole box): Y, U and V within 1 level (see the tests); outside the region's even-expanded extent
 the bytes are identical.
 
+**Alpha masks (the musetalk tier; docs/architecture.md section 12).** A compositor given `AlphaMasks`
+blends each generated face through its avatar frame's own alpha (upstream MuseTalk's
+`get_image_blending`): the 256x256 face resized to the box (bilinear, as upstream's `cv2.resize`), the
+frame's 256x256 mask resized back over its 1.5x square and read over the box (outside the box the
+blend would give the frame's own pixels: upstream pastes the face into a copy of the square), and the
+region blended is the box's rows from the first the mask touches (it is 0 above the square's middle
+row, the box's), so the upper face keeps the template's bytes. The same I420 blend as above, with the
+2-D mask in place of the separable feather (`_mask_weights`); a `weight` < 1 scales the mask (the
+tier's noise gate fades the generated mouth in and out: services/media/speech.py).
+
 Cost (bench/bench_composite.py, one thread, 2-core Xeon VM, median): 0.29 ms per 720p frame with a
 360x400 box (the lower half) against 0.49 ms for the whole box and 2.4 ms for the reference path;
 0.75 against 1.20 and 5.0 ms at 1080p with 520x600. The parts at 720p (whole box; the lower half
@@ -44,7 +54,7 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -55,7 +65,7 @@ from services.media.video_format import split_i420
 
 Box = tuple[int, int, int, int]
 
-__all__ = ["REGENERATED_FROM", "Compositor", "I420Frames", "blend_mask", "chroma_siting"]
+__all__ = ["REGENERATED_FROM", "AlphaMasks", "Compositor", "I420Frames", "blend_mask", "chroma_siting"]
 
 #: Where the lip-sync model's regenerated rows start, as a fraction of the face box height: Wav2Lip
 #: regenerates rows 48-95 of its 96x96 crop (the upper half is its reference input).
@@ -304,6 +314,71 @@ class _Weights:
         return 2 * (height * width + chroma_height * chroma_width)
 
 
+class _MaskWeights(NamedTuple):
+    """The blend weights of one face through a 2-D alpha mask (`_mask_weights`): `_Weights`' fields."""
+
+    wy: np.ndarray
+    wy_inv: np.ndarray
+    wc: np.ndarray
+    wc_inv: np.ndarray
+    rows: slice
+    cols: slice
+
+
+def _mask_weights(alpha: np.ndarray, top: int, left: int, bottom: int, right: int, siting: str) -> _MaskWeights:
+    """`_Weights` for a 2-D float32 mask over the region (its rows x cols): Y weights are the mask, the
+    chroma blocks' the mask where OpenCV samples chroma (the top-left pixel of each block inside the
+    region, or the 2x2 mean with the padding at 0), as `_weights` derives them from its profiles."""
+    wy = np.ascontiguousarray(alpha, dtype=np.float32)
+    if siting == "top-left":
+        wc = np.ascontiguousarray(wy[top::2, left::2])
+        rows, cols = slice(top, top + wc.shape[0]), slice(left, left + wc.shape[1])
+    else:
+        padded = np.pad(wy, ((top, bottom), (left, right)))
+        h, w = padded.shape
+        wc = padded.reshape(h // 2, 2, w // 2, 2).mean(axis=(1, 3), dtype=np.float32)
+        rows, cols = slice(0, wc.shape[0]), slice(0, wc.shape[1])
+    return _MaskWeights(wy, 1.0 - wy, wc, 1.0 - wc, rows, cols)
+
+
+class AlphaMasks:
+    """A `musetalk` avatar's alpha masks (services/jobs/avatars.py's pack): per frame with a face a
+    256x256 uint8 alpha over its 1.5x square (`mask_boxes`), 255 = the generated face.
+
+    Args:
+        masks: (K, 256, 256) uint8 (a memory map is fine: a frame's mask is read when it is blended).
+        mask_boxes: per avatar frame its square (x1, y1, x2, y2), or None (no face).
+        rows: avatar frame -> its row of `masks`.
+    """
+
+    def __init__(self, masks: np.ndarray, mask_boxes: Sequence[Box | None], rows: Mapping[int, int]) -> None:
+        if masks.ndim != 3 or masks.dtype != np.uint8:
+            raise ValueError(f"alpha masks must be (K, H, W) uint8, got {masks.shape} {masks.dtype}")
+        missing = [f for f in rows if f >= len(mask_boxes) or mask_boxes[f] is None or not 0 <= rows[f] < len(masks)]
+        if missing:
+            raise ValueError(f"frames {missing[:5]} have a mask row but no mask box or row")
+        self._masks = masks
+        self._boxes = list(mask_boxes)
+        self._rows = dict(rows)
+
+    def over_box(self, frame_index: int, box: Box) -> np.ndarray:
+        """The frame's alpha over `box` (inside its square): (h, w) float32 in [0, 1]."""
+        row = self._rows.get(frame_index)
+        square = self._boxes[frame_index] if frame_index < len(self._boxes) else None
+        if row is None or square is None:
+            raise ValueError(f"frame {frame_index} has no alpha mask")
+        sx1, sy1, sx2, sy2 = square
+        x1, y1, x2, y2 = box
+        alpha = np.zeros((y2 - y1, x2 - x1), np.float32)
+        full = cv2.resize(np.asarray(self._masks[row]), (sx2 - sx1, sy2 - sy1), interpolation=cv2.INTER_LINEAR)
+        # the box's part inside the square (the square holds the box, but guard a hand-made one)
+        ax1, ay1, ax2, ay2 = max(x1, sx1), max(y1, sy1), min(x2, sx2), min(y2, sy2)
+        if ax2 > ax1 and ay2 > ay1:
+            part = full[ay1 - sy1 : ay2 - sy1, ax1 - sx1 : ax2 - sx1]
+            alpha[ay1 - y1 : ay2 - y1, ax1 - x1 : ax2 - x1] = part * np.float32(1.0 / 255.0)
+        return alpha
+
+
 class _FaceRegion(NamedTuple):
     """A face ready to blend: its I420 planes over the even-expanded region, the blend weights, the
     box it is blended into (from the regenerated row on) and the expansion's top and left."""
@@ -311,7 +386,7 @@ class _FaceRegion(NamedTuple):
     y: np.ndarray
     u: np.ndarray
     v: np.ndarray
-    weights: _Weights
+    weights: _Weights | _MaskWeights
     box: tuple[int, int, int, int]
     top: int
     left: int
@@ -399,6 +474,7 @@ class Compositor:
         boxes: Sequence[Box | None],
         feather: float = 0.15,
         regenerated_from: float = REGENERATED_FROM,
+        alpha: AlphaMasks | None = None,
     ) -> None:
         """
         Args:
@@ -408,6 +484,9 @@ class Compositor:
             regenerated_from: Where the pasted region starts, as a fraction of the box height: 0.5
                 (row 48 of the model's 96, the rows Wav2Lip regenerates; above it the template's own
                 pixels stay, bit for bit), or 0 to paste the whole box (what `paste_face` does).
+            alpha: The avatar's per-frame alpha masks (the musetalk tier): faces of any size are
+                resized to the box and blended through the frame's mask instead of the feather
+                (`feather` and `regenerated_from` are then unused).
 
         Raises:
             ValueError: ``boxes`` does not have one entry per frame, or a box is empty or outside the frame.
@@ -419,6 +498,7 @@ class Compositor:
         if not 0.0 <= regenerated_from < 1.0:
             raise ValueError(f"regenerated_from must be in [0, 1), got {regenerated_from}")
         self._regenerated_from = float(regenerated_from)
+        self._alpha = alpha
         self._frames = frames
         self._data = frames.data.view(np.ndarray)  # a plain (read-only) ndarray, also over a memory map
         self._height = frames.height
@@ -449,7 +529,11 @@ class Compositor:
     def boxes(self) -> list[Box | None]:
         return list(self._boxes)
 
-    def frame(self, frame_index: int, face: np.ndarray | None, copy: bool = True) -> np.ndarray:
+    @property
+    def alpha(self) -> AlphaMasks | None:
+        return self._alpha
+
+    def frame(self, frame_index: int, face: np.ndarray | None, copy: bool = True, weight: float = 1.0) -> np.ndarray:
         """One output frame: avatar frame ``frame_index`` in I420, with ``face`` blended into its box.
 
         Args:
@@ -458,6 +542,7 @@ class Compositor:
                 None to pass the frame through.
             copy: Only for ``face=None``: False returns the cached frame itself, a read-only view the
                 caller must not (and cannot) modify, instead of a copy.
+            weight: Only with alpha masks: the mask scaled by this (0: the frame passes through).
 
         Returns:
             A new C-contiguous ``(height * 3 // 2, width)`` uint8 I420 frame (for `Mp4Writer.write_yuv420`);
@@ -471,17 +556,21 @@ class Compositor:
             self._check_index(frame_index)
             return self._data[frame_index]
         out = np.empty((self._height * 3 // 2, self._width), np.uint8)
-        self.frame_into(frame_index, face, split_i420(out, self._height, self._width))
+        self.frame_into(frame_index, face, split_i420(out, self._height, self._width), weight)
         return out
 
     def frame_into(
-        self, frame_index: int, face: np.ndarray | None, planes: tuple[np.ndarray, np.ndarray, np.ndarray]
+        self,
+        frame_index: int,
+        face: np.ndarray | None,
+        planes: tuple[np.ndarray, np.ndarray, np.ndarray],
+        weight: float = 1.0,
     ) -> None:
         """`frame`, written into ``planes``: writable Y (height, width), U and V (height/2, width/2)
         arrays, such as the encoder's own frame (`Mp4Writer.i420_planes`), so an output frame is
         copied once (cached frame -> encoder frame) and blended there. Same arguments and errors."""
         self._check_index(frame_index)
-        region = None if face is None else self._face_region(frame_index, face)
+        region = None if face is None else self._face_region(frame_index, face, weight)
         out_y, out_u, out_v = planes
         cached_y, cached_u, cached_v = split_i420(self._data[frame_index], self._height, self._width)
         out_y[:] = cached_y
@@ -504,13 +593,15 @@ class Compositor:
         if not 0 <= frame_index < len(self._boxes):
             raise IndexError(f"frame {frame_index} out of range: the avatar has {len(self._boxes)} frames")
 
-    def _face_region(self, frame_index: int, face: np.ndarray) -> _FaceRegion:
-        """`face` (validated) made ready to blend into frame ``frame_index``."""
+    def _face_region(self, frame_index: int, face: np.ndarray, weight: float = 1.0) -> _FaceRegion | None:
+        """`face` (validated) made ready to blend into frame ``frame_index`` (None: nothing to blend)."""
         box = self._boxes[frame_index]
         if box is None:
             raise ValueError(f"frame {frame_index} has no face box, but a face was given")
         x1, y1, x2, y2 = box
         h, w = y2 - y1, x2 - x1
+        if self._alpha is not None:
+            return self._alpha_region(frame_index, face, box, weight)
         if not isinstance(face, np.ndarray) or face.shape != (h, w, 3) or face.dtype != np.uint8:
             raise ValueError(
                 f"face is {getattr(face, 'shape', type(face))} {getattr(face, 'dtype', '')}, the box {box} needs {(h, w, 3)} uint8"
@@ -524,18 +615,52 @@ class Compositor:
             y1 += start
             h -= start
 
-        # Expand the region to even coordinates so the face's chroma grid is the frame's (x2/y2 cannot
-        # pass the even frame size). The padding's content only feeds chroma blocks whose weight
-        # there is 0 (top-left siting) or near 0, so replicating the face's edge is enough.
-        top, left, bottom, right = y1 & 1, x1 & 1, y2 & 1, x2 & 1
-        if top or left or bottom or right:
-            padded = cv2.copyMakeBorder(face, top, bottom, left, right, cv2.BORDER_REPLICATE)
-        else:
-            padded = face if face.flags.c_contiguous else np.ascontiguousarray(face)
-        eh, ew = h + top + bottom, w + left + right
-        face_y, face_u, face_v = split_i420(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
+        face_y, face_u, face_v, (top, left, bottom, right) = _even_planes(face, (x1, y1, x2, y2))
         weights = _weights(h + start, w, top, left, bottom, right, self._feather, self._siting, start)
         return _FaceRegion(face_y, face_u, face_v, weights, (x1, y1, x2, y2), top, left)
+
+    def _alpha_region(self, frame_index: int, face: np.ndarray, box: Box, weight: float) -> _FaceRegion | None:
+        """A generated face of any size through the frame's alpha mask (the module docstring), scaled by `weight`."""
+        assert self._alpha is not None
+        if not isinstance(face, np.ndarray) or face.ndim != 3 or face.shape[2] != 3 or face.dtype != np.uint8:
+            raise ValueError(
+                f"face is {getattr(face, 'shape', type(face))} {getattr(face, 'dtype', '')}, need (H, W, 3) uint8"
+            )
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"weight must be in [0, 1], got {weight}")
+        x1, y1, x2, y2 = box
+        h, w = y2 - y1, x2 - x1
+        alpha = self._alpha.over_box(frame_index, box)
+        if weight < 1.0:
+            alpha *= np.float32(weight)
+        touched = np.flatnonzero(alpha.max(axis=1) > 0)
+        if not len(touched):
+            return None  # the mask (or the weight) leaves the frame as it is
+        start = int(touched[0])
+        if face.shape[:2] != (h, w):
+            face = cv2.resize(face, (w, h), interpolation=cv2.INTER_LINEAR)
+        face, alpha = face[start:], alpha[start:]
+        y1 += start
+        h -= start
+        face_y, face_u, face_v, (top, left, bottom, right) = _even_planes(face, (x1, y1, x2, y2))
+        weights = _mask_weights(alpha, top, left, bottom, right, self._siting)
+        return _FaceRegion(face_y, face_u, face_v, weights, (x1, y1, x2, y2), top, left)
+
+
+def _even_planes(face: np.ndarray, box: Box) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int, int, int]]:
+    """The face's I420 planes over its box expanded to even coordinates, and that padding (top, left,
+    bottom, right): so the face's chroma grid is the frame's (x2/y2 cannot pass the even frame size).
+    The padding's content only feeds chroma blocks whose weight there is 0 (top-left siting) or near
+    0, so replicating the face's edge is enough."""
+    x1, y1, x2, y2 = box
+    top, left, bottom, right = y1 & 1, x1 & 1, y2 & 1, x2 & 1
+    if top or left or bottom or right:
+        padded = cv2.copyMakeBorder(face, top, bottom, left, right, cv2.BORDER_REPLICATE)
+    else:
+        padded = face if face.flags.c_contiguous else np.ascontiguousarray(face)
+    eh, ew = y2 - y1 + top + bottom, x2 - x1 + left + right
+    face_y, face_u, face_v = split_i420(cv2.cvtColor(padded, cv2.COLOR_BGR2YUV_I420), eh, ew)
+    return face_y, face_u, face_v, (top, left, bottom, right)
 
 
 @functools.lru_cache(maxsize=64)

@@ -11,6 +11,15 @@ connection age) and a failure costs only that segment. Per segment:
 
 The stages cut their answers by bytes (a close-up face at paste size can be megabytes); the
 requests themselves are small (mel windows, 96x96 crops), a fixed number of items each.
+
+An avatar of the `musetalk` tier (docs/architecture.md section 12) goes to the lipsync-musetalk stage
+instead (MuseTalkService.Generate): the latents of the avatar frames the segment uses once
+(LatentBank), the job's whisper windows its frames read once (AudioWindow, as SubmitJob stored them),
+then per frame an item naming its latent, window and offset (upstream's rule, services/media/
+whisper_windows.py). Its 256x256 faces are blended through the avatar's alpha masks (resized to the
+box by the compositor, or by superres); frames whose speech envelope is shut ask for no face and
+show the template's own mouth, and the envelope fades the generated mouth in and out
+(services.media.speech.gate_weights).
 """
 
 from __future__ import annotations
@@ -32,12 +41,17 @@ from services.jobs.avatar_cache import LocalAvatar
 from services.jobs.avatars import AvatarMeta
 from services.jobs.segment_audio import SegmentAudio
 from services.media.crops import Box
+from services.media.musetalk_wire import pack_items, pack_latents
 from services.media.packed import PackedImages
+from services.media.speech import gate_weights
 from services.media.timeline import LOOP_PING_PONG, loop_frame
+from services.media.whisper_windows import frame_items
 from services.media.wire import image_from_proto, image_to_proto, pack_generate_items
 from services.render.mp4 import Mp4Writer
 from services.serving.channels import stage_errors
+from services.serving.errors import CorruptRecord, NotReady
 from services.serving.metrics import Metrics
+from services.serving.stages import MUSETALK_TIER
 from services.serving.streams import stream_call
 
 # Small messages keep a segment's stages overlapped (lipsync of message k+1 while superres does k and
@@ -45,6 +59,7 @@ from services.serving.streams import stream_call
 # The requests stay small whatever the face size (mel windows, 96x96 crops); the stages cut their
 # answers by bytes, so paste-size faces of a close-up need no sizing here.
 ITEMS_PER_MESSAGE = 10
+LATENTS_PER_MESSAGE = 64  # a musetalk avatar's latents are 16 KB a frame: 1 MB per LatentBank message
 MAX_PENDING_FRAMES = 16  # frames handed to the encoder thread and not yet written (back-pressure)
 
 
@@ -70,12 +85,17 @@ class SegmentRenderer:
         preset: str,
         threads: int,
         nice: int = 0,
+        musetalk: Callable[[], lipsync_pb2_grpc.MuseTalkServiceStub]
+        | lipsync_pb2_grpc.MuseTalkServiceStub
+        | None = None,
     ) -> None:
         # Stub providers, called once per segment: a stub is taken on the stage's current channel, so a
         # replica added to (or removed from) the address set gets (or stops getting) the next segment.
-        # A plain stub is accepted too (always the same channel).
+        # A plain stub is accepted too (always the same channel). `musetalk`: None where this
+        # deployment runs no lipsync-musetalk stage.
         self._lipsync = _provider(lipsync)
         self._superres = _provider(superres)
+        self._musetalk = _provider(musetalk) if musetalk is not None else None
         self._metrics = metrics
         self._preset = preset
         self._threads = threads
@@ -97,19 +117,30 @@ class SegmentRenderer:
         output: Path,
         metadata: Sequence[tuple[str, str]] = (),
         template_loop: str = LOOP_PING_PONG,
+        whisper: Sequence[lipsync_pb2.AudioWindow] = (),
+        whisper_windows: int = 0,
     ) -> SegmentResult:
         """Frames [start, end) into `output` (an H.264 MP4 without audio, frame 0 = `start`).
 
         `audio`: one mel window and speech envelope value per frame. `template_loop`: how output
         frames map to template frames (`services.media.timeline.loop_frame`; the job's JobOptions.loop, the same
-        for every segment). Raises StageFailed on a stage error; on any error or cancellation the
-        partial file is removed.
+        for every segment). A `musetalk` avatar's: `whisper`, the job's whisper windows these frames
+        read (services.media.whisper_windows.windows_read) of its `whisper_windows`. Raises
+        StageFailed on a stage error; on any error or cancellation the partial file is removed.
         """
         meta = avatar.meta
         times: dict[str, float] = {"lipsync": 0.0, "composite": 0.0, "encode": 0.0}
         models: list[dict] = []
+        gate: np.ndarray | None = None  # the musetalk tier's blend weight per frame of the segment
+        if meta.model == MUSETALK_TIER:
+            if audio.speech is None:
+                raise CorruptRecord("a musetalk job's segment has no speech envelope (its noise gate)")
+            gate = gate_weights(audio.speech)
         face_frames = [
-            i for i in range(start, end) if meta.boxes[loop_frame(i, meta.frame_count, template_loop)] is not None
+            i
+            for i in range(start, end)
+            if meta.boxes[loop_frame(i, meta.frame_count, template_loop)] is not None
+            and (gate is None or gate[i - start] > 0)
         ]
         loop = asyncio.get_running_loop()
         writer = await loop.run_in_executor(
@@ -132,8 +163,9 @@ class SegmentRenderer:
         def write(frame_index: int, face: np.ndarray | None) -> None:  # on the encoder thread, in order
             t0 = time.perf_counter()
             # Composed straight into the encoder's own frame: one copy of the cached frame, no other.
+            weight = 1.0 if gate is None or face is None else float(gate[frame_index - start])
             avatar.compositor.frame_into(
-                loop_frame(frame_index, meta.frame_count, template_loop), face, writer.i420_planes()
+                loop_frame(frame_index, meta.frame_count, template_loop), face, writer.i420_planes(), weight
             )
             t1 = time.perf_counter()
             writer.write_planes()
@@ -159,9 +191,14 @@ class SegmentRenderer:
                     pending.pop(0).result()
 
         try:
-            faces = self._generated(
-                avatar, face_frames, start, audio, super_resolution, times, models, metadata, template_loop
-            )
+            if meta.model == MUSETALK_TIER:
+                faces = self._generated_musetalk(
+                    avatar, face_frames, whisper, whisper_windows, times, models, metadata, template_loop
+                )
+            else:
+                faces = self._generated(
+                    avatar, face_frames, start, audio, super_resolution, times, models, metadata, template_loop
+                )
             if super_resolution and face_frames:
                 faces = self._restored(avatar, faces, times, models, metadata, template_loop)
             async for frame_index, face in faces:
@@ -199,6 +236,9 @@ class SegmentRenderer:
         if not face_frames:
             return
         meta = avatar.meta
+        if audio.mels is None:
+            raise CorruptRecord("a wav2lip job's segment has no mel windows")
+        mels = audio.mels
         used = sorted({loop_frame(i, meta.frame_count, template_loop) for i in face_frames})
 
         async def requests() -> AsyncIterator[lipsync_pb2.GenerateRequest]:
@@ -222,20 +262,60 @@ class SegmentRenderer:
                     items=pack_generate_items(
                         frames,
                         [loop_frame(i, meta.frame_count, template_loop) for i in frames],
-                        [audio.mels[r].tobytes() for r in rows],
+                        [mels[r].tobytes() for r in rows],
                         None if audio.speech is None else audio.speech[rows].tolist(),
                     ),
                     raw_size=raw_size,
                 )
 
-        t0 = time.perf_counter()
-        async with stage_errors("lipsync"):
-            async for response in stream_call(self._lipsync().Generate, requests(), metadata=metadata):
-                if response.HasField("model"):
-                    models.append(_model_dict(response.model))
-                for index, face in zip(response.faces.frame_indices, PackedImages.from_pb(response.faces).arrays()):
-                    yield index, face
-                times["lipsync"] = time.perf_counter() - t0
+        async for index, face in _faces("lipsync", self._lipsync().Generate, requests(), times, models, metadata):
+            yield index, face
+
+    async def _generated_musetalk(
+        self,
+        avatar: LocalAvatar,
+        face_frames: list[int],
+        whisper: Sequence[lipsync_pb2.AudioWindow],
+        whisper_windows: int,
+        times: dict[str, float],
+        models: list[dict],
+        metadata: Sequence[tuple[str, str]],
+        template_loop: str = LOOP_PING_PONG,
+    ) -> AsyncIterator[tuple[int, np.ndarray]]:
+        """(frame index, 256x256 face) from lipsync-musetalk, in order (see the module docstring)."""
+        if not face_frames:
+            return
+        if self._musetalk is None:
+            raise NotReady(
+                "this render worker has no lipsync-musetalk stage (its lipsync_musetalk_address is empty), "
+                "so it cannot render jobs of musetalk avatars"
+            )
+        meta = avatar.meta
+        latents = avatar.latents
+        assert latents is not None
+        used = sorted({loop_frame(i, meta.frame_count, template_loop) for i in face_frames})
+
+        async def requests() -> AsyncIterator[lipsync_pb2.MuseTalkGenerateRequest]:
+            for k in range(0, len(used), LATENTS_PER_MESSAGE):
+                frames = used[k : k + LATENTS_PER_MESSAGE]
+                rows = np.asarray([avatar.crop_row[f] for f in frames])
+                yield lipsync_pb2.MuseTalkGenerateRequest(latents=pack_latents(frames, latents[rows]))
+            for window in whisper:  # up to 480 KB each: one per message
+                yield lipsync_pb2.MuseTalkGenerateRequest(windows=[window])
+            for k in range(0, len(face_frames), ITEMS_PER_MESSAGE):
+                frames = face_frames[k : k + ITEMS_PER_MESSAGE]
+                audio = [frame_items(i, meta.fps, whisper_windows) for i in frames]
+                items = pack_items(
+                    frames,
+                    [loop_frame(i, meta.frame_count, template_loop) for i in frames],
+                    [window for window, _ in audio],
+                    [offset for _, offset in audio],
+                )
+                yield lipsync_pb2.MuseTalkGenerateRequest(items=items)
+
+        generate = self._musetalk().Generate
+        async for index, face in _faces("lipsync-musetalk", generate, requests(), times, models, metadata):
+            yield index, face
 
     async def _restored(
         self,
@@ -271,6 +351,26 @@ class SegmentRenderer:
                 for item in response.items:
                     yield item.index, image_from_proto(item.image, "restored face")
                 times["superres"] = time.perf_counter() - t0
+
+
+async def _faces(
+    stage: str,
+    generate: Callable[..., Any],
+    requests: AsyncIterator[Any],
+    times: dict[str, float],
+    models: list[dict],
+    metadata: Sequence[tuple[str, str]],
+) -> AsyncIterator[tuple[int, np.ndarray]]:
+    """(frame index, face) as a generator stage's Generate answers them (both tiers answer packed
+    GeneratedFaces), in order; its model noted once, the time so far as "lipsync"."""
+    t0 = time.perf_counter()
+    async with stage_errors(stage):
+        async for response in stream_call(generate, requests, metadata=metadata):
+            if response.HasField("model"):
+                models.append(_model_dict(response.model))
+            for index, face in zip(response.faces.frame_indices, PackedImages.from_pb(response.faces).arrays()):
+                yield index, face
+            times["lipsync"] = time.perf_counter() - t0
 
 
 def _face_box(meta: AvatarMeta, frame: int) -> Box:

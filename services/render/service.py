@@ -57,11 +57,14 @@ class RenderService(Service[RenderSettings]):
             self.metrics.jobs.labels(status)
         self.jobs, self.blobs = await open_stores(s)
         # Each stage's channel follows its replicas (k8s:///, file://; static and dns:/// as before).
-        self.clients = DiscoveredStageClients(
-            {"lipsync": s.lipsync_address, "superres": s.superres_address}, s.max_message_bytes
-        )
+        # The musetalk tier's stage is optional (an empty address: not deployed) and not waited for:
+        # only that tier's jobs need it.
+        addresses = {"lipsync": s.lipsync_address, "superres": s.superres_address}
+        if s.lipsync_musetalk_address:
+            addresses["lipsync-musetalk"] = s.lipsync_musetalk_address
+        self.clients = DiscoveredStageClients(addresses, s.max_message_bytes)
         await self.clients.start()
-        await self.clients.wait_serving(s.stage_wait_s)
+        await self.clients.wait_serving(s.stage_wait_s, stages=("lipsync", "superres"))
         clients = self.clients
         threads = s.x264_threads or x264_threads()
         self.renderer = SegmentRenderer(
@@ -71,6 +74,9 @@ class RenderService(Service[RenderSettings]):
             s.x264_preset,
             threads,
             s.encode_nice,
+            musetalk=(lambda: clients.stub("lipsync-musetalk", lipsync_pb2_grpc.MuseTalkServiceStub))
+            if s.lipsync_musetalk_address
+            else None,
         )
         name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         cache = AvatarCache(self.blobs, Path(s.cache_dir), max_bytes=s.avatar_cache_bytes)

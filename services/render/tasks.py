@@ -24,20 +24,35 @@ import time
 import uuid
 from pathlib import Path
 
-from lipline.v1 import gateway_pb2
-from services.jobs.avatar_cache import AvatarCache
+from google.protobuf.message import DecodeError
+
+from lipline.v1 import gateway_pb2, lipsync_pb2
+from services.jobs.avatar_cache import AvatarCache, LocalAvatar
 from services.jobs.integrity import file_sha256
-from services.jobs.layout import audio_key, job_prefix, mels_key, output_key, segment_indices, segment_key, upload_key
+from services.jobs.layout import (
+    audio_key,
+    job_prefix,
+    mels_key,
+    output_key,
+    segment_indices,
+    segment_key,
+    upload_key,
+    whisper_key,
+)
 from services.jobs.segment_audio import SegmentAudio, unpack_segment_audio
 from services.jobs.store.blobs import BlobStore
 from services.jobs.store.jobs import Job, JobStore, Task, TaskKind
 from services.media.audio import decode_audio
-from services.media.timeline import loop_mode
+from services.media.timeline import loop_frame, loop_mode
+from services.media.whisper_mel import SAMPLE_RATE as WHISPER_RATE
+from services.media.whisper_mel import SEGMENT_SAMPLES
+from services.media.whisper_windows import windows_read
 from services.render.mp4 import MUX_AUDIO_RATE, encode_aac, join_segments
 from services.render.segment import SegmentRenderer
 from services.render.worker import LeaseLost
 from services.serving.errors import CorruptRecord, NotFound
 from services.serving.metrics import Metrics
+from services.serving.stages import MUSETALK_TIER
 from services.serving.tracing import job_span, outgoing_metadata, record_job_span
 
 _LOGGER = logging.getLogger(__name__)
@@ -113,6 +128,10 @@ class RenderTasks:
             raise NotFound(f"avatar {job.avatar_id} was deleted before the job finished") from exc
         frames = task.end_frame - task.start_frame
         audio = await self._segment_audio(job, task, frames)
+        windows, whisper = 0, []
+        if avatar.meta.model == MUSETALK_TIER:
+            windows = max(1, -(-round(job.audio_seconds * WHISPER_RATE) // SEGMENT_SAMPLES))  # as SubmitJob stored
+            whisper = await self._whisper_windows(job, task, avatar, windows, loop_mode(options))
         local = self._scratch / f"{job.id}-{task.index}-{uuid.uuid4().hex[:8]}.mp4"
         try:
             result = await self.renderer.render(
@@ -125,6 +144,8 @@ class RenderTasks:
                 local,
                 outgoing_metadata(job.id),
                 template_loop=loop_mode(options),
+                whisper=whisper,
+                whisper_windows=windows,
             )
             key = segment_key(job.id, task.index)
             await self._store(key, local)
@@ -161,6 +182,36 @@ class RenderTasks:
             raise CorruptRecord(
                 f"segment {task.index} of job {job.id} cannot render: its audio windows ({key}) are damaged ({exc})"
             ) from exc
+
+    async def _whisper_windows(
+        self, job: Job, task: Task, avatar: LocalAvatar, windows: int, template_loop: str
+    ) -> list[lipsync_pb2.AudioWindow]:
+        """The job's whisper windows (of its `windows`) that the segment's frames with a face read
+        (SubmitJob stored them, services.jobs.layout.whisper_key); CorruptRecord when one is missing or
+        malformed, as for the mel windows."""
+        meta = avatar.meta
+        frames = [
+            i
+            for i in range(task.start_frame, task.end_frame)
+            if meta.boxes[loop_frame(i, meta.frame_count, template_loop)] is not None
+        ]
+        out = []
+        for k in windows_read(frames, job.fps, windows):
+            key = whisper_key(job.id, k)
+            try:
+                window = lipsync_pb2.AudioWindow.FromString(await asyncio.to_thread(self.blobs.get, key))
+            except NotFound as exc:
+                raise CorruptRecord(
+                    f"segment {task.index} of job {job.id} cannot render: its whisper window ({key}) is missing from the blob store"
+                ) from exc
+            except DecodeError as exc:
+                raise CorruptRecord(
+                    f"segment {task.index} of job {job.id} cannot render: its whisper window ({key}) is damaged"
+                ) from exc
+            if window.window_index != k:
+                raise CorruptRecord(f"job {job.id}: the whisper window stored as {key} is window {window.window_index}")
+            out.append(window)
+        return out
 
     async def _join(self, task: Task, job: Job) -> None:
         t0 = time.perf_counter()

@@ -147,10 +147,10 @@ class StageClients:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-    async def wait_serving(self, timeout_s: float) -> None:
-        """Wait until every stage is SERVING (start-up); RuntimeError naming the first that is not."""
+    async def wait_serving(self, timeout_s: float, stages: Sequence[str] | None = None) -> None:
+        """Wait until every stage (or those of `stages`) is SERVING (start-up); RuntimeError naming the first that is not."""
         deadline = time.monotonic() + timeout_s
-        for stage in self.addresses:
+        for stage in self.addresses if stages is None else stages:
             while not await self.check(stage):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{stage} stage at {self.addresses[stage]} is not SERVING after {timeout_s:g} s")

@@ -213,6 +213,11 @@ class FaceWorkerSettings(StoreSettings):
     copy of the avatars (render workers and live workers): the stages it dials and the avatar cache."""
 
     lipsync_address: str = address_field(STAGES["lipsync"].local_address, "lipsync")
+    lipsync_musetalk_address: str = setting(
+        "",
+        "lipsync-musetalk stage (the faces of the musetalk tier's avatars): "
+        f"{ADDRESS_FORMS}; empty = this deployment does not serve that tier (its work fails, naming this setting)",
+    )
     superres_address: str = address_field(STAGES["superres"].local_address, "superres")
     cache_dir: str = setting(
         "var/worker-cache", "local cache of avatars converted for compositing (per worker; safe to lose)"

@@ -12,8 +12,8 @@ the Makefile's `images`), the chart's schema (scripts/gen_chart_schema.py); the 
 Standard library only: the image build reads it before anything is installed, and the torch-free
 images (audio, gateway, render, live, web) import it.
 
-`python -m services.serving.stages [--gpu | --cpu]` prints the stage names, one line, space-separated
-(the Makefile's image lists).
+`python -m services.serving.stages [--gpu | --cpu]` prints the stage names, one line, space-separated;
+with a flag, those with an image of their own on that runtime (the Makefile's image lists).
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ class Stage:
         cache: keeps a local scratch cache, `--cache-dir` (the chart's `cache`).
         http_port: default port of an HTTP server beside the gRPC one (the web page; the chart's
             `httpPort`); 0 = none.
+        package: the package `python -m` runs, under services/, when it is not `name` (a stage
+            whose name is no Python name: `lipsync-musetalk` runs `services.lipsync.musetalk`).
+        image_of: the stage whose image it runs, when it has none of its own (`lipsync-musetalk`
+            is a second Deployment of the lipsync image); "" = its own image.
+        tier: the avatars' generator tier whose faces it makes ("wav2lip", "musetalk"); "" = none.
+        optional: started only where asked (the chart's `enabled`, local mode's replicas), and its
+            callers run without it: a caller's empty address means "not deployed".
     """
 
     name: str
@@ -54,16 +61,20 @@ class Stage:
     stores: bool = False
     cache: bool = False
     http_port: int = 0
+    package: str = ""
+    image_of: str = ""
+    tier: str = ""
+    optional: bool = False
 
     @property
     def module(self) -> str:
         """What `python -m` runs."""
-        return f"services.{self.name}"
+        return f"services.{self.package or self.name}"
 
     @property
     def image(self) -> str:
         """The image's name (without registry and tag): `make images` builds it, the chart pulls it."""
-        return f"lipline-{self.name}"
+        return f"lipline-{self.image_of or self.name}"
 
     @property
     def local_address(self) -> str:
@@ -74,6 +85,14 @@ class Stage:
 def _registry(*stages: Stage) -> Mapping[str, Stage]:
     by_name = {s.name: s for s in stages}
     problems = [f"{s.name} calls unknown stage {c!r}" for s in stages for c in s.calls if c not in by_name]
+    problems += [
+        f"{s.name} runs the image of unknown stage {s.image_of!r}"
+        for s in stages
+        if s.image_of and s.image_of not in by_name
+    ]
+    tiers = [s.tier for s in stages if s.tier]
+    if len(set(tiers)) != len(tiers):
+        problems.append(f"a tier is served by two stages: {tiers}")
     ports = [p for s in stages for p in (s.port, s.metrics_port, s.http_port) if p]
     if len(set(ports)) != len(ports):
         problems.append(f"a port is used twice: {ports}")
@@ -87,7 +106,26 @@ def _registry(*stages: Stage) -> Mapping[str, Stage]:
 #: every stage by name, in pipeline order (the stages that are called before their callers)
 STAGES: Mapping[str, Stage] = _registry(
     Stage("audio", port=50061, metrics_port=9091, settings="services.audio.settings:AudioSettings"),
-    Stage("lipsync", port=50062, metrics_port=9092, settings="services.lipsync.settings:LipSyncSettings", gpu=True),
+    Stage(
+        "lipsync",
+        port=50062,
+        metrics_port=9092,
+        settings="services.lipsync.settings:LipSyncSettings",
+        gpu=True,
+        tier="wav2lip",
+    ),
+    # The 256 px tier (MuseTalk 1.5 format): a second Deployment of the lipsync image, off unless asked.
+    Stage(
+        "lipsync-musetalk",
+        port=50068,
+        metrics_port=9099,
+        settings="services.lipsync.musetalk.settings:MuseTalkSettings",
+        gpu=True,
+        package="lipsync.musetalk",
+        image_of="lipsync",
+        tier="musetalk",
+        optional=True,
+    ),
     Stage("superres", port=50063, metrics_port=9093, settings="services.superres.settings:SuperResSettings", gpu=True),
     # Render workers claim segments from the job store; their gRPC port serves health and reflection only.
     Stage(
@@ -95,7 +133,7 @@ STAGES: Mapping[str, Stage] = _registry(
         port=50064,
         metrics_port=9095,
         settings="services.render.settings:RenderSettings",
-        calls=("lipsync", "superres"),
+        calls=("lipsync", "lipsync-musetalk", "superres"),
         stores=True,
         cache=True,
     ),
@@ -105,7 +143,7 @@ STAGES: Mapping[str, Stage] = _registry(
         port=50066,
         metrics_port=9097,
         settings="services.live.settings:LiveSettings",
-        calls=("lipsync", "superres"),
+        calls=("lipsync", "lipsync-musetalk", "superres"),
         stores=True,
         cache=True,
     ),
@@ -115,7 +153,7 @@ STAGES: Mapping[str, Stage] = _registry(
         metrics_port=9094,
         settings="services.gateway.settings:GatewaySettings",
         public=True,
-        calls=("audio", "lipsync"),
+        calls=("audio", "lipsync", "lipsync-musetalk"),
         stores=True,
     ),
     # The web page: an HTTP server (page, API, live WebSocket) that calls the gateway with the user's
@@ -137,6 +175,30 @@ def stage(name: str) -> Stage:
         return STAGES[name]
     except KeyError:
         raise ValueError(f"unknown stage {name!r}: one of {', '.join(STAGES)}") from None
+
+
+#: the generator tier of an avatar made without asking for one
+DEFAULT_TIER = "wav2lip"
+#: the 256 px tier in the MuseTalk 1.5 format (the lipsync-musetalk stage's)
+MUSETALK_TIER = "musetalk"
+
+
+def tiers() -> tuple[str, ...]:
+    """The avatars' generator tiers, in registry order ("wav2lip", "musetalk")."""
+    return tuple(s.tier for s in STAGES.values() if s.tier)
+
+
+def tier_stage(tier: str) -> Stage:
+    """The stage that makes the faces of `tier`'s avatars; ValueError naming the tiers otherwise."""
+    for s in STAGES.values():
+        if s.tier == tier:
+            return s
+    raise ValueError(f"unknown model {tier!r}: one of {', '.join(tiers())}")
+
+
+def image_stages(gpu: bool | None = None) -> tuple[str, ...]:
+    """The stages with an image of their own (`make images` builds one per name), all or GPU/CPU only."""
+    return tuple(s.name for s in STAGES.values() if not s.image_of and (gpu is None or s.gpu == gpu))
 
 
 def gpu_stages() -> tuple[str, ...]:
@@ -187,10 +249,10 @@ def start_order(names: Sequence[str] | None = None) -> list[list[str]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m services.serving.stages", description="print the stage names")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--gpu", action="store_true", help="only the GPU stages")
-    which.add_argument("--cpu", action="store_true", help="only the CPU stages")
+    which.add_argument("--gpu", action="store_true", help="only the images of GPU stages")
+    which.add_argument("--cpu", action="store_true", help="only the images of CPU stages")
     args = p.parse_args(argv)
-    print(" ".join(gpu_stages() if args.gpu else cpu_stages() if args.cpu else STAGES))
+    print(" ".join(image_stages(True) if args.gpu else image_stages(False) if args.cpu else STAGES))
     return 0
 
 

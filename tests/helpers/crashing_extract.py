@@ -11,19 +11,17 @@ import os
 import signal
 import time
 
-import numpy as np
-
-from services.audio.extract import decode_and_extract
+from services.audio.extract import Extracted, decode_and_extract
 
 CRASH = b"CRASH"
 HOLD_S = 0.3
 
 
-def crash_or_extract(data: bytes, fps: float, max_seconds: float) -> tuple[np.ndarray, int]:
+def crash_or_extract(data: bytes, fps: float, max_seconds: float, whisper: bool = False) -> Extracted:
     if data.startswith(CRASH + b"EXIT"):
         os._exit(1)
     if data.startswith(CRASH):
         os.kill(os.getpid(), signal.SIGSEGV)
         time.sleep(10)  # the signal is delivered asynchronously; never return from here
     time.sleep(HOLD_S)
-    return decode_and_extract(data, fps, max_seconds)
+    return decode_and_extract(data, fps, max_seconds, whisper)

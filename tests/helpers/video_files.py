@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 import av
+import cv2
 import numpy as np
 
 from services.render.mp4 import Mp4Writer
@@ -43,3 +44,16 @@ def encode_video(fmt: str, size: tuple[int, int], frames: int, codec: str = "lib
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     return buf.getvalue()
+
+
+def write_shifted_video(path: Path, image: np.ndarray, frames: int, step: int, fps: float = 25.0) -> np.ndarray:
+    """An MP4 of `image` shifted right by `step` px more in every frame; returns the frames written."""
+    h, w = image.shape[:2]
+    written = []
+    with Mp4Writer(path, w, h, fps, None, 16_000, crf=12) as writer:
+        for i in range(frames):
+            shift = np.float32([[1, 0, i * step], [0, 1, 0]])
+            frame = cv2.warpAffine(image, shift, (w, h), borderMode=cv2.BORDER_REFLECT)
+            writer.write(frame)
+            written.append(frame)
+    return np.stack(written)

@@ -1,9 +1,10 @@
 """Every shipped Grafana panel and every alert expression, answered by live metrics (issue 22).
 
-One local cluster (gateway, the stages, a render worker, a live worker that holds one session) and
+One local cluster (gateway, the stages with the musetalk tier's, a render worker, a live worker that holds one session) and
 one real Prometheus (services/local/prometheus.py: the chart's ServiceMonitor labels, its rule file)
 serve both tests, under a small load: jobs with super-resolution, a live session that speaks, is
-cleared and speaks again, and a second session refused because the worker is full.
+cleared and speaks again, a second session refused because the worker is full, and a stream of faces
+from the musetalk tier's stage.
 
 Panels are run as Grafana runs them: a range query over the load with `$namespace` set to the
 cluster's namespace and `$__interval`/`$__rate_interval` as Grafana derives them from the data
@@ -26,17 +27,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import torch
 import yaml
 
-from lipline.v1 import gateway_pb2, session_pb2
+from lipline.v1 import gateway_pb2, lipsync_pb2, lipsync_pb2_grpc, session_pb2
 from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import pcm_chunks, pcm_of_audio
 from services.local.cluster import REPO_ROOT, LocalCluster
 from services.local.prometheus import PrometheusServer, missing_reason, pod_target
-from tests.integration.util import SAMPLES, cut_wav, eventually, start_cluster
+from services.media.musetalk_wire import pack_items, pack_latents, pack_window
+from tests.integration.util import SAMPLES, cut_wav, eventually, stage_channel, start_cluster
 
 DASHBOARDS = sorted((REPO_ROOT / "helm" / "lipline" / "files" / "dashboards").glob("*.json"))
 RULES = REPO_ROOT / "helm" / "lipline" / "files" / "prometheus-rules.yaml"
@@ -82,11 +85,34 @@ def _talk(client: LiplineClient, session: session_pb2.Session, pcm: bytes) -> No
     client.close_session(session.id)
 
 
+def _musetalk_load(cluster: LocalCluster) -> None:
+    """Faces from the 256 px tier's stage (its dashboard row): a stream straight to it, as the workers' will be."""
+    mel = np.full((80, 3000), -0.7, np.float32)
+    mel[:, :400] = 0.5
+    first = lipsync_pb2.MuseTalkGenerateRequest(
+        latents=pack_latents([0], np.zeros((1, 8, 32, 32))), windows=[pack_window(0, mel[:, :600], -0.7)]
+    )
+    items = [
+        lipsync_pb2.MuseTalkGenerateRequest(
+            items=pack_items(range(i, i + 8), [0] * 8, [0] * 8, range(2 * i, 2 * i + 16, 2))
+        )
+        for i in range(0, 96, 8)
+    ]
+    with stage_channel(cluster, "lipsync-musetalk") as channel:
+        stub = lipsync_pb2_grpc.MuseTalkServiceStub(channel)
+        # One item first, then a scrape or two before the rest: the stage's histograms get their series at
+        # the first batch, and a rate() sees an increase only from a scrape that found the series before it.
+        assert sum(len(r.faces.frame_indices) for r in stub.Generate(iter([first, items[0]]), timeout=120)) == 8
+        time.sleep(2 * SCRAPE_S)
+        assert sum(len(r.faces.frame_indices) for r in stub.Generate(iter([first, *items]), timeout=120)) == 96
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     workdir = tmp_path_factory.mktemp("dashboards")
     extra = {"gateway": ["--segment-seconds=0.8"], "live": ["--max-sessions=1"]}
-    with start_cluster(workdir / "cluster", replicas={"render": 1, "live": 1}, extra_args=extra) as cluster:
+    replicas = {"render": 1, "live": 1, "lipsync-musetalk": 1}
+    with start_cluster(workdir / "cluster", replicas=replicas, extra_args=extra) as cluster:
         with PrometheusServer(workdir / "prometheus", scrape_interval_s=SCRAPE_S, rule_files=[RULES]) as prom:
             prom.set_targets(
                 [
@@ -115,6 +141,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 for job in jobs:
                     assert client.wait(job).state == gateway_pb2.JOB_STATE_SUCCEEDED
                 talker.join(60)
+            _musetalk_load(cluster)
             time.sleep(3 * SCRAPE_S)  # the last samples scraped, the rules evaluated
             yield Live(cluster, prom, start_s)
 

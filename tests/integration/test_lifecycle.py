@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lipline.v1 import audio_pb2, gateway_pb2, lipsync_pb2, superres_pb2, superres_pb2_grpc
 from services.gateway.client import LiplineClient
-from services.local.cluster import STAGES, LocalCluster
+from services.local.cluster import LocalCluster, started_stages
 from services.media.wire import image_from_proto, image_to_proto
 from tests.helpers.audio_files import encode_tone
 from tests.integration.util import health_status, logs_of
@@ -29,7 +29,7 @@ SERVICE_NAMES = {
     "lipsync": lipsync_pb2.DESCRIPTOR.services_by_name["LipSyncService"].full_name,
     "superres": superres_pb2.DESCRIPTOR.services_by_name["SuperResService"].full_name,
 }
-ALL = ["gateway", *STAGES]
+ALL = ["gateway", *started_stages()]  # the conftest cluster: optional stages are not started
 WORKERS = ["render", "render-1"]
 
 

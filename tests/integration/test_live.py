@@ -88,6 +88,7 @@ class Stream:
         self.frames: list[session_pb2.VideoFrame] = []
         self.ready: session_pb2.Ready | None = None
         self.finished = 0
+        self.events: list[session_pb2.SessionEvent] = []
         self.error: grpc.RpcError | None = None
         self.thread = threading.Thread(target=self._receive, daemon=True)
         self.thread.start()
@@ -100,8 +101,9 @@ class Stream:
                     self.frames.append(response.frame)
                 elif kind == "ready":
                     self.ready = response.ready
-                elif kind == "event" and response.event.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED:
-                    self.finished += 1
+                elif kind == "event":
+                    self.events.append(response.event)
+                    self.finished += response.event.kind == session_pb2.SessionEvent.PLAYBACK_FINISHED
         except grpc.RpcError as exc:
             self.error = exc
 

@@ -11,7 +11,6 @@ import dataclasses
 from pathlib import Path
 
 import av
-import cv2
 import grpc
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ from services.media.probe import probe_media
 from services.media.speech import speech_envelope
 from services.media.timeline import loop_frame
 from services.media.wire import mel_from_bytes, mel_to_bytes
-from services.render.mp4 import Mp4Writer
+from tests.helpers.video_files import write_shifted_video
 
 FPS = 25
 STAGE_ORDER = ["queued", "render", "join", "done"]
@@ -293,19 +292,6 @@ def test_outside_face_is_the_avatar(
 # --------------------------------------------------------------------------------------------------
 
 
-def make_shifted_video(path: Path, image: np.ndarray, frames: int, step: int) -> np.ndarray:
-    """An MP4 of `image` shifted right by `step` px more in every frame; returns the frames written."""
-    h, w = image.shape[:2]
-    written = []
-    with Mp4Writer(path, w, h, 25.0, None, 16_000, crf=12) as writer:
-        for i in range(frames):
-            shift = np.float32([[1, 0, i * step], [0, 1, 0]])
-            frame = cv2.warpAffine(image, shift, (w, h), borderMode=cv2.BORDER_REFLECT)
-            writer.write(frame)
-            written.append(frame)
-    return np.stack(written)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "loop", [gateway_pb2.JobOptions.PING_PONG, gateway_pb2.JobOptions.WRAP], ids=["ping-pong", "wrap"]
@@ -314,7 +300,7 @@ def test_video_avatar_loops(
     client: LiplineClient, avatar_frames: np.ndarray, speech_bytes: bytes, tmp_path: Path, loop: int
 ) -> None:
     video = tmp_path / "template.mp4"
-    make_shifted_video(video, avatar_frames[0], frames=10, step=3)
+    write_shifted_video(video, avatar_frames[0], frames=10, step=3)
     data = video.read_bytes()
     avatar = client.create_avatar(data, name="template")
     assert (avatar.frame_count, avatar.fps, avatar.faces_found) == (10, 25.0, 10)

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.jobs.layout import output_key
 from services.jobs.store import open_blob_store
 from services.jobs.store.jobs import JobStore, NewJob
-from services.local.cluster import REPO_ROOT, STAGES, LocalCluster
+from services.local.cluster import REPO_ROOT, LocalCluster
 
 SAMPLES = REPO_ROOT / "samples"
 LOG_TAIL = 6000
@@ -75,7 +75,7 @@ def health_status(address: str, service: str = "", timeout: float = 5.0) -> int:
 
 def assert_all_serving(cluster: LocalCluster) -> None:
     """Every process of the cluster is alive and reports SERVING."""
-    for name in ("gateway", *STAGES):
+    for name in ("gateway", *cluster.stages):
         proc = cluster.processes[name]
         assert proc.process.poll() is None, f"{name} exited with {proc.process.returncode}:\n{proc.log()[-LOG_TAIL:]}"
         assert health_status(proc.address) == health_pb2.HealthCheckResponse.SERVING, name

@@ -20,9 +20,46 @@ at most: a stage's objects add "-<stage>" and must stay within 63. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* The object name of one stage: <fullname>-<stage>. Call with (dict "root" $ "stage" "lipsync"). */}}
+{{/* The object name of one stage: <fullname>-<stage><suffix> (suffix optional: a Job's "-warm-<n>"), at
+most 63 characters: the fullname is shortened, never the stage's name, so two stages' names never
+meet (a 50-character fullname and lipsync-musetalk would make 67). Call with (dict "root" $ "stage"
+"lipsync"), and "suffix" where one follows. */}}
 {{- define "lipline.stageName" -}}
-{{- printf "%s-%s" (include "lipline.fullname" .root) .stage -}}
+{{- $suffix := .suffix | default "" -}}
+{{- $room := sub 62 (add (len .stage) (len $suffix)) -}}
+{{- printf "%s-%s%s" (include "lipline.fullname" .root | trunc (int $room) | trimSuffix "-") .stage $suffix -}}
+{{- end -}}
+
+{{/* Non-empty when a stage is deployed: `enabled` unset or true (an optional stage, lipsync-musetalk,
+sets it false by default). Every template that ranges over `stages` skips the others; call with the
+stage's values. */}}
+{{- define "lipline.enabled" -}}
+{{- if or (not (hasKey . "enabled")) .enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* What the stage's container runs: `python -m services.<module>` (module defaults to the stage's
+name; lipsync-musetalk runs services.lipsync.musetalk). Call with (dict "root" $ "stage" name). */}}
+{{- define "lipline.module" -}}
+{{- $s := default dict (index .root.Values.stages .stage) -}}
+{{- printf "services.%s" ($s.module | default .stage) -}}
+{{- end -}}
+
+{{/* A stage's settings as the pod gets them: its `config` with the checkpoint paths (the keys of
+`modelPaths`) on the models volume: relative ones under models.mountPath, all of them left out
+without models.existingClaim (the stage then runs its weight-free stand-in). */}}
+{{- define "lipline.stageConfig" -}}
+{{- $s := index .root.Values.stages .stage -}}
+{{- $config := deepCopy (default dict $s.config) -}}
+{{- range $key := list "checkpoint" "unet" "unet_config" "vae" "whisper" "face_parser" "dwpose" -}}
+{{- if hasKey $config $key -}}
+{{- if not $.root.Values.models.existingClaim -}}
+{{- $_ := unset $config $key -}}
+{{- else if not (hasPrefix "/" (index $config $key)) -}}
+{{- $_ := set $config $key (printf "%s/%s" (trimSuffix "/" $.root.Values.models.mountPath) (index $config $key)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $config -}}
 {{- end -}}
 
 {{/* The labels of every object: the chart's, then commonLabels (the schema keeps those off the chart's keys). */}}
@@ -50,8 +87,10 @@ app.kubernetes.io/component: {{ .stage }}
 app.kubernetes.io/part-of: lipline
 {{- end -}}
 
+{{/* A stage's image: its own, or the one of the stage its `image` names (lipsync-musetalk runs lipsync's). */}}
 {{- define "lipline.image" -}}
-{{- printf "%s/lipline-%s:%s" .root.Values.image.registry .stage (.root.Values.image.tag | default .root.Chart.AppVersion) -}}
+{{- $s := default dict (index .root.Values.stages .stage) -}}
+{{- printf "%s/lipline-%s:%s" .root.Values.image.registry ($s.image | default .stage) (.root.Values.image.tag | default .root.Chart.AppVersion) -}}
 {{- end -}}
 
 {{- define "lipline.serviceAccountName" -}}
@@ -109,7 +148,7 @@ comma-joined list, empty when nobody calls it. Call with (dict "root" $ "stage" 
 {{- define "lipline.callers" -}}
 {{- $callers := list -}}
 {{- range $name, $s := .root.Values.stages -}}
-{{- if has $.stage (concat (default list $s.dials) (default list $s.reaches)) -}}
+{{- if and (include "lipline.enabled" $s) (has $.stage (concat (default list $s.dials) (default list $s.reaches))) -}}
 {{- $callers = append $callers $name -}}
 {{- end -}}
 {{- end -}}
@@ -280,13 +319,16 @@ OTEL_SDK_DISABLED=true and nothing else. Call with (dict "root" $ "stage" name).
   value: /tmp/triton
 {{- end }}
 {{- range $target := $s.dials }}
-- name: {{ printf "LIPLINE_%s_ADDRESS" (upper $target) }}
+{{- /* A stage not deployed gets no address: its callers run without it (the gateway then refuses its tier). */}}
+{{- if include "lipline.enabled" (index $root.Values.stages $target) }}
+- name: {{ printf "LIPLINE_%s_ADDRESS" (upper (replace "-" "_" $target)) }}
   {{- if and (index $root.Values.stages $target).public $root.Values.tls.existingSecret }}
   {{- /* Over TLS the public stage is one channel to its Service's DNS name (k8s:/// discovery is plaintext only). */}}
   value: {{ printf "dns:///%s.%s.svc:%d" (include "lipline.stageName" (dict "root" $root "stage" $target)) $root.Release.Namespace (int (index $root.Values.stages $target).port) | quote }}
   {{- else }}
   value: {{ include "lipline.stageAddress" (dict "root" $root "stage" $target) | quote }}
   {{- end }}
+{{- end }}
 {{- end }}
 {{- if $s.stores }}
 {{- include "lipline.storeEnv" $root }}

@@ -42,6 +42,7 @@ import enum
 from collections.abc import Mapping, Sequence
 
 from services.jobs.store.sessions import SessionStore
+from services.serving.stages import DEFAULT_TIER
 from services.serving.tenants import IMPLICIT_TENANT
 
 
@@ -82,7 +83,7 @@ class RequestKind(str, enum.Enum):
 
 def request_reused_message(kind: RequestKind, request_id: str) -> str:
     """INVALID_ARGUMENT's text for a request id sent again with another request."""
-    what = "audio, avatar, options or labels" if kind is RequestKind.JOB else "bytes, name, photo_fps or labels"
+    what = "audio, avatar, options or labels" if kind is RequestKind.JOB else "bytes, name, photo_fps, labels or model"
     return (
         f"request_id {request_id} was already used for a different {kind.value} request (other {what}); "
         "a retry must repeat the request exactly, and a new request needs a new request_id"
@@ -147,6 +148,7 @@ class NewJob:
     audio_task: bool = False  # an audio task (the AAC track) beside the segments: SubmitJob's jobs have one
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the client's, checked by the gateway
     callback_url: str = ""  # JobOptions.callback_url (checked by the gateway): a webhook once the job ends
+    model: str = DEFAULT_TIER  # its avatar's generator tier (services.serving.stages.tiers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +183,7 @@ class Job:
     # janitor deleted it (0 = not yet)
     output_expire_time: float = 0.0
     output_purge_time: float = 0.0
+    model: str = DEFAULT_TIER  # its avatar's generator tier, which renders it
 
     @property
     def terminal(self) -> bool:
@@ -251,6 +254,7 @@ class AvatarRecord:
     # avatar (dedup within a tenant only; "" = none, never deduplicated)
     content_hash: str = ""
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    model: str = DEFAULT_TIER  # the generator tier it was prepared for (services.serving.stages.tiers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -498,11 +502,11 @@ class JobStore(SessionStore):
 
     @abc.abstractmethod
     def list_avatars(
-        self, limit: int = 1000, tenant: str | None = None, after: PageCursor | None = None
+        self, limit: int = 1000, tenant: str | None = None, after: PageCursor | None = None, model: str = ""
     ) -> list[AvatarRecord | UnreadableRecord]:
-        """The live avatars of `tenant` (None: all), newest first by (create_time, id), starting
-        after `after` (a page's last avatar), at most `limit`; a row that cannot be read is an
-        UnreadableRecord in its place."""
+        """The live avatars of `tenant` (None: all), of generator tier `model` ("" = any), newest
+        first by (create_time, id), starting after `after` (a page's last avatar), at most `limit`; a
+        row that cannot be read is an UnreadableRecord in its place."""
 
     @abc.abstractmethod
     def delete_avatar(self, avatar_id: str, tenant: str | None = None) -> None:

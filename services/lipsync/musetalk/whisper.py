@@ -39,6 +39,7 @@ __all__ = [
     "feature_length",
     "load_whisper_encoder",
     "positional_encoding",
+    "positional_table",
     "whisper_chunks",
     "window_starts",
 ]
@@ -260,6 +261,13 @@ def _positional_table(length: int, width: int, device: torch.device, dtype: torc
     table[:, 0::2] = torch.sin(position * div_term)
     table[:, 1::2] = torch.cos(position * div_term)
     return table.to(device=device, dtype=dtype)
+
+
+def positional_table(length: int = 50, width: int = 384) -> torch.Tensor:
+    """MuseTalk's sinusoidal table (length, width), float32 on the CPU, a fresh tensor: what a module
+    keeps as a buffer so that its backend casts and moves it once (`positional_encoding` without the
+    per-call lookup, which torch.compile would trace into the graph as CPU work and a copy)."""
+    return _positional_table(length, width, torch.device("cpu"), torch.float32).clone()
 
 
 def positional_encoding(tokens: torch.Tensor) -> torch.Tensor:

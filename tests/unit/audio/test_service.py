@@ -26,6 +26,8 @@ from services.audio.service import AudioService
 from services.audio.settings import AudioSettings
 from services.media.audio import decode_audio
 from services.media.mel import MelExtractor
+from services.media.musetalk_wire import unpack_window
+from services.media.whisper_mel import whisper_log_mel_segments
 from services.media.wire import mel_to_bytes
 from services.serving import errors
 from services.serving.errors import InvalidMedia, TooLarge
@@ -99,8 +101,10 @@ class RunningAudio:
         self.thread.join(10)
         self.loop.close()
 
-    def extract(self, data: bytes, fps: float = 25.0, max_seconds: float = 0.0) -> list[audio_pb2.ExtractResponse]:
-        options = audio_pb2.ExtractOptions(fps=fps, max_seconds=max_seconds)
+    def extract(
+        self, data: bytes, fps: float = 25.0, max_seconds: float = 0.0, whisper: bool = False
+    ) -> list[audio_pb2.ExtractResponse]:
+        options = audio_pb2.ExtractOptions(fps=fps, max_seconds=max_seconds, whisper=whisper)
         requests = [audio_pb2.ExtractRequest(options=options, data=data[:1024])]
         requests += [audio_pb2.ExtractRequest(data=data[i : i + 64 * 1024]) for i in range(1024, len(data), 64 * 1024)]
         return list(self.stub.Extract(iter(requests), timeout=60))
@@ -118,6 +122,21 @@ def audio(request: pytest.FixtureRequest) -> Iterator[RunningAudio]:
     work = crash_or_extract if request.param else decode_and_extract
     with RunningAudio(request.param, work) as running:
         yield running
+
+
+def test_whisper_windows_follow_the_mel_windows_when_asked(audio: RunningAudio) -> None:
+    """The musetalk tier's features: the clip's whisper log-mel (upstream's 30 s windows) as the
+    lipsync-musetalk stage takes it, after every mel window; none unless asked."""
+    data = clip(1.3, freq=300.0)
+    responses = audio.extract(data, whisper=True)
+    assert not any(r.whisper_windows for r in audio.extract(data))
+    windows = [w for r in responses for w in r.whisper_windows]
+    assert [w.data for r in responses for w in r.windows] == expected_windows(data)
+    assert not responses[-1].windows and len(windows) == 1 and windows[0] == responses[-1].whisper_windows[0]
+    samples = decode_audio(data, 16000)
+    expected = whisper_log_mel_segments(samples).astype(np.float16)
+    assert np.array_equal(unpack_window(windows[0]).full_columns(), expected[0].astype(np.float32))
+    assert windows[0].positions == len(samples) * 50 // 16000 == 65
 
 
 def test_windows_match_the_mel_pipeline_byte_for_byte(audio: RunningAudio) -> None:
@@ -186,7 +205,7 @@ def test_a_crash_breaks_the_pool_but_only_the_culprit_fails(caplog: pytest.LogCa
     assert "decoder process died on this upload (exit code 1)" in str(crashed)
     for data, result in zip([goods[0], goods[1], goods[2], goods[3]], results, strict=True):
         assert isinstance(result, tuple), result
-        windows, samples = result
+        windows, samples, _ = result
         assert [mel_to_bytes(w) for w in windows] == expected_windows(data)
         assert samples == len(decode_audio(data, 16000))
     replaced = [r for r in caplog.records if "started a new pool" in r.getMessage()]
@@ -206,7 +225,7 @@ def test_one_thread_extracts_clips_first_come_first_served() -> None:
         for i, task in enumerate(tasks):
             task.add_done_callback(lambda _, i=i: done.append(i))
         for task, data in zip(tasks, uploads, strict=True):
-            windows, _ = await task
+            windows, _, _ = await task
             assert len(windows) == len(expected_windows(data))
 
     try:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from services.jobs.avatar_cache import AvatarCache
-from services.jobs.avatars import AvatarMeta, new_avatar_id, save_avatar
+from services.jobs.avatars import AvatarMeta, new_avatar_id, save_avatar, save_musetalk_avatar_files
 from services.jobs.store.folder import FolderBlobStore
 
 WIDTH, HEIGHT = 128, 96
@@ -131,3 +131,48 @@ def test_an_avatar_larger_than_the_whole_budget_still_renders_with_a_warning(
     warnings = [r for r in caplog.records if OVER_BUDGET in r.getMessage()]
     assert warnings and warnings[0].avatar_cache_bytes == FRAME_BYTES // 4 and warnings[0].bytes >= FRAME_BYTES
     assert cache.get(aid) is local  # and it stays open for the next segments
+
+
+def make_musetalk_avatar(blobs: FolderBlobStore, tmp_path: Path) -> str:
+    """A two-frame musetalk avatar (frame 1 has no face) saved as its CreateAvatar saves one."""
+    frames = [photo(60), photo(90)]
+    path = tmp_path / "two.mp4"
+    from services.render.mp4 import Mp4Writer
+
+    with Mp4Writer(path, WIDTH, HEIGHT, 25.0, None, 16_000, crf=10) as writer:
+        for frame in frames:
+            writer.write(frame)
+    aid = new_avatar_id()
+    box, square = (40, 20, 88, 76), (28, 12, 100, 84)
+    meta = AvatarMeta(
+        aid, "tier", 25.0, 0.0, 2, WIDTH, HEIGHT, [box, None], time.time(), model="musetalk", mask_boxes=[square, None]
+    )
+    latents, masks = tmp_path / "latents.npy", tmp_path / "masks.npy"
+    np.save(latents, np.full((1, 8, 32, 32), 0.5, np.float16))
+    mask = np.zeros((1, 256, 256), np.uint8)
+    mask[0, 128:] = 255
+    np.save(masks, mask)
+    save_musetalk_avatar_files(blobs, meta, path.read_bytes(), latents, masks)
+    return aid
+
+
+def test_a_musetalk_avatar_is_cached_with_its_pack_memory_mapped_and_evicted_whole(
+    blobs: FolderBlobStore, tmp_path: Path
+) -> None:
+    aid = make_musetalk_avatar(blobs, tmp_path)
+    root = tmp_path / "cache"
+    avatar = AvatarCache(blobs, root).get(aid)
+    assert avatar.crops.shape == (0, 96, 96, 3) and avatar.crop_row == {0: 0}
+    assert isinstance(avatar.latents, np.memmap) and avatar.latents.shape == (1, 8, 32, 32)
+    assert avatar.compositor.alpha is not None
+    names = sorted(p.name for p in (root / "avatars").iterdir())
+    assert names == [f"{aid}.i420.npy", f"{aid}.latents.npy", f"{aid}.masks.npy"]
+    # a 256x256 white face through the lower-half mask: the box's lower rows change, its upper rows do not
+    frame = avatar.compositor.frame(0, np.full((256, 256, 3), 255, np.uint8))
+    y = frame[:HEIGHT]
+    assert y[60:72, 50:80].mean() > 200 and np.array_equal(y[20:40], avatar.compositor.frame(0, None)[20:40])
+    # the budget counts the pack: another avatar's build evicts all three files
+    other, _ = make_avatar(blobs, 30)
+    small = AvatarCache(blobs, root, max_open=1, max_bytes=sum((root / "avatars" / n).stat().st_size for n in names))
+    small.get(other)
+    assert cached(root) == {other} and not list((root / "avatars").glob(f"{aid}.*"))

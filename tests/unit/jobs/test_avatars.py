@@ -47,3 +47,38 @@ def test_save_then_load(tmp_path: Path) -> None:
     assert load_meta(blobs, META.id) == META
     np.testing.assert_array_equal(load_crops(blobs, META.id), crops)
     assert blobs.get(f"avatars/{META.id}/source") == b"source bytes"
+
+
+def test_a_musetalk_pack_round_trips_and_an_older_meta_is_wav2lips(tmp_path: Path) -> None:
+    import json
+
+    from services.jobs.avatars import load_musetalk_pack, save_musetalk_avatar_files
+
+    meta = AvatarMeta(
+        "0123456789abcdef01234568",
+        "tier",
+        25.0,
+        25.0,
+        2,
+        64,
+        48,
+        [(1, 2, 30, 40), None],
+        1000.0,
+        model="musetalk",
+        mask_boxes=[(-5, -3, 36, 45), None],
+        prep={"box_source": "face-detector", "model": "face-detector+musetalk-standin+ellipse"},
+    )
+    assert AvatarMeta.from_json(meta.to_json()) == meta
+    latents, masks = tmp_path / "latents.npy", tmp_path / "masks.npy"
+    np.save(latents, np.full((1, 8, 32, 32), 0.5, np.float16))
+    np.save(masks, np.full((1, 256, 256), 7, np.uint8))
+    blobs = FolderBlobStore(str(tmp_path / "blobs"))
+    save_musetalk_avatar_files(blobs, meta, b"src", latents, masks)
+    assert load_meta(blobs, meta.id) == meta
+    got_latents, got_masks = load_musetalk_pack(blobs, meta.id)
+    assert got_latents.dtype == np.float16 and got_latents.shape == (1, 8, 32, 32) and (got_masks == 7).all()
+    older = json.loads(META.to_json())
+    for key in ("model", "mask_boxes", "prep"):
+        del older[key]  # what a version before the tiers wrote
+    back = AvatarMeta.from_json(json.dumps(older).encode())
+    assert back.model == "wav2lip" and back.mask_boxes == [] and back == META

@@ -29,3 +29,13 @@ def test_wrong_length_is_refused() -> None:
         unpack_segment_audio(b"\0" * (3 * MEL_BYTES + 1), 3)
     with pytest.raises(ValueError, match="2 windows but 3"):
         pack_segment_audio(np.zeros((2, MEL_BYTES), np.uint8), np.zeros(3))
+
+
+def test_a_musetalk_jobs_blob_is_the_envelope_alone() -> None:
+    speech = np.array([0.0, 0.25, 1.0], np.float32)
+    blob = pack_segment_audio(None, speech)
+    assert len(blob) == 6
+    audio = unpack_segment_audio(blob, 3)
+    assert audio.mels is None and audio.speech is not None and audio.speech.tolist() == [0.0, 0.25, 1.0]
+    with pytest.raises(ValueError):
+        unpack_segment_audio(blob, 4)

@@ -18,7 +18,7 @@ from services.live.audio_retime import frames_for_samples
 from services.live.clock import NS_PER_S, FrameClock, FrameKind
 from services.live.encoders import H264Encoder, JpegEncoder
 from services.live.idle import IdleLoop
-from services.live.session import EventKind, LiveSession
+from services.live.session import EventKind, LiveSession, SpeechFrame
 from services.media.composite import Compositor, I420Frames
 from services.serving.errors import InvalidMedia, InvalidRequest, TooLarge
 
@@ -319,8 +319,8 @@ class Stage:
         self.tickets: dict[int, Ticket] = {}
         self.never: set[int] = set()
 
-    def submit(self, frame: int, template_frame: int, window: np.ndarray, due_ns: int) -> Ticket:
-        ticket = Ticket(stand_in_face(template_frame, window), self.clock.t, due_ns)
+    def submit(self, frame: int, template_frame: int, speech: SpeechFrame, due_ns: int) -> Ticket:
+        ticket = Ticket(stand_in_face(template_frame, speech.mel), self.clock.t, due_ns)
         self.tickets[frame] = ticket
         return ticket
 

@@ -351,3 +351,79 @@ def test_threads_composite_concurrently(avatar: np.ndarray) -> None:
         results = list(pool.map(lambda k: compositors[k].frame(0, faces[k]), jobs))
     for k, result in zip(jobs, results):
         assert np.array_equal(result, expected[k])
+
+
+# --------------------------------------------------------------------------------------------------
+# Alpha masks (the musetalk tier): upstream MuseTalk's get_image_blending, then to_yuv420
+# --------------------------------------------------------------------------------------------------
+
+
+def _musetalk_reference(
+    bgr: np.ndarray,
+    face256: np.ndarray,
+    box: tuple[int, int, int, int],
+    square: tuple[int, int, int, int],
+    mask256: np.ndarray,
+    weight: float,
+) -> np.ndarray:
+    """Upstream's blend in BGR: the face resized to the box pasted into a copy of the 1.5x square, the
+    mask resized over the square, `cv2.blendLinear` there (pixels of the square outside the frame are
+    not pasted); the mask scaled by `weight`."""
+    x1, y1, x2, y2 = box
+    sx1, sy1, sx2, sy2 = square
+    face = cv2.resize(face256, (x2 - x1, y2 - y1), interpolation=cv2.INTER_LINEAR)
+    mask = cv2.resize(mask256, (sx2 - sx1, sy2 - sy1), interpolation=cv2.INTER_LINEAR) * np.float32(weight / 255.0)
+    h, w = bgr.shape[:2]
+    fx1, fy1, fx2, fy2 = max(0, sx1), max(0, sy1), min(w, sx2), min(h, sy2)
+    body = bgr[fy1:fy2, fx1:fx2].copy()
+    large = body.copy()
+    large[y1 - fy1 : y2 - fy1, x1 - fx1 : x2 - fx1] = face
+    m = np.ascontiguousarray(mask[fy1 - sy1 : fy2 - sy1, fx1 - sx1 : fx2 - sx1])
+    out = bgr.copy()
+    out[fy1:fy2, fx1:fx2] = cv2.blendLinear(large, body, m, 1.0 - m)
+    return out
+
+
+@pytest.mark.parametrize("box", [(100, 60, 230, 220), (31, 41, 190, 200), (0, 3, 161, 203)])
+@pytest.mark.parametrize("weight", [1.0, 0.4])
+def test_an_alpha_mask_blends_as_upstream_and_keeps_the_upper_face(
+    random_frame: np.ndarray, box: tuple[int, int, int, int], weight: float
+) -> None:
+    from services.lipsync.musetalk.masks import ellipse_mask, finish_mask, mask_box
+
+    rng = np.random.default_rng(5)
+    square = mask_box(box)
+    alpha = finish_mask(ellipse_mask(box, square), box, square)  # the stand-in's mask, full size
+    mask256 = cv2.resize(alpha, (256, 256), interpolation=cv2.INTER_AREA)  # as the pack stores it
+    face = rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)
+    compositor = Compositor(
+        I420Frames.from_bgr(random_frame[None]), [box], alpha=composite.AlphaMasks(mask256[None], [square], {0: 0})
+    )
+    got = compositor.frame(0, face, weight=weight)
+    ref = to_yuv420(_musetalk_reference(random_frame, face, box, square, mask256, weight))
+    plain = to_yuv420(random_frame)
+    height, width = random_frame.shape[:2]
+    for g, r, p, tol in zip(
+        _planes(got, height, width), _planes(ref, height, width), _planes(plain, height, width), (Y_TOL, UV_TOL, UV_TOL)
+    ):
+        assert _maxdiff(g, r) <= tol
+    # Above the mask's first row in the box (the square's middle row, less the blur): the template's bytes.
+    x1, y1, x2, y2 = box
+    got_y, plain_y = _planes(got, height, width)[0], _planes(plain, height, width)[0]
+    mid = (square[1] + square[3]) // 2 - int(0.1 * (square[2] - square[0]) // 2 * 2)
+    assert np.array_equal(got_y[: max(y1, mid) - 1], plain_y[: max(y1, mid) - 1])
+    assert _maxdiff(got_y[y1:y2, x1:x2], plain_y[y1:y2, x1:x2]) > 50  # the face is pasted
+
+
+def test_an_alpha_mask_weighted_zero_passes_the_frame_and_a_face_needs_its_mask(random_frame: np.ndarray) -> None:
+    box = (100, 60, 230, 220)
+    square = (45, 20, 285, 260)
+    mask = np.full((1, 256, 256), 255, np.uint8)
+    frames = I420Frames.from_bgr(random_frame[None])
+    compositor = Compositor(frames, [box], alpha=composite.AlphaMasks(mask, [square], {0: 0}))
+    face = np.zeros((256, 256, 3), np.uint8)
+    assert np.array_equal(compositor.frame(0, face, weight=0.0), frames[0])
+    with pytest.raises(ValueError, match="no alpha mask"):
+        Compositor(frames, [box], alpha=composite.AlphaMasks(mask, [square], {})).frame(0, face)
+    with pytest.raises(ValueError, match="weight"):
+        compositor.frame(0, face, weight=1.5)

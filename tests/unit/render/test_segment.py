@@ -9,15 +9,19 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import av
 import grpc
 import numpy as np
 import pytest
 
-from lipline.v1 import lipsync_pb2_grpc, superres_pb2_grpc
+from lipline.v1 import common_pb2, lipsync_pb2, lipsync_pb2_grpc, superres_pb2_grpc
 from services.jobs.avatar_cache import LocalAvatar
 from services.jobs.avatars import AvatarMeta
 from services.jobs.segment_audio import SegmentAudio
-from services.media.composite import Compositor, I420Frames
+from services.lipsync.musetalk.masks import mask_box
+from services.media.composite import AlphaMasks, Compositor, I420Frames
+from services.media.musetalk_wire import pack_window
+from services.media.packed import PackedImages
 from services.render.segment import SegmentRenderer
 from services.serving.channels import StageFailed
 from services.serving.metrics import Metrics
@@ -112,3 +116,95 @@ def test_generate_requests_that_fail_to_build_fail_the_render_as_themselves(
     with pytest.raises(IndexError):
         render(tmp_path, Lipsync(), FRAMES - 2, super_resolution)
     assert not (tmp_path / "segment.mp4").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# A musetalk avatar's segment: what goes to lipsync-musetalk, and what the gate leaves out
+# --------------------------------------------------------------------------------------------------
+
+
+class MuseTalk(lipsync_pb2_grpc.MuseTalkServiceServicer):
+    """Records Generate's requests and answers every item with a white 256x256 face."""
+
+    def __init__(self) -> None:
+        self.requests: list[lipsync_pb2.MuseTalkGenerateRequest] = []
+
+    async def Generate(self, request_iterator, context):
+        async for request in request_iterator:
+            self.requests.append(request)
+            frames = list(request.items.frame_indices)
+            if frames:
+                faces = PackedImages.from_arrays([np.full((256, 256, 3), 255, np.uint8)] * len(frames))
+                yield lipsync_pb2.GenerateResponse(
+                    faces=faces.to_pb(frames, list(request.items.latent_indices)),
+                    model=common_pb2.ModelInfo(name="musetalk-standin", backend="cpu", precision="fp32"),
+                )
+
+
+def musetalk_avatar(frames: int) -> LocalAvatar:
+    """A `frames`-frame musetalk avatar whose frame 1 has no face; its mask is 255 in the square's lower half."""
+    boxes: list = [BOX if i != 1 else None for i in range(frames)]
+    squares: list = [mask_box(BOX) if b is not None else None for b in boxes]
+    meta = AvatarMeta("m1", "ann", 25.0, 0.0, frames, SIDE, SIDE, boxes, 0.0, model="musetalk", mask_boxes=squares)
+    rows = {f: r for r, f in enumerate(meta.crop_frames)}
+    latents = np.stack([np.full((8, 32, 32), r, np.float16) for r in range(len(rows))])
+    masks = np.zeros((len(rows), 256, 256), np.uint8)
+    masks[:, 128:] = 255
+    i420 = I420Frames(np.full((frames, SIDE * 3 // 2, SIDE), 16, np.uint8))
+    compositor = Compositor(i420, boxes, alpha=AlphaMasks(masks, squares, rows))
+    return LocalAvatar(meta, np.zeros((0, 96, 96, 3), np.uint8), rows, compositor, latents)
+
+
+def test_a_musetalk_segment_sends_latents_and_windows_once_and_gates_silent_frames(tmp_path: Path) -> None:
+    avatar = musetalk_avatar(4)
+    start, end = 3, 9  # output frames 3..8 over the 4-frame template, ping-pong: 3 2 1 0 1 2
+    speech = np.array([0.0, 0.5, 1.0, 0.05, 1.0, 0.0], np.float16)  # gate: 0, 1, 1, 1/6, 1, 0
+    audio = SegmentAudio(None, speech)
+    window = pack_window(0, np.zeros((80, 10), np.float16), -1.5, positions=120)
+    stage = MuseTalk()
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        lipsync_pb2_grpc.add_MuseTalkServiceServicer_to_server(stage, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                segments = SegmentRenderer(
+                    lipsync_pb2_grpc.LipSyncServiceStub(channel),
+                    superres_pb2_grpc.SuperResServiceStub(channel),
+                    Metrics("render"),
+                    preset="ultrafast",
+                    threads=1,
+                    musetalk=lipsync_pb2_grpc.MuseTalkServiceStub(channel),
+                )
+                try:
+                    result = await segments.render(
+                        avatar, start, end, audio, False, 10, tmp_path / "s.mp4", whisper=[window], whisper_windows=1
+                    )
+                finally:
+                    segments.close()
+            assert result.models == [{"name": "musetalk-standin", "backend": "cpu", "precision": "fp32"}]
+        finally:
+            await server.stop(0)
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+    banks = [r.latents for r in stage.requests if r.HasField("latents")]
+    windows = [w for r in stage.requests for w in r.windows]
+    items = [r.items for r in stage.requests if r.items.frame_indices]
+    # Template frames 3 2 1 0 1 2 (ping-pong over 4): faces are asked for output frames 4 and 6 only,
+    # 3 and 8 being silent (gate 0) and 5 and 7 showing template frame 1, which has no face.
+    assert [list(i.frame_indices) for i in items] == [[4, 6]]
+    assert list(items[0].latent_indices) == [2, 0]
+    assert [list(b.latent_indices) for b in banks] == [[0, 2]]  # the latents those use, once
+    assert windows == [window]
+    assert list(items[0].window_indices) == [0, 0]
+    assert list(items[0].offsets) == [2 * 4 - 4, 2 * 6 - 4]  # upstream's first positions at 25 fps
+    with av.open(str(tmp_path / "s.mp4")) as container:
+        lumas = [f.to_ndarray(format="gray") for f in container.decode(video=0)]
+    lower = (slice(40, 54), slice(12, 52))  # the box's lower half, where the mask is 255
+    levels = [float(y[lower].mean()) for y in lumas]
+    assert all(levels[k] < 30 for k in (0, 2, 4, 5)), levels  # silent or faceless: the template (16)
+    assert levels[1] > 200, levels  # the white face through the mask
+    assert 30 < levels[3] < 100, levels  # a sixth of it: the gate fading it in
+    assert max(float(y[8:24, 8:56].mean()) for y in lumas) < 30  # the box's upper part stays the template's

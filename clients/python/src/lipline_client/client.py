@@ -157,11 +157,15 @@ class LiplineClient:
         photo_fps: float = 0.0,
         *,
         request_id: str | None = None,
+        model: str = "",
         timeout: float | None = None,
     ) -> gateway_pb2.Avatar:
         """Register a photo or short video (sent in 1 MiB messages). The same tenant's same bytes give
-        the same avatar, so a retry never makes a second one."""
-        extra = self._request_id(gateway_pb2.CreateAvatarRequest, request_id)
+        the same avatar, so a retry never makes a second one. `model`: its generator tier ("wav2lip"
+        when empty, or "musetalk" where the deployment serves it)."""
+        extra: dict[str, str] = self._request_id(gateway_pb2.CreateAvatarRequest, request_id)
+        if model:
+            extra["model"] = model
 
         def requests() -> Iterator[gateway_pb2.CreateAvatarRequest]:
             yield gateway_pb2.CreateAvatarRequest(name=name, photo_fps=photo_fps, data=data[:UPLOAD_CHUNK], **extra)
@@ -176,9 +180,10 @@ class LiplineClient:
         request = gateway_pb2.GetAvatarRequest(avatar_id=avatar_id)
         return self._call("GetAvatar", lambda t: self.stub.GetAvatar(request, timeout=t), timeout, True)
 
-    def list_avatars(self, *, timeout: float | None = None) -> list[gateway_pb2.Avatar]:
-        """The caller's avatars, every page of them (`timeout` per page)."""
-        return list(self._pages("ListAvatars", gateway_pb2.ListAvatarsRequest(), "avatars", timeout))
+    def list_avatars(self, *, model: str = "", timeout: float | None = None) -> list[gateway_pb2.Avatar]:
+        """The caller's avatars (of generator tier `model` when given), every page of them (`timeout` per page)."""
+        request = gateway_pb2.ListAvatarsRequest(model=model) if model else gateway_pb2.ListAvatarsRequest()
+        return list(self._pages("ListAvatars", request, "avatars", timeout))
 
     def delete_avatar(self, avatar_id: str, *, timeout: float | None = None) -> None:
         request = gateway_pb2.DeleteAvatarRequest(avatar_id=avatar_id)

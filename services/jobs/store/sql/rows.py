@@ -76,6 +76,7 @@ def _job_from_row(row: Row) -> Job:
         labels=json.loads(row["labels"]),
         output_expire_time=float(row["output_expire_time"]),
         output_purge_time=float(row["output_purge_time"]),
+        model=row["model"],
     )
 
 

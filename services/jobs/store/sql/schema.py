@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from services.jobs.store.jobs import RequestKind, TaskKind, TaskState
 from services.jobs.store.sql.tx import Tx
+from services.serving.stages import DEFAULT_TIER
 from services.serving.tenants import IMPLICIT_TENANT
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # The key of the transaction-scoped advisory lock that serializes migrations (PostgreSQL); arbitrary.
 MIGRATE_LOCK = 0x6C69706C696E01
 _TASK_KINDS = ", ".join(f"'{k.value}'" for k in TaskKind)
@@ -159,6 +160,14 @@ MIGRATIONS: dict[int, list[str]] = {
             delivered_time DOUBLE PRECISION NOT NULL DEFAULT 0
         )""",
         "CREATE INDEX IF NOT EXISTS webhooks_due ON webhooks (state, not_before)",
+    ],
+    # model tiers (issue 30; docs/architecture.md section 12): the generator tier an avatar was prepared
+    # for, and of each job its avatar's (what renders it); every row made before is Wav2Lip's. A live
+    # session's tier is in its stored Session.
+    11: [
+        f"ALTER TABLE avatars ADD COLUMN model TEXT NOT NULL DEFAULT '{DEFAULT_TIER}'",
+        f"ALTER TABLE jobs ADD COLUMN model TEXT NOT NULL DEFAULT '{DEFAULT_TIER}'",
+        "CREATE INDEX IF NOT EXISTS avatars_tenant_model ON avatars (tenant, model, create_time, id)",
     ],
 }
 

@@ -226,6 +226,7 @@ class SqlJobStore(SqlSessionStore, JobStore):
                 "tenant": job.tenant,
                 "labels": encode_json(dict(job.labels)),
                 "callback_url": job.callback_url,
+                "model": job.model,
             }
             tx.execute(
                 f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", list(values.values())
@@ -619,11 +620,11 @@ class SqlJobStore(SqlSessionStore, JobStore):
         )
 
     def list_avatars(
-        self, limit: int = 1000, tenant: str | None = None, after: PageCursor | None = None
+        self, limit: int = 1000, tenant: str | None = None, after: PageCursor | None = None, model: str = ""
     ) -> list[AvatarRecord | UnreadableRecord]:
-        mine = "" if tenant is None else " AND tenant = ?"
+        mine = ("" if tenant is None else " AND tenant = ?") + (" AND model = ?" if model else "")
         page, cursor = _after(after)
-        params = (*(() if tenant is None else (tenant,)), *cursor, int(limit))
+        params = (*(() if tenant is None else (tenant,)), *((model,) if model else ()), *cursor, int(limit))
         rows = self._transaction(
             lambda tx: tx.query(f"SELECT * FROM avatars WHERE {self._LIVE}{mine}{page}{_NEWEST_FIRST}", params),
             write=False,

@@ -28,7 +28,7 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class CreateAvatarRequest(_message.Message):
-    __slots__ = ("name", "photo_fps", "data", "request_id", "labels")
+    __slots__ = ("name", "photo_fps", "data", "request_id", "labels", "model")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -41,15 +41,17 @@ class CreateAvatarRequest(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     name: str
     photo_fps: float
     data: bytes
     request_id: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., photo_fps: _Optional[float] = ..., data: _Optional[bytes] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    model: str
+    def __init__(self, name: _Optional[str] = ..., photo_fps: _Optional[float] = ..., data: _Optional[bytes] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class Avatar(_message.Message):
-    __slots__ = ("id", "name", "frame_count", "fps", "width", "height", "faces_found", "create_time", "labels")
+    __slots__ = ("id", "name", "frame_count", "fps", "width", "height", "faces_found", "create_time", "labels", "model")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +68,7 @@ class Avatar(_message.Message):
     FACES_FOUND_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     frame_count: int
@@ -75,7 +78,8 @@ class Avatar(_message.Message):
     faces_found: int
     create_time: _timestamp_pb2.Timestamp
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., frame_count: _Optional[int] = ..., fps: _Optional[float] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., faces_found: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    model: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., frame_count: _Optional[int] = ..., fps: _Optional[float] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., faces_found: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetAvatarRequest(_message.Message):
     __slots__ = ("avatar_id",)
@@ -84,12 +88,14 @@ class GetAvatarRequest(_message.Message):
     def __init__(self, avatar_id: _Optional[str] = ...) -> None: ...
 
 class ListAvatarsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token")
+    __slots__ = ("page_size", "page_token", "model")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ListAvatarsResponse(_message.Message):
     __slots__ = ("avatars", "next_page_token", "unreadable_avatar_ids")
@@ -181,7 +187,7 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, avatar_id: _Optional[str] = ..., audio: _Optional[bytes] = ..., options: _Optional[_Union[JobOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., audio_uri: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "avatar_id", "state", "progress", "frames_done", "total_frames", "stage", "error", "error_code", "audio_seconds", "elapsed_seconds", "eta_seconds", "realtime_factor", "output_bytes", "models", "options", "create_time", "stage_seconds", "output_sha256", "labels", "webhook", "output_expire_time", "output_expired")
+    __slots__ = ("id", "avatar_id", "state", "progress", "frames_done", "total_frames", "stage", "error", "error_code", "audio_seconds", "elapsed_seconds", "eta_seconds", "realtime_factor", "output_bytes", "models", "options", "create_time", "stage_seconds", "output_sha256", "labels", "webhook", "output_expire_time", "output_expired", "model")
     class StageSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +225,7 @@ class Job(_message.Message):
     WEBHOOK_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     id: str
     avatar_id: str
     state: JobState
@@ -242,7 +249,8 @@ class Job(_message.Message):
     webhook: WebhookDelivery
     output_expire_time: _timestamp_pb2.Timestamp
     output_expired: bool
-    def __init__(self, id: _Optional[str] = ..., avatar_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., progress: _Optional[float] = ..., frames_done: _Optional[int] = ..., total_frames: _Optional[int] = ..., stage: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., realtime_factor: _Optional[float] = ..., output_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_common_pb2.ModelInfo, _Mapping]]] = ..., options: _Optional[_Union[JobOptions, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage_seconds: _Optional[_Mapping[str, float]] = ..., output_sha256: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., webhook: _Optional[_Union[WebhookDelivery, _Mapping]] = ..., output_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output_expired: _Optional[bool] = ...) -> None: ...
+    model: str
+    def __init__(self, id: _Optional[str] = ..., avatar_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., progress: _Optional[float] = ..., frames_done: _Optional[int] = ..., total_frames: _Optional[int] = ..., stage: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., realtime_factor: _Optional[float] = ..., output_bytes: _Optional[int] = ..., models: _Optional[_Iterable[_Union[_common_pb2.ModelInfo, _Mapping]]] = ..., options: _Optional[_Union[JobOptions, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage_seconds: _Optional[_Mapping[str, float]] = ..., output_sha256: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., webhook: _Optional[_Union[WebhookDelivery, _Mapping]] = ..., output_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output_expired: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lipline/v1/session.proto\x12\nlipline.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\"\n\x0b\x41udioFormat\x12\x13\n\x0bsample_rate\x18\x01 \x01(\r\"x\n\x0bVideoFormat\x12%\n\x05\x63odec\x18\x01 \x01(\x0e\x32\x16.lipline.v1.VideoCodec\x12\x12\n\nmax_height\x18\x02 \x01(\r\x12\x0b\n\x03\x66ps\x18\x03 \x01(\x01\x12\x0b\n\x03\x63rf\x18\x04 \x01(\r\x12\x14\n\x0cjpeg_quality\x18\x05 \x01(\r\"J\n\rSessionLimits\x12\x1b\n\x13max_session_seconds\x18\x01 \x01(\x01\x12\x1c\n\x14idle_timeout_seconds\x18\x02 \x01(\x01\"\xbe\x01\n\x14\x43reateSessionRequest\x12\x11\n\tavatar_id\x18\x01 \x01(\t\x12&\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x17.lipline.v1.AudioFormat\x12&\n\x05video\x18\x03 \x01(\x0b\x32\x17.lipline.v1.VideoFormat\x12\x18\n\x10super_resolution\x18\x04 \x01(\x08\x12)\n\x06limits\x18\x05 \x01(\x0b\x32\x19.lipline.v1.SessionLimits\"\xef\x02\n\x07Session\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tavatar_id\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.lipline.v1.SessionState\x12\x14\n\x0cresume_token\x18\x04 \x01(\t\x12&\n\x05\x61udio\x18\x05 \x01(\x0b\x32\x17.lipline.v1.AudioFormat\x12&\n\x05video\x18\x06 \x01(\x0b\x32\x17.lipline.v1.VideoFormat\x12\r\n\x05width\x18\x07 \x01(\r\x12\x0e\n\x06height\x18\x08 \x01(\r\x12\x18\n\x10super_resolution\x18\t \x01(\x08\x12)\n\x06limits\x18\n \x01(\x0b\x32\x19.lipline.v1.SessionLimits\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x12\n\nerror_code\x18\r \x01(\x05\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"a\n\rConverseStart\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0cresume_token\x18\x02 \x01(\t\x12\x12\n\nlast_frame\x18\x03 \x01(\x03\x12\x12\n\nack_window\x18\x04 \x01(\r\"\x19\n\nAudioChunk\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\"\x10\n\x0e\x45ndOfUtterance\"\x07\n\x05\x43lear\"\x19\n\x08\x46rameAck\x12\r\n\x05\x66rame\x18\x01 \x01(\x03\"\xf2\x01\n\x0f\x43onverseRequest\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.lipline.v1.ConverseStartH\x00\x12\'\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x16.lipline.v1.AudioChunkH\x00\x12\x36\n\x10\x65nd_of_utterance\x18\x03 \x01(\x0b\x32\x1a.lipline.v1.EndOfUtteranceH\x00\x12\"\n\x05\x63lear\x18\x04 \x01(\x0b\x32\x11.lipline.v1.ClearH\x00\x12#\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x14.lipline.v1.FrameAckH\x00\x42\t\n\x07request\"m\n\nVideoFrame\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x10\n\x08keyframe\x18\x02 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\r\n\x05\x61udio\x18\x04 \x01(\x0c\x12\x0e\n\x06speech\x18\x05 \x01(\x08\x12\x11\n\tutterance\x18\x06 \x01(\x04\"\xd7\x01\n\x0cSessionEvent\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.lipline.v1.SessionEvent.Kind\x12\x11\n\tutterance\x18\x02 \x01(\x04\x12\r\n\x05\x66rame\x18\x03 \x01(\x03\x12\x18\n\x10position_seconds\x18\x04 \x01(\x01\x12\x13\n\x0binterrupted\x18\x05 \x01(\x08\"I\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10PLAYBACK_STARTED\x10\x01\x12\x15\n\x11PLAYBACK_FINISHED\x10\x02\"\xc2\x01\n\x0cSessionStats\x12\x1b\n\x13latency_p50_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13latency_p95_seconds\x18\x02 \x01(\x01\x12\x1c\n\x14queued_audio_seconds\x18\x03 \x01(\x01\x12\x15\n\rframes_speech\x18\x04 \x01(\x04\x12\x13\n\x0b\x66rames_idle\x18\x05 \x01(\x04\x12\x16\n\x0e\x66rames_skipped\x18\x06 \x01(\x04\x12\x16\n\x0e\x66rames_dropped\x18\x07 \x01(\x04\"A\n\x05Ready\x12$\n\x07session\x18\x01 \x01(\x0b\x32\x13.lipline.v1.Session\x12\x12\n\nnext_frame\x18\x02 \x01(\x03\"\xc1\x01\n\x10\x43onverseResponse\x12\"\n\x05ready\x18\x01 \x01(\x0b\x32\x11.lipline.v1.ReadyH\x00\x12\'\n\x05\x66rame\x18\x02 \x01(\x0b\x32\x16.lipline.v1.VideoFrameH\x00\x12)\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x18.lipline.v1.SessionEventH\x00\x12)\n\x05stats\x18\x04 \x01(\x0b\x32\x18.lipline.v1.SessionStatsH\x00\x42\n\n\x08response*U\n\nVideoCodec\x12\x1b\n\x17VIDEO_CODEC_UNSPECIFIED\x10\x00\x12\x14\n\x10VIDEO_CODEC_H264\x10\x01\x12\x14\n\x10VIDEO_CODEC_JPEG\x10\x02*{\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ACTIVE\x10\x01\x12\x18\n\x14SESSION_STATE_CLOSED\x10\x02\x12\x18\n\x14SESSION_STATE_FAILED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lipline/v1/session.proto\x12\nlipline.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\"\n\x0b\x41udioFormat\x12\x13\n\x0bsample_rate\x18\x01 \x01(\r\"x\n\x0bVideoFormat\x12%\n\x05\x63odec\x18\x01 \x01(\x0e\x32\x16.lipline.v1.VideoCodec\x12\x12\n\nmax_height\x18\x02 \x01(\r\x12\x0b\n\x03\x66ps\x18\x03 \x01(\x01\x12\x0b\n\x03\x63rf\x18\x04 \x01(\r\x12\x14\n\x0cjpeg_quality\x18\x05 \x01(\r\"J\n\rSessionLimits\x12\x1b\n\x13max_session_seconds\x18\x01 \x01(\x01\x12\x1c\n\x14idle_timeout_seconds\x18\x02 \x01(\x01\"\xbe\x01\n\x14\x43reateSessionRequest\x12\x11\n\tavatar_id\x18\x01 \x01(\t\x12&\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x17.lipline.v1.AudioFormat\x12&\n\x05video\x18\x03 \x01(\x0b\x32\x17.lipline.v1.VideoFormat\x12\x18\n\x10super_resolution\x18\x04 \x01(\x08\x12)\n\x06limits\x18\x05 \x01(\x0b\x32\x19.lipline.v1.SessionLimits\"\xfe\x02\n\x07Session\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tavatar_id\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.lipline.v1.SessionState\x12\x14\n\x0cresume_token\x18\x04 \x01(\t\x12&\n\x05\x61udio\x18\x05 \x01(\x0b\x32\x17.lipline.v1.AudioFormat\x12&\n\x05video\x18\x06 \x01(\x0b\x32\x17.lipline.v1.VideoFormat\x12\r\n\x05width\x18\x07 \x01(\r\x12\x0e\n\x06height\x18\x08 \x01(\r\x12\x18\n\x10super_resolution\x18\t \x01(\x08\x12)\n\x06limits\x18\n \x01(\x0b\x32\x19.lipline.v1.SessionLimits\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x12\n\nerror_code\x18\r \x01(\x05\x12\r\n\x05model\x18\x0e \x01(\t\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"a\n\rConverseStart\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0cresume_token\x18\x02 \x01(\t\x12\x12\n\nlast_frame\x18\x03 \x01(\x03\x12\x12\n\nack_window\x18\x04 \x01(\r\"\x19\n\nAudioChunk\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\"\x10\n\x0e\x45ndOfUtterance\"\x07\n\x05\x43lear\"\x19\n\x08\x46rameAck\x12\r\n\x05\x66rame\x18\x01 \x01(\x03\"\xf2\x01\n\x0f\x43onverseRequest\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.lipline.v1.ConverseStartH\x00\x12\'\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x16.lipline.v1.AudioChunkH\x00\x12\x36\n\x10\x65nd_of_utterance\x18\x03 \x01(\x0b\x32\x1a.lipline.v1.EndOfUtteranceH\x00\x12\"\n\x05\x63lear\x18\x04 \x01(\x0b\x32\x11.lipline.v1.ClearH\x00\x12#\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x14.lipline.v1.FrameAckH\x00\x42\t\n\x07request\"m\n\nVideoFrame\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x10\n\x08keyframe\x18\x02 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\r\n\x05\x61udio\x18\x04 \x01(\x0c\x12\x0e\n\x06speech\x18\x05 \x01(\x08\x12\x11\n\tutterance\x18\x06 \x01(\x04\"\xd7\x01\n\x0cSessionEvent\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.lipline.v1.SessionEvent.Kind\x12\x11\n\tutterance\x18\x02 \x01(\x04\x12\r\n\x05\x66rame\x18\x03 \x01(\x03\x12\x18\n\x10position_seconds\x18\x04 \x01(\x01\x12\x13\n\x0binterrupted\x18\x05 \x01(\x08\"I\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10PLAYBACK_STARTED\x10\x01\x12\x15\n\x11PLAYBACK_FINISHED\x10\x02\"\xc2\x01\n\x0cSessionStats\x12\x1b\n\x13latency_p50_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13latency_p95_seconds\x18\x02 \x01(\x01\x12\x1c\n\x14queued_audio_seconds\x18\x03 \x01(\x01\x12\x15\n\rframes_speech\x18\x04 \x01(\x04\x12\x13\n\x0b\x66rames_idle\x18\x05 \x01(\x04\x12\x16\n\x0e\x66rames_skipped\x18\x06 \x01(\x04\x12\x16\n\x0e\x66rames_dropped\x18\x07 \x01(\x04\"A\n\x05Ready\x12$\n\x07session\x18\x01 \x01(\x0b\x32\x13.lipline.v1.Session\x12\x12\n\nnext_frame\x18\x02 \x01(\x03\"\xc1\x01\n\x10\x43onverseResponse\x12\"\n\x05ready\x18\x01 \x01(\x0b\x32\x11.lipline.v1.ReadyH\x00\x12\'\n\x05\x66rame\x18\x02 \x01(\x0b\x32\x16.lipline.v1.VideoFrameH\x00\x12)\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x18.lipline.v1.SessionEventH\x00\x12)\n\x05stats\x18\x04 \x01(\x0b\x32\x18.lipline.v1.SessionStatsH\x00\x42\n\n\x08response*U\n\nVideoCodec\x12\x1b\n\x17VIDEO_CODEC_UNSPECIFIED\x10\x00\x12\x14\n\x10VIDEO_CODEC_H264\x10\x01\x12\x14\n\x10VIDEO_CODEC_JPEG\x10\x02*{\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ACTIVE\x10\x01\x12\x18\n\x14SESSION_STATE_CLOSED\x10\x02\x12\x18\n\x14SESSION_STATE_FAILED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lipline.v1.session_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VIDEOCODEC']._serialized_start=2168
-  _globals['_VIDEOCODEC']._serialized_end=2253
-  _globals['_SESSIONSTATE']._serialized_start=2255
-  _globals['_SESSIONSTATE']._serialized_end=2378
+  _globals['_VIDEOCODEC']._serialized_start=2183
+  _globals['_VIDEOCODEC']._serialized_end=2268
+  _globals['_SESSIONSTATE']._serialized_start=2270
+  _globals['_SESSIONSTATE']._serialized_end=2393
   _globals['_AUDIOFORMAT']._serialized_start=73
   _globals['_AUDIOFORMAT']._serialized_end=107
   _globals['_VIDEOFORMAT']._serialized_start=109
@@ -45,33 +45,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATESESSIONREQUEST']._serialized_start=308
   _globals['_CREATESESSIONREQUEST']._serialized_end=498
   _globals['_SESSION']._serialized_start=501
-  _globals['_SESSION']._serialized_end=868
-  _globals['_GETSESSIONREQUEST']._serialized_start=870
-  _globals['_GETSESSIONREQUEST']._serialized_end=909
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=911
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=952
-  _globals['_CONVERSESTART']._serialized_start=954
-  _globals['_CONVERSESTART']._serialized_end=1051
-  _globals['_AUDIOCHUNK']._serialized_start=1053
-  _globals['_AUDIOCHUNK']._serialized_end=1078
-  _globals['_ENDOFUTTERANCE']._serialized_start=1080
-  _globals['_ENDOFUTTERANCE']._serialized_end=1096
-  _globals['_CLEAR']._serialized_start=1098
-  _globals['_CLEAR']._serialized_end=1105
-  _globals['_FRAMEACK']._serialized_start=1107
-  _globals['_FRAMEACK']._serialized_end=1132
-  _globals['_CONVERSEREQUEST']._serialized_start=1135
-  _globals['_CONVERSEREQUEST']._serialized_end=1377
-  _globals['_VIDEOFRAME']._serialized_start=1379
-  _globals['_VIDEOFRAME']._serialized_end=1488
-  _globals['_SESSIONEVENT']._serialized_start=1491
-  _globals['_SESSIONEVENT']._serialized_end=1706
-  _globals['_SESSIONEVENT_KIND']._serialized_start=1633
-  _globals['_SESSIONEVENT_KIND']._serialized_end=1706
-  _globals['_SESSIONSTATS']._serialized_start=1709
-  _globals['_SESSIONSTATS']._serialized_end=1903
-  _globals['_READY']._serialized_start=1905
-  _globals['_READY']._serialized_end=1970
-  _globals['_CONVERSERESPONSE']._serialized_start=1973
-  _globals['_CONVERSERESPONSE']._serialized_end=2166
+  _globals['_SESSION']._serialized_end=883
+  _globals['_GETSESSIONREQUEST']._serialized_start=885
+  _globals['_GETSESSIONREQUEST']._serialized_end=924
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=926
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=967
+  _globals['_CONVERSESTART']._serialized_start=969
+  _globals['_CONVERSESTART']._serialized_end=1066
+  _globals['_AUDIOCHUNK']._serialized_start=1068
+  _globals['_AUDIOCHUNK']._serialized_end=1093
+  _globals['_ENDOFUTTERANCE']._serialized_start=1095
+  _globals['_ENDOFUTTERANCE']._serialized_end=1111
+  _globals['_CLEAR']._serialized_start=1113
+  _globals['_CLEAR']._serialized_end=1120
+  _globals['_FRAMEACK']._serialized_start=1122
+  _globals['_FRAMEACK']._serialized_end=1147
+  _globals['_CONVERSEREQUEST']._serialized_start=1150
+  _globals['_CONVERSEREQUEST']._serialized_end=1392
+  _globals['_VIDEOFRAME']._serialized_start=1394
+  _globals['_VIDEOFRAME']._serialized_end=1503
+  _globals['_SESSIONEVENT']._serialized_start=1506
+  _globals['_SESSIONEVENT']._serialized_end=1721
+  _globals['_SESSIONEVENT_KIND']._serialized_start=1648
+  _globals['_SESSIONEVENT_KIND']._serialized_end=1721
+  _globals['_SESSIONSTATS']._serialized_start=1724
+  _globals['_SESSIONSTATS']._serialized_end=1918
+  _globals['_READY']._serialized_start=1920
+  _globals['_READY']._serialized_end=1985
+  _globals['_CONVERSERESPONSE']._serialized_start=1988
+  _globals['_CONVERSERESPONSE']._serialized_end=2181
 # @@protoc_insertion_point(module_scope)

@@ -72,7 +72,7 @@ class CreateSessionRequest(_message.Message):
     def __init__(self, avatar_id: _Optional[str] = ..., audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., video: _Optional[_Union[VideoFormat, _Mapping]] = ..., super_resolution: _Optional[bool] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("id", "avatar_id", "state", "resume_token", "audio", "video", "width", "height", "super_resolution", "limits", "create_time", "error", "error_code")
+    __slots__ = ("id", "avatar_id", "state", "resume_token", "audio", "video", "width", "height", "super_resolution", "limits", "create_time", "error", "error_code", "model")
     ID_FIELD_NUMBER: _ClassVar[int]
     AVATAR_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class Session(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     id: str
     avatar_id: str
     state: SessionState
@@ -99,7 +100,8 @@ class Session(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     error: str
     error_code: int
-    def __init__(self, id: _Optional[str] = ..., avatar_id: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., resume_token: _Optional[str] = ..., audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., video: _Optional[_Union[VideoFormat, _Mapping]] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., super_resolution: _Optional[bool] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ...) -> None: ...
+    model: str
+    def __init__(self, id: _Optional[str] = ..., avatar_id: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., resume_token: _Optional[str] = ..., audio: _Optional[_Union[AudioFormat, _Mapping]] = ..., video: _Optional[_Union[VideoFormat, _Mapping]] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., super_resolution: _Optional[bool] = ..., limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., error_code: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -1,0 +1,110 @@
+"""Avatar preparation for the musetalk tier through the stage's PrepareAvatar (a real server on
+127.0.0.1, the weight-free stand-in, boxes from the face detector): a photo and a short video give
+per frame a box at the face, the stand-in VAE's latents of its 256 x 256 Lanczos crop and an alpha
+over the lower face; frames without a face pass through; bad streams are refused.
+
+The detector's box becomes a MuseTalk box through services/lipsync/musetalk/dwpose.py (its own
+branch): without that module these tests are skipped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import cv2
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from lipline.v1 import lipsync_pb2
+from services.lipsync.musetalk.standin import LATENT_SCALE, StandInVAE
+from services.media.wire import image_to_proto
+from tests.unit.lipsync.musetalk.test_service import REPO_ROOT, RunningStage
+
+pytest.importorskip("services.lipsync.musetalk.dwpose", reason="the MuseTalk box rules (musetalk-dwpose's module)")
+
+PHOTO = cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg"))
+FACE_CENTRE = (223, 118)  # the sample's face (OpenCV's Haar box 177..270 x 67..169)
+
+
+@pytest.fixture(scope="module")
+def stage() -> Iterator[RunningStage]:
+    with RunningStage(max_prepare_frames=8) as running:
+        yield running
+
+
+def prepare(stage: RunningStage, messages: list[list[np.ndarray]]) -> list[lipsync_pb2.PrepareAvatarResponse]:
+    requests, index = [], 0
+    for frames in messages:
+        items = [lipsync_pb2.IndexedFrame(index=index + i, image=image_to_proto(f)) for i, f in enumerate(frames)]
+        index += len(frames)
+        requests.append(lipsync_pb2.PrepareAvatarRequest(frames=items))
+    return list(stage.stub.PrepareAvatar(iter(requests), timeout=60))
+
+
+def standin_latents(frame: np.ndarray, box: lipsync_pb2.PreparedFrame) -> np.ndarray:
+    """What the stage should have encoded: the box's Lanczos crop through the stand-in VAE, computed here."""
+    b = box.box
+    crop = cv2.resize(frame[b.y1 : b.y2, b.x1 : b.x2], (256, 256), interpolation=cv2.INTER_LANCZOS4)
+    x = torch.from_numpy(crop[:, :, ::-1].copy()).permute(2, 0, 1)[None].float() / 255.0 * 2 - 1
+    masked = x.clone()
+    masked[:, :, 128:] = -1
+    vae = StandInVAE()
+    return (torch.cat([vae.encode(masked)[0], vae.encode(x)[0]], 1)[0] * LATENT_SCALE).numpy().astype(np.float16)
+
+
+def test_a_photo_gets_a_box_latents_and_a_lower_face_alpha(stage: RunningStage) -> None:
+    (response,) = prepare(stage, [[PHOTO]])
+    assert response.model.name == "face-detector+musetalk-standin+ellipse" and response.box_source == "face-detector"
+    (frame,) = response.frames
+    b = frame.box
+    assert frame.found and b.x1 < FACE_CENTRE[0] < b.x2 and b.y1 < FACE_CENTRE[1] < b.y2
+    assert 60 < b.x2 - b.x1 < 140 and 80 < b.y2 - b.y1 < 200  # a face's size, taller than wide (chin + 10 px)
+    latents = np.frombuffer(frame.latents, "<f2").reshape(8, 32, 32)
+    np.testing.assert_array_equal(latents, standin_latents(PHOTO, frame))
+    assert (latents[:4, 16:] == np.float16(-LATENT_SCALE)).all()  # the masked half: black (-1) x 0.18215
+    mask = np.frombuffer(frame.mask, np.uint8).reshape(256, 256)
+    assert (
+        not mask[:100].any() and mask[150:].max() == 255
+    )  # below the middle row (the blur spreads a little) and 0 < (mask > 0).mean() < 0.5
+    m = frame.mask_box
+    assert m.x2 - m.x1 == m.y2 - m.y1 >= 1.5 * max(b.x2 - b.x1, b.y2 - b.y1) - 2  # the 1.5x square
+    assert m.x1 < b.x1 and m.y1 < b.y1 and m.x2 > b.x2 and m.y2 > b.y2
+
+
+def test_a_video_is_answered_message_by_message_and_faceless_frames_pass_through(stage: RunningStage) -> None:
+    shifted = [np.roll(PHOTO, 6 * i, axis=1) for i in range(4)]
+    blank = np.full_like(PHOTO, 90)
+    responses = prepare(stage, [shifted[:2], [blank, shifted[2]], [shifted[3], blank]])
+    assert len(responses) == 3 and responses[0].model.name and not responses[1].model.name
+    frames = [f for r in responses for f in r.frames]
+    assert [f.index for f in frames] == list(range(6)) and [f.found for f in frames] == [True, True, False] + [
+        True
+    ] * 2 + [False]
+    assert not frames[2].latents and not frames[2].mask  # nothing for a frame without a face
+    lefts = [frames[i].box.x1 for i in (0, 1, 3, 4)]
+    assert lefts == sorted(lefts) and lefts[-1] - lefts[0] >= 12  # the box follows the face
+
+
+def expect(stage: RunningStage, messages: list[list[np.ndarray]], code: grpc.StatusCode, text: str) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        prepare(stage, messages)
+    assert err.value.code() == code and text in (err.value.details() or ""), err.value.details()
+
+
+def test_bad_streams_are_refused(stage: RunningStage) -> None:
+    expect(stage, [[PHOTO] * 9], grpc.StatusCode.RESOURCE_EXHAUSTED, "more than 8 frames in one PrepareAvatar stream")
+    expect(
+        stage,
+        [[PHOTO, PHOTO[:256]]],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "all frames of one stream must have the same size",
+    )
+    expect(stage, [], grpc.StatusCode.INVALID_ARGUMENT, "PrepareAvatar received no frames")
+    wrong = lipsync_pb2.PrepareAvatarRequest(frames=[lipsync_pb2.IndexedFrame(index=3, image=image_to_proto(PHOTO))])
+    with pytest.raises(grpc.RpcError) as err:
+        list(stage.stub.PrepareAvatar(iter([wrong]), timeout=60))
+    assert (
+        err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and "frame index 3 where 0 was expected" in err.value.details()
+    )
