@@ -134,6 +134,11 @@ def test_a_pipeline_speaks_through_lipline(lipline: Lipline, tmp_path: Path) -> 
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     span = 2 * RATE // FPS
     for first, last in runs[:2]:
+        if any(b - a > 1 for a, b in zip(indices[first:last], indices[first + 1 : last])):
+            # A slot missing mid-utterance may be a frame dropped for a consumer more than LiveSession's
+            # ack window behind (a loaded machine): its audio went with it, by design (issue 29).
+            print(f"utterance at images {first}-{last}: a slot missing, its audio not compared")
+            continue
         mine = np.flatnonzero((after > first) & (after <= last))
         track = audio[offsets[mine[0]] : offsets[mine[-1] + 1]]
         assert silent_frames_between(track, pcm, span) <= 0.1 * len(pcm) / span

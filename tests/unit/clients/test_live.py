@@ -68,7 +68,7 @@ def test_frames_are_acknowledged_as_the_consumer_takes_them() -> None:
         try:
             assert isinstance(await anext(live), session_pb2.Ready)
             await eventually(lambda: gateway.requests, "ConverseStart")
-            assert gateway.requests[0].start.ack_window == 25  # a second of frames at 25 fps
+            assert gateway.requests[0].start.ack_window == 50  # two seconds of frames at 25 fps
             gateway.go.put_nowait(6)
             taken = [await anext(live), await anext(live)]
             assert [f.index for f in taken] == [0, 1]

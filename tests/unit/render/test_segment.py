@@ -104,7 +104,9 @@ def test_a_lipsync_failure_read_by_the_upscale_requests_is_the_lipsync_stages(tm
     as lipsync's (on main it came out as a bare CancelledError)."""
     with pytest.raises(StageFailed, match="lipsync stage failed") as failed:
         render(tmp_path, Lipsync(abort=grpc.StatusCode.RESOURCE_EXHAUSTED), FRAMES, super_resolution=True)
-    assert failed.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # The stage's own status; or, when the abort lands while a request is being written (a race a loaded
+    # machine hits), gRPC core's INTERNAL "Internal error from Core" for that call: still lipsync's.
+    assert failed.value.code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL), failed.value
     assert not (tmp_path / "segment.mp4").exists()
 
 

@@ -24,9 +24,10 @@ s of outage). Audio pushed meanwhile waits and is sent on the resumed stream (th
 speech it had queued: nobody saw it). Any other status, or an outage longer than that, ends the
 iteration by raising the `grpc.aio.AioRpcError` (its `code()` and `details()` say what went wrong).
 
-Frames are acknowledged as the consumer takes them (FrameAck, `ack_window_s` of frames may be out
-unacknowledged, 1 s by default): a consumer that stalls finds at most that much of the past waiting
-when it reads again, then the live edge (H.264 from an IDR), however large gRPC's receive window grew.
+Frames are acknowledged as the consumer takes them (FrameAck; `ack_window_s` of frames may be out
+unacknowledged, 2 s by default, so a voice agent's pipeline that hiccups loses no speech): a consumer
+that stalls finds at most that much of the past waiting when it reads again, then the live edge
+(H.264 from an IDR), however large gRPC's receive window grew.
 
 Audio is paced, never lost: a TTS makes speech faster than real time, and a worker refuses more
 than `max_queued_audio_s` (10 s) queued ahead of playback, so no more than `max_ahead_s` of speech
@@ -74,7 +75,7 @@ class LiveSession:
         *,
         chunk_ms: int = 20,
         max_ahead_s: float = 4.0,
-        ack_window_s: float = 1.0,
+        ack_window_s: float = 2.0,
         resume: RetryPolicy = RESUME_POLICY,
         call_timeout_s: float = 30.0,
     ) -> None:
@@ -128,7 +129,7 @@ class LiveSession:
         idle_timeout_seconds: float = 0.0,
         chunk_ms: int = 20,
         max_ahead_s: float = 4.0,
-        ack_window_s: float = 1.0,
+        ack_window_s: float = 2.0,
         retry: RetryPolicy | None = None,
         resume: RetryPolicy | None = None,
         timeout: float = 30.0,
