@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,9 +31,9 @@ from services.media.wire import mel_to_bytes
 from services.serving import errors
 from services.serving.errors import InvalidMedia, TooLarge
 from services.serving.metrics import Metrics
-from services.serving.server import ServiceRunner
 from tests.helpers.audio_files import encode_tone
 from tests.helpers.crashing_extract import CRASH, crash_or_extract
+from tests.helpers.running_service import RunningService
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MAX_SECONDS = 5.0  # the servers' max_audio_seconds: low, so a TooLarge is cheap to provoke
@@ -77,29 +76,14 @@ class RunningAudio:
             max_audio_seconds=MAX_SECONDS,
             extract_processes=processes,
         )
-        self.work = work
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="audio-service", daemon=True)
+        self.service = RunningService(lambda: AudioService(self.settings, Metrics("audio"), work=work), "audio-service")
 
     def __enter__(self) -> RunningAudio:
-        self.thread.start()
-
-        async def start() -> ServiceRunner:
-            runner = ServiceRunner(AudioService(self.settings, Metrics("audio"), work=self.work))
-            await runner.start()
-            return runner
-
-        self.runner = asyncio.run_coroutine_threadsafe(start(), self.loop).result(60)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.runner.port}")
-        self.stub = audio_pb2_grpc.AudioServiceStub(self.channel)
+        self.stub = audio_pb2_grpc.AudioServiceStub(self.service.__enter__())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.channel.close()
-        asyncio.run_coroutine_threadsafe(self.runner.stop(), self.loop).result(60)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        self.service.__exit__(*exc)
 
     def extract(
         self, data: bytes, fps: float = 25.0, max_seconds: float = 0.0, whisper: bool = False

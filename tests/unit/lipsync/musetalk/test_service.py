@@ -4,7 +4,6 @@ still in silence; a bad message ends its own stream INVALID_ARGUMENT, never anot
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from services.lipsync.musetalk.settings import MuseTalkSettings
 from services.lipsync.musetalk.standin import LATENT_SCALE, StandInVAE
 from services.media.musetalk_wire import pack_items, pack_latents, pack_window
 from services.serving.metrics import Metrics
-from services.serving.server import ServiceRunner
+from tests.helpers.running_service import RunningService
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 FLOOR = -0.71  # whisper's scaled log-mel floor of a window whose top is 1.29 (top - 2)
@@ -52,28 +51,16 @@ def speech_then_silence() -> np.ndarray:
 class RunningStage:
     def __init__(self, **overrides: object) -> None:
         self.settings = MuseTalkSettings(host="127.0.0.1", port=0, metrics_port=-1, device="cpu", **overrides)  # type: ignore[arg-type]
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="musetalk-stage", daemon=True)
+        self.service = RunningService(
+            lambda: MuseTalkService(self.settings, Metrics("lipsync-musetalk")), "musetalk-stage", 120
+        )
 
     def __enter__(self) -> RunningStage:
-        self.thread.start()
-
-        async def start() -> ServiceRunner:
-            runner = ServiceRunner(MuseTalkService(self.settings, Metrics("lipsync-musetalk")))
-            await runner.start()
-            return runner
-
-        self.runner = asyncio.run_coroutine_threadsafe(start(), self.loop).result(120)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.runner.port}")
-        self.stub = lipsync_pb2_grpc.MuseTalkServiceStub(self.channel)
+        self.stub = lipsync_pb2_grpc.MuseTalkServiceStub(self.service.__enter__())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.channel.close()
-        asyncio.run_coroutine_threadsafe(self.runner.stop(), self.loop).result(60)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        self.service.__exit__(*exc)
 
     def generate(self, requests: list[lipsync_pb2.MuseTalkGenerateRequest]) -> tuple[list[int], np.ndarray, str]:
         """(frame indices, faces (N, 256, 256, 3) uint8 BGR, the model's name) of one stream."""
