@@ -11,6 +11,7 @@ which the benchmarks use too).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,13 +174,26 @@ class LocalCluster:
         if wait:
             self._wait_ready(name)
 
-    def restart(self, name: str) -> None:
-        """Start a stopped (or killed) process again with the same flags on the same port, and wait for it."""
+    def restart(self, name: str, port_wait_s: float = 30.0) -> None:
+        """Start a stopped (or killed) process again with the same flags on the same port, and wait for it.
+
+        Between the kill and the bind, the port is free for the OS to hand to any other socket (a
+        client's outgoing connection takes its local port from the same range): while the new process
+        fails to bind, it is started again for up to `port_wait_s` (such a connection is short-lived)."""
         old = self.processes[name]
         if old.process.poll() is None:
             raise RuntimeError(f"{name} is still running")
-        self._start(name, [*old.args, f"--port={old.port}"], old.module)
-        self._wait_ready(name)
+        deadline = time.monotonic() + port_wait_s
+        while True:
+            self._start(name, [*old.args, f"--port={old.port}"], old.module)
+            try:
+                self._wait_ready(name)
+                return
+            except RuntimeError as exc:
+                taken = "Address already in use" in str(exc)  # gRPC core's words in the log's tail
+                if not taken or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
 
     def add_replica(self, stage: str) -> str:
         """Start one more replica of `stage` in the running cluster, wait until it serves; its name.

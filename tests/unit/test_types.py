@@ -20,7 +20,7 @@ def test_mypy_finds_nothing_in_services() -> None:
     # Without the stubs every lipline import is Any: errors would hide and the ignores they need turn unused.
     assert (REPO / "lipline" / "v1" / "gateway_pb2.pyi").is_file(), "run `.venv/bin/python scripts/gen_protos.py`"
     result = subprocess.run(
-        # The cache (gitignored) keeps a warm run to seconds; a cold one takes about 20 s.
+        # The cache (gitignored) keeps a warm run to seconds; a cold one takes about 40 s.
         [sys.executable, "-m", "mypy", "--cache-dir", str(REPO / ".mypy_cache")],
         cwd=REPO,
         capture_output=True,

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 from torch import nn
 
 from services.inference.checkpoints import clean_state_dict, load_strict, read_state_dict_file
 from services.lipsync.musetalk.files import read_json_config
 from services.serving.errors import CheckpointError
+
+if TYPE_CHECKING:
+    # imported here, not with the module: diffusers takes seconds to import and the stand-in needs none of it
+    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 
 __all__ = ["UNET_CONFIG_NAME", "MuseTalkUNet", "build_unet", "load_unet"]
 
@@ -53,6 +56,8 @@ class MuseTalkUNet(nn.Module):
 
 def build_unet(config: Mapping[str, Any]) -> MuseTalkUNet:
     """The network for `config` (musetalk.json's content) with diffusers' default initialisation."""
+    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
+
     # from_config, not `UNet2DConditionModel(**config)`: the same constructor, but it drops the file's
     # bookkeeping entries (`_class_name`, `_diffusers_version`) and tolerates unknown ones.
     unet = UNet2DConditionModel.from_config(dict(config))

@@ -16,15 +16,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 from torch import nn
 
 from services.inference.checkpoints import clean_state_dict, load_strict, read_state_dict_file
 from services.lipsync.musetalk.files import read_json_config, weights_in
 from services.serving.errors import CheckpointError
+
+if TYPE_CHECKING:
+    # imported here, not with the module: diffusers takes seconds to import and the stand-in needs none of it
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 
 __all__ = ["VAE_SCALING_FACTOR", "VAE_WEIGHT_FILES", "MuseTalkVAE", "build_vae", "load_vae", "rename_legacy_attention"]
 
@@ -82,6 +85,8 @@ class MuseTalkVAE(nn.Module):
 
 def build_vae(config: Mapping[str, Any]) -> MuseTalkVAE:
     """The autoencoder for `config` (the folder's config.json) with diffusers' default initialisation."""
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+
     vae = AutoencoderKL.from_config(dict(config))
     assert isinstance(vae, AutoencoderKL)
     return MuseTalkVAE(vae)

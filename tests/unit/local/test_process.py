@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,19 @@ def test_replica_names_and_the_flags_a_stage_gets(tmp_path: Path) -> None:
     assert LocalCluster(tmp_path, replicas={"live": 1}).replica_names("live") == ["live"]
     assert cluster.service_of("lipsync-2") == "lipsync"
     assert cluster.store_args("audio") == []  # no stores, calls nobody
+
+
+def test_a_restart_waits_for_its_port_while_another_socket_holds_it(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, replicas={"live": 0})
+    cluster.start_service("audio", wait=True)
+    try:
+        port = cluster.processes["audio"].port
+        cluster.kill("audio")
+        holder = socket.socket()  # what a client's outgoing connection can do between the kill and the bind
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        threading.Timer(3.0, holder.close).start()
+        cluster.restart("audio")
+        assert cluster.processes["audio"].port == port
+    finally:
+        cluster.stop()
