@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
@@ -59,6 +60,7 @@ UP_QUEUE = 100  # messages from the page waiting for the gateway: 2 s of 20 ms c
 CLOSE_REFUSED = 4400
 CLOSE_ENDED = 4000
 CLOSE_TRY_AGAIN = 1013  # RFC 6455 "try again later": the page resumes the session
+ACK_WINDOW_S = 2.0  # video the gateway may send ahead of what went onto the socket (as lipline-client's LiveSession)
 READER_END_S = 5.0  # after a failed send, how long the page's side may take to say whether it closed or dropped
 
 
@@ -236,6 +238,11 @@ class LiveBridge:
                 return
             await _send_error(ws, exc.code().name, exc.details() or exc.code().name)
             return
+        # Frames are acknowledged once written to the socket: a page that reads slowly holds the gateway
+        # back by ACK_WINDOW_S, and the worker drops the oldest for it and goes on from the live edge
+        # (docs/decisions.md, "Live readers acknowledge frames"), rather than gRPC's buffers between
+        # bridge and gateway filling with the past.
+        converse.ack_window = math.ceil(ACK_WINDOW_S * (session.video.fps or 25.0))
         announce = {
             "type": "session",
             "session": json_format.MessageToDict(
@@ -288,6 +295,7 @@ class LiveBridge:
                 message = response_message(response)
                 if isinstance(message, bytes):
                     await ws.send_bytes(message)
+                    await up.put(session_pb2.ConverseRequest(ack=session_pb2.FrameAck(frame=response.frame.index)))
                 else:
                     await ws.send_json(message)
         except grpc.aio.AioRpcError as exc:

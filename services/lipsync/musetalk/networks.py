@@ -25,9 +25,7 @@ the measured difference is in docs/architecture.md section 12.2.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -40,6 +38,9 @@ from services.lipsync.musetalk.standin import (
     StandInVAE,
     StandInWhisperEncoder,
 )
+from services.lipsync.musetalk.unet import load_unet
+from services.lipsync.musetalk.vae import load_vae
+from services.lipsync.musetalk.whisper import load_whisper_encoder, positional_table
 
 __all__ = ["FAST_DECODE_FIRST_ROW", "MuseTalkGenerator", "Networks", "load_networks", "standin_networks"]
 
@@ -48,11 +49,6 @@ FAST_DECODE_FIRST_ROW = 12
 FAST_DECODE_SUFFIX = "+fast-decode"
 LATENT_ROWS = 32
 PIXELS_PER_LATENT_ROW = 8
-
-
-def _loader(module: str, name: str) -> Any:
-    """A loader of the networks' modules, imported when first needed (they bring their own imports)."""
-    return getattr(importlib.import_module(f"services.lipsync.musetalk.{module}"), name)
 
 
 class MuseTalkGenerator(nn.Module):
@@ -79,7 +75,7 @@ class MuseTalkGenerator(nn.Module):
         self.register_buffer("decoded_from_row", torch.tensor(fast_decode_row or 0, dtype=torch.int64))
         # MuseTalk's positional encoding as a buffer: cast to the backend's dtype (as upstream's pe.half())
         # and moved to its device with the weights, so the compiled graph / CUDA graph holds no CPU work.
-        self.register_buffer("positions", _loader("whisper", "positional_table")(), persistent=False)
+        self.register_buffer("positions", positional_table(), persistent=False)
 
     def forward(self, latents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.shape[1:] != self.positions.shape:
@@ -124,12 +120,9 @@ def load_networks(unet: str, unet_config: str, vae: str, whisper: str, fast_deco
     """The MuseTalk 1.5 networks from the public checkpoint layout (fp32, on the CPU: the backends
     copy, cast and move them); `fast_decode` decodes only the latent rows the alpha uses (not exact:
     the module docstring) and names the model `musetalk+fast-decode`."""
-    load_unet = _loader("unet", "load_unet")
-    # musetalk.json is beside unet.pth upstream; a loader that takes it as a second argument gets ours
-    takes_config = len(inspect.signature(load_unet).parameters) >= 2
-    unet_module = load_unet(unet, unet_config) if takes_config else load_unet(unet)
-    vae_module = _loader("vae", "load_vae")(vae)
-    encoder = _loader("whisper", "load_whisper_encoder")(whisper)
+    unet_module = load_unet(unet, unet_config)  # musetalk.json: beside unet.pth upstream, a setting here
+    vae_module = load_vae(vae)
+    encoder = load_whisper_encoder(whisper)
     row = FAST_DECODE_FIRST_ROW if fast_decode else None
     name = "musetalk" + (FAST_DECODE_SUFFIX if fast_decode else "")
     return Networks(name, encoder, MuseTalkGenerator(unet_module, vae_module, row), vae_module)

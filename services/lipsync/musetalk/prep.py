@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import threading
-from typing import Any, cast
+from typing import cast
 
 import cv2
 import numpy as np
@@ -30,6 +29,7 @@ from torch import nn
 
 from lipline.v1 import common_pb2
 from services.lipsync.faces import HaarFaceDetector
+from services.lipsync.musetalk.dwpose import box_from_face_detection, face_landmarks, musetalk_box
 from services.lipsync.musetalk.masks import PARSE_SIZE, ellipse_mask, finish_mask, jaw_mask, mask_box, square_crop
 from services.lipsync.musetalk.standin import LATENT_SCALE, LatentCodec
 from services.media.crops import Box
@@ -39,11 +39,6 @@ __all__ = ["AvatarPreparer", "PreparedFace"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def _dwpose(name: str) -> Any:
-    """A function of services/lipsync/musetalk/dwpose.py (the landmark network and the box rules)."""
-    return getattr(importlib.import_module("services.lipsync.musetalk.dwpose"), name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,10 +91,10 @@ class AvatarPreparer:
         height, width = frame.shape[:2]
         box = None
         if self.landmarker is not None:
-            landmarks = _dwpose("face_landmarks")(self.landmarker, frame)
-            box = _dwpose("musetalk_box")(landmarks, height, frame_w=width)
+            landmarks = face_landmarks(self.landmarker, frame)
+            box = musetalk_box(landmarks, height, frame_w=width)
         if box is None:
-            box = _dwpose("box_from_face_detection")(detected, height)
+            box = box_from_face_detection(detected, height)
         if box is None:
             return None
         x1, y1, x2, y2 = (int(v) for v in box)

@@ -11,10 +11,8 @@ CUDA; fp32 eager on the CPU). PrepareAvatar (services/lipsync/musetalk/prep.py) 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 import numpy as np
@@ -25,7 +23,9 @@ from services.inference.backends import PRECISIONS, Backend
 from services.inference.request_bounds import check_items_per_message, check_output_bytes
 from services.inference.stage import Keys, ModelStage, StageServicer, model_stream
 from services.lipsync.frames import FrameSequence
+from services.lipsync.musetalk.dwpose import load_landmarker
 from services.lipsync.musetalk.engine import MuseTalkChunk, MuseTalkEngine, StreamWindows
+from services.lipsync.musetalk.face_parser import load_face_parser
 from services.lipsync.musetalk.networks import load_networks, standin_networks
 from services.lipsync.musetalk.prep import AvatarPreparer, PreparedFace
 from services.lipsync.musetalk.settings import MuseTalkSettings
@@ -46,11 +46,6 @@ from services.serving.stages import STAGES
 
 _LOGGER = logging.getLogger(__name__)
 ENCODER_BUCKETS = (1, 2, 4, 8, 16)  # windows per encoder pass (those below max_windows_per_batch, then it)
-
-
-def _network(module: str, name: str) -> Any:
-    """A loader of the tier's networks (services/lipsync/musetalk/<module>.py), imported when configured."""
-    return getattr(importlib.import_module(f"services.lipsync.musetalk.{module}"), name)
 
 
 def prepared_frame(index: int, face: PreparedFace | None) -> lipsync_pb2.PreparedFrame:
@@ -210,8 +205,8 @@ class MuseTalkService(ModelStage[MuseTalkSettings, MuseTalkChunk]):
     def _preparer(self, device: torch.device, dtype: torch.dtype) -> AvatarPreparer:
         """PrepareAvatar's networks: the VAE (its encoder), and where configured BiSeNet and DWPose."""
         s = self.settings
-        face_parser = _network("face_parser", "load_face_parser")(s.face_parser) if s.face_parser else None
-        landmarker = _network("dwpose", "load_landmarker")(s.dwpose, device) if s.dwpose else None
+        face_parser = load_face_parser(s.face_parser) if s.face_parser else None
+        landmarker = load_landmarker(s.dwpose, device) if s.dwpose else None
         vae_name = self.networks.name if self.networks.standin else "sd-vae"
         preparer = AvatarPreparer(device, dtype, self.networks.vae, vae_name, face_parser, landmarker)
         preparer.prepare([np.zeros((64, 64, 3), np.uint8)])  # the detector's first call (no face: no networks)
