@@ -10,10 +10,12 @@ and width are dynamic (RealESRGAN_x2plus needs even H and W). Exit codes: see se
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from services.inference.onnx_export import ExportReport, add_common_arguments, export_verified, run_cli, seeded
 from services.superres.models import SR_MODELS, create_sr_model
@@ -38,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def export(args: argparse.Namespace) -> ExportReport:
     model = seeded(create_sr_model(args.model)) if args.seeded else create_sr_model(args.model, args.checkpoint)
+    return export_model(model, args.out, args.opset)
+
+
+def export_model(model: nn.Module, out: str | os.PathLike, opset: int) -> ExportReport:
+    """`model` (any of SR_MODELS' architectures) as ONNX with a dynamic batch and image size, checked
+    in onnxruntime at another shape than it was traced at."""
     axes = {
         INPUT_NAME: {0: "batch", 2: "height", 3: "width"},
         OUTPUT_NAME: {0: "batch", 2: "out_height", 3: "out_width"},
@@ -47,11 +55,11 @@ def export(args: argparse.Namespace) -> ExportReport:
         model,
         [example_image(EXPORT_SHAPE)],
         [example_image(VERIFY_SHAPE, seed=1)],
-        args.out,
+        out,
         input_names=[INPUT_NAME],
         output_name=OUTPUT_NAME,
         dynamic_axes=axes,
-        opset=args.opset,
+        opset=opset,
     )
 
 
