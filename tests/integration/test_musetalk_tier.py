@@ -51,14 +51,6 @@ MAX_AUDIO_S = 6.0  # the gateway's limit, low so a refusal is cheap
 
 
 @pytest.fixture(scope="module")
-def job_store_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """SQLite only (this module overrides the conftest's pair): what the tier adds to the stores (the
-    model column, ListAvatars' filter) runs on both in tests/unit/jobs/store/test_tiers.py, and a second
-    cluster here would only repeat the pipeline on the same SQL."""
-    return f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'jobs.db'}"
-
-
-@pytest.fixture(scope="module")
 def tier(job_store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A cluster serving the musetalk tier (the stand-in), one render worker and one live worker; two
     tenants (API keys acme and bob)."""
