@@ -12,7 +12,6 @@ The cluster: 2 lipsync and 2 superres replicas, 2 render workers with short leas
 
 from __future__ import annotations
 
-import contextlib
 import io
 import re
 import threading
@@ -50,28 +49,22 @@ def speech(seconds: float) -> bytes:
     return out.getvalue()
 
 
-def _cluster(workdir: Path) -> contextlib.AbstractContextManager[LocalCluster]:
-    return start_cluster(workdir, replicas=REPLICAS, extra_args={"gateway": ["--segment-seconds=1"], "render": WORKER})
-
-
-def _template(cluster: LocalCluster, workdir: Path) -> gateway_pb2.Avatar:
-    path = workdir / "template.mp4"
-    marker_template(path)
-    with LiplineClient(cluster.gateway_address, timeout=120) as client:
-        avatar = client.create_avatar(path.read_bytes(), name="numbered")
-    assert avatar.frame_count == TEMPLATE_FRAMES and avatar.faces_found == TEMPLATE_FRAMES
-    return avatar
-
-
 @pytest.fixture(scope="module")
 def dcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with _cluster(tmp_path_factory.mktemp("drain")) as cluster:
+    extra_args = {"gateway": ["--segment-seconds=1"], "render": WORKER}
+    with start_cluster(tmp_path_factory.mktemp("drain"), replicas=REPLICAS, extra_args=extra_args) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
 def numbered(dcluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> gateway_pb2.Avatar:
-    return _template(dcluster, tmp_path_factory.mktemp("template"))
+    """A template video whose frames carry their index (test_render_workers' marker_template)."""
+    path = tmp_path_factory.mktemp("template") / "template.mp4"
+    marker_template(path)
+    with LiplineClient(dcluster.gateway_address, timeout=120) as client:
+        avatar = client.create_avatar(path.read_bytes(), name="numbered")
+    assert avatar.frame_count == TEMPLATE_FRAMES and avatar.faces_found == TEMPLATE_FRAMES
+    return avatar
 
 
 @pytest.fixture

@@ -63,9 +63,13 @@ class Superres(superres_pb2_grpc.SuperResServiceServicer):
 
 
 @contextlib.asynccontextmanager
-async def renderer(lipsync: Lipsync) -> AsyncIterator[SegmentRenderer]:
+async def renderer(lipsync: Lipsync | None = None, musetalk: MuseTalk | None = None) -> AsyncIterator[SegmentRenderer]:
+    """A SegmentRenderer whose stages (these fakes, and a superres) serve on one local gRPC server."""
     server = grpc.aio.server()
-    lipsync_pb2_grpc.add_LipSyncServiceServicer_to_server(lipsync, server)
+    if lipsync is not None:
+        lipsync_pb2_grpc.add_LipSyncServiceServicer_to_server(lipsync, server)
+    if musetalk is not None:
+        lipsync_pb2_grpc.add_MuseTalkServiceServicer_to_server(musetalk, server)
     superres_pb2_grpc.add_SuperResServiceServicer_to_server(Superres(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -78,6 +82,7 @@ async def renderer(lipsync: Lipsync) -> AsyncIterator[SegmentRenderer]:
                 Metrics("render"),
                 preset="ultrafast",
                 threads=1,
+                musetalk=lipsync_pb2_grpc.MuseTalkServiceStub(channel) if musetalk is not None else None,
             )
             yield segments
     finally:
@@ -166,29 +171,11 @@ def test_a_musetalk_segment_sends_latents_and_windows_once_and_gates_silent_fram
     stage = MuseTalk()
 
     async def run() -> None:
-        server = grpc.aio.server()
-        lipsync_pb2_grpc.add_MuseTalkServiceServicer_to_server(stage, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                segments = SegmentRenderer(
-                    lipsync_pb2_grpc.LipSyncServiceStub(channel),
-                    superres_pb2_grpc.SuperResServiceStub(channel),
-                    Metrics("render"),
-                    preset="ultrafast",
-                    threads=1,
-                    musetalk=lipsync_pb2_grpc.MuseTalkServiceStub(channel),
-                )
-                try:
-                    result = await segments.render(
-                        avatar, start, end, audio, False, 10, tmp_path / "s.mp4", whisper=[window], whisper_windows=1
-                    )
-                finally:
-                    segments.close()
-            assert result.models == [{"name": "musetalk-standin", "backend": "cpu", "precision": "fp32"}]
-        finally:
-            await server.stop(0)
+        async with renderer(musetalk=stage) as segments:
+            result = await segments.render(
+                avatar, start, end, audio, False, 10, tmp_path / "s.mp4", whisper=[window], whisper_windows=1
+            )
+        assert result.models == [{"name": "musetalk-standin", "backend": "cpu", "precision": "fp32"}]
 
     asyncio.run(asyncio.wait_for(run(), 60))
     banks = [r.latents for r in stage.requests if r.HasField("latents")]
