@@ -99,7 +99,7 @@ def render(
     for path in values:
         args += ["-f", str(path)]
     out = helm(*args, *_set_args(sets)).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    return [doc for doc in yaml.load_all(out, Loader=yaml.CSafeLoader) if doc]  # libyaml: 8x faster
 
 
 def render_fails(*sets: str) -> str:

@@ -172,7 +172,9 @@ def render_template(folder: Path, source: Path, audio_seconds: float, crf: int, 
 def silent_frames_between(track: bytes, speech: bytes, span: int) -> int:
     """How many whole silent frames `track` inserts into `speech`, which it must otherwise hold sample
     for sample from its start: a chunk that reached the worker after its slot (a real-time test
-    client descheduled on a loaded machine) pauses the utterance for a frame of silence, losing nothing."""
+    client descheduled on a loaded machine) pauses the utterance for a frame of silence, losing nothing.
+    Raises where a sample differs or the speech is cut short; how many pauses there are depends on the
+    machine's load (measured in bench/, printed by the tests)."""
     played, pauses = 0, 0
     for at in range(0, len(track), span):
         if played >= len(speech):
