@@ -400,7 +400,7 @@ def test_postgres_down_mid_job_answers_unavailable_fast_and_the_job_finishes(tmp
         try:
             with LiplineClient(cluster.gateway_address, timeout=240) as client:
                 photo = client.create_avatar((SAMPLES / "avatar.jpg").read_bytes())
-                job = client.submit_job(photo.id, speech(16.0))
+                job = client.submit_job(photo.id, speech(10.0))
                 wait_mid_job(client, job.id)
                 pg.shut_down()
                 try:
