@@ -1,8 +1,8 @@
 """Issue 22 on CPU: the chart's own render-worker HPA, run by bench/autoscale.py's controller on real
 processes and a real Prometheus, scales the workers up under a burst of jobs and back down after it.
 
-Time runs 10x faster (every window, policy period, sync period and the scrape interval divided by
-10: the 300 s scale-down window is 30 s); maxReplicas is 4 so a 2-core machine is not swamped. The
+Time runs 20x faster (every window, policy period, sync period and the scrape interval divided by
+20: the 300 s scale-down window is 15 s); maxReplicas is 4 so a 2-core machine is not swamped. The
 run must lose and fail no job, the workers it removes must drain and exit 0, and the saved plot
 must show the rise and the fall.
 """
@@ -28,7 +28,7 @@ def test_render_workers_scale_up_under_a_burst_and_back_down(tmp_path: Path) -> 
         [
             "--device=cpu",
             f"--helm={helm_binary()}",
-            "--time-scale=10",
+            "--time-scale=20",
             "--scale=render",
             "--set=stages.render.autoscaling.maxReplicas=4",
             "--idle-s=3",
