@@ -484,7 +484,7 @@ def test_png_bomb_avatar_is_refused_fast_and_costs_no_memory(mclient: LiplineCli
     before = rss_mb(pid)
     started = time.monotonic()
     expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, lambda: mclient.create_avatar(bomb), "30000x30000", "limit")
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # from the header: decoding it would take far longer (and 2.7 GB)
     assert rss_mb(pid) - before < 100
 
 
@@ -505,5 +505,5 @@ def test_png_bomb_item_to_upscale_is_refused_from_its_header(
     expect_status(
         grpc.StatusCode.INVALID_ARGUMENT, lambda: upscale(superres_stub, item), "item 9", "16000x16000", "2048"
     )
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # from the header, not by decoding
     assert rss_mb(pid) - before < 100
