@@ -28,7 +28,7 @@ import pytest
 
 from lipline.v1 import gateway_pb2, session_pb2
 from services.gateway.client import LiplineClient
-from services.gateway.live_client import frame_audio, pcm_chunks, pcm_of_audio, run_session, write_mp4
+from services.gateway.live_client import pcm_chunks, pcm_of_audio, run_session, write_mp4
 from services.local.cluster import LocalCluster
 from services.media.decode import decode_avatar
 from services.media.probe import probe_media
@@ -38,7 +38,7 @@ from services.render.mp4 import Mp4Writer
 from tests.helpers.video_files import write_shifted_video
 from tests.integration.test_live import Stream
 from tests.integration.test_pipeline import expected_openings, mean_abs_diff
-from tests.integration.util import SAMPLES, cut_wav, start_cluster
+from tests.integration.util import SAMPLES, assert_audio_locked, cut_wav, start_cluster
 
 FPS = 25
 CRF = 12  # near-lossless: a template frame right after speech must not read as changed through the residual
@@ -342,8 +342,7 @@ def test_a_live_session_speaks_with_the_generated_mouth_at_the_sessions_fps(
     assert gaps <= stats.frames_skipped + stats.frames_dropped + FPS, (gaps, stats)  # stats: once a second
     speech = [f.index for f in frames if f.speech]
     assert len(speech) + gaps >= 2 * FPS - 1, (len(speech), gaps)  # every slot of the 2 s: shown or skipped
-    span = 2 * RATE // FPS  # each frame carries its 40 ms of audio (those skipped ride on the next)
-    assert len(frame_audio(recorder)) == span * (indices[-1] - indices[0] + 1)
+    assert_audio_locked(frames, 2 * RATE // FPS)  # each frame carries its 40 ms (those skipped ride on the next)
     path = tmp_path / "live.mp4"
     write_mp4(path, recorder, session.video.codec, session.width, session.height)
     with av.open(str(path)) as container:

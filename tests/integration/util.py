@@ -8,7 +8,7 @@ import io
 import time
 import uuid
 import wave
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +189,17 @@ def silent_frames_between(track: bytes, speech: bytes, span: int) -> int:
     if played >= len(speech):
         return pauses
     raise AssertionError(f"the track ends after {played // 2} of the speech's {len(speech) // 2} samples")
+
+
+def assert_audio_locked(frames: Sequence[Any], slot: int) -> None:
+    """A live stream's audio is locked to its frames: each frame after the first carries whole slots
+    (`slot` bytes each) of audio, its own and those of the slots skipped right before it, so at least
+    one and at most as many as since the previous frame (a frame dropped for a slow reader went with
+    its audio). The first frame may carry slots skipped before it too: where the stream began."""
+    for before, frame in zip(frames, frames[1:]):
+        size = len(frame.audio)
+        assert size % slot == 0 and slot <= size <= (frame.index - before.index) * slot, (
+            before.index,
+            frame.index,
+            size // slot,
+        )
