@@ -16,10 +16,17 @@ right hash is left alone (no request), so running again is cheap; one with anoth
 Transient failures (connection errors, timeouts, HTTP 5xx/408/429, S3 unreachable) are retried with
 back-off; a 404 or a denied request is not.
 
+`--require PATH` (repeatable; the chart passes the paths an enabled stage's config names, e.g. the
+256 px tier's `musetalkV15/unet.pth`, `sd-vae`, `whisper`) checks, after the downloads, that the
+volume holds what the stages will load: a file, or a Hugging Face model folder (its `config.json`
+and a `*.safetensors` or `*.bin` weights file). A missing one fails the Job naming it, rather than the
+stage's pods failing their start-up one by one later.
+
 Exit codes: 0 every file is present with its hash; 1 a download failed (network, HTTP status, S3
 error, the volume not writable); 2 bad arguments; 3 a download's sha256 is not the expected one (a
-wrong URL or a wrong hash in the values). Every item is tried before exiting; the worst failure
-decides the code (3 over 1). Standard library only, and obstore for s3:// items; no torch.
+wrong URL or a wrong hash in the values); 4 every download worked but a `--require`d path is not on
+the volume. Every item is tried before exiting; the worst failure decides the code (3 over 1, either
+over 4). Standard library only, and obstore for s3:// items; no torch.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ EXIT_OK = 0
 EXIT_FETCH_FAILED = 1
 EXIT_USAGE = 2
 EXIT_HASH_MISMATCH = 3
+EXIT_MISSING = 4
 
 CHUNK_BYTES = 1024 * 1024
 SCHEMES = ("http", "https", "s3")
@@ -112,6 +120,27 @@ def parse_items(raw: Sequence[Sequence[str]]) -> list[Item]:
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise ValueError(f"item names appear twice: {dupes}")
     return items
+
+
+def missing_required(dest: Path, paths: Sequence[str]) -> list[str]:
+    """What each of `paths` (relative to `dest`) lacks, one line each; empty when all are there. A path
+    must be a non-empty file, or a Hugging Face model folder: `config.json` and a weights file
+    (`*.safetensors` or `*.bin`, the names differ by library: diffusers, transformers)."""
+    problems = []
+    for name in paths:
+        path = dest / name
+        if path.is_file():
+            if path.stat().st_size == 0:
+                problems.append(f"{name}: the file is empty")
+        elif path.is_dir():
+            lacks = [] if (path / "config.json").is_file() else ["config.json"]
+            if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+                lacks.append("a *.safetensors or *.bin weights file")
+            if lacks:
+                problems.append(f"{name}/: a model folder without {' or '.join(lacks)}")
+        else:
+            problems.append(f"{name}: not on the volume (add it to models.download.items, or copy it there)")
+    return problems
 
 
 def file_sha256(path: Path) -> str:
@@ -269,6 +298,13 @@ def main(
         metavar=("NAME", "URL", "SHA256"),
         help="one checkpoint: its file name under --dest, http(s):// or s3://bucket/key, its sha256; repeat",
     )
+    parser.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a file or model folder under --dest the stages will load: checked after the downloads; repeat",
+    )
     parser.add_argument("--retries", type=int, default=3, help="more attempts after a transient failure (default 3)")
     parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds a connection or a read may wait (default 60)"
@@ -282,6 +318,11 @@ def main(
         items = parse_items(args.item)
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        for name in args.require:
+            Item.parse(name, "https://volume/", "0" * 64)  # the same rules as an item's name
+    except ValueError as exc:
+        parser.error(str(exc).replace("item name", "--require"))
     if args.retries < 0 or args.timeout <= 0:
         parser.error("--retries must be >= 0 and --timeout > 0")
     dest: Path = args.dest
@@ -322,6 +363,11 @@ def main(
         outcomes["downloaded"],
         outcomes["failed"],
     )
+    missing = missing_required(dest, args.require)
+    for problem in missing:
+        _LOGGER.error("required by a stage: %s", problem)
+    if missing and worst == EXIT_OK:
+        return EXIT_MISSING
     return worst
 
 

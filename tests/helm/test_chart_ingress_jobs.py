@@ -267,12 +267,31 @@ def _download_job(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return job
 
 
-def _items_of(job: dict[str, Any]) -> list[tuple[str, str, str]]:
+def _args_of(job: dict[str, Any]) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """The Job's items (name, url, sha256), then its --require paths."""
     args = container(job)["args"]
     assert args[:5] == ["python", "-m", "services.tools.fetch_models", "--dest", "/models"]
     rest = args[5:]
-    assert rest[::4] == ["--item"] * (len(rest) // 4) and len(rest) % 4 == 0
-    return [tuple(rest[i + 1 : i + 4]) for i in range(0, len(rest), 4)]
+    cut = rest.index("--require") if "--require" in rest else len(rest)
+    items, required = rest[:cut], rest[cut:]
+    assert items[::4] == ["--item"] * (len(items) // 4) and len(items) % 4 == 0
+    assert required[::2] == ["--require"] * (len(required) // 2) and len(required) % 2 == 0
+    return [tuple(items[i + 1 : i + 4]) for i in range(0, len(items), 4)], required[1::2]
+
+
+def _items_of(job: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return _args_of(job)[0]
+
+
+def test_the_download_job_requires_what_the_enabled_stages_load() -> None:
+    """Each enabled stage's relative checkpoint paths, once: the tier's only while it is enabled."""
+    sets = (*VARIANTS["all, sets"][0], "stages.superres.config.checkpoint=/elsewhere/sr.pth")
+    _, required = _args_of(_download_job(render(*sets)))
+    assert "musetalkV15/unet.pth" not in required and not [p for p in required if p.startswith("/")]
+    _, with_tier = _args_of(_download_job(render(*sets, "stages.lipsync-musetalk.enabled=true")))
+    tier = ["musetalkV15/unet.pth", "musetalkV15/musetalk.json", "sd-vae", "whisper"]
+    assert set(tier) <= set(with_tier) and len(with_tier) == len(set(with_tier))
+    assert set(with_tier) - set(required) == {*tier, "face-parse-bisent/79999_iter.pth", "dwpose/dw-ll_ucoco_384.pth"}
 
 
 def test_the_download_job_carries_every_item_and_its_sha256(all_docs: list[dict[str, Any]]) -> None:

@@ -44,13 +44,19 @@ name; lipsync-musetalk runs services.lipsync.musetalk). Call with (dict "root" $
 {{- printf "services.%s" ($s.module | default .stage) -}}
 {{- end -}}
 
+{{/* The config keys of a stage that name a checkpoint file or model folder on the models volume
+(one list: the stages' config and the models-download Job's `--require` read it). */}}
+{{- define "lipline.modelPathKeys" -}}
+{{- list "checkpoint" "unet" "unet_config" "vae" "whisper" "face_parser" "dwpose" | toJson -}}
+{{- end -}}
+
 {{/* A stage's settings as the pod gets them: its `config` with the checkpoint paths (the keys of
-`modelPaths`) on the models volume: relative ones under models.mountPath, all of them left out
+`lipline.modelPathKeys`) on the models volume: relative ones under models.mountPath, all of them left out
 without models.existingClaim (the stage then runs its weight-free stand-in). */}}
 {{- define "lipline.stageConfig" -}}
 {{- $s := index .root.Values.stages .stage -}}
 {{- $config := deepCopy (default dict $s.config) -}}
-{{- range $key := list "checkpoint" "unet" "unet_config" "vae" "whisper" "face_parser" "dwpose" -}}
+{{- range $key := include "lipline.modelPathKeys" . | fromJsonArray -}}
 {{- if hasKey $config $key -}}
 {{- if not $.root.Values.models.existingClaim -}}
 {{- $_ := unset $config $key -}}

@@ -21,6 +21,7 @@ from services.tools import fetch_models
 from services.tools.fetch_models import (
     EXIT_FETCH_FAILED,
     EXIT_HASH_MISMATCH,
+    EXIT_MISSING,
     EXIT_OK,
     EXIT_USAGE,
     FetchError,
@@ -100,6 +101,36 @@ def test_downloads_and_checks_the_hash(web: tuple[str, list[str]], dest: Path) -
     assert (dest / "wav2lip.pth").read_bytes() == WEIGHTS
     assert (dest / "wav2lip.pth").stat().st_mode & 0o777 == 0o644
     assert asked == ["/wav2lip.pth"] and not _leftovers(dest)
+
+
+def test_what_a_stage_will_load_is_required_after_the_downloads(
+    web: tuple[str, list[str]], dest: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The 256 px tier's layout: a file downloaded now, a file already there, two Hugging Face folders."""
+    base, _ = web
+    (dest / "musetalkV15").mkdir()
+    (dest / "musetalkV15" / "musetalk.json").write_text("{}")
+    for folder, weights in (("sd-vae", "diffusion_pytorch_model.bin"), ("whisper", "model.safetensors")):
+        (dest / folder).mkdir()
+        (dest / folder / "config.json").write_text("{}")
+        (dest / folder / weights).write_bytes(b"w")
+    item = ("musetalkV15/unet.pth", f"{base}/wav2lip.pth", SHA)
+    required = ["--require", "musetalkV15/unet.pth", "--require", "musetalkV15/musetalk.json"]
+    required += ["--require", "sd-vae", "--require", "whisper"]
+    assert main(["--dest", str(dest), "--item", *item, *required]) == EXIT_OK
+    # Take the VAE's weights away and ask for a landmark checkpoint nobody downloaded: exit 4, each named.
+    (dest / "sd-vae" / "diffusion_pytorch_model.bin").unlink()
+    with caplog.at_level(logging.ERROR):
+        code = main(["--dest", str(dest), "--item", *item, *required, "--require", "dwpose/dw-ll_ucoco_384.pth"])
+    assert code == EXIT_MISSING
+    assert "sd-vae/: a model folder without a *.safetensors or *.bin weights file" in caplog.text
+    assert "dwpose/dw-ll_ucoco_384.pth: not on the volume (add it to models.download.items" in caplog.text
+
+
+def test_a_required_path_outside_the_volume_is_refused(dest: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--dest", str(dest), "--item", "a.pth", "https://x/a.pth", SHA, "--require", "../etc/passwd"])
+    assert exited.value.code == EXIT_USAGE and "--require '../etc/passwd'" in capsys.readouterr().err
 
 
 def test_a_present_file_with_the_right_hash_is_not_fetched_again(web: tuple[str, list[str]], dest: Path) -> None:
