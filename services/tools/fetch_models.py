@@ -85,6 +85,15 @@ def display_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "…" if parts.query else "", ""))
 
 
+def check_relative_name(name: str, what: str) -> None:
+    """A path under --dest that stays under it (an item's name, a --require); ValueError naming `what`."""
+    segments = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or "\0" in name:
+        raise ValueError(f"{what} {name!r}: expected a relative path such as wav2lip.pth")
+    if any(s in ("", ".", "..") for s in segments) or segments[-1].startswith("."):
+        raise ValueError(f"{what} {name!r}: no empty, '.' or '..' segments and no hidden file name")
+
+
 @dataclasses.dataclass(frozen=True)
 class Item:
     """One checkpoint: `name` (a relative path under --dest), where it comes from, its sha256 (hex)."""
@@ -96,11 +105,7 @@ class Item:
     @classmethod
     def parse(cls, name: str, url: str, sha256: str) -> Item:
         """Checked and normalised; raises ValueError with what is wrong."""
-        segments = name.split("/")
-        if not name or name.startswith("/") or "\\" in name or "\0" in name:
-            raise ValueError(f"item name {name!r}: expected a relative path such as wav2lip.pth")
-        if any(s in ("", ".", "..") for s in segments) or segments[-1].startswith("."):
-            raise ValueError(f"item name {name!r}: no empty, '.' or '..' segments and no hidden file name")
+        check_relative_name(name, "item name")
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in SCHEMES:
             raise ValueError(f"item {name}: url {display_url(url)!r} is not http://, https:// or s3://")
@@ -320,9 +325,9 @@ def main(
         parser.error(str(exc))
     try:
         for name in args.require:
-            Item.parse(name, "https://volume/", "0" * 64)  # the same rules as an item's name
+            check_relative_name(name, "--require")
     except ValueError as exc:
-        parser.error(str(exc).replace("item name", "--require"))
+        parser.error(str(exc))
     if args.retries < 0 or args.timeout <= 0:
         parser.error("--retries must be >= 0 and --timeout > 0")
     dest: Path = args.dest

@@ -390,7 +390,6 @@ def test_clear_ends_the_speech_frames_and_the_session_resumes_with_its_token(
     assert all(b > a for a, b in zip(indices, indices[1:]))
     # Its slots are speech frames, or frames the worker skipped (late: a loaded machine) and counted.
     shown = [f for f in again.frames if started <= f.index < finished]
-    assert shown or finished == started or again.stats[-1].frames_skipped + again.stats[-1].frames_dropped > 0
     assert [f.index for f in again.frames if f.speech] == [f.index for f in shown]  # speech there, only there
     assert finished - started - len(shown) <= again.stats[-1].frames_skipped + again.stats[-1].frames_dropped
     again.cut()

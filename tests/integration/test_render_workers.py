@@ -110,14 +110,19 @@ def rcluster(
         yield cluster
 
 
-@pytest.fixture(scope="module")
-def template(rcluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> gateway_pb2.Avatar:
-    path = tmp_path_factory.mktemp("template") / "template.mp4"
+def numbered_avatar(cluster: LocalCluster, folder: Path) -> gateway_pb2.Avatar:
+    """The marker template (frames that carry their index) registered as an avatar, a face in every frame."""
+    path = folder / "template.mp4"
     marker_template(path)
-    with LiplineClient(rcluster.gateway_address, timeout=120) as client:
+    with LiplineClient(cluster.gateway_address, timeout=120) as client:
         avatar = client.create_avatar(path.read_bytes(), name="numbered")
     assert avatar.frame_count == TEMPLATE_FRAMES and avatar.faces_found == TEMPLATE_FRAMES
     return avatar
+
+
+@pytest.fixture(scope="module")
+def template(rcluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> gateway_pb2.Avatar:
+    return numbered_avatar(rcluster, tmp_path_factory.mktemp("template"))
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import pytest
 from lipline.v1 import gateway_pb2
 from services.gateway.client import LiplineClient
 from services.local.cluster import LocalCluster
-from tests.integration.test_render_workers import TEMPLATE_FRAMES, assert_every_frame_in_order, marker_template
+from tests.integration.test_render_workers import assert_every_frame_in_order, numbered_avatar
 from tests.integration.util import SAMPLES, eventually, start_cluster
 
 WORKER = ["--lease-s=2", "--heartbeat-s=0.25", "--poll-s=0.05", "--max-attempts=4"]
@@ -59,13 +59,7 @@ def dcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
 
 @pytest.fixture(scope="module")
 def numbered(dcluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> gateway_pb2.Avatar:
-    """A template video whose frames carry their index (test_render_workers' marker_template)."""
-    path = tmp_path_factory.mktemp("template") / "template.mp4"
-    marker_template(path)
-    with LiplineClient(dcluster.gateway_address, timeout=120) as client:
-        avatar = client.create_avatar(path.read_bytes(), name="numbered")
-    assert avatar.frame_count == TEMPLATE_FRAMES and avatar.faces_found == TEMPLATE_FRAMES
-    return avatar
+    return numbered_avatar(dcluster, tmp_path_factory.mktemp("template"))
 
 
 @pytest.fixture

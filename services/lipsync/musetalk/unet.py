@@ -21,8 +21,7 @@ from services.inference.checkpoints import clean_state_dict, load_strict, read_s
 from services.lipsync.musetalk.files import read_json_config
 from services.serving.errors import CheckpointError
 
-if TYPE_CHECKING:
-    # imported here, not with the module: diffusers takes seconds to import and the stand-in needs none of it
+if TYPE_CHECKING:  # at run time imported where the network is built (build_*)
     from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 
 __all__ = ["UNET_CONFIG_NAME", "MuseTalkUNet", "build_unet", "load_unet"]
@@ -56,6 +55,7 @@ class MuseTalkUNet(nn.Module):
 
 def build_unet(config: Mapping[str, Any]) -> MuseTalkUNet:
     """The network for `config` (musetalk.json's content) with diffusers' default initialisation."""
+    # imported here, not with the module: diffusers takes seconds to import and the stand-in needs none of it
     from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 
     # from_config, not `UNet2DConditionModel(**config)`: the same constructor, but it drops the file's

@@ -25,8 +25,7 @@ from services.inference.checkpoints import clean_state_dict, load_strict, read_s
 from services.lipsync.musetalk.files import read_json_config, weights_in
 from services.serving.errors import CheckpointError
 
-if TYPE_CHECKING:
-    # imported here, not with the module: diffusers takes seconds to import and the stand-in needs none of it
+if TYPE_CHECKING:  # at run time imported where the network is built (build_*)
     from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 
 __all__ = ["VAE_SCALING_FACTOR", "VAE_WEIGHT_FILES", "MuseTalkVAE", "build_vae", "load_vae", "rename_legacy_attention"]
@@ -85,6 +84,7 @@ class MuseTalkVAE(nn.Module):
 
 def build_vae(config: Mapping[str, Any]) -> MuseTalkVAE:
     """The autoencoder for `config` (the folder's config.json) with diffusers' default initialisation."""
+    # imported here, not with the module: diffusers takes seconds to import and the stand-in needs none of it
     from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 
     vae = AutoencoderKL.from_config(dict(config))

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,14 @@ def test_a_restart_waits_for_its_port_while_another_socket_holds_it(tmp_path: Pa
         holder = socket.socket()  # what a client's outgoing connection can do between the kill and the bind
         holder.bind(("127.0.0.1", port))
         holder.listen()
-        threading.Timer(3.0, holder.close).start()
+
+        def release_once_refused() -> None:  # the port comes free only after a start failed to bind it
+            deadline = time.monotonic() + 120
+            while "Address already in use" not in cluster.processes["audio"].log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            holder.close()
+
+        threading.Thread(target=release_once_refused, daemon=True).start()
         cluster.restart("audio")
         assert cluster.processes["audio"].port == port
     finally:
