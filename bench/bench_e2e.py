@@ -207,9 +207,12 @@ def stage_args(args: argparse.Namespace, workdir: Path) -> dict[str, list[str]]:
     if args.model == "musetalk":
         musetalk = [f"--device={args.device}", f"--log-level={args.log_level}"]
         if not args.procedural:
-            from services.lipsync.musetalk.seeded import write_seeded_networks
+            from services.lipsync.musetalk.seeded import network_paths, write_seeded_networks
 
-            paths = write_seeded_networks(workdir / "musetalk-models", small=args.tiny)
+            if args.musetalk_dir:  # a folder in the public layout (real or seeded weights written earlier)
+                paths = network_paths(args.musetalk_dir)
+            else:
+                paths = write_seeded_networks(workdir / "musetalk-models", small=args.tiny)
             musetalk += [f"--{name.replace('_', '-')}={path}" for name, path in paths.items()]
         stages["lipsync-musetalk"] = musetalk + shlex.split(args.musetalk_flags)
     return {
@@ -676,6 +679,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=0, help="most jobs in flight at once (default: --jobs)")
     p.add_argument("--model", default="wav2lip", choices=["wav2lip", "musetalk"], help="the avatar's tier")
     p.add_argument("--tiny", action="store_true", help="musetalk: narrow seeded networks (a CPU's smoke run)")
+    p.add_argument("--musetalk-dir", default="", help="musetalk: a models folder in the public layout")
     p.add_argument("--musetalk-flags", default="", help="more lipsync-musetalk flags, e.g. '--max-batch=64'")
     p.add_argument("--lipsync-flags", default="", help="more lipsync flags, e.g. '--backend=compile --max-batch=256'")
     p.add_argument("--superres-flags", default="", help="more superres flags")

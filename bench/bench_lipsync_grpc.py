@@ -97,17 +97,11 @@ def musetalk_flags(args: argparse.Namespace, workdir: Path) -> list[str]:
     unless --musetalk-dir or --standin), precision, the switch and the model-serving flags."""
     flags: list[str] = []
     if not args.standin:
-        if args.musetalk_dir:
-            root = Path(args.musetalk_dir)
-            paths = {
-                "unet": root / "musetalkV15" / "unet.pth",
-                "unet_config": root / "musetalkV15" / "musetalk.json",
-                "vae": root / "sd-vae",
-                "whisper": root / "whisper",
-            }
-        else:
-            from services.lipsync.musetalk.seeded import write_seeded_networks
+        from services.lipsync.musetalk.seeded import network_paths, write_seeded_networks
 
+        if args.musetalk_dir:
+            paths = network_paths(args.musetalk_dir)
+        else:
             t0 = time.perf_counter()
             paths = write_seeded_networks(workdir / "musetalk", small=args.small)
             print(f"seeded musetalk networks written in {time.perf_counter() - t0:.1f}s", file=sys.stderr)

@@ -554,9 +554,12 @@ def stage_args(args: argparse.Namespace, workdir: Path, max_sessions: int) -> di
             f"--max-window-positions={max(32000, 1500 * max_sessions)}",
         ]
         if not args.procedural:
-            from services.lipsync.musetalk.seeded import write_seeded_networks
+            from services.lipsync.musetalk.seeded import network_paths, write_seeded_networks
 
-            paths = write_seeded_networks(workdir / "musetalk-models", small=args.tiny)
+            if args.musetalk_dir:  # a folder in the public layout (real or seeded weights written earlier)
+                paths = network_paths(args.musetalk_dir)
+            else:
+                paths = write_seeded_networks(workdir / "musetalk-models", small=args.tiny)
             musetalk += [f"--{name.replace('_', '-')}={path}" for name, path in paths.items()]
         stages["lipsync-musetalk"] = musetalk + shlex.split(args.musetalk_flags)
     return {
@@ -769,6 +772,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--procedural", action="store_true", help="lipsync without weights (the procedural stand-in)")
     p.add_argument("--model", default="wav2lip", choices=["wav2lip", "musetalk"], help="the avatar's tier")
     p.add_argument("--tiny", action="store_true", help="musetalk: narrow seeded networks (a CPU's smoke run)")
+    p.add_argument("--musetalk-dir", default="", help="musetalk: a models folder in the public layout")
     p.add_argument("--musetalk-flags", default="", help="more lipsync-musetalk flags, e.g. '--max-batch=64'")
     p.add_argument("--lipsync-flags", default="", help="more lipsync flags, e.g. '--max-batch=256'")
     p.add_argument("--gateway-flags", default="", help="more gateway flags")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence, Sized
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -129,9 +130,17 @@ def finish_backend_start(
     as_reference = backend.device.type == "cpu" and backend.precision == "fp32"
     if reference is None or as_reference or settings.max_rel_error <= 0:
         return
+    started = time.perf_counter()
     err = numerics_check(backend, reference, inputs, bound=settings.max_rel_error)
     metrics.numerics_error.labels(metrics.stage).set(err)
-    _LOGGER.info("numerics check passed", extra={"relative_error": err, "bound": settings.max_rel_error})
+    _LOGGER.info(
+        "numerics check passed",
+        extra={
+            "relative_error": err,
+            "bound": settings.max_rel_error,
+            "seconds": round(time.perf_counter() - started, 2),
+        },
+    )
 
 
 def stage_backend_builder(

@@ -139,8 +139,15 @@ def write_seeded_networks(folder: str | Path, small: bool = False) -> dict[str, 
     torch.save(_legacy_names(weights), folder / "sd-vae" / "diffusion_pytorch_model.bin")
     (folder / "sd-vae" / "config.json").write_text(json.dumps(cfg["vae"], indent=2))
     _write_whisper(encoder, cfg["whisper"], folder / "whisper")
+    return network_paths(folder)
+
+
+def network_paths(folder: str | Path) -> dict[str, str]:
+    """The stage's settings naming the networks of a models folder in the public layout (what
+    write_seeded_networks writes and fetch_models downloads), so a bench can reuse a folder."""
+    folder = Path(folder)
     return {
-        "unet": str(unet_path),
+        "unet": str(folder / "musetalkV15" / "unet.pth"),
         "unet_config": str(folder / "musetalkV15" / UNET_CONFIG_NAME),
         "vae": str(folder / "sd-vae"),
         "whisper": str(folder / "whisper"),
