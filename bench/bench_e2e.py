@@ -266,7 +266,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         "superres": replicas_for(args.replicas, gpus),
         "render": max(counts),
         "audio": args.audio_replicas,
-        "lipsync-musetalk": args.replicas if args.model == "musetalk" else 0,
+        "lipsync-musetalk": replicas_for(args.replicas, gpus) if args.model == "musetalk" else 0,
     }
     result["placement"] = {"replicas": replicas, "gpus": gpus, "cores": cores}
     with LocalCluster(

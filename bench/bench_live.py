@@ -670,7 +670,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         "lipsync": model_replicas,
         "superres": model_replicas if args.sr else 0,
         "gateway": args.gateways,
-        "lipsync-musetalk": args.lipsync_replicas if args.model == "musetalk" else 0,
+        "lipsync-musetalk": model_replicas if args.model == "musetalk" else 0,
     }
     result["placement"] = {"replicas": replicas, "gpus": gpus, "cores": cores}
     t = time.perf_counter()

@@ -13,6 +13,8 @@
 #   bash bench/gpu_session.sh musetalk   carry .whl .cvx : the lipsync-musetalk stage (256 px tier) through gRPC on
 #                                        seeded full-size networks: compiled exact, compiled --fast-decode and its mean
 #                                        absolute difference to exact, a restart from the warm compile cache, eager fp16
+#   bash bench/gpu_session.sh musetalk-product (after musetalk, carry .whl .cvx): a 60 s 720p clip on the tier (SubmitJob
+#                                        -> MP4), then COUNTS live 256-tier sessions (512x512, H.264); SKIP_E2E=1 live only
 #   bash bench/gpu_session.sh live       (after services and e2e, or carry .whlcv): bench_live.py, N concurrent live
 #                                        sessions through the gateway; SIZE=512x512|1280x720 PRESET=ultrafast|veryfast
 #                                        CODECS=h264,jpeg|h264|jpeg (one call per size and preset: the preset is the workers')
@@ -276,7 +278,29 @@ for f in sorted(Path(sys.argv[1]).glob("musetalk-*.json")):
           f"| {r['latency_p99_ms']:.1f} | {r['est_batch_mean']:.1f} | {r['startup_s']:.1f} |")
 PY
   ;;
-*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live|live-profile|autoscale|scaleout|musetalk [...]" >&2; exit 2 ;;
+musetalk-product)  # issue 30: a 60 s 720p clip on the tier, then live 256-tier sessions (after `musetalk` on the same
+  # warm machine: its seeded folder and warm compile cache; carry .whl and .cvx again: the call copies the tree anew)
+  models=$PWD/var/musetalk-seeded; cache=$PWD/var/compile-cache-musetalk
+  [ -f "$models/musetalkV15/unet.pth" ] || python3 -c "from services.lipsync.musetalk.seeded import write_seeded_networks as w; import sys; w(sys.argv[1])" "$models" || exit 1
+  buckets=${BUCKETS:-16,32}
+  mflags="--backend=compile --compile-cache-dir=$cache --batch-buckets=$buckets --max-batch=${buckets##*,} --max-rel-error=0.1 ${MT_FLAGS:-}"
+  if [ -z "${SKIP_E2E:-}" ]; then
+    timeout 240 python3 bench/bench_e2e.py --model musetalk --musetalk-dir "$models" --musetalk-flags "$mflags" \
+      --device cuda --super-resolution off --warmup-seconds 64 --log-level INFO --workdir "$OUT/e2e-mt-work" \
+      --out "$OUT/e2e-musetalk-720p-60s.json" 2>&1 | grep -vE '^\s*$' | tail -25 | tee "$OUT/e2e-musetalk.txt"
+    for log in "$OUT"/e2e-mt-work/cluster/lipsync-musetalk*.log; do [ -f "$log" ] && tail -300 "$log" > "$OUT/e2e-$(basename "$log")"; done
+    rm -rf "$OUT"/e2e-mt-work
+  fi
+  name=live-musetalk-512-${COUNTS:-12,18,24}
+  timeout $(( 570 - SECONDS )) python3 bench/bench_live.py --model musetalk --musetalk-dir "$models" --musetalk-flags "$mflags" \
+    --device cuda --size 512x512 --preset ultrafast --codec h264 --session-counts "${COUNTS:-12,18,24}" \
+    --seconds "${LIVE_SECONDS:-15}" --warmup-seconds 8 --live-workers "${LIVE_WORKERS:-4}" --gateways 2 --procs 2 \
+    --log-level INFO --workdir "$OUT/$name-work" --out "$OUT/$name.json" 2>&1 | grep -vE '^\s*$' | tail -30 | tee "$OUT/$name.txt"
+  for log in "$OUT/$name-work"/cluster/{lipsync-musetalk,live}*.log; do [ -f "$log" ] && tail -500 "$log" > "$OUT/$name-$(basename "$log")"; done
+  rm -rf "$OUT/$name-work"
+  echo "musetalk-product phase: ${SECONDS}s"
+  ;;
+*) echo "usage: $0 services|compile|aac|e2e|jobs|verify|live|live-profile|autoscale|scaleout|musetalk|musetalk-product [...]" >&2; exit 2 ;;
 esac
 # At most 8 files come back from a device call: pack the results into one archive.
 pack=${pack:-$phase}  # scaleout: one archive per step and N list
