@@ -13,6 +13,7 @@
 #   bash bench/gpu_session.sh musetalk   carry .whl .cvx : the lipsync-musetalk stage (256 px tier) through gRPC on
 #                                        seeded full-size networks: compiled exact, compiled --fast-decode and its mean
 #                                        absolute difference to exact, a restart from the warm compile cache, eager fp16
+#                                        (MT_RUNS="exact warm fast mad eager": which of them)
 #   bash bench/gpu_session.sh musetalk-product (after musetalk, carry .whl .cvx): a 60 s 720p clip on the tier (SubmitJob
 #                                        -> MP4), then COUNTS live 256-tier sessions (512x512, H.264); SKIP_E2E=1 live only
 #   bash bench/gpu_session.sh live       (after services and e2e, or carry .whlcv): bench_live.py, N concurrent live
@@ -235,16 +236,17 @@ musetalk)  # issue 30: the 256 px tier's stage through gRPC, in one call (< 9 mi
       --log-level INFO --keep-log "$OUT/$name.log" --out "$OUT/$name.json" "$@" 2>&1 | grep -E '^\||SERVING|rror' | tail -3 \
       | tee "$OUT/$name.txt"
   }
+  runs=" ${MT_RUNS:-exact warm fast mad eager} "  # which of the runs below (a call's time is short)
   # (a) compiled, exact (a cold compile: its start-up includes it)
-  T=300 mt musetalk-compile-exact --backend compile
+  [[ $runs == *" exact "* ]] && T=300 mt musetalk-compile-exact --backend compile
   # (c) a pod's start from the warm compile cache (the same cache dir, Inductor's local cache emptied)
   export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
-  T=120 MT_SECONDS=8 mt musetalk-compile-warm-start --backend compile
+  [[ $runs == *" warm "* ]] && T=120 MT_SECONDS=8 mt musetalk-compile-warm-start --backend compile
   export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # (b) below compiles cold again: its own cache key
   # (b) compiled, fast decode (its own compile-cache key: another cold compile)
-  [ "$SECONDS" -lt 300 ] && T=240 mt musetalk-compile-fast --backend compile --fast-decode
+  [[ $runs == *" fast "* ]] && [ "$SECONDS" -lt 300 ] && T=240 mt musetalk-compile-fast --backend compile --fast-decode
   # the fast decode's difference to the exact decode on the same inputs (eager fp16, the seeded networks)
-  [ "$SECONDS" -lt 420 ] && timeout 90 python3 - "$models" "$OUT/musetalk-fast-vs-exact.json" <<'PY' 2>&1 | tail -3
+  [[ $runs == *" mad "* ]] && [ "$SECONDS" -lt 420 ] && timeout 90 python3 - "$models" "$OUT/musetalk-fast-vs-exact.json" <<'PY' 2>&1 | tail -3
 import json, sys, torch
 from services.lipsync.musetalk.networks import FAST_DECODE_FIRST_ROW, load_networks
 root = sys.argv[1]
@@ -262,7 +264,7 @@ json.dump(out, open(sys.argv[2], "w"), indent=2)
 print("| fast vs exact | mean abs diff %.4f (%.2f of 255) | max %.3f | exact std %.3f |" % (out["mean_abs_diff"], out["mean_abs_diff_255"], out["max_abs_diff"], out["exact_std"]))
 PY
   # (d) eager fp16 + CUDA graphs (no compile), for comparison
-  [ "$SECONDS" -lt 470 ] && T=70 MT_SECONDS=12 mt musetalk-eager-fp16 --backend torch
+  [[ $runs == *" eager "* ]] && [ "$SECONDS" -lt 470 ] && T=70 MT_SECONDS=12 mt musetalk-eager-fp16 --backend torch
   echo "musetalk phase: ${SECONDS}s" | tee -a "$OUT/musetalk-imports.txt"
   python3 - "$OUT" <<'PY' | tee "$OUT/musetalk-table.txt"
 import json, sys
