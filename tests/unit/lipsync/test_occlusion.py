@@ -6,8 +6,8 @@ import cv2
 import numpy as np
 import pytest
 
-from services.lipsync.occlusion import OcclusionConfig, covered_from_scores, lower_face_scores, mouth_covered
 from services.lipsync.musetalk.settings import MuseTalkSettings
+from services.lipsync.occlusion import OcclusionConfig, covered_from_scores, lower_face_scores, mouth_covered
 from services.lipsync.settings import CoveredMouthSettings, LipSyncSettings
 from tests.helpers.occluders import hand
 from tests.integration.util import SAMPLES
