@@ -5,7 +5,9 @@ The frames are decoded and sent a message at a time (gRPC's flow control paces t
 answer (the frame's box, the latents of its 256x256 crop, the alpha mask over the 1.5x square) is
 written to local .npy files as it comes, so memory is flat in the avatar's length as for Wav2Lip
 avatars (services.gateway.avatars). The pack's layout is services/jobs/avatars.py's. A frame with no
-face passes through (no latents, no mask); an avatar with no face at all is INVALID_ARGUMENT.
+face passes through (no latents, no mask); so does a frame whose mouth is covered (the stage's last
+answer names them, after every frame's: their rows are left out when the .npy files are written); an
+avatar with no face at all, or only covered ones, is INVALID_ARGUMENT (as the Wav2Lip tier's).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ def _box(box: common_pb2.Box) -> Box:
     return (box.x1, box.y1, box.x2, box.y2)
 
 
+#: rows copied at a time from a raw file into its .npy (4 MiB of masks): memory stays flat in the avatar
+COPY_ROWS = 64
+
+
 class _Pack:
     """The answers of one PrepareAvatar stream, written as they come: raw latents and masks in two
     local files, the boxes in memory (a few numbers per frame)."""
@@ -61,6 +67,9 @@ class _Pack:
         self.model = common_pb2.ModelInfo()
         self.box_source = ""
         self.frame_size = (0, 0)  # (height, width) of the frames as decoded
+        self.mouth_covered = 0  # frames found with a face whose mouth is covered (they pass through)
+        self._rows = 0  # rows written to the raw files (one per frame found, in frame order)
+        self._dropped: list[int] = []  # rows of the covered frames, ascending: left out of the .npy files
         self._latents: BinaryIO = open(folder / "latents.raw", "wb")
         self._masks: BinaryIO = open(folder / "masks.raw", "wb")
 
@@ -73,7 +82,11 @@ class _Pack:
         if response.HasField("model"):
             self.model.CopyFrom(response.model)
             self.box_source = response.box_source
+        if response.mouth_covered:
+            self._cover(list(response.mouth_covered))
         for frame in response.frames:
+            if self.mouth_covered:
+                raise RuntimeError(f"{STAGE} answered frame {frame.index} after the covered mouths")
             if frame.index != len(self.boxes):
                 raise RuntimeError(f"{STAGE} answered frame {frame.index} where {len(self.boxes)} was next")
             if not frame.found:
@@ -87,20 +100,52 @@ class _Pack:
                 )
             self._latents.write(latents)
             self._masks.write(mask)
+            self._rows += 1
             self.boxes.append(_box(frame.box))
             self.mask_boxes.append(_box(frame.mask_box))
 
+    def _cover(self, frames: list[int]) -> None:
+        """The stage's last answer: these frames' mouths are covered; they pass through (no box, no row)."""
+        if self.mouth_covered:
+            raise RuntimeError(f"{STAGE} named the covered mouths twice")
+        if frames != sorted(set(frames)) or any(i >= len(self.boxes) or self.boxes[i] is None for i in frames):
+            raise RuntimeError(f"{STAGE} named covered mouths {frames[:5]} that are not frames answered with a face")
+        covered = set(frames)
+        row = 0
+        for i, box in enumerate(self.boxes):
+            if box is None:
+                continue
+            if i in covered:
+                self._dropped.append(row)
+                self.boxes[i] = self.mask_boxes[i] = None
+            row += 1
+        self.mouth_covered = len(frames)
+
     def finish(self) -> tuple[Path, Path]:
-        """The two .npy files of the pack (written from the raw files through a memory map: flat)."""
+        """The two .npy files of the pack: the raw files' rows less the covered frames', copied a few rows
+        at a time through memory maps (flat in the avatar's length)."""
         self._latents.close()
         self._masks.close()
         out = []
-        for name, dtype, shape in (("latents", "<f2", LATENT_SHAPE), ("masks", np.uint8, MASK_SHAPE)):
+        for name, dtype, shape in (
+            ("latents", np.dtype("<f2"), LATENT_SHAPE),
+            ("masks", np.dtype(np.uint8), MASK_SHAPE),
+        ):
             raw, path = self.folder / f"{name}.raw", self.folder / f"{name}.npy"
-            rows = np.memmap(raw, dtype=dtype, mode="r", shape=(self.faces, *shape)) if self.faces else None
-            with open(path, "wb") as f:
-                np.save(f, rows if rows is not None else np.zeros((0, *shape), dtype))
-            del rows
+            kept = np.lib.format.open_memmap(
+                path, mode="w+", dtype=dtype, shape=(self._rows - len(self._dropped), *shape)
+            )
+            if self._rows:
+                rows = np.memmap(raw, dtype=dtype, mode="r", shape=(self._rows, *shape))
+                at = 0
+                for start, stop in _runs(self._rows, self._dropped):
+                    for first in range(start, stop, COPY_ROWS):
+                        last = min(stop, first + COPY_ROWS)
+                        kept[at : at + last - first] = rows[first:last]
+                        at += last - first
+                del rows
+            kept.flush()
+            del kept
             raw.unlink()
             out.append(path)
         return out[0], out[1]
@@ -108,6 +153,16 @@ class _Pack:
     def close(self) -> None:
         self._latents.close()
         self._masks.close()
+
+
+def _runs(rows: int, dropped: list[int]) -> list[tuple[int, int]]:
+    """The [start, stop) runs of rows 0..rows-1 left once the (ascending) `dropped` rows are taken out."""
+    runs, start = [], 0
+    for row in [*dropped, rows]:
+        if row > start:
+            runs.append((start, row))
+        start = row + 1
+    return runs
 
 
 async def prepare_frames(
@@ -175,11 +230,16 @@ async def create_musetalk_avatar(
     with tempfile.TemporaryDirectory(prefix="lipline-musetalk-avatar-") as folder:
         pack = await prepare_frames(stub, open_frames, Path(folder), request_id)
         height, width = pack.frame_size
-        if not pack.faces:
+        if not pack.faces:  # covered mouths only: no face to sync, as the Wav2Lip tier's (services.gateway.avatars)
             raise InvalidMedia(
                 "no face found in the avatar; use a photo or video with one frontal, well-lit face covering at least 10% of the picture"
             )
-        prep = {"box_source": pack.box_source, "model": pack.model.name, "backend": pack.model.backend}
+        prep: dict[str, str | int] = {
+            "box_source": pack.box_source,
+            "model": pack.model.name,
+            "backend": pack.model.backend,
+            "mouth_covered": pack.mouth_covered,
+        }
         meta = AvatarMeta(
             aid,
             name,

@@ -73,7 +73,8 @@ class AvatarMeta:
     create_time: float
     model: str = DEFAULT_TIER  # the generator tier: "wav2lip" (crops.npy) or "musetalk" (musetalk/*)
     mask_boxes: list[Box | None] = dataclasses.field(default_factory=list)  # musetalk: per frame, the mask's square
-    prep: dict[str, str] = dataclasses.field(default_factory=dict)  # musetalk: how it was prepared (box_source, model)
+    # musetalk: how it was prepared (box_source, model, backend; mouth_covered: frames passed through for it)
+    prep: dict[str, str | int] = dataclasses.field(default_factory=dict)
 
     @property
     def crop_frames(self) -> list[int]:

@@ -26,11 +26,9 @@ import numpy as np
 from services.lipsync.faces import prepare_boxes
 from services.lipsync.occlusion import (
     OcclusionConfig,
-    covered_from_scores,
+    covered_from_features,
     final_boxes,
-    judged,
     lower_face_features,
-    scores_from_features,
     second_pass_boxes,
 )
 from services.media.crops import Box
@@ -113,7 +111,7 @@ class FaceStream:
         height, width = self.size
         boxes = prepare_boxes(self.raw, height, width, self._pads, self._smooth)
         self._boxes = boxes
-        covered = self._covered(boxes, self._features)
+        covered = covered_from_features(self._features, self._config)
         if not covered.any():
             self.result = (boxes, covered)
             return False
@@ -156,13 +154,7 @@ class FaceStream:
             self._again[i] if i in self._again else f if self._second[i] is not None else None
             for i, f in enumerate(self._features)
         ]
-        covered = self._covered(self._second, features)
+        covered = covered_from_features(features, self._config)  # None exactly where a box is
         height, width = self.size
         self.result = final_boxes(self.raw, self._boxes, covered, height, width, self._pads, self._smooth)
         self._again = {}
-
-    def _covered(self, boxes: Sequence[Box | None], features: Sequence[np.ndarray | None]) -> np.ndarray:
-        """`mouth_covered` of frames whose features at ``boxes`` are ``features``."""
-        if not judged(boxes, self._config):
-            return np.zeros(len(boxes), dtype=bool)
-        return covered_from_scores(scores_from_features(features), self._config)

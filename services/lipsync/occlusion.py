@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
@@ -33,8 +34,12 @@ import numpy as np
 from services.lipsync.faces import DEFAULT_PADS, prepare_boxes
 from services.media.crops import Box
 
+if TYPE_CHECKING:
+    from services.lipsync.settings import CoveredMouthSettings
+
 __all__ = [
     "OcclusionConfig",
+    "covered_from_features",
     "final_boxes",
     "lower_face_scores",
     "mouth_covered",
@@ -54,13 +59,19 @@ PIXEL_CAP = 2.0  # per-pixel distance cap, in normalised units
 
 @dataclass(frozen=True)
 class OcclusionConfig:
-    """Thresholds of `mouth_covered` (LipSyncSettings carries them; these are the defaults)."""
+    """Thresholds of `mouth_covered` (both tiers' stage settings carry them, CoveredMouthSettings; these are
+    the defaults)."""
 
     enabled: bool = True
     mad_k: float = 4.0  # robust z-score above which a frame is an outlier
     min_score: float = 0.8  # absolute floor of the threshold (mean capped distance)
     dilate: int = 2  # frames added on each side of a covered run
     min_frames: int = 8  # fewer faces than this: never flagged
+
+    @classmethod
+    def from_settings(cls, s: CoveredMouthSettings) -> OcclusionConfig:
+        """The thresholds a stage's settings set (the `occlusion_*` ones)."""
+        return cls(s.occlusion_check, s.occlusion_mad_k, s.occlusion_min_score, s.occlusion_dilate)
 
 
 def _bands(side: int) -> tuple[slice, slice, slice]:
@@ -108,9 +119,24 @@ def scores_from_features(features: Sequence[np.ndarray | None]) -> np.ndarray:
     return scores
 
 
-def judged(boxes: Sequence[Box | None], config: OcclusionConfig) -> bool:
-    """Whether `mouth_covered` judges these boxes at all (enabled, and enough faces to compare)."""
-    return config.enabled and sum(b is not None for b in boxes) >= config.min_frames
+def judged(faces: Sequence[object | None], config: OcclusionConfig) -> bool:
+    """Whether `mouth_covered` judges these frames at all (enabled, and enough faces to compare).
+
+    Args:
+        faces: per frame its box or its `lower_face_features`, None without a face.
+    """
+    return config.enabled and sum(f is not None for f in faces) >= config.min_frames
+
+
+def covered_from_features(features: Sequence[np.ndarray | None], config: OcclusionConfig) -> np.ndarray:
+    """`mouth_covered` from each frame's `lower_face_features` (None without a face): (N,) bool.
+
+    Why: a stream of frames (DetectFaces, the musetalk tier's PrepareAvatar) keeps each frame's
+    features, not the frame, and judges them all once the frames have ended.
+    """
+    if not judged(features, config):
+        return np.zeros(len(features), dtype=bool)
+    return covered_from_scores(scores_from_features(features), config)
 
 
 def covered_from_scores(scores: np.ndarray, config: OcclusionConfig = OcclusionConfig()) -> np.ndarray:

@@ -192,10 +192,7 @@ class LipSyncService(ModelStage[LipSyncSettings, GenerateChunk]):
 
     def register(self, server: grpc.aio.Server) -> None:
         self.detector: HaarFaceDetector | None = None
-        s = self.settings
-        self.occlusion = OcclusionConfig(
-            s.occlusion_check, s.occlusion_mad_k, s.occlusion_min_score, s.occlusion_dilate
-        )
+        self.occlusion = OcclusionConfig.from_settings(self.settings)
         lipsync_pb2_grpc.add_LipSyncServiceServicer_to_server(LipSyncServicer(self), server)
 
     async def load(self) -> None:

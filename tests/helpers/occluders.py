@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cv2
 import numpy as np
 
@@ -23,4 +25,23 @@ def hand(
     patch *= np.linspace(1.05, 0.85, c1 - c0)[None, :, None]
     out = frame.copy()
     out[r0:r1, c0:c1] = np.clip(cv2.GaussianBlur(patch, (0, 0), 1.0), 0, 255).astype(np.uint8)
+    return out
+
+
+SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "avatar.jpg"
+SAMPLE_FACE = (177, 67, 270, 169)  # the sample face's Haar box (x1, y1, x2, y2) in samples/avatar.jpg
+
+
+def panning_clip(frames: int, covered: range = range(0), size: int = 256, left: int = 100) -> list[np.ndarray]:
+    """A template clip of the sample face: a `size` square window panning right 1 px a frame from column
+    `left` (the face moves left), with a `hand` over the mouth and chin in the `covered` frames."""
+    photo = cv2.imread(str(SAMPLE))
+    x1, y1, x2, y2 = SAMPLE_FACE
+    out = []
+    for i in range(frames):
+        x0 = left + i
+        frame = np.ascontiguousarray(photo[0:size, x0 : x0 + size])
+        if i in covered:
+            frame = hand(frame, (x1 - x0, y1, x2 - x0, y2), top=0.62, bottom=0.3, right=0.0)
+        out.append(frame)
     return out

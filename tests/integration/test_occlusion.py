@@ -1,11 +1,13 @@
-"""Covered mouths pass through: a real render through a LocalCluster (procedural model, Lanczos).
+"""Covered mouths pass through: a real render through a LocalCluster (procedural model, Lanczos; the
+musetalk tier's stand-in), once per tier.
 
 The template: 30 frames of the sample face panning 1 px per frame, with a skin-coloured hand over
-the mouth and chin in frames 10-15. DetectFaces finds the face in every frame (the Haar cascade
-keys on the eyes), flags the hand frames as `mouth_covered`, and the render workers pass them
-through, so those output frames equal the template re-encoded alone (the codec floor), while the
-other frames get the generated mouth. 2 s of speech: the ping-pong loop shows the hand frames
-twice (on the way forward and on the way back).
+the mouth and chin in frames 10-15. Avatar preparation finds the face in every frame (the Haar cascade
+keys on the eyes) and flags the hand frames as covered (the Wav2Lip tier's DetectFaces
+`mouth_covered`, the musetalk tier's PrepareAvatar last answer: the same check), so the avatar counts
+fewer faces and the render workers pass those frames through: those output frames equal the template
+re-encoded alone (the codec floor), while the other frames get the generated mouth. 2 s of speech: the
+ping-pong loop shows the hand frames twice (on the way forward and on the way back).
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import av
-import cv2
 import numpy as np
 import pytest
 
 from services.media.timeline import LOOP_PING_PONG, loop_frame
-from tests.helpers.occluders import hand
-from tests.integration.util import SAMPLES, codec_floor, render_template, write_template
+from tests.helpers.occluders import SAMPLE_FACE, panning_clip
+from tests.integration.util import codec_floor, render_template, write_template
 
 FPS = 25
 FRAMES = 30
@@ -29,19 +30,7 @@ SIZE = 256
 COVERED = range(10, 16)
 AUDIO_S = 2.0
 CRF = 20  # the workers' default
-FACE = (177, 67, 270, 169)  # the sample's Haar box (x1, y1, x2, y2) in avatar.jpg
-
-
-def template_frames() -> list[np.ndarray]:
-    photo = cv2.imread(str(SAMPLES / "avatar.jpg"))
-    frames = []
-    for i in range(FRAMES):
-        x0 = 100 + i  # the window pans right: the face moves left by 1 px per frame
-        frame = np.ascontiguousarray(photo[0:SIZE, x0 : x0 + SIZE])
-        if i in COVERED:
-            frame = hand(frame, (FACE[0] - x0, FACE[1], FACE[2] - x0, FACE[3]), top=0.62, bottom=0.3, right=0.0)
-        frames.append(frame)
-    return frames
+FACE = SAMPLE_FACE  # the sample's Haar box (x1, y1, x2, y2) in avatar.jpg
 
 
 def luma(path: Path) -> np.ndarray:
@@ -49,14 +38,21 @@ def luma(path: Path) -> np.ndarray:
         return np.stack([f.to_ndarray(format="yuv420p")[:SIZE] for f in container.decode(video=0)])
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+@pytest.fixture(scope="module", params=["wav2lip", "musetalk"])
+def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     folder = tmp_path_factory.mktemp("occlusion")
     source = folder / "template.mp4"
-    write_template(source, template_frames(), FPS)
+    write_template(source, panning_clip(FRAMES, COVERED, SIZE), FPS)
     floor = codec_floor(source, folder / "floor.mp4", CRF)  # what the workers' encoder could at best give
-    _, output, boxes = render_template(folder, source, AUDIO_S, CRF, "hand")
-    yield {"template": luma(source), "floor": luma(floor), "output": luma(output), "boxes": boxes}
+    _, output, boxes, avatar = render_template(folder, source, AUDIO_S, CRF, "hand", request.param)
+    assert avatar.model == request.param
+    yield {
+        "template": luma(source),
+        "floor": luma(floor),
+        "output": luma(output),
+        "boxes": boxes,
+        "faces": avatar.faces_found,
+    }
 
 
 def measure(rendered: dict) -> dict:
@@ -84,6 +80,7 @@ def test_covered_frames_pass_through_and_the_rest_is_rendered(rendered: dict) ->
     assert m["frames"] == round(AUDIO_S * FPS)
     # Every hand frame is flagged (with a frame or two of margin), nothing far from the hand is.
     assert set(COVERED) <= set(m["flagged"]) <= set(range(COVERED.start - 3, COVERED.stop + 3)), m["flagged"]
+    assert rendered["faces"] == FRAMES - len(m["flagged"])  # the avatar counts the covered frames out
     shown = [(i, loop_frame(i, FRAMES, LOOP_PING_PONG)) for i in range(m["frames"])]
     covered = [i for i, f in shown if f in COVERED]
     assert len(covered) >= 2 * len(COVERED) - 2  # forward and back

@@ -64,7 +64,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     folder = tmp_path_factory.mktemp("quality")
     source = folder / "template.mp4"
     write_template(source, template_frames(), FPS)
-    done, output, boxes = render_template(folder, source, AUDIO_S, CRF, "panning")
+    done, output, boxes, _ = render_template(folder, source, AUDIO_S, CRF, "panning")
     assert len(boxes) == FRAMES
     yield {"source": source, "output": output, "boxes": boxes, "folder": folder, "frames": done.total_frames}
 

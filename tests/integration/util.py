@@ -149,24 +149,29 @@ def codec_floor(source: Path, path: Path, crf: int) -> Path:
     return path
 
 
-def render_template(folder: Path, source: Path, audio_seconds: float, crf: int, name: str) -> tuple[Any, Path, list]:
-    """A template video rendered with the sample speech through a fresh LocalCluster (1 s segments):
-    (the finished Job, the output MP4, the avatar's stored face boxes per template frame)."""
+def render_template(
+    folder: Path, source: Path, audio_seconds: float, crf: int, name: str, model: str = ""
+) -> tuple[Any, Path, list, Any]:
+    """A template video rendered with the sample speech through a fresh LocalCluster (1 s segments), as
+    an avatar of the `model` tier ("": the default; "musetalk" starts the lipsync-musetalk stage too):
+    (the finished Job, the output MP4, the avatar's stored face boxes per template frame, the Avatar)."""
     import json
 
     from lipline.v1 import gateway_pb2
     from services.gateway.client import LiplineClient
 
-    with start_cluster(folder / "cluster", extra_args={"gateway": ["--segment-seconds=1.0"]}) as cluster:
+    replicas = {"lipsync-musetalk": 1} if model == "musetalk" else {}
+    extra_args = {"gateway": ["--segment-seconds=1.0"]}
+    with start_cluster(folder / "cluster", extra_args=extra_args, replicas=replicas) as cluster:
         with LiplineClient(cluster.gateway_address, timeout=180) as client:
-            avatar = client.create_avatar(source.read_bytes(), name=name)
+            avatar = client.create_avatar(source.read_bytes(), name=name, model=model)
             job = client.submit_job(avatar.id, cut_wav((SAMPLES / "speech.wav").read_bytes(), audio_seconds), crf=crf)
             done = client.wait(job.id)
             assert done.state == gateway_pb2.JOB_STATE_SUCCEEDED, done.error
             output = folder / "output.mp4"
             client.download(job.id, output)
             meta = json.loads(next(Path(cluster.blob_store).rglob(f"avatars/{avatar.id}/meta.json")).read_bytes())
-    return done, output, meta["boxes"]
+    return done, output, meta["boxes"], avatar
 
 
 def silent_frames_between(track: bytes, speech: bytes, span: int) -> int:

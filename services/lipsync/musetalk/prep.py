@@ -11,7 +11,11 @@ realtime preparation does (the reference's sections 1-3 and 6; docs/architecture
    mean (deterministic; upstream samples) x 0.18215: latents [8, 32, 32] = [masked | reference];
 4. the alpha mask over the 1.5x square (services/lipsync/musetalk/masks.py): BiSeNet's "jaw" parsing
    of the square resized to 512 x 512 where a face parser is configured, else a lower-face ellipse;
-   stored resized to 256 x 256.
+   stored resized to 256 x 256;
+5. for the covered-mouth check (services/lipsync/occlusion.py, judged over the whole avatar once its
+   frames end: the service), the frame's `lower_face_features` at the detector's box padded as the
+   Wav2Lip tier pads it (`pad_box`; the check's bands are fractions of that box, whichever box step 2
+   took), unsmoothed: the features are blurred and shrunk, so a pixel of box jitter hardly shows.
 The networks run on the stage's device in its precision, a message's frames in one batch.
 """
 
@@ -28,10 +32,11 @@ import torch
 from torch import nn
 
 from lipline.v1 import common_pb2
-from services.lipsync.faces import HaarFaceDetector
+from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, pad_box
 from services.lipsync.musetalk.dwpose import box_from_face_detection, face_landmarks, musetalk_box
 from services.lipsync.musetalk.masks import PARSE_SIZE, ellipse_mask, finish_mask, jaw_mask, mask_box, square_crop
 from services.lipsync.musetalk.standin import LATENT_SCALE, LatentCodec
+from services.lipsync.occlusion import lower_face_features
 from services.media.crops import Box
 from services.media.musetalk_wire import FACE_SIZE, MASK_SHAPE
 
@@ -43,12 +48,14 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @dataclasses.dataclass(frozen=True)
 class PreparedFace:
-    """One frame with a face: its box, latents [8, 32, 32] float16, mask square and 256 x 256 alpha."""
+    """One frame with a face: its box, latents [8, 32, 32] float16, mask square and 256 x 256 alpha, and
+    its lower face as the covered-mouth check reads it (step 5; kept by the stream, never sent)."""
 
     box: Box
     latents: np.ndarray
     mask_box: Box
     mask: np.ndarray
+    lower_face: np.ndarray
 
 
 class AvatarPreparer:
@@ -83,8 +90,9 @@ class AvatarPreparer:
         self.model_info = common_pb2.ModelInfo(name="+".join(parts), backend=device.type, precision=precision)
         self._lock = threading.Lock()
 
-    def box(self, frame: np.ndarray) -> Box | None:
-        """The frame's MuseTalk box (step 1-2 of the module docstring), None without a face."""
+    def face_boxes(self, frame: np.ndarray) -> tuple[Box, Box] | None:
+        """The frame's MuseTalk box (steps 1-2 of the module docstring) and the detector's box padded as
+        the Wav2Lip tier pads it (step 5); None without a face."""
         detected = self.detector.detect([frame])[0]
         if detected is None:
             return None
@@ -99,13 +107,16 @@ class AvatarPreparer:
             return None
         x1, y1, x2, y2 = (int(v) for v in box)
         x1, y1, x2, y2 = max(0, x1), max(0, y1), min(width, x2), min(height, y2)
-        return (x1, y1, x2, y2) if x2 - x1 >= 8 and y2 - y1 >= 8 else None
+        if x2 - x1 < 8 or y2 - y1 < 8:
+            return None
+        return (x1, y1, x2, y2), pad_box(detected, DEFAULT_PADS, height=height, width=width)
 
     @torch.inference_mode()
     def prepare(self, frames: list[np.ndarray]) -> list[PreparedFace | None]:
         """Each BGR uint8 frame's preparation, None where it has no face (it passes through)."""
         with self._lock:
-            boxes = [self.box(frame) for frame in frames]
+            found_boxes = [self.face_boxes(frame) for frame in frames]
+            boxes = [None if b is None else b[0] for b in found_boxes]
             found = [i for i, b in enumerate(boxes) if b is not None]
             if not found:
                 return [None] * len(frames)
@@ -115,11 +126,13 @@ class AvatarPreparer:
             raw = self._parse([square_crop(frames[i], sq) for i, sq in zip(found, squares)], found, boxes, squares)
             out: list[PreparedFace | None] = [None] * len(frames)
             for k, i in enumerate(found):
-                box, square = boxes[i], squares[k]
-                assert box is not None
+                pair = found_boxes[i]
+                assert pair is not None
+                box, padded = pair
+                square = squares[k]
                 alpha = finish_mask(raw[k], box, square)
                 small = cv2.resize(alpha, MASK_SHAPE[::-1], interpolation=cv2.INTER_AREA)
-                out[i] = PreparedFace(box, latents[k], square, small)
+                out[i] = PreparedFace(box, latents[k], square, small, lower_face_features(frames[i], padded))
             return out
 
     @staticmethod

@@ -5,7 +5,8 @@ Same shell as the Wav2Lip stage (`ModelStage`: device, backends, warm-up, numeri
 batcher, `ModelInfo`, metrics, health): Generate streams are merged into model batches by the
 batcher and run by `MuseTalkEngine`; two backends, the whisper encoder's and the generator's, each
 with its own static batch buckets (fp16, channels_last and torch.compile with the compile cache on
-CUDA; fp32 eager on the CPU). PrepareAvatar (services/lipsync/musetalk/prep.py) runs beside them.
+CUDA; fp32 eager on the CPU). PrepareAvatar (services/lipsync/musetalk/prep.py) runs beside them, with
+the Wav2Lip tier's covered-mouth check (services/lipsync/occlusion.py) over each avatar's frames.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from services.lipsync.musetalk.face_parser import load_face_parser
 from services.lipsync.musetalk.networks import load_networks, standin_networks
 from services.lipsync.musetalk.prep import AvatarPreparer, PreparedFace
 from services.lipsync.musetalk.settings import MuseTalkSettings
+from services.lipsync.occlusion import OcclusionConfig, covered_from_features
 from services.lipsync.service import FACE_OVERHEAD, generated_response
 from services.media.musetalk_wire import (
     FACE_SIZE,
@@ -65,14 +67,17 @@ class MuseTalkServicer(StageServicer["MuseTalkService"], lipsync_pb2_grpc.MuseTa
     async def PrepareAvatar(
         self, request_iterator: AsyncIterator[lipsync_pb2.PrepareAvatarRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[lipsync_pb2.PrepareAvatarResponse]:
-        """Each message's frames prepared and answered in order (no frame waits for another)."""
+        """Each message's frames prepared and answered in order (no frame waits for another); once the
+        requests end, the covered-mouth check over all of them (docs/architecture.md section 12.4, step 5)."""
         svc = self._service
         sequence = FrameSequence("PrepareAvatar", svc.settings.max_prepare_frames)
+        lower_faces: list[np.ndarray | None] = []  # per frame (~9 KB with a face): what the check reads
         async for request in request_iterator:
             frames = sequence.take(request.frames)
             if not frames:
                 continue
             prepared = await asyncio.to_thread(svc.preparer.prepare, frames)
+            lower_faces.extend(None if face is None else face.lower_face for face in prepared)
             svc.metrics.items.labels(svc.stage).inc(len(frames))
             start = sequence.position - len(frames)
             response = lipsync_pb2.PrepareAvatarResponse(
@@ -84,6 +89,9 @@ class MuseTalkServicer(StageServicer["MuseTalkService"], lipsync_pb2_grpc.MuseTa
             yield response
         if sequence.position == 0:
             raise InvalidRequest("PrepareAvatar received no frames")
+        covered = await asyncio.to_thread(covered_from_features, lower_faces, svc.occlusion)
+        if covered.any():
+            yield lipsync_pb2.PrepareAvatarResponse(mouth_covered=np.flatnonzero(covered).tolist())
 
     async def Generate(
         self, request_iterator: AsyncIterator[lipsync_pb2.MuseTalkGenerateRequest], context: grpc.aio.ServicerContext
@@ -136,6 +144,7 @@ class MuseTalkService(ModelStage[MuseTalkSettings, MuseTalkChunk]):
     grpc_service = lipsync_pb2.DESCRIPTOR.services_by_name["MuseTalkService"]
 
     def register(self, server: grpc.aio.Server) -> None:
+        self.occlusion = OcclusionConfig.from_settings(self.settings)
         lipsync_pb2_grpc.add_MuseTalkServiceServicer_to_server(MuseTalkServicer(self), server)
 
     async def load(self) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.serving.settings import ModelStageSettings, setting
+from services.lipsync.settings import CoveredMouthSettings
+from services.serving.settings import setting
 from services.serving.stages import STAGES
 
 _STAGE = STAGES["lipsync-musetalk"]
@@ -23,8 +24,9 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 
 @dataclasses.dataclass(frozen=True)
-class MuseTalkSettings(ModelStageSettings):
-    """Settings of the lipsync-musetalk stage: the 256 px generator tier in the MuseTalk 1.5 format."""
+class MuseTalkSettings(CoveredMouthSettings):
+    """Settings of the lipsync-musetalk stage: the 256 px generator tier in the MuseTalk 1.5 format (with the
+    covered-mouth check's settings, as the lipsync stage's: PrepareAvatar runs the same check)."""
 
     port: int = setting(_STAGE.port, "gRPC port")
     metrics_port: int = setting(_STAGE.metrics_port, "Prometheus /metrics HTTP port (0 = any free port, -1 = off)")

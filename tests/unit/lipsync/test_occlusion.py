@@ -6,8 +6,9 @@ import cv2
 import numpy as np
 import pytest
 
+from services.lipsync.musetalk.settings import MuseTalkSettings
 from services.lipsync.occlusion import OcclusionConfig, covered_from_scores, lower_face_scores, mouth_covered
-from services.lipsync.settings import LipSyncSettings
+from services.lipsync.settings import CoveredMouthSettings, LipSyncSettings
 from tests.helpers.occluders import hand
 from tests.integration.util import SAMPLES
 
@@ -105,13 +106,17 @@ def test_disabled_and_floor() -> None:
     assert not covered_from_scores(scores, OcclusionConfig(enabled=False, min_score=0.4)).any()
 
 
-def test_settings_carry_the_thresholds() -> None:
-    s = LipSyncSettings()
+@pytest.mark.parametrize("settings", [LipSyncSettings, MuseTalkSettings])  # both tiers' stages run the check
+def test_settings_carry_the_thresholds(settings: type[CoveredMouthSettings]) -> None:
+    s = settings()
     assert (s.occlusion_check, s.occlusion_mad_k, s.occlusion_min_score, s.occlusion_dilate) == (
         OcclusionConfig().enabled,
         OcclusionConfig().mad_k,
         OcclusionConfig().min_score,
         OcclusionConfig().dilate,
     )
+    assert OcclusionConfig.from_settings(settings(occlusion_check=False, occlusion_dilate=5)) == OcclusionConfig(
+        enabled=False, dilate=5
+    )
     with pytest.raises(ValueError, match="occlusion"):
-        LipSyncSettings(occlusion_dilate=-1).validate()
+        settings(occlusion_dilate=-1).validate()

@@ -1,7 +1,10 @@
 """Avatar preparation for the musetalk tier through the stage's PrepareAvatar (a real server on
 127.0.0.1, the weight-free stand-in, boxes from the face detector): a photo and a short video give
 per frame a box at the face, the stand-in VAE's latents of its 256 x 256 Lanczos crop and an alpha
-over the lower face; frames without a face pass through; bad streams are refused.
+over the lower face; frames without a face pass through; bad streams are refused. The covered-mouth
+check: a template clip with a hand over the mouth in some frames gets a last response naming exactly
+those frames and their dilation; a clip without a hand, a photo, a clip under min_frames faces and a
+stage with occlusion_check off name none.
 
 The detector's box becomes a MuseTalk box through services/lipsync/musetalk/dwpose.py (its own
 branch): without that module these tests are skipped."""
@@ -18,7 +21,9 @@ import torch
 
 from lipline.v1 import lipsync_pb2
 from services.lipsync.musetalk.standin import LATENT_SCALE, StandInVAE
+from services.lipsync.occlusion import OcclusionConfig
 from services.media.wire import image_to_proto
+from tests.helpers.occluders import SAMPLE_FACE, hand, panning_clip
 from tests.unit.lipsync.musetalk.test_service import REPO_ROOT, RunningStage
 
 pytest.importorskip("services.lipsync.musetalk.dwpose", reason="the MuseTalk box rules (musetalk-dwpose's module)")
@@ -108,3 +113,53 @@ def test_bad_streams_are_refused(stage: RunningStage) -> None:
         err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         and "frame index 3 where 0 was expected" in err.value.details()
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# The covered-mouth check (docs/architecture.md section 12.4, step 5)
+# --------------------------------------------------------------------------------------------------
+
+COVERED = range(10, 16)  # the hand's frames of a 30-frame clip
+DILATE = OcclusionConfig().dilate
+
+
+@pytest.fixture(scope="module")
+def checking() -> Iterator[RunningStage]:
+    """A stage with the default settings (the check on, up to 3000 frames a stream)."""
+    with RunningStage() as running:
+        yield running
+
+
+def by_eights(frames: list[np.ndarray]) -> list[list[np.ndarray]]:
+    return [frames[i : i + 8] for i in range(0, len(frames), 8)]
+
+
+def covered_of(responses: list[lipsync_pb2.PrepareAvatarResponse], frames: int) -> list[int]:
+    """The frames a stream's last response names covered (every frame answered found before it)."""
+    answered = [f for r in responses for f in r.frames]
+    assert [f.index for f in answered] == list(range(frames)) and all(f.found for f in answered)
+    named = [r for r in responses if r.mouth_covered]
+    if not named:
+        return []
+    assert named == [responses[-1]] and not responses[-1].frames  # once, last, a response of its own
+    return list(responses[-1].mouth_covered)
+
+
+def test_a_hand_over_the_mouth_is_named_once_the_frames_end(checking: RunningStage) -> None:
+    responses = prepare(checking, by_eights(panning_clip(30, COVERED)))
+    assert len(responses) == 5  # 4 messages' answers, then the covered frames
+    expected = list(range(COVERED.start - DILATE, COVERED.stop + DILATE))
+    assert covered_of(responses, 30) == expected
+
+
+def test_a_clip_without_a_hand_a_photo_and_a_short_clip_name_none(checking: RunningStage) -> None:
+    assert covered_of(prepare(checking, by_eights(panning_clip(30))), 30) == []
+    covered_photo = hand(PHOTO, SAMPLE_FACE, top=0.62, bottom=0.3, right=0.0)
+    assert covered_of(prepare(checking, [[covered_photo]]), 1) == []  # one frame: nothing to compare with
+    short = panning_clip(OcclusionConfig().min_frames - 1, range(2, 5))  # fewer faces than min_frames
+    assert covered_of(prepare(checking, by_eights(short)), len(short)) == []
+
+
+def test_occlusion_check_off_names_none() -> None:
+    with RunningStage(occlusion_check=False) as unchecked:
+        assert covered_of(prepare(unchecked, by_eights(panning_clip(30, COVERED))), 30) == []
