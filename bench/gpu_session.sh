@@ -13,7 +13,7 @@
 #   bash bench/gpu_session.sh musetalk   carry .whl .cvx : the lipsync-musetalk stage (256 px tier) through gRPC on
 #                                        seeded full-size networks: compiled exact, compiled --fast-decode and its mean
 #                                        absolute difference to exact, a restart from the warm compile cache, eager fp16
-#                                        (MT_RUNS="exact warm fast mad eager": which of them)
+#                                        (MT_RUNS="exact warm guard fast mad eager": which of them)
 #   bash bench/gpu_session.sh musetalk-product (after musetalk, carry .whl .cvx): a 60 s 720p clip on the tier (SubmitJob
 #                                        -> MP4), then COUNTS live 256-tier sessions (512x512, H.264); SKIP_E2E=1 live only
 #   bash bench/gpu_session.sh live       (after services and e2e, or carry .whlcv): bench_live.py, N concurrent live
@@ -236,12 +236,34 @@ musetalk)  # issue 30: the 256 px tier's stage through gRPC, in one call (< 9 mi
       --log-level INFO --keep-log "$OUT/$name.log" --out "$OUT/$name.json" "$@" 2>&1 | grep -E '^\||SERVING|rror' | tail -3 \
       | tee "$OUT/$name.txt"
   }
-  runs=" ${MT_RUNS:-exact warm fast mad eager} "  # which of the runs below (a call's time is short)
+  runs=" ${MT_RUNS:-exact warm guard fast mad eager} "  # which of the runs below (a call's time is short)
   # (a) compiled, exact (a cold compile: its start-up includes it)
   [[ $runs == *" exact "* ]] && T=300 mt musetalk-compile-exact --backend compile
   # (c) a pod's start from the warm compile cache (the same cache dir, Inductor's local cache emptied)
   export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
   [[ $runs == *" warm "* ]] && T=120 MT_SECONDS=8 mt musetalk-compile-warm-start --backend compile
+  # where a start's numerics guard spends its time (the generator's fp32 reference: copy, move, run; cudnn autotune)
+  [[ $runs == *" guard "* ]] && timeout 120 python3 - "$models" <<'PY' 2>&1 | tail -8 | tee "$OUT/musetalk-guard-timing.txt"
+import copy, sys, time, torch
+from services.inference.backends.numerics import strict_fp32
+from services.lipsync.musetalk.networks import load_networks
+root = sys.argv[1]
+t = time.perf_counter()
+nets = load_networks(f"{root}/musetalkV15/unet.pth", f"{root}/musetalkV15/musetalk.json", f"{root}/sd-vae", f"{root}/whisper")
+print(f"load_networks {time.perf_counter() - t:.2f} s")
+gen = torch.Generator().manual_seed(0)
+x = (torch.randn((8, 8, 32, 32), generator=gen) * 0.5, torch.rand((8, 50, 384), generator=gen))
+torch.backends.cudnn.benchmark = True
+for bench in (True, False, True):
+    torch.backends.cudnn.benchmark = bench
+    t = time.perf_counter(); m = copy.deepcopy(nets.generator).eval(); t1 = time.perf_counter()
+    m = m.to("cuda"); torch.cuda.synchronize(); t2 = time.perf_counter()
+    with torch.inference_mode(), strict_fp32():
+        m(*[v.cuda() for v in x]).float().cpu()
+    t3 = time.perf_counter()
+    print(f"cudnn.benchmark={bench}: deepcopy {t1 - t:.2f} s, to(cuda) {t2 - t1:.2f} s, fp32 run {t3 - t2:.2f} s")
+    del m; torch.cuda.empty_cache()
+PY
   export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # (b) below compiles cold again: its own cache key
   # (b) compiled, fast decode (its own compile-cache key: another cold compile)
   [[ $runs == *" fast "* ]] && [ "$SECONDS" -lt 300 ] && T=240 mt musetalk-compile-fast --backend compile --fast-decode
