@@ -54,9 +54,22 @@ def reference_output(reference: nn.Module, inputs: Sequence[torch.Tensor], devic
     module already cast to fp16 and back would measure the arithmetic, not the rounding.
     """
     model = copy.deepcopy(reference).eval().to(device=device, dtype=torch.float32)
-    with strict_fp32():
+    with strict_fp32(), no_cudnn_autotune():
         out = model(*[x.to(device, torch.float32) for x in inputs])
     return out.float().cpu()
+
+
+@contextlib.contextmanager
+def no_cudnn_autotune() -> Iterator[None]:
+    """cudnn.benchmark off inside the block: a one-off pass (the reference) would otherwise time every
+    algorithm of each of its fp32 convolutions first. On an H100 the 256 px tier's generator took 19.9 s
+    with it and 0.2 s without (docs/performance.md), most of a warm pod's start."""
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
 
 
 def numerics_check(

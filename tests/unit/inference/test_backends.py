@@ -32,6 +32,7 @@ from services.inference.backends import (
     export_onnx,
     make_backend,
     numerics_check,
+    reference_output,
     relative_error,
     resolve_backend_spec,
 )
@@ -598,3 +599,33 @@ def test_no_module_but_the_spec_decides_buckets() -> None:
             offenders.append(f"{path.relative_to(root)}: {match.group(0).strip()}")
     assert not offenders, offenders
     assert _BUCKET_RULES.search((root / "services/inference/backends/spec.py").read_text(encoding="utf-8"))
+
+
+_AUTOTUNE_SEEN: list[bool] = []  # module-level: the reference pass runs on a deep copy of the module
+
+
+class _RecordsAutotune(nn.Module):
+    """Notes whether cuDNN's autotuner was on when it ran (the flag is a process setting, CPU or not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _AUTOTUNE_SEEN.append(torch.backends.cudnn.benchmark)
+        return x * self.scale
+
+
+def test_the_reference_pass_runs_without_cudnn_autotune_and_restores_it() -> None:
+    """The guard's one-off fp32 pass must not time every convolution's algorithms first (20 s of a warm
+    start on the GPU); the stage's own setting is back afterwards."""
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    _AUTOTUNE_SEEN.clear()
+    try:
+        out = reference_output(_RecordsAutotune(), [torch.ones(2)], "cpu")
+        assert torch.backends.cudnn.benchmark is True
+    finally:
+        torch.backends.cudnn.benchmark = saved
+    assert torch.equal(out, torch.ones(2))
+    assert _AUTOTUNE_SEEN == [False]
