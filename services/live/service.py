@@ -286,7 +286,7 @@ class LiveService(Service[LiveSettings], live_pb2_grpc.LiveServiceServicer):
                 rate,
                 max_queued_seconds=s.max_queued_audio_s,
                 submit_face=submit_face,
-                lead_s=s.face_lead_s,
+                lead_s=s.face_lead(musetalk),
                 face_grace_s=s.face_grace_s,
                 max_chunk_ms=s.max_chunk_ms,
                 scale=i420_scaler(meta.width, meta.height, width, height),

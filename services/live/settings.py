@@ -51,6 +51,11 @@ class LiveSettings(FaceWorkerSettings):
         "how far ahead of its slot a speech frame is sent to the lipsync stage (its face must be back by the slot, "
         "or within face_grace_s): one frame at 25 fps; the face link's 10 ms flush and the stage's ~10-20 ms fit in it",
     )
+    musetalk_face_lead_s: float = setting(
+        0.1,
+        "face_lead_s for the musetalk tier's sessions: its stage answers a batch in ~35 ms (16 faces) to ~80 ms (32) "
+        "on an H100, so the 40 ms of Wav2Lip's lead skipped most speech frames (docs/performance.md)",
+    )
     face_grace_s: float = setting(
         0.02,
         "how long past its slot's start a speech frame waits for a face not back yet (then skipped); at most half a frame",
@@ -89,6 +94,10 @@ class LiveSettings(FaceWorkerSettings):
         "its whisper window holds; the tier's look-ahead is 132.5 ms plus this (80: 212.5 ms, Wav2Lip's)",
     )
 
+    def face_lead(self, musetalk: bool) -> float:
+        """How far ahead of its slot a speech frame of a session is sent: the tier's stage sets it."""
+        return self.musetalk_face_lead_s if musetalk else self.face_lead_s
+
     def validate(self) -> None:
         super().validate()
         problems = []
@@ -100,8 +109,9 @@ class LiveSettings(FaceWorkerSettings):
             problems.append(f"max_chunk_ms must be in 10..1000, got {self.max_chunk_ms}")
         if self.max_session_seconds <= 0 or self.idle_timeout_s <= 0 or self.max_queued_audio_s <= 0:
             problems.append("max_session_seconds, idle_timeout_s and max_queued_audio_s must be > 0")
-        if not 0 <= self.face_lead_s <= 1:
-            problems.append(f"face_lead_s must be in 0..1 s, got {self.face_lead_s}")
+        for name in ("face_lead_s", "musetalk_face_lead_s"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"{name} must be in 0..1 s, got {getattr(self, name)}")
         if not 0 <= self.face_grace_s <= 0.5:
             problems.append(f"face_grace_s must be in 0..0.5 s, got {self.face_grace_s}")
         if not 0 < self.face_flush_ms <= 1000:
