@@ -29,7 +29,7 @@ set -u
 phase=${1:-services}; shift || true
 OUT=${OUT:-var/bench/gpu}
 mkdir -p "$OUT" .devsite
-for dir in .whl .whlcv; do
+for dir in .whl .whlcv .whlav; do  # wheels the device lacks (bench/README.md, "On the lent H200")
   if [ -d "$dir" ] && compgen -G "$dir/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .devsite "$dir"/*.whl || exit 1
   fi
