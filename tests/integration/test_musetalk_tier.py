@@ -130,16 +130,27 @@ def photo(tier_client: LiplineClient) -> gateway_pb2.Avatar:
     return avatar
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["no-sr", "sr"])
+@pytest.fixture(scope="module")
+def photo_renders() -> dict[bool, Render]:
+    """The photo's renders by super_resolution, made once per cluster by `photo_job`."""
+    return {}
+
+
+@pytest.fixture(params=[False, True], ids=["no-sr", "sr"])
 def photo_job(
     request: pytest.FixtureRequest,
+    photo_renders: dict[bool, Render],
     tier_client: LiplineClient,
     photo: gateway_pb2.Avatar,
     speech_bytes: bytes,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Render:
-    out = tmp_path_factory.mktemp("musetalk-job") / "out.mp4"
-    return render(tier_client, photo.id, speech_bytes, out, super_resolution=request.param)
+    # A function-scoped parameter: as a module-scoped one, pytest interleaved it with the store's and
+    # started the tier's cluster again for each switch (five starts instead of two).
+    if request.param not in photo_renders:
+        out = tmp_path_factory.mktemp("musetalk-job") / "out.mp4"
+        photo_renders[request.param] = render(tier_client, photo.id, speech_bytes, out, super_resolution=request.param)
+    return photo_renders[request.param]
 
 
 # --------------------------------------------------------------------------------------------------
