@@ -554,12 +554,9 @@ def stage_args(args: argparse.Namespace, workdir: Path, max_sessions: int) -> di
             f"--max-window-positions={max(32000, 1500 * max_sessions)}",
         ]
         if not args.procedural:
-            from services.lipsync.musetalk.seeded import network_paths, write_seeded_networks
+            from services.lipsync.musetalk.seeded import given_or_seeded_networks
 
-            if args.musetalk_dir:  # a folder in the public layout (real or seeded weights written earlier)
-                paths = network_paths(args.musetalk_dir)
-            else:
-                paths = write_seeded_networks(workdir / "musetalk-models", small=args.tiny)
+            paths = given_or_seeded_networks(args.musetalk_dir, workdir / "musetalk-models", small=args.tiny)
             musetalk += [f"--{name.replace('_', '-')}={path}" for name, path in paths.items()]
         stages["lipsync-musetalk"] = musetalk + shlex.split(args.musetalk_flags)
     return {

@@ -28,7 +28,16 @@ from services.lipsync.musetalk.unet import UNET_CONFIG_NAME, build_unet
 from services.lipsync.musetalk.vae import build_vae
 from services.lipsync.musetalk.whisper import WhisperEncoder, WhisperEncoderConfig
 
-__all__ = ["UNET_CONFIG", "VAE_CONFIG", "WHISPER_CONFIG", "configs", "write_seeded_networks", "write_seeded_whisper"]
+__all__ = [
+    "UNET_CONFIG",
+    "VAE_CONFIG",
+    "WHISPER_CONFIG",
+    "configs",
+    "given_or_seeded_networks",
+    "network_paths",
+    "write_seeded_networks",
+    "write_seeded_whisper",
+]
 
 # musetalkV15/musetalk.json
 UNET_CONFIG: dict[str, Any] = {
@@ -140,6 +149,12 @@ def write_seeded_networks(folder: str | Path, small: bool = False) -> dict[str, 
     (folder / "sd-vae" / "config.json").write_text(json.dumps(cfg["vae"], indent=2))
     _write_whisper(encoder, cfg["whisper"], folder / "whisper")
     return network_paths(folder)
+
+
+def given_or_seeded_networks(given: str, folder: str | Path, small: bool = False) -> dict[str, str]:
+    """The benches' choice: the networks of the models folder `given` (public layout), else seeded
+    ones written under `folder`."""
+    return network_paths(given) if given else write_seeded_networks(folder, small)
 
 
 def network_paths(folder: str | Path) -> dict[str, str]:
