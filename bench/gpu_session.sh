@@ -227,7 +227,7 @@ musetalk)  # issue 30: the 256 px tier's stage through gRPC, in one call (< 9 mi
   models=$PWD/var/musetalk-seeded; cache=$PWD/var/compile-cache-musetalk
   export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)  # a cold compile: nothing from earlier calls on this machine
   [ -f "$models/musetalkV15/unet.pth" ] || python3 -c "from services.lipsync.musetalk.seeded import write_seeded_networks as w; import sys; w(sys.argv[1])" "$models" || exit 1
-  buckets=${BUCKETS:-8,16,32}  # the stage's default (max_batch 32); the product phase reuses the cache; max=${buckets##*,}
+  buckets=${BUCKETS:-8,16,32}; max=${buckets##*,}  # the stage's default (max_batch 32); musetalk-product reuses the cache
   mt() {  # name, then extra flags
     local name=$1; shift
     timeout "${T:-200}" python3 bench/bench_lipsync_grpc.py --model musetalk --musetalk-dir "$models" --device cuda \
