@@ -8,7 +8,7 @@ none, never a partial one. Temporary files are never listed and their names are 
 
 Thread-safe without locks: every operation is a self-contained filesystem call sequence, and the
 one race between writers and `delete`/`delete_prefix` (a writer's folder removed as empty between
-its `mkdir` and its write) is retried.
+its `mkdir` and its write, or in the middle of the `mkdir`) is retried.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class FolderBlobStore(BlobStore):
             try:
                 with mapped_errors(self.url, write=True):
                     try:
-                        final.parent.mkdir(parents=True, exist_ok=True)
+                        _make_folder(final.parent)
                         atomic_write(final, fill)  # removes its temporary file on any failure
                     except OSError as exc:
                         if storage_error(self.url, exc, write=True) is not None:
@@ -239,6 +239,18 @@ class FolderBlobStore(BlobStore):
                 return open(self._path(key), "rb")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise NotFound(f"blob not found: {key}") from None
+
+
+def _make_folder(folder: Path) -> None:
+    """`mkdir -p`, telling a folder removed by a concurrent delete_prefix in the middle of it (pathlib's
+    mkdir then raises FileExistsError for a folder that no longer is: retried, as FileNotFoundError)
+    from a key's file in the way (FileExistsError, as before)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        if any(p.exists() and not p.is_dir() for p in (folder, *folder.parents)):
+            raise
+        raise FileNotFoundError(errno.ENOENT, "the folder was removed while it was made", str(folder)) from None
 
 
 def _file_chunks(f: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:

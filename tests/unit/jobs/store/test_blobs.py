@@ -317,6 +317,19 @@ def test_concurrent_puts_from_threads(blob_store: BlobStore) -> None:
         assert blob_store.get(k) == k.encode() * 100
 
 
+def test_a_folder_store_refuses_a_key_where_keys_are_below_it_and_the_reverse(tmp_path: Path) -> None:
+    """A key's file in the way of a folder (or a folder in the way of a key) is a ValueError naming the
+    key, never retried as the race with delete_prefix is: the race's retry must not swallow it."""
+    store = FolderBlobStore(f"file://{tmp_path / 'blobs'}")
+    store.put("a", b"x")
+    with pytest.raises(ValueError, match="'a/b/c'.*cannot hold both a key and keys below it"):
+        store.put("a/b/c", b"y")
+    store.put("d/e", b"z")
+    with pytest.raises(ValueError, match="'d'.*cannot hold both"):
+        store.put("d", b"w")
+    assert (store.get("a"), store.get("d/e")) == (b"x", b"z")
+
+
 def test_concurrent_put_and_delete_prefix_in_one_folder(blob_store: BlobStore) -> None:
     """A writer and a delete_prefix that empties (and, on a folder, removes) the same folder race."""
     errors: list[BaseException] = []
