@@ -97,13 +97,11 @@ def musetalk_flags(args: argparse.Namespace, workdir: Path) -> list[str]:
     unless --musetalk-dir or --standin), precision, the switch and the model-serving flags."""
     flags: list[str] = []
     if not args.standin:
-        from services.lipsync.musetalk.seeded import network_paths, write_seeded_networks
+        from services.lipsync.musetalk.seeded import given_or_seeded_networks
 
-        if args.musetalk_dir:
-            paths = network_paths(args.musetalk_dir)
-        else:
-            t0 = time.perf_counter()
-            paths = write_seeded_networks(workdir / "musetalk", small=args.small)
+        t0 = time.perf_counter()
+        paths = given_or_seeded_networks(args.musetalk_dir, workdir / "musetalk", small=args.small)
+        if not args.musetalk_dir:
             print(f"seeded musetalk networks written in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         for name, path in paths.items():
             flags += ["--" + name.replace("_", "-"), str(path)]

@@ -45,7 +45,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 from services.inference.backends import Backend, CompiledBackend, make_backend, reference_output, relative_error
+from services.inference.backends.numerics import cudnn_flag
 from services.inference.checkpoints import seeded_state_dict
 
 InputsFn = Callable[[int], tuple[torch.Tensor, ...]]
@@ -203,19 +204,6 @@ def sr_inputs_fn(size: int) -> InputsFn:
 # --------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def cudnn_disabled(active: bool) -> Iterator[None]:
-    if not active:
-        yield
-        return
-    saved = torch.backends.cudnn.enabled
-    torch.backends.cudnn.enabled = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.enabled = saved
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -294,7 +282,7 @@ def bench_model(
         print(f"[{label}] {cfg.name} ...", file=sys.stderr)
         backend = None
         try:
-            with cudnn_disabled(cfg.cudnn_disabled):
+            with cudnn_flag("enabled", False) if cfg.cudnn_disabled else contextlib.nullcontext():
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats(device)

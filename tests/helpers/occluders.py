@@ -32,9 +32,12 @@ SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "avatar.jpg"
 SAMPLE_FACE = (177, 67, 270, 169)  # the sample face's Haar box (x1, y1, x2, y2) in samples/avatar.jpg
 
 
-def panning_clip(frames: int, covered: range = range(0), size: int = 256, left: int = 100) -> list[np.ndarray]:
+def panning_clip(
+    frames: int, covered: range = range(0), size: int = 256, left: int = 100, blank: range = range(0)
+) -> list[np.ndarray]:
     """A template clip of the sample face: a `size` square window panning right 1 px a frame from column
-    `left` (the face moves left), with a `hand` over the mouth and chin in the `covered` frames."""
+    `left` (the face moves left), with a `hand` over the mouth and chin in the `covered` frames and
+    flat grey (no face) in the `blank` ones."""
     photo = cv2.imread(str(SAMPLE))
     x1, y1, x2, y2 = SAMPLE_FACE
     out = []
@@ -43,5 +46,7 @@ def panning_clip(frames: int, covered: range = range(0), size: int = 256, left: 
         frame = np.ascontiguousarray(photo[0:size, x0 : x0 + size])
         if i in covered:
             frame = hand(frame, (x1 - x0, y1, x2 - x0, y2), top=0.62, bottom=0.3, right=0.0)
+        if i in blank:
+            frame = np.full_like(frame, 90)
         out.append(frame)
     return out

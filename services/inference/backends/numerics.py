@@ -12,7 +12,7 @@ from torch import nn
 
 from services.inference.backends.protocol import Backend
 
-__all__ = ["numerics_check", "reference_output", "relative_error", "strict_fp32"]
+__all__ = ["cudnn_flag", "numerics_check", "reference_output", "relative_error", "strict_fp32"]
 
 
 @contextlib.contextmanager
@@ -54,22 +54,24 @@ def reference_output(reference: nn.Module, inputs: Sequence[torch.Tensor], devic
     module already cast to fp16 and back would measure the arithmetic, not the rounding.
     """
     model = copy.deepcopy(reference).eval().to(device=device, dtype=torch.float32)
-    with strict_fp32(), no_cudnn_autotune():
+    # cuDNN autotune off: a one-off pass would otherwise time every algorithm of each of its fp32
+    # convolutions first (the 256 px tier's generator on an H100: 19.9 s with it, 0.2 s without).
+    with strict_fp32(), cudnn_flag("benchmark", False):
         out = model(*[x.to(device, torch.float32) for x in inputs])
     return out.float().cpu()
 
 
 @contextlib.contextmanager
-def no_cudnn_autotune() -> Iterator[None]:
-    """cudnn.benchmark off inside the block: a one-off pass (the reference) would otherwise time every
-    algorithm of each of its fp32 convolutions first. On an H100 the 256 px tier's generator took 19.9 s
-    with it and 0.2 s without (docs/performance.md), most of a warm pod's start."""
-    saved = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = False
+def cudnn_flag(name: str, value: bool) -> Iterator[None]:
+    """`torch.backends.cudnn.<name>` (enabled, benchmark, deterministic) set to `value` inside the block,
+    restored after. (torch's own `cudnn.flags` sets all of them at once, allow_tf32 included, which
+    would undo `strict_fp32`.)"""
+    saved = getattr(torch.backends.cudnn, name)
+    setattr(torch.backends.cudnn, name, value)
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = saved
+        setattr(torch.backends.cudnn, name, saved)
 
 
 def numerics_check(

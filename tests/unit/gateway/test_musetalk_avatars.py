@@ -26,9 +26,9 @@ from services.jobs.store.jobs import AvatarRecord
 from services.media.musetalk_wire import LATENT_SHAPE, MASK_SHAPE
 from services.render.mp4 import Mp4Writer
 from services.serving.errors import InvalidMedia
+from tests.helpers.musetalk_stage import RunningStage
 from tests.helpers.occluders import panning_clip
 from tests.helpers.stores import Stores, temp_stores
-from tests.unit.lipsync.musetalk.test_service import RunningStage
 
 FRAMES = 2 * COPY_ROWS + 22  # past two copy chunks
 NO_FACE = {3, 90}

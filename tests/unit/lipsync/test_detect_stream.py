@@ -9,38 +9,20 @@ from __future__ import annotations
 
 import random
 
-import cv2
 import numpy as np
 import pytest
 
 from services.lipsync.detect_stream import SETTLE_EVERY, SETTLE_LAG, FaceStream
 from services.lipsync.faces import DEFAULT_PADS, HaarFaceDetector, prepare_boxes
 from services.lipsync.occlusion import OcclusionConfig, visible_boxes
-from tests.helpers.occluders import hand
-from tests.integration.util import SAMPLES
+from tests.helpers.occluders import panning_clip
 
-SIZE = 256
-FACE = (177, 67, 270, 169)  # the sample's Haar box in avatar.jpg
 CHUNK = 8
 
 
 @pytest.fixture(scope="module")
 def detector() -> HaarFaceDetector:
     return HaarFaceDetector()
-
-
-def clip(frames: int, covered: range = range(0), blank: range = range(0)) -> list[np.ndarray]:
-    photo = cv2.imread(str(SAMPLES / "avatar.jpg"))
-    out = []
-    for i in range(frames):
-        x0 = 60 + i % 100  # pans 1 px per frame
-        frame = np.ascontiguousarray(photo[0:SIZE, x0 : x0 + SIZE])
-        if i in covered:
-            frame = hand(frame, (FACE[0] - x0, FACE[1], FACE[2] - x0, FACE[3]), top=0.62, bottom=0.3, right=0.0)
-        if i in blank:
-            frame = np.full_like(frame, 90)
-        out.append(frame)
-    return out
 
 
 def streamed(
@@ -74,7 +56,7 @@ def streamed(
 def test_stream_answers_what_the_whole_clip_answers(
     detector: HaarFaceDetector, count: int, covered: range, blank: range
 ) -> None:
-    frames = clip(count, covered, blank)
+    frames = panning_clip(count, covered, left=60, blank=blank)
     expected_boxes, expected_covered = visible_boxes(frames, detector.detect(frames))
     boxes, flags, again, most = streamed(detector, frames)
     assert boxes == expected_boxes

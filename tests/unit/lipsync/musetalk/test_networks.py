@@ -19,7 +19,7 @@ from services.lipsync.musetalk.masks import finish_mask, mask_box
 from services.lipsync.musetalk.networks import FAST_DECODE_FIRST_ROW, Networks, load_networks
 from services.lipsync.musetalk.seeded import write_seeded_networks
 from services.media.musetalk_wire import pack_items, pack_latents, pack_window
-from tests.unit.lipsync.musetalk.test_service import RunningStage
+from tests.helpers.musetalk_stage import RunningStage
 
 FACE = 256
 

@@ -23,7 +23,8 @@ from lipline.v1 import lipsync_pb2
 from services.media.musetalk_wire import pack_items, pack_latents, pack_window
 from services.media.whisper_windows import clip_positions, frame_window, window_positions
 from services.media.wire import image_to_proto
-from tests.unit.lipsync.musetalk.test_service import REPO_ROOT, RunningStage
+from tests.helpers.musetalk_stage import RunningStage
+from tests.integration.util import SAMPLES
 
 unet_module = pytest.importorskip("services.lipsync.musetalk.unet", reason="the MuseTalk networks (musetalk-nets)")
 vae_module = pytest.importorskip("services.lipsync.musetalk.vae")
@@ -79,7 +80,7 @@ def stage(models: Path) -> Iterator[RunningStage]:
 def test_generate_is_upstreams_steps_to_the_uint8(stage: RunningStage, models: Path) -> None:
     import librosa
 
-    photo = cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg"))
+    photo = cv2.imread(str(SAMPLES / "avatar.jpg"))
     (prepared,) = stage.stub.PrepareAvatar(
         iter(
             [lipsync_pb2.PrepareAvatarRequest(frames=[lipsync_pb2.IndexedFrame(index=0, image=image_to_proto(photo))])]
@@ -99,7 +100,7 @@ def test_generate_is_upstreams_steps_to_the_uint8(stage: RunningStage, models: P
         expected = torch.cat([vae.encode(masked)[0], vae.encode(x)[0]], 1) * 0.18215
     np.testing.assert_allclose(latents.astype(np.float32), expected.numpy(), atol=2e-3, rtol=2e-3)
 
-    speech, _ = librosa.load(str(REPO_ROOT / "samples" / "speech.wav"), sr=16000)
+    speech, _ = librosa.load(str(SAMPLES / "speech.wav"), sr=16000)
     audio = np.tile(speech, 5)[: 35 * 16000]  # two 30 s windows
     positions = clip_positions(len(audio))
     mels = [mel_module.whisper_log_mel(audio[k * 480_000 : (k + 1) * 480_000]) for k in range(2)]

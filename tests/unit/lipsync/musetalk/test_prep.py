@@ -23,12 +23,13 @@ from lipline.v1 import lipsync_pb2
 from services.lipsync.musetalk.standin import LATENT_SCALE, StandInVAE
 from services.lipsync.occlusion import OcclusionConfig
 from services.media.wire import image_to_proto
+from tests.helpers.musetalk_stage import RunningStage
 from tests.helpers.occluders import SAMPLE_FACE, hand, panning_clip
-from tests.unit.lipsync.musetalk.test_service import REPO_ROOT, RunningStage
+from tests.integration.util import SAMPLES
 
 pytest.importorskip("services.lipsync.musetalk.dwpose", reason="the MuseTalk box rules (musetalk-dwpose's module)")
 
-PHOTO = cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg"))
+PHOTO = cv2.imread(str(SAMPLES / "avatar.jpg"))
 FACE_CENTRE = (223, 118)  # the sample's face (OpenCV's Haar box 177..270 x 67..169)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import cv2
 import grpc
@@ -14,21 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-from lipline.v1 import lipsync_pb2, lipsync_pb2_grpc
-from services.lipsync.musetalk.service import MuseTalkService
-from services.lipsync.musetalk.settings import MuseTalkSettings
+from lipline.v1 import lipsync_pb2
 from services.lipsync.musetalk.standin import LATENT_SCALE, StandInVAE
 from services.media.musetalk_wire import pack_items, pack_latents, pack_window
-from services.serving.metrics import Metrics
-from tests.helpers.running_service import RunningService
+from tests.helpers.musetalk_stage import RunningStage
+from tests.integration.util import SAMPLES
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
 FLOOR = -0.71  # whisper's scaled log-mel floor of a window whose top is 1.29 (top - 2)
 
 
 def face_latents() -> np.ndarray:
     """The sample avatar's face, 256 x 256, through the stand-in VAE as avatar preparation encodes it."""
-    image = cv2.imread(str(REPO_ROOT / "samples" / "avatar.jpg"))
+    image = cv2.imread(str(SAMPLES / "avatar.jpg"))
     crop = cv2.resize(image[75:180, 178:270], (256, 256), interpolation=cv2.INTER_LANCZOS4)
     x = torch.from_numpy(crop[:, :, ::-1].copy()).permute(2, 0, 1)[None].float() / 127.5 - 1.0
     masked = x.clone()
@@ -46,31 +42,6 @@ def speech_then_silence() -> np.ndarray:
     syllables = np.sin(np.arange(1000) * np.pi * 3 / 100) ** 2  # 0..1
     mel[:, :1000] = FLOOR + 2.0 * syllables * rng.uniform(0.5, 1.0, (80, 1000))
     return mel
-
-
-class RunningStage:
-    def __init__(self, **overrides: object) -> None:
-        self.settings = MuseTalkSettings(host="127.0.0.1", port=0, metrics_port=-1, device="cpu", **overrides)  # type: ignore[arg-type]
-        self.service = RunningService(
-            lambda: MuseTalkService(self.settings, Metrics("lipsync-musetalk")), "musetalk-stage", 120
-        )
-
-    def __enter__(self) -> RunningStage:
-        self.stub = lipsync_pb2_grpc.MuseTalkServiceStub(self.service.__enter__())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.service.__exit__(*exc)
-
-    def generate(self, requests: list[lipsync_pb2.MuseTalkGenerateRequest]) -> tuple[list[int], np.ndarray, str]:
-        """(frame indices, faces (N, 256, 256, 3) uint8 BGR, the model's name) of one stream."""
-        frames, data, model = [], b"", ""
-        for response in self.stub.Generate(iter(requests), timeout=60):
-            model = model or response.model.name
-            assert set(response.faces.widths) <= {256} and set(response.faces.heights) <= {256}
-            frames += list(response.faces.frame_indices)
-            data += response.faces.data
-        return frames, np.frombuffer(data, np.uint8).reshape(-1, 256, 256, 3), model
 
 
 @pytest.fixture(scope="module")
