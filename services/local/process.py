@@ -63,7 +63,7 @@ class ServiceProcess:
         Raises RuntimeError when the process exits first, TimeoutError after `timeout` seconds.
         """
         deadline = time.monotonic() + timeout
-        while not self.port_file.exists():
+        while len(ports := self._written_ports()) < 2:
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"{self.name} exited with {self.process.returncode} during start-up:\n{self.log_tail()}"
@@ -71,10 +71,17 @@ class ServiceProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} not SERVING after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(0.05)
-        ports = [int(x) for x in self.port_file.read_text().split()]
         self.port, self.metrics_port = ports[:2]
         self.http_port = ports[2] if len(ports) > 2 else 0
         return time.monotonic() - self.started
+
+    def _written_ports(self) -> list[int]:
+        """The ports in the port file so far; [] while it is absent, and while a writer that does not
+        rename into place (the serving bootstrap does) has created it but not yet written it."""
+        try:
+            return [int(x) for x in self.port_file.read_text().split()]
+        except (FileNotFoundError, ValueError):
+            return []
 
     def signal_stop(self) -> None:
         """SIGTERM, if it still runs: the service goes NOT_SERVING and drains within its grace_s."""

@@ -32,6 +32,20 @@ def test_ready_once_the_port_file_names_the_ports(tmp_path: Path) -> None:
         assert svc.terminate(timeout=10) == -signal.SIGTERM
 
 
+def test_a_port_file_created_before_it_is_written_is_not_yet_ready(tmp_path: Path) -> None:
+    """A writer that opens the file, then writes (no rename into place): wait_ready waits for the ports."""
+    script = (
+        "import sys, time; f = open(sys.argv[1], 'w'); f.flush(); time.sleep(0.5); "
+        "f.write('4321 4322'); f.close(); time.sleep(60)"
+    )
+    svc = _process(tmp_path, script)
+    try:
+        svc.wait_ready(timeout=20)
+        assert (svc.port, svc.metrics_port) == (4321, 4322)
+    finally:
+        svc.terminate(timeout=10)
+
+
 def test_a_process_that_dies_during_start_up_says_so_with_its_log(tmp_path: Path) -> None:
     svc = _process(tmp_path, "import sys; print('bad flag --x'); sys.exit(3)")
     with pytest.raises(RuntimeError, match=r"(?s)svc exited with 3 during start-up:.*bad flag --x"):
