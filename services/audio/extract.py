@@ -12,7 +12,9 @@ each request caught in a breakage is run once more alone in a fresh one-process 
 ones succeed there, and the one that kills that pool too is answered `InvalidMedia`.
 
 Children are started with spawn, never fork: the parent runs gRPC's threads, and a forked child
-inherits their locks in whatever state they were.
+inherits their locks in whatever state they were. A child exits when its parent dies: a parent killed
+with SIGKILL (an OOM kill, a test's kill) cannot shut its pool down, and its child would otherwise wait
+on the pool's queue for ever (in a pod the kernel ends the container anyway; on a host it would not).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import asyncio
 import concurrent.futures
 import logging
 import multiprocessing
+import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.process import BaseProcess
@@ -38,6 +43,7 @@ from services.serving.native_threads import one_thread_per_process
 
 _LOGGER = logging.getLogger(__name__)
 MAX_PROCESSES = 64
+PARENT_CHECK_S = 1.0  # how often a child looks for its parent
 
 
 class Extracted(NamedTuple):
@@ -77,12 +83,22 @@ def _warm() -> None:
     whisper_log_mel_segments(np.zeros(SAMPLE_RATE // 2, np.float32))  # its filter bank
 
 
-def _start_child() -> None:
+def _start_child(parent_pid: int) -> None:
     """Pool initializer: a child gets the parent's one-thread-per-native-pool policy (spawn passes the
     environment on anyway; this keeps it true for a parent started without `python -m services.audio`),
-    and is warm before it takes its first clip, including a child that replaces a crashed one."""
+    ends with its parent, and is warm before it takes its first clip, including a child that replaces
+    a crashed one."""
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
     one_thread_per_process()
     _warm()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Exit once the parent is gone (the child is re-parented). A poll rather than prctl's
+    PR_SET_PDEATHSIG, which fires when the *thread* that spawned the child ends, not its process."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
 
 
 def _death(children: list[BaseProcess]) -> str:
@@ -128,7 +144,10 @@ class ClipExtractor:
     @staticmethod
     def _process_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
         return concurrent.futures.ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_child
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start_child,
+            initargs=(os.getpid(),),
         )
 
     async def warm(self) -> None:

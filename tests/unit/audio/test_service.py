@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +37,7 @@ from services.serving.metrics import Metrics
 from tests.helpers.audio_files import encode_tone
 from tests.helpers.crashing_extract import CRASH, crash_or_extract
 from tests.helpers.running_service import RunningService
+from tests.integration.util import eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MAX_SECONDS = 5.0  # the servers' max_audio_seconds: low, so a TooLarge is cheap to provoke
@@ -194,6 +198,34 @@ def test_a_crash_breaks_the_pool_but_only_the_culprit_fails(caplog: pytest.LogCa
         assert samples == len(decode_audio(data, 16000))
     replaced = [r for r in caplog.records if "started a new pool" in r.getMessage()]
     assert len(replaced) == 1, [r.getMessage() for r in caplog.records]
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (absent, or a zombie its new parent has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_decoder_child_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """A parent killed with SIGKILL cannot shut its pool down: its child must not wait on for ever."""
+    parent_script = (
+        "import asyncio, time\n"
+        "from services.audio.extract import ClipExtractor\n"
+        "clips = ClipExtractor(1)\n"
+        "asyncio.run(clips.warm())\n"
+        "print(*clips._executor._processes, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_script], stdout=subprocess.PIPE, text=True)
+    try:
+        (child,) = [int(pid) for pid in parent.stdout.readline().split()]
+        assert not _gone(child)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    eventually(lambda: _gone(child), timeout=30, what=f"decoder child {child} to exit after its parent")
 
 
 def test_one_thread_extracts_clips_first_come_first_served() -> None:
