@@ -14,6 +14,14 @@ import pytest
 
 from tests.helpers import ports
 
+# Bytecode caches on, whatever the environment says (PYTHONDONTWRITEBYTECODE is set on some CI images):
+# otherwise each of the ~300 service processes a run starts compiles the project's modules again, and
+# each xdist worker re-runs pytest's assertion rewriting of every test module. The caches go to the
+# ignored __pycache__ folders; this runs in the controller first, so the workers and every process they
+# start inherit it (docs/decisions.md: the suite's workers).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 REFERENCE_DIR = Path(__file__).parent / "data" / "reference"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLIENT_SRC = REPO_ROOT / "clients" / "python" / "src"

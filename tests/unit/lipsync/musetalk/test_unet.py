@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from diffusers import UNet2DConditionModel
 
 from services.inference.checkpoints import seeded_state_dict
 from services.lipsync.musetalk import load_unet, positional_encoding
@@ -57,6 +56,9 @@ def test_load_unet_runs_upstreams_unet(tmp_path: Path, weights: dict[str, torch.
     path = _write(tmp_path / "musetalkV15", weights)
     model = load_unet(path)
     assert not model.training
+
+    # imported here, not with the module: it takes seconds, paid only by the worker that runs this test
+    from diffusers import UNet2DConditionModel
 
     # Upstream's steps (musetalk/models/unet.py and the inference scripts), written out here.
     reference = UNet2DConditionModel(**json.loads((path.parent / UNET_CONFIG_NAME).read_text()))

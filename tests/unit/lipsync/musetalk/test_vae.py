@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from diffusers import AutoencoderKL
 from safetensors.torch import save_file
 
 from services.inference.checkpoints import seeded_state_dict
@@ -87,6 +86,9 @@ def test_load_vae_runs_upstreams_vae(layout: str, tmp_path: Path, weights: dict[
         folder = _write(tmp_path / "sd-vae", weights, safetensors=True)
     model = load_vae(folder)
     assert not model.training
+    # imported here, not with the module: it takes seconds, paid only by the worker that runs this test
+    from diffusers import AutoencoderKL
+
     reference = AutoencoderKL.from_pretrained(folder, low_cpu_mem_usage=False).eval()
 
     gen = torch.Generator().manual_seed(2)

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperModel
 
 from services.lipsync.musetalk import load_whisper_encoder, positional_encoding, whisper_chunks
 from services.lipsync.musetalk.whisper import WhisperEncoder, WhisperEncoderConfig, feature_length, window_starts
@@ -45,6 +44,9 @@ SMALL = {
 
 def _hf_folder(folder: Path, safe_serialization: bool = False) -> Path:
     """A seeded whisper checkpoint saved as transformers saves one (config.json + the weights)."""
+    # imported here, not with the module: it takes seconds, paid only by the worker that runs this test
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(WhisperConfig(**SMALL))
     with torch.no_grad():  # LayerNorms and biases away from their 1/0 initialisation, so they are tested
@@ -75,6 +77,9 @@ def test_the_full_size_encoder_has_the_public_checkpoints_keys() -> None:
 
 def _transformers_states(folder: Path, features: torch.Tensor) -> torch.Tensor:
     """MuseTalk's call (musetalk/utils/audio_processor.py): all hidden states, stacked on dim 2."""
+    # imported here, not with the module: it takes seconds, paid only by the worker that runs this test
+    from transformers import WhisperModel
+
     whisper = WhisperModel.from_pretrained(folder).eval()
     with torch.no_grad():
         states = whisper.encoder(features, output_hidden_states=True).hidden_states
