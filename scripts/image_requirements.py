@@ -6,10 +6,11 @@ installs what it prints (the lock's own lines, so the lock's versions), then run
 as some kept package's dependency. Standard library only: it runs before the virtualenv exists.
 
 Every image leaves out the development tools (tests, chart checks, the proto compiler: the stubs are
-generated in a build stage of their own). The gateway and the render workers run no model, so
-theirs also leave out torch and what only torch needs, the ONNX export tools and the mel
-pipeline (librosa and its scientific stack; mel windows come from the audio service). The audio
-image leaves out torch too: its mel pipeline is librosa and numpy. diffusers (the MuseTalk tier's UNet
+generated in a build stage of their own), among them librosa, the reference the tests check the mels
+against (the services compute them in numpy and scipy: services/media/mel_filters.py says why). The
+gateway and the render workers run no model, so theirs also leave out torch and what only torch
+needs, the ONNX export tools and scipy (mel windows come from the audio service). The audio and live
+images leave out torch too: their mel pipeline is numpy and scipy. diffusers (the MuseTalk tier's UNet
 and VAE) and what only it requires go into the lipsync image alone; transformers is a test tool.
 
 Only the GPU images (the stages with `gpu` in services/serving/stages.py, the registry: lipsync and
@@ -74,6 +75,25 @@ DEV = frozenset(
         "fonttools",
         "kiwisolver",
         "pyparsing",
+        # librosa: the reference the tests check the mels and the mel filter bank against (the services
+        # never import it), and what only it requires
+        "librosa",
+        "audioread",
+        "decorator",
+        "joblib",
+        "lazy-loader",
+        "llvmlite",
+        "msgpack",
+        "narwhals",
+        "numba",
+        "pooch",
+        "platformdirs",
+        "scikit-learn",
+        "soundfile",
+        "soxr",
+        "threadpoolctl",
+        "cffi",
+        "pycparser",
         # transformers: the reference the tests check the MuseTalk tier's whisper encoder and log-mel
         # against, and what only it requires
         "transformers",
@@ -112,29 +132,8 @@ DEV = frozenset(
 TORCH = frozenset({"torch", "sympy", "mpmath", "networkx", "filelock", "fsspec", "jinja2", "markupsafe"})
 # `python -m services.<stage>.export`: ONNX export and its onnxruntime check (GPU stages only).
 ONNX = frozenset({"onnx", "onnxruntime", "ml-dtypes", "flatbuffers"})
-# The mel pipeline of the audio service (services/media/mel.py) and what only librosa requires.
-MEL = frozenset(
-    {
-        "librosa",
-        "audioread",
-        "decorator",
-        "joblib",
-        "lazy-loader",
-        "llvmlite",
-        "msgpack",
-        "narwhals",
-        "numba",
-        "pooch",
-        "platformdirs",
-        "scikit-learn",
-        "scipy",
-        "soundfile",
-        "soxr",
-        "threadpoolctl",
-        "cffi",
-        "pycparser",
-    }
-)
+# The mels' STFT and the live worker's resampling filter (services/media/mel.py, services/live/resample.py).
+SCIPY = frozenset({"scipy"})
 
 # The MuseTalk tier's UNet and VAE (services/lipsync/musetalk): diffusers and what only it requires at
 # run time (pillow also serves the dev tools' matplotlib). The lipsync image only.
@@ -168,12 +167,12 @@ EXCLUDED: dict[str, frozenset[str]] = {
     "audio": DEV | TORCH | ONNX | DIFFUSERS,
     "lipsync": DEV,
     "superres": DEV | DIFFUSERS,
-    "gateway": DEV | TORCH | ONNX | MEL | DIFFUSERS,
-    "render": DEV | TORCH | ONNX | MEL | DIFFUSERS,
-    # The live worker's incremental mel is services/media/mel.py: librosa stays; no torch, no ONNX.
+    "gateway": DEV | TORCH | ONNX | SCIPY | DIFFUSERS,
+    "render": DEV | TORCH | ONNX | SCIPY | DIFFUSERS,
+    # The live worker's incremental mel is services/media/mel.py: scipy stays; no torch, no ONNX.
     "live": DEV | TORCH | ONNX | DIFFUSERS,
     # The web page: aiohttp, grpc and protobuf over the gateway; no model, no media decoding.
-    "web": DEV | TORCH | ONNX | MEL | DIFFUSERS,
+    "web": DEV | TORCH | ONNX | SCIPY | DIFFUSERS,
 }
 # One entry per image (a stage that runs another's image, lipsync-musetalk the lipsync one, has none).
 if set(EXCLUDED) != set(image_stages()):  # a stage joined or left the registry: say what its image leaves out

@@ -78,7 +78,7 @@ def decode_and_extract(data: bytes, fps: float, max_seconds: float, whisper: boo
 
 
 def _warm() -> None:
-    """Pull librosa's and scipy's lazy imports in and build the mel filterbank before traffic."""
+    """Pull scipy's lazy imports in and build the mel filter banks before traffic."""
     _mel().run(np.zeros(SAMPLE_RATE // 2, np.float32), 25.0)
     whisper_log_mel_segments(np.zeros(SAMPLE_RATE // 2, np.float32))  # its filter bank
 

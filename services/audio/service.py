@@ -116,7 +116,7 @@ class AudioService(Service[AudioSettings]):
         audio_pb2_grpc.add_AudioServiceServicer_to_server(AudioServicer(self.settings, self.clips, self), server)
 
     async def load(self) -> None:
-        # Warm-up: starts the workers, builds the mel filterbank and pulls librosa's lazy imports in before traffic.
+        # Warm-up: starts the workers, builds the mel filter banks and pulls scipy's lazy imports in before traffic.
         await self.clips.warm()
         self.metrics.set_backend("wav2lip-mel", "cpu", "fp32")
 

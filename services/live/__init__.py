@@ -7,7 +7,7 @@ encoders (`encoders`), the idle loop (`idle`), the re-timing of input audio to f
 speech queue (`audio_retime`), and a session that ties them together (`session`). The lip-sync
 model itself runs in the lipsync stage; a live worker is a CPU pod and its image carries no torch.
 
-May import: the standard library, numpy, scipy, librosa, av, cv2, `services.serving`,
+May import: the standard library, numpy, scipy, av, cv2, `services.serving`,
 `services.media` (the mel, the compositor, the loop policy, the encoders' video conventions).
-Never another deployable's package, torch, torchvision or `services.inference` (tests/unit/test_walls.py).
+Never another deployable's package, torch, torchvision, librosa or `services.inference` (tests/unit/test_walls.py).
 """

@@ -569,8 +569,9 @@ def _session_start(session: session_pb2.Session) -> int | None:
 
 
 def _warm_up() -> None:
-    """The mel at every input rate once, before SERVING: librosa's first call loads (and compiles) for
-    most of a second, which on a session's first chunk would stall every session's clock."""
+    """The mel at every input rate once, before SERVING: the first call loads scipy's FFT and builds
+    the resampling filters and the filter bank, which on a session's first chunk would stall every
+    session's clock."""
     for rate in SUPPORTED_RATES:
         mel = MelStream(rate, 25.0)
         mel.push(np.zeros(rate // 2))

@@ -6,6 +6,6 @@ frames (`composite`), the template loop policy (`timeline`), and the wire format
 packed images. Shared by several deployables (render and live composite and encode; audio and live
 compute mels). No torch.
 
-May import: the standard library, numpy, scipy, librosa (`mel` only), av, cv2, the protobuf stubs and `services.serving`
-(errors). Never torch, `services.jobs` or `services.inference` (tests/unit/test_walls.py).
+May import: the standard library, numpy, scipy, av, cv2, the protobuf stubs and `services.serving`
+(errors). Never torch, librosa, `services.jobs` or `services.inference` (tests/unit/test_walls.py).
 """

@@ -1,22 +1,23 @@
-"""Wav2Lip's mel spectrogram and its per-video-frame windows, reproduced exactly on modern librosa.
+"""Wav2Lip's mel spectrogram and its per-video-frame windows, reproduced exactly without librosa.
 
 Why this module exists: the Wav2Lip generator was trained on mels from `audio.melspectrogram` running on
 librosa 0.7.0. librosa 0.11 changed defaults that code relied on silently (STFT `pad_mode` reflect ->
 zero padding, which changes the edge frames; complex64 -> input-matched output; positional arguments of
 `filters.mel` rejected), so calling it "the same way" today gives different numbers. Here every such
-parameter is explicit, and tests compare against numbers recorded from the original code
-(tests/data/reference/mel_vector.npz, audio_hparams.json).
+step is written out in numpy and scipy (the filter bank in `services.media.mel_filters`, which says why
+librosa is not called at run time), and tests compare against numbers recorded from the original code
+(tests/data/reference/mel_vector.npz, audio_hparams.json) and against librosa itself.
 """
 
 from __future__ import annotations
 
 import functools
 
-import librosa
 import numpy as np
 import scipy.fft
 from scipy import signal as sps
 
+from services.media.mel_filters import slaney_mel_filters
 from services.serving.errors import InvalidMedia
 
 SAMPLE_RATE = 16000
@@ -37,13 +38,10 @@ SILENCE_LEVEL = -MAX_ABS_VALUE  # normalised value of a column at or below the -
 
 @functools.lru_cache(maxsize=1)
 def mel_basis() -> np.ndarray:
-    """The Slaney mel filterbank, shape (80, 401), float32, built once.
-
-    Keywords because librosa >= 0.10 rejects Wav2Lip's positional `(sr, n_fft)`. The default
-    `norm="slaney"` equals librosa 0.7's `norm=1` (Slaney area normalisation); passing `norm=1` to
-    modern librosa would mean L1 normalisation instead.
-    """
-    basis = librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=NUM_MELS, fmin=FMIN, fmax=FMAX)
+    """The Slaney mel filterbank, shape (80, 401), float32, built once: Wav2Lip's
+    `librosa.filters.mel(sr, n_fft, n_mels=80, fmin=55, fmax=7600)` on librosa 0.7, whose `norm=1`
+    was Slaney area normalisation (modern librosa's `norm="slaney"`; its `norm=1` means L1)."""
+    basis = slaney_mel_filters(SAMPLE_RATE, N_FFT, NUM_MELS, FMIN, FMAX, np.float32)
     basis.setflags(write=False)  # shared by every caller via the cache
     return basis
 

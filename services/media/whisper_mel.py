@@ -21,6 +21,7 @@ import functools
 
 import numpy as np
 
+from services.media.mel_filters import slaney_mel_filters
 from services.serving.errors import InvalidMedia
 
 SAMPLE_RATE = 16000
@@ -49,39 +50,16 @@ __all__ = [
 ]
 
 
-def _hertz_to_mel(freq: np.ndarray) -> np.ndarray:
-    """The Slaney mel scale: linear below 1 kHz (3 mels per 200 Hz), logarithmic above."""
-    mels = 3.0 * freq / 200.0
-    log_region = freq >= 1000.0
-    mels[log_region] = 15.0 + np.log(freq[log_region] / 1000.0) * (27.0 / np.log(6.4))
-    return mels
-
-
-def _mel_to_hertz(mels: np.ndarray) -> np.ndarray:
-    """The inverse of `_hertz_to_mel`."""
-    freq = 200.0 * mels / 3.0
-    log_region = mels >= 15.0
-    freq[log_region] = 1000.0 * np.exp((np.log(6.4) / 27.0) * (mels[log_region] - 15.0))
-    return freq
-
-
 @functools.lru_cache(maxsize=1)
 def mel_filters() -> np.ndarray:
     """The 80 Slaney mel filters over the 201 STFT bins, shape (201, 80), float64, built once.
 
     Triangles with corners at 82 points evenly spaced on the mel scale between 0 and 8000 Hz, each
-    scaled by 2 / (its width in Hz): the filter bank Hugging Face's `mel_filter_bank(201, 80, 0, 8000,
-    16000, norm="slaney", mel_scale="slaney")` builds for Whisper (and librosa's for these arguments).
+    scaled by 2 / (its width in Hz) (`services.media.mel_filters`): the filter bank Hugging Face's
+    `mel_filter_bank(201, 80, 0, 8000, 16000, norm="slaney", mel_scale="slaney")` builds for Whisper,
+    to the last bits of its float64 arithmetic.
     """
-    fft_freqs = np.linspace(0, SAMPLE_RATE // 2, 1 + N_FFT // 2)
-    mel_points = np.linspace(_hertz_to_mel(np.array([0.0]))[0], _hertz_to_mel(np.array([8000.0]))[0], N_MELS + 2)
-    filter_freqs = _mel_to_hertz(mel_points)
-    widths = np.diff(filter_freqs)
-    slopes = filter_freqs[None, :] - fft_freqs[:, None]
-    down = -slopes[:, :-2] / widths[:-1]
-    up = slopes[:, 2:] / widths[1:]
-    bank = np.maximum(0.0, np.minimum(down, up))
-    bank *= 2.0 / (filter_freqs[2 : N_MELS + 2] - filter_freqs[:N_MELS])
+    bank = slaney_mel_filters(SAMPLE_RATE, N_FFT, N_MELS, 0.0, SAMPLE_RATE / 2, np.float64).T
     bank.setflags(write=False)  # shared by every caller through the cache
     return bank
 

@@ -3,7 +3,7 @@
 Each package's `__init__` docstring says what it may import; these tests read every import statement
 (module level and inside functions alike: a function-level import crosses a wall too) and fail on
 one that crosses: torch in a package every torch-free image loads, model code in the job contract,
-jobs in the model stages, or the old `services.common`.
+jobs in the model stages, librosa anywhere, or the old `services.common`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ SERVICES = Path(__file__).resolve().parents[2] / "services"
 # package -> the top-level names (or services.<package> prefixes) none of its modules may import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "serving": ("torch", "torchvision", "services.media", "services.jobs", "services.inference"),
-    "media": ("torch", "torchvision", "services.jobs", "services.inference"),
+    "media": ("torch", "torchvision", "librosa", "services.jobs", "services.inference"),
     "jobs": ("torch", "torchvision", "services.inference"),
     "inference": ("services.jobs",),
-    "live": ("torch", "torchvision", "services.inference"),
+    "live": ("torch", "torchvision", "librosa", "services.inference"),
     "web": ("torch", "torchvision", "services.inference", "services.media", "services.jobs"),
 }
 
@@ -77,6 +77,18 @@ def test_nothing_imports_services_common() -> None:
     assert not (SERVICES / "common").exists(), (
         "services/common/ is back: put the file in serving, media, jobs or inference"
     )
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_service_imports_librosa() -> None:
+    """librosa is the reference the tests check the mels against, not a service's import: its utilities
+    are numba-compiled in every fresh pod (services/media/mel_filters.py), and no image installs it."""
+    offenders = [
+        f"{path.relative_to(SERVICES.parent)}:{line}: {name}"
+        for path in sorted(SERVICES.rglob("*.py"))
+        for line, name in imported_names(path)
+        if crosses(name, "librosa") or crosses(name, "numba")
+    ]
     assert not offenders, "\n".join(offenders)
 
 
