@@ -58,6 +58,17 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "$want" > "$stamp"
 fi
 
+#    librosa (the tests' reference for the mels; no service imports it) compiles its numba functions on
+#    first use, ~20 CPU-s, into a cache beside them: done once here, so that the test processes that
+#    call it load the cache instead of each compiling the same functions at once.
+stamp=$VENV/.lipline-numba.sha256
+want=$(grep -iE '^(librosa|numba|llvmlite)==' requirements.lock | sha256sum | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  echo "install: compiling librosa's numba functions (once, ~20 s)"
+  "$VENV/bin/python" -c 'import numpy as np, librosa; librosa.stft(np.zeros(2048, np.float32), n_fft=800); librosa.filters.mel(sr=16000, n_fft=800)'
+  echo "$want" > "$stamp"
+fi
+
 # 3. gRPC stubs, generated from protos/ (regenerated when a .proto is newer than its stub).
 "$VENV/bin/python" scripts/gen_protos.py
 

@@ -3,8 +3,8 @@ through the worker processes, a decoder crash that fails only its own request, a
 served extraction.
 
 The gRPC tests share one server per worker setting (module scope): its event loop runs in a thread
-and the tests call it with a plain channel. Spawned children import librosa, which is slow,
-so pools are started as few times as possible.
+and the tests call it with a plain channel. A spawned child imports the stage's modules anew (about
+2 CPU-seconds), so pools are started as few times as possible.
 """
 
 from __future__ import annotations
