@@ -40,6 +40,7 @@ from tests.integration.util import (
     assert_audio_locked,
     cut_wav,
     eventually,
+    process_metric,
     silent_frames_between,
     start_cluster,
 )
@@ -310,20 +311,6 @@ def nal_types(access_unit: bytes) -> set[int]:
     return {access_unit[i + 3] & 0x1F for i in range(len(access_unit) - 3) if access_unit[i : i + 3] == b"\0\0\1"}
 
 
-def worker_metric(live: Live, worker: str, name: str, **labels: str) -> float:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    port = live.cluster.processes[worker].metrics_port
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
-
-
 @pytest.mark.parametrize(
     "codec", [session_pb2.VIDEO_CODEC_H264, session_pb2.VIDEO_CODEC_JPEG], ids=["h264", "jpeg_quality_100"]
 )
@@ -382,7 +369,10 @@ def test_a_reader_that_stops_reading_gets_the_live_edge_when_it_reads_again(live
         "stats counting the frames dropped",
     )
     assert reader.stats[-1].frames_dropped > 0
-    assert worker_metric(live, worker, "lipline_live_frames_total", kind="dropped") >= reader.stats[-1].frames_dropped
+    assert (
+        process_metric(live.cluster, worker, "lipline_live_frames_total", kind="dropped")
+        >= reader.stats[-1].frames_dropped
+    )
     assert first.audio and len(first.audio) % (2 * RATE // FPS) == 0  # whole slots: its own (and skipped ones')
     reader.cut()
     live.client.close_session(session.id)

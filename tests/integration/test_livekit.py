@@ -28,7 +28,7 @@ from lipline.v1 import session_pb2
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import pcm_of_audio
 from services.local.cluster import LocalCluster
-from tests.integration.util import SAMPLES, cut_wav, silent_frames_between, start_cluster
+from tests.integration.util import SAMPLES, cut_wav, process_metric, silent_frames_between, start_cluster
 
 RATE, FPS, CHUNK = 24000, 25, 480  # 20 ms frames at 24 kHz, as an agent's TTS sends them
 
@@ -138,16 +138,25 @@ def test_the_generator_driven_by_an_avatar_runner(lipline: Lipline) -> None:
     # One AudioSegmentEnd per utterance played to its end; none for the one cleared.
     kinds = ["end" if isinstance(i, AudioSegmentEnd) else type(i).__name__ for _, i, _ in recording.items]
     assert kinds.count("end") == 2
-    # The agent heard: two segments played out, then one interrupted part of the way.
+    # The agent heard: two segments played out, then one interrupted part of the way. A frame the worker
+    # dropped for a reader more than the ack window behind (a loaded machine) went with its audio, by
+    # design (issue 29), and is counted: only then may a played segment come up short.
+    dropped = process_metric(lipline.cluster, "live", "lipline_live_frames_total", kind="dropped")
     assert [e.interrupted for e in finished] == [False, False, True], finished
+    speech_s = len(lipline.speech) / 2 / RATE
     for event in finished[:2]:
-        assert abs(event.playback_position - len(lipline.speech) / 2 / RATE) < 0.1, event
+        assert speech_s - 0.1 - dropped / FPS < event.playback_position < speech_s + 0.1, (event, dropped)
     assert finished[2].playback_position < 0.8, finished[2]
     # The re-timed audio of each played utterance is the input, sample for sample.
     ends = [n for n, k in enumerate(kinds) if k == "end"]
     span = 2 * RATE // FPS
     for start, end in zip([0, ends[0]], ends):
         track = b"".join(bytes(i.data) for _, i, _ in recording.items[start:end] if isinstance(i, rtc.AudioFrame))
+        if dropped and len(track) < len(lipline.speech):
+            print(
+                f"an utterance {len(lipline.speech) - len(track)} bytes short: {dropped:g} frames dropped, not compared"
+            )
+            continue
         pauses = silent_frames_between(track, lipline.speech, span)  # raises where a sample differs or is missing
         print(f"{pauses} silent frames inserted (late chunks)")
     # After the clear: no more speech audio, idle frames go on.

@@ -64,6 +64,21 @@ def stage_channel(cluster: LocalCluster, stage: str) -> grpc.Channel:
     return grpc.insecure_channel(cluster.processes[stage].address, options=options)
 
 
+def process_metric(cluster: LocalCluster, process: str, name: str, **labels: str) -> float:
+    """One sample of a cluster process's /metrics (0 where it has none yet)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = cluster.processes[process].metrics_port
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
 def health_status(address: str, service: str = "", timeout: float = 5.0) -> int:
     """grpc.health.v1 Check over a fresh channel."""
     with grpc.insecure_channel(address) as channel:
