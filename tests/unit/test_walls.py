@@ -19,10 +19,10 @@ SERVICES = Path(__file__).resolve().parents[2] / "services"
 # package -> the top-level names (or services.<package> prefixes) none of its modules may import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "serving": ("torch", "torchvision", "services.media", "services.jobs", "services.inference"),
-    "media": ("torch", "torchvision", "librosa", "services.jobs", "services.inference"),
+    "media": ("torch", "torchvision", "services.jobs", "services.inference"),
     "jobs": ("torch", "torchvision", "services.inference"),
     "inference": ("services.jobs",),
-    "live": ("torch", "torchvision", "librosa", "services.inference"),
+    "live": ("torch", "torchvision", "services.inference"),
     "web": ("torch", "torchvision", "services.inference", "services.media", "services.jobs"),
 }
 
