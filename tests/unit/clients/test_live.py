@@ -6,11 +6,13 @@ A real grpc.aio server in this process stands in for the gateway."""
 from __future__ import annotations
 
 import asyncio
+from fractions import Fraction
 
 import grpc
 
-from lipline_client.live import LiveSession
+from lipline_client.live import LiveSession, slot_samples
 from lipline_client.v1 import gateway_pb2_grpc, session_pb2
+from services.live.audio_retime import frame_sample_range
 
 FPS = 25.0
 
@@ -104,3 +106,117 @@ def test_speech_frames_dropped_after_a_clear_are_acknowledged_too() -> None:
             await server.stop(0)
 
     asyncio.run(scenario())
+
+
+class ScriptedGateway(gateway_pb2_grpc.GatewayServicer):
+    """Converse: Ready, then `responses` in the order given, then the stream stays open."""
+
+    def __init__(self, responses: list[session_pb2.ConverseResponse]) -> None:
+        self.responses = responses
+
+    async def Converse(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        yield session_pb2.ConverseResponse(ready=session_pb2.Ready(next_frame=0))
+        for response in self.responses:
+            yield response
+        async for _ in request_iterator:
+            pass
+
+
+SLOT = 1280  # bytes of one frame's audio: 16 kHz (the session's default rate) at 25 fps
+
+
+def frame(index: int, speech: bool, audio: bytes) -> session_pb2.ConverseResponse:
+    return session_pb2.ConverseResponse(
+        frame=session_pb2.VideoFrame(index=index, speech=speech, utterance=1 if speech else 0, audio=audio)
+    )
+
+
+def event(kind: int, at: int) -> session_pb2.ConverseResponse:
+    return session_pb2.ConverseResponse(event=session_pb2.SessionEvent(kind=kind, utterance=1, frame=at))
+
+
+def voice(n: int) -> bytes:
+    """n slots of speech whose every sample is nonzero."""
+    return bytes([7, 1]) * (n * SLOT // 2)
+
+
+def test_the_audio_of_speech_frames_skipped_at_the_end_is_counted_before_playback_finished() -> None:
+    """An utterance of frames 1-4 whose frames 3 and 4 were skipped (faces late): the worker sends
+    PLAYBACK_FINISHED (frame 5) with frame 4's tick, ahead of idle frame 5, which carries frames 3 and 4's
+    audio before its own slot's silence. The consumer gets the event after frame 5, and
+    `speech_audio` gives all four frames' audio, none of the idle silence."""
+    started, finished = session_pb2.SessionEvent.PLAYBACK_STARTED, session_pb2.SessionEvent.PLAYBACK_FINISHED
+    script = [
+        frame(0, False, bytes(SLOT)),
+        event(started, 1),
+        frame(1, True, voice(1)),
+        frame(2, True, bytes(SLOT)),  # digital silence inside the speech: still speech
+        event(finished, 5),
+        frame(5, False, voice(1) + bytes(SLOT) + bytes(SLOT)),  # frame 3's voice, frame 4's silence, its own
+        frame(6, False, bytes(SLOT)),
+    ]
+
+    async def scenario() -> None:
+        server = grpc.aio.server()
+        gateway_pb2_grpc.add_GatewayServicer_to_server(ScriptedGateway(script), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        session = session_pb2.Session(id="s1", resume_token="t", video=session_pb2.VideoFormat(fps=FPS))
+        live = LiveSession(channel, session, ())
+        taken: list[tuple[str, int, int]] = []
+        try:
+            assert isinstance(await anext(live), session_pb2.Ready)
+            while len(taken) < 7:
+                item = await anext(live)
+                if isinstance(item, session_pb2.VideoFrame):
+                    taken.append(("frame", item.index, len(live.speech_audio(item))))
+                elif isinstance(item, session_pb2.SessionEvent):
+                    taken.append(("event", item.frame, item.kind))
+        finally:
+            await live.close()
+            await server.stop(0)
+        assert taken == [
+            ("frame", 0, 0),
+            ("event", 1, started),
+            ("frame", 1, SLOT),
+            ("frame", 2, SLOT),
+            ("frame", 5, 2 * SLOT),
+            ("event", 5, finished),
+            ("frame", 6, 0),
+        ]
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_frame_while_an_utterance_plays_adds_no_silence() -> None:
+    """A pause for late audio mid-utterance is an idle frame with its own slot's silence: not speech."""
+
+    async def scenario() -> None:
+        server = grpc.aio.server()
+        started = session_pb2.SessionEvent.PLAYBACK_STARTED
+        script = [event(started, 0), frame(0, True, voice(1)), frame(1, False, bytes(SLOT)), frame(2, True, voice(1))]
+        gateway_pb2_grpc.add_GatewayServicer_to_server(ScriptedGateway(script), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        session = session_pb2.Session(id="s1", resume_token="t", video=session_pb2.VideoFormat(fps=FPS))
+        live = LiveSession(channel, session, ())
+        try:
+            await anext(live)
+            items = [await anext(live) for _ in range(4)]
+            frames = [i for i in items if isinstance(i, session_pb2.VideoFrame)]
+            assert [len(live.speech_audio(f)) for f in frames] == [SLOT, 0, SLOT]
+        finally:
+            await live.close()
+            await server.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_slot_samples_follow_the_workers_cut() -> None:
+    """The client's slot lengths are the live worker's (services/live/audio_retime.py), whole or not."""
+    for rate, fps, worker_fps in ((16000, 25.0, Fraction(25)), (48000, 30000 / 1001, Fraction(30000, 1001))):
+        for k in range(200):
+            start, stop = frame_sample_range(k, rate, worker_fps)
+            assert slot_samples(k, rate, fps) == stop - start, (rate, fps, k)

@@ -16,8 +16,9 @@ Placed between the TTS service and `transport.output()`, it holds one lipline li
 - Out, for every frame the session sends (idle ones too, so the picture never freezes): an
   `OutputImageRawFrame` (RGB, its size; `sync_with_audio`, so the transport shows it as the audio
   before it has played; `metadata["lipline_frame"]` is its index in the session, its time index / fps,
-  and `metadata["lipline_speech"]` whether the mouth follows speech), then the frame's re-timed audio
-  as a `TTSAudioRawFrame` (speech frames; an idle frame's silence is not sent).
+  and `metadata["lipline_speech"]` whether the mouth follows speech), then the speech in the frame's
+  re-timed audio as a `TTSAudioRawFrame` (`LiveSession.speech_audio`: an idle frame's silence is not
+  sent; the audio of speech frames skipped is, with the frame that carries it).
 - TTFB: from the first audio of an utterance pushed in to its first speaking frame out.
 - `EndFrame`: the utterance under way plays out (up to `end_timeout_s`), then the session is closed;
   `CancelFrame`: closed at once.
@@ -251,10 +252,11 @@ class LiplineVideoService(AIService):
             self._awaiting_speech = False
             await self.stop_ttfb_metrics()
         await self.push_frame(image)
-        if frame.audio and (frame.speech or any(frame.audio)):
+        audio = session.speech_audio(frame)
+        if audio:
             await self.push_frame(
                 TTSAudioRawFrame(
-                    audio=frame.audio, sample_rate=session.sample_rate, num_channels=1, context_id=self._context_id
+                    audio=audio, sample_rate=session.sample_rate, num_channels=1, context_id=self._context_id
                 )
             )
 

@@ -13,8 +13,14 @@ its Converse stream. Then, from any coroutine of the same event loop:
 - `async for item in session`: `session_pb2.Ready`, `VideoFrame` (every frame, idle ones too: JPEG or
   H.264 bytes, `index` (its time is `frame_time(frame)`), the re-timed audio in `audio`, `speech`,
   `utterance`), `SessionEvent` (PLAYBACK_STARTED / PLAYBACK_FINISHED with `position_seconds` and
-  `interrupted`) and `SessionStats`. An event is yielded in frame order: PLAYBACK_FINISHED comes
-  right after the utterance's last frame (the worker may send it ahead of that frame).
+  `interrupted`) and `SessionStats`. An event is yielded in frame order: PLAYBACK_STARTED right before
+  the frame holding the utterance's first audio, PLAYBACK_FINISHED right after the one holding its
+  last (the worker may send it ahead of that frame; when the last frame was skipped, its audio goes
+  with the next frame sent, and the event after that one).
+- `speech_audio(frame)`: the part of a frame's `audio` that is the speech pushed, for a consumer that
+  counts what played (a voice agent's playback position): a speech frame's whole audio; an idle
+  frame's only while an utterance plays, and only the skipped speech frames' audio it carries, never
+  its own slot's silence (a pause for late audio, or the idle loop).
 - `close()`: CloseSession, the stream ended, the channel closed.
 
 A stream the gateway or the network cut (UNAVAILABLE: a gateway restarting or draining, a live worker
@@ -43,6 +49,7 @@ import collections
 import logging
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import grpc
@@ -59,6 +66,7 @@ CODECS = {"h264": session_pb2.VIDEO_CODEC_H264, "jpeg": session_pb2.VIDEO_CODEC_
 RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 OUT_QUEUE = 16  # items read ahead of the consumer (< 1 s of frames)
 MAX_ACK_WINDOW = 1000  # frames (the gateway's bound)
+STARTED = session_pb2.SessionEvent.PLAYBACK_STARTED
 FINISHED = session_pb2.SessionEvent.PLAYBACK_FINISHED
 
 Item = session_pb2.Ready | session_pb2.VideoFrame | session_pb2.SessionEvent | session_pb2.SessionStats
@@ -97,6 +105,7 @@ class LiveSession:
         self._held: list[session_pb2.SessionEvent] = []  # events waiting for their frame
         self._last_frame = -1  # the last frame received (a resume starts after it)
         self._yielded_frame = -1
+        self._playing = False  # the consumer took an utterance's PLAYBACK_STARTED and not yet its FINISHED
         self._dropping_speech = False
         self._sent_s = self._played_s = 0.0  # speech sent / played since the last Clear or resume
         self._utterances_open = 0  # EndOfUtterance sent, PLAYBACK_FINISHED not yet seen
@@ -301,7 +310,25 @@ class LiveSession:
         if isinstance(item, session_pb2.VideoFrame) and self.ack_window:
             self._ack_due = frame_ack(item)  # taken: the gateway may send one more
             self._wake.set()
+        elif isinstance(item, session_pb2.SessionEvent):
+            self._playing = item.kind == STARTED
         return item
+
+    def speech_audio(self, frame: session_pb2.VideoFrame) -> bytes:
+        """The part of `frame.audio` that is the speech pushed (call it as the frame is taken).
+
+        A frame carries its own slot's audio after that of the slots skipped just before it. A speech
+        frame's is all speech. An idle frame's own slot is silence (the idle loop, or a pause while an
+        utterance's audio comes late): only while an utterance plays (its PLAYBACK_STARTED taken, not
+        its FINISHED) is what it carries before that slot the audio of speech frames skipped at the
+        utterance's end. So a voice agent that sums this counts what it sent, no more, no less.
+        """
+        if frame.speech:
+            return frame.audio
+        if not self._playing:
+            return b""
+        own = 2 * slot_samples(frame.index, self.sample_rate, self.fps or 25.0)
+        return frame.audio[: max(0, len(frame.audio) - own)]
 
     # -- the stream -------------------------------------------------------------------------------
 
@@ -416,9 +443,13 @@ class LiveSession:
             await self._out.put(getattr(response, kind))
 
     async def _release(self, frame: int, *, before: bool) -> None:
-        """Yield the held events due around `frame`: before it, those of an earlier frame (its own was
-        skipped); after it, those whose frame is the next (PLAYBACK_FINISHED: after the last frame)."""
-        due = [e for e in self._held if (e.frame - 1 < frame if before else e.frame - 1 <= frame)]
+        """Yield the held events due around `frame`: before it, PLAYBACK_STARTED of it or of an earlier
+        frame (that one was skipped: its audio is in this one); after it, PLAYBACK_FINISHED whose last
+        frame is this one or an earlier one (skipped: its audio is in this one, so the event follows)."""
+        if before:
+            due = [e for e in self._held if e.kind != FINISHED and e.frame <= frame]
+        else:
+            due = [e for e in self._held if e.frame - 1 <= frame]
         if not due:
             return
         self._held = [e for e in self._held if e not in due]
@@ -487,3 +518,15 @@ async def _with_retries(
             if delay is None or loop.time() + delay >= deadline:
                 raise
             await asyncio.sleep(delay)
+
+
+def slot_samples(frame: int, sample_rate: int, fps: float) -> int:
+    """Samples of frame `frame`'s slot: the worker cuts the audio at ceil(k * rate / fps) for each
+    frame k (fps as the fraction it stands for, 30000/1001 for 29.97), so slots differ by one sample
+    where rate / fps is not whole."""
+    rate = Fraction(fps).limit_denominator(1001)
+
+    def start(k: int) -> int:
+        return -(-k * sample_rate * rate.denominator // rate.numerator)
+
+    return start(frame + 1) - start(frame)

@@ -8,11 +8,13 @@ publish. Here:
   chunks); `AudioSegmentEnd` is EndOfUtterance.
 - `clear_buffer()`: Clear, at once; the speech not sent and the speech frames still on their way are
   dropped (lipline_client.LiveSession), so the runner's `playback_finished(interrupted=True)` is true.
-- iterating: every frame the session sends (idle ones too) as an `rtc.VideoFrame` (RGB24), each speech
-  frame's re-timed audio as an `rtc.AudioFrame` after it (an idle frame's silence is not yielded:
-  the runner's AVSynchronizer keeps the clock), and `AudioSegmentEnd` right after an utterance's last
-  frame, once per utterance that played to its end (none for one cut by `clear_buffer()`: the runner
-  reports that one itself, interrupted).
+- iterating: every frame the session sends (idle ones too) as an `rtc.VideoFrame` (RGB24), the speech
+  in its re-timed audio as an `rtc.AudioFrame` after it (`LiveSession.speech_audio`: an idle frame's
+  silence is not yielded, the runner's AVSynchronizer keeps the clock; the audio of speech frames
+  skipped is, with the frame that carries it), and `AudioSegmentEnd` right after the frame holding an
+  utterance's last audio, once per utterance that played to its end (none for one cut by
+  `clear_buffer()`: the runner reports that one itself, interrupted). The runner's playback position
+  is then the audio pushed, sample for sample.
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ class LiplineVideoGenerator(VideoGenerator):
                 if rgb is None:
                     continue  # an H.264 stream waiting for its keyframe
                 yield rtc.VideoFrame(rgb.shape[1], rgb.shape[0], rtc.VideoBufferType.RGB24, rgb.tobytes())
-                if item.audio and (item.speech or any(item.audio)):
-                    yield rtc.AudioFrame(item.audio, rate, 1, len(item.audio) // 2)
+                audio = self.session.speech_audio(item)
+                if audio:
+                    yield rtc.AudioFrame(audio, rate, 1, len(audio) // 2)
             elif isinstance(item, session_pb2.SessionEvent) and item.kind == FINISHED and not item.interrupted:
                 yield AudioSegmentEnd()
 
