@@ -29,7 +29,7 @@ from lipline.v1 import gateway_pb2_grpc, session_pb2
 from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import frame_audio, pcm_chunks, pcm_of_audio, run_session, write_mp4
-from services.gateway.live_workers import LIVE_STREAM_WINDOW_BYTES
+from services.gateway.live_workers import LIVE_STREAM_WINDOW_BYTES, RECONNECT_OPTIONS
 from services.jobs.store import open_job_store
 from services.jobs.store.jobs import JobStore
 from services.jobs.store.sessions import SessionRow
@@ -379,13 +379,18 @@ def test_a_reader_that_stops_reading_gets_the_live_edge_when_it_reads_again(live
 
 
 def wait_until_the_workers_are_empty(live: Live) -> None:
-    """Sessions earlier tests closed are gone from every live worker's heartbeat and leases (a close is
-    acted on asynchronously: on a loaded machine the next test could otherwise meet a worker still full)."""
-    eventually(
-        lambda: all(w.active == 0 and w.leased == 0 for w in asyncio.run(live.jobs.live_workers(5.0))),
-        timeout=60,
-        what="the live workers to hold no session",
-    )
+    """Every running live worker is up and holds no session: sessions earlier tests closed are gone from the
+    heartbeats and leases (a close is acted on asynchronously: on a loaded machine the next test could
+    otherwise meet a worker still full), and a worker an earlier test restarted heartbeats again (until
+    then the gateway sees one worker, and a session moved off the other finds no room)."""
+
+    running = sum(live.cluster.processes[name].process.poll() is None for name in LIVE)
+
+    def empty() -> bool:
+        workers = asyncio.run(live.jobs.live_workers(5.0))
+        return len(workers) == running and all(w.active == 0 and w.leased == 0 for w in workers)
+
+    eventually(empty, timeout=60, what=f"the {running} running live workers to be up and hold no session")
 
 
 def test_a_killed_worker_loses_its_session_to_the_other(live: Live) -> None:
@@ -460,10 +465,15 @@ def test_admission_refuses_a_third_session_and_leaves_the_two_alone(live: Live) 
 def test_a_draining_worker_hands_its_session_to_another(live: Live) -> None:
     """SIGTERM: the worker ends the stream UNAVAILABLE saying to resume, gives its lease up and
     exits; the resume lands on the other worker."""
-    for name in LIVE:
-        if live.cluster.processes[name].process.poll() is not None:
-            live.cluster.restart(name)
+    restarted = [name for name in LIVE if live.cluster.processes[name].process.poll() is not None]
+    for name in restarted:
+        live.cluster.restart(name)
     wait_until_the_workers_are_empty(live)
+    if restarted:
+        # The gateway's channel to a worker restarted on its old address may still be in its reconnect
+        # back-off for up to a second after the worker is up, and a call then fails at once: a resume
+        # sent in that moment finds no worker (the client package would retry after retry-after-ms).
+        time.sleep(2 * dict(RECONNECT_OPTIONS)["grpc.max_reconnect_backoff_ms"] / 1000)
     session = live.open()
     draining = live.worker_of(session.id)
     talk = Stream(live.client, session)
