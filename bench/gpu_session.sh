@@ -14,7 +14,7 @@
 #                                        seeded full-size networks: compiled exact, compiled --fast-decode and its mean
 #                                        absolute difference to exact, a restart from the warm compile cache, eager fp16
 #                                        (MT_RUNS="exact warm guard fast mad eager": which of them)
-#   bash bench/gpu_session.sh musetalk-product (after musetalk, carry .whl .cvx): a 60 s 720p clip on the tier (SubmitJob
+#   bash bench/gpu_session.sh musetalk-product (after musetalk, carry .whlav lipline): a 60 s 720p clip on the tier (SubmitJob
 #                                        -> MP4), then COUNTS live 256-tier sessions (512x512, H.264); SKIP_E2E=1 live only
 #   bash bench/gpu_session.sh live       (after services and e2e, or carry .whlcv): bench_live.py, N concurrent live
 #                                        sessions through the gateway; SIZE=512x512|1280x720 PRESET=ultrafast|veryfast
@@ -303,7 +303,7 @@ for f in sorted(Path(sys.argv[1]).glob("musetalk-*.json")):
 PY
   ;;
 musetalk-product)  # issue 30: a 60 s 720p clip on the tier, then live 256-tier sessions (after `musetalk` on the same
-  # warm machine: its seeded folder and warm compile cache; carry .whl and .cvx again: the call copies the tree anew)
+  # warm machine: its seeded folder, warm compile cache and .devsite (diffusers, grpcio, OpenCV 4) stay; carry .whlav (PyAV))
   models=$PWD/var/musetalk-seeded; cache=$PWD/var/compile-cache-musetalk
   [ -f "$models/musetalkV15/unet.pth" ] || python3 -c "from services.lipsync.musetalk.seeded import write_seeded_networks as w; import sys; w(sys.argv[1])" "$models" || exit 1
   buckets=${BUCKETS:-8,16,32}  # as the musetalk phase: its compile cache fits
