@@ -89,6 +89,7 @@ from services.local.affinity import (
     replicas_for,
     validate_placement_args,
 )
+from services.local.metrics import StageBatches, scrape
 
 SAMPLES = REPO_ROOT / "samples"
 CHUNK_MS = 20
@@ -432,11 +433,13 @@ def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.N
             + (f"; {len(refused)} problems: {refused[:3]}" if refused else "")
         )
         cpu_before = process_cpu_seconds(cluster)
+        batches_before = stage_batches(cluster)
         with GpuSampler(parse_gpus(args.gpus)) as gpu:
             start_value.value = time.monotonic() + 0.5
             start_event.set()
             time.sleep(0.5 + seconds)
             cpu_after = process_cpu_seconds(cluster)
+            batches = {name: now.since(batches_before[name], seconds) for name, now in stage_batches(cluster).items()}
             cpu = cpu_by_service(cpu_before, cpu_after)
             # per process too: how evenly the gateway placed the sessions shows in the live workers' share
             by_process = {
@@ -456,7 +459,23 @@ def run_count(n: int, codec: str, cluster: Any, avatar_id: str, args: argparse.N
             if child.is_alive():
                 child.kill()
     figures = summarize(n, created, refused, sessions, cpu, client_cpu, gpu.summary(), seconds, args.p95_limit_ms)
-    return {"codec": codec, **figures, "cpu_seconds_by_process": by_process}
+    for name, stage in batches.items():
+        log(
+            f"{n} sessions, {name}: {stage['items_per_s']:g} faces/s in {stage['batches_per_s']:g} batches/s (mean "
+            f"{stage['mean_batch']:g}), {stage['compute_ms_per_batch']:g} ms of model time a batch, busy "
+            f"{100 * stage['compute_share']:.0f} %, {stage['queue_ms_per_item']:g} ms queued a face"
+        )
+    return {"codec": codec, **figures, "cpu_seconds_by_process": by_process, "stage_batches": batches}
+
+
+def stage_batches(cluster: Any) -> dict[str, StageBatches]:
+    """The face stages' batch counters now (lipsync, lipsync-musetalk and their replicas): how the live
+    faces were batched, and how much of the time the model ran, beside nvidia-smi's busy figure."""
+    return {
+        name: StageBatches.read(scrape(proc.metrics_port))
+        for name, proc in cluster.processes.items()
+        if name.startswith("lipsync") and proc.process.poll() is None
+    }
 
 
 def summarize(

@@ -19,6 +19,7 @@ from services.jobs.layout import output_key
 from services.jobs.store import open_blob_store
 from services.jobs.store.jobs import JobStore, NewJob
 from services.local.cluster import REPO_ROOT, LocalCluster
+from services.local.metrics import metric_value, scrape
 
 SAMPLES = REPO_ROOT / "samples"
 LOG_TAIL = 6000
@@ -66,17 +67,7 @@ def stage_channel(cluster: LocalCluster, stage: str) -> grpc.Channel:
 
 def process_metric(cluster: LocalCluster, process: str, name: str, **labels: str) -> float:
     """One sample of a cluster process's /metrics (0 where it has none yet)."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    port = cluster.processes[process].metrics_port
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
+    return metric_value(scrape(cluster.processes[process].metrics_port), name, **labels)
 
 
 def health_status(address: str, service: str = "", timeout: float = 5.0) -> int:
