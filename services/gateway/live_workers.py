@@ -56,6 +56,11 @@ GONE = frozenset(
 )
 # A worker answering these to OpenSession cannot take the session now; the next worker may.
 _SKIP = GONE | {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+# A worker restarted on its old address a moment ago heartbeats while the gateway's channel to it may
+# still be in its reconnect back-off (RECONNECT_OPTIONS: up to a second), and a call in the back-off
+# fails UNAVAILABLE at once. When no worker took a session, those that answered UNAVAILABLE are asked
+# once more if their channel connects within this long (a worker really gone costs this much more).
+RECONNECT_WAIT_S = 2.0
 
 
 class LiveWorkerError(LiplineError):
@@ -124,32 +129,24 @@ class LiveWorkers:
         else the deployment's) when none does. Any other error of a worker (the avatar cannot be
         loaded, a limit it refuses) is the caller's: LiveWorkerError."""
         workers = await self.jobs.live_workers(self.fresh_s)
-        hint, refused = self.retry_after_ms, []
+        hint, refused, unreachable = self.retry_after_ms, [], []
         request = live_pb2.OpenSessionRequest(session=session, tenant=tenant, resume=resume)
         # sorted() is stable: the avoided go last, each group in the order of room.
         candidates = sorted((w for w in workers if w.free_by_leases > 0), key=lambda w: w.id in avoid)
         for worker in candidates:
-            try:
-                await self.stub(worker.address).OpenSession(
-                    request, metadata=call_metadata(tenant, request_id), timeout=self.open_timeout_s
-                )
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in _SKIP:
-                    raise LiveWorkerError(exc) from exc
-                refused.append(f"{worker.id} {exc.code().name}")
-                if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    hint = retry_after_ms(exc) or hint
-                else:  # it may have leased the session before it stopped answering: let the next one take it
-                    await self.jobs.release_session(session.id, worker.id)
-                _LOGGER.info(
-                    "live worker refused session %s (%s): %s",
-                    session.id,
-                    exc.code().name,
-                    exc.details(),
-                    extra={"worker": worker.id},
-                )
+            refusal = await self._open(worker, request, tenant, request_id)
+            if refusal is None:
+                return worker
+            refused.append(f"{worker.id} {refusal.code().name}")
+            if refusal.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                hint = retry_after_ms(refusal) or hint
+            elif refusal.code() is grpc.StatusCode.UNAVAILABLE:
+                unreachable.append(worker)
+        for worker in unreachable:  # a channel in its reconnect back-off, perhaps: once more, once it connects
+            if not await self._connects(worker.address, RECONNECT_WAIT_S):
                 continue
-            return worker
+            if await self._open(worker, request, tenant, request_id) is None:
+                return worker
         full = sum(1 for w in workers if w.free_by_leases <= 0)
         raise NoCapacity(
             f"no live worker has room for a session now ({len(workers)} available, {full} full"
@@ -157,6 +154,40 @@ class LiveWorkers:
             + f"); retry in {hint} ms",
             hint,
         )
+
+    async def _connects(self, address: str, wait_s: float) -> bool:
+        """Whether the worker's channel is connected within `wait_s` (trying at once if it is idle)."""
+        self.stub(address)  # its channel, opened if there is none
+        try:
+            await asyncio.wait_for(self._channels[address].channel_ready(), wait_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _open(
+        self, worker: LiveWorker, request: live_pb2.OpenSessionRequest, tenant: str, request_id: str
+    ) -> grpc.aio.AioRpcError | None:
+        """OpenSession on one worker: None when it took the session, else its refusal (logged). Any
+        other error of the worker is the caller's: LiveWorkerError."""
+        try:
+            await self.stub(worker.address).OpenSession(
+                request, metadata=call_metadata(tenant, request_id), timeout=self.open_timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _SKIP:
+                raise LiveWorkerError(exc) from exc
+            if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # it may have leased the session before it stopped answering: let the next one take it
+                await self.jobs.release_session(request.session.id, worker.id)
+            _LOGGER.info(
+                "live worker refused session %s (%s): %s",
+                request.session.id,
+                exc.code().name,
+                exc.details(),
+                extra={"worker": worker.id},
+            )
+            return exc
+        return None
 
     async def close_on_worker(self, address: str, session_id: str, tenant: str, request_id: str = "") -> None:
         """CloseSession on the worker that holds the session; a worker that does not answer is

@@ -29,7 +29,7 @@ from lipline.v1 import gateway_pb2_grpc, session_pb2
 from lipline_client import NO_RETRY
 from services.gateway.client import LiplineClient
 from services.gateway.live_client import frame_audio, pcm_chunks, pcm_of_audio, run_session, write_mp4
-from services.gateway.live_workers import LIVE_STREAM_WINDOW_BYTES, RECONNECT_OPTIONS
+from services.gateway.live_workers import LIVE_STREAM_WINDOW_BYTES
 from services.jobs.store import open_job_store
 from services.jobs.store.jobs import JobStore
 from services.jobs.store.sessions import SessionRow
@@ -465,15 +465,12 @@ def test_admission_refuses_a_third_session_and_leaves_the_two_alone(live: Live) 
 def test_a_draining_worker_hands_its_session_to_another(live: Live) -> None:
     """SIGTERM: the worker ends the stream UNAVAILABLE saying to resume, gives its lease up and
     exits; the resume lands on the other worker."""
-    restarted = [name for name in LIVE if live.cluster.processes[name].process.poll() is not None]
-    for name in restarted:
-        live.cluster.restart(name)
+    # A worker restarted here is up on its old address while the gateway's channel to it may still be
+    # in its reconnect back-off: the resume below can be the gateway's first call to it since.
+    for name in LIVE:
+        if live.cluster.processes[name].process.poll() is not None:
+            live.cluster.restart(name)
     wait_until_the_workers_are_empty(live)
-    if restarted:
-        # The gateway's channel to a worker restarted on its old address may still be in its reconnect
-        # back-off for up to a second after the worker is up, and a call then fails at once: a resume
-        # sent in that moment finds no worker (the client package would retry after retry-after-ms).
-        time.sleep(2 * dict(RECONNECT_OPTIONS)["grpc.max_reconnect_backoff_ms"] / 1000)
     session = live.open()
     draining = live.worker_of(session.id)
     talk = Stream(live.client, session)

@@ -100,6 +100,15 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
         assert self.server is not None
         await self.server.stop(None)
 
+    async def restart(self) -> None:
+        """Up again on the same address, holding nothing, heartbeating (a container restarted in its pod)."""
+        self.sessions.clear()
+        self.server = grpc.aio.server()
+        live_pb2_grpc.add_LiveServiceServicer_to_server(self, self.server)
+        assert self.server.add_insecure_port(self.address)
+        await self.server.start()
+        await self.heartbeat()
+
     async def OpenSession(
         self, request: live_pb2.OpenSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
@@ -489,6 +498,24 @@ def test_a_resume_with_no_worker_left_is_refused_and_the_session_waits(jobs: Job
             await c.talk(sid, token)
         row = await jobs.get_session(TENANT, sid)
         assert row.active and not row.lease_live  # a worker that starts later may take it
+
+    with_workers(jobs, {"a": 2}, test)
+
+
+def test_a_worker_restarted_on_its_address_takes_a_session_at_once(jobs: JobStore) -> None:
+    """The gateway's channel to it failed while it was down and is in its reconnect back-off when it is
+    up again: the gateway waits for the channel rather than refusing the session."""
+
+    async def test(c: Cluster) -> None:
+        a = c.workers["a"]
+        await c.create()  # the channel is connected
+        await a.kill()
+        with pytest.raises(NoCapacity, match="refused by a UNAVAILABLE"):
+            await c.create()  # the calls while it is down start the back-off
+        await asyncio.sleep(1.5)  # the channel tries again and again: its back-off grows to its longest
+        await a.restart()
+        sid, _ = await c.create()  # at once: within the back-off
+        assert (await jobs.get_session(TENANT, sid)).worker_id == "a" and sid in a.sessions
 
     with_workers(jobs, {"a": 2}, test)
 
