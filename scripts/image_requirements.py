@@ -132,7 +132,8 @@ DEV = frozenset(
 TORCH = frozenset({"torch", "sympy", "mpmath", "networkx", "filelock", "fsspec", "jinja2", "markupsafe"})
 # `python -m services.<stage>.export`: ONNX export and its onnxruntime check (GPU stages only).
 ONNX = frozenset({"onnx", "onnxruntime", "ml-dtypes", "flatbuffers"})
-# The mels' STFT and the live worker's resampling filter (services/media/mel.py, services/live/resample.py).
+# The mels' STFT and the live worker's resampling filter (services/media/mel.py, services/live/resample.py):
+# the audio and live images only (tests/unit/test_images.py checks no other image's code imports it).
 SCIPY = frozenset({"scipy"})
 
 # The MuseTalk tier's UNet and VAE (services/lipsync/musetalk): diffusers and what only it requires at
@@ -165,8 +166,8 @@ GPU_SERVICES = frozenset(image_stages(gpu=True))
 
 EXCLUDED: dict[str, frozenset[str]] = {
     "audio": DEV | TORCH | ONNX | DIFFUSERS,
-    "lipsync": DEV,
-    "superres": DEV | DIFFUSERS,
+    "lipsync": DEV | SCIPY,
+    "superres": DEV | DIFFUSERS | SCIPY,
     "gateway": DEV | TORCH | ONNX | SCIPY | DIFFUSERS,
     "render": DEV | TORCH | ONNX | SCIPY | DIFFUSERS,
     # The live worker's incremental mel is services/media/mel.py: scipy stays; no torch, no ONNX.

@@ -27,6 +27,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from tests.helpers.imports import third_party_imports
 from tests.helpers.tools import helm_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,9 +167,28 @@ def test_gateway_and_render_images_carry_no_torch_nor_dev_tools() -> None:
     for service in STAGES:
         assert not _installed(service) & TEST_TOOLS, (service, sorted(_installed(service) & TEST_TOOLS))
     assert "scipy" in _installed("audio") and "scipy" in _installed("live")  # the mels' STFT, the live resampler
+    assert "scipy" not in _installed("lipsync") | _installed("superres")  # no code of theirs imports it
     for service in STAGES:  # the tests' reference for the mels; its numba compile would run in every pod
         assert not _installed(service) & {"librosa", "numba", "llvmlite", "scikit-learn"}, service
     assert "aiohttp" in _installed("web")  # the web page's server
+
+
+# The heavy packages an image may leave out, by the name its code would import them under.
+LEFT_OUT = {"torch": "torch", "scipy": "scipy", "onnx": "onnx", "onnxruntime": "onnxruntime", "diffusers": "diffusers"}
+
+
+@pytest.mark.parametrize("service", STAGES)
+def test_an_image_leaves_out_only_what_its_code_never_imports(service: str) -> None:
+    """Every heavy package an image leaves out is imported nowhere its code can reach (services/<stage>
+    and every services module it imports, function-level imports included): a left-out package would
+    otherwise be an ImportError in the pod, not in CI, where the .venv has everything."""
+    reached = third_party_imports(service)
+    missing = {
+        package: reached[module][:3]
+        for package, module in LEFT_OUT.items()
+        if package not in _installed(service) and module in reached
+    }
+    assert not missing, f"the {service} image leaves out packages its code imports: {missing}"
 
 
 def test_only_the_lipsync_image_carries_diffusers() -> None:

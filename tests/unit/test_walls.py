@@ -9,12 +9,10 @@ jobs in the model stages, librosa anywhere, or the old `services.common`.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-SERVICES = Path(__file__).resolve().parents[2] / "services"
+from tests.helpers.imports import SERVICES, crosses, imported_names
 
 # package -> the top-level names (or services.<package> prefixes) none of its modules may import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
@@ -30,28 +28,6 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 # The deployables (services/serving/stages.py): none imports another's package; what two of them
 # share lives in a shared package named by what it is (local mode, which starts them all, may).
 DEPLOYABLES = ("audio", "lipsync", "superres", "gateway", "render", "live", "web")
-
-
-def imported_names(path: Path) -> Iterator[tuple[int, str]]:
-    """(line, dotted module name) of every import in a source file, relative ones resolved."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    package = ".".join(path.relative_to(SERVICES.parent).with_suffix("").parts[:-1])
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            yield node.lineno, base
-            for alias in node.names:  # `from services import jobs` names a package too
-                yield node.lineno, f"{base}.{alias.name}"
-
-
-def crosses(name: str, forbidden: str) -> bool:
-    return name == forbidden or name.startswith(forbidden + ".")
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
