@@ -53,7 +53,7 @@ async def eventually(check, what: str) -> None:  # type: ignore[no-untyped-def]
     raise AssertionError(f"no {what} within 10 s")
 
 
-async def session_on(gateway: FramingGateway) -> tuple[grpc.aio.Server, LiveSession]:
+async def session_on(gateway: gateway_pb2_grpc.GatewayServicer) -> tuple[grpc.aio.Server, LiveSession]:
     server = grpc.aio.server()
     gateway_pb2_grpc.add_GatewayServicer_to_server(gateway, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -140,34 +140,16 @@ def voice(n: int) -> bytes:
     return bytes([7, 1]) * (n * SLOT // 2)
 
 
-def test_the_audio_of_speech_frames_skipped_at_the_end_is_counted_before_playback_finished() -> None:
-    """An utterance of frames 1-4 whose frames 3 and 4 were skipped (faces late): the worker sends
-    PLAYBACK_FINISHED (frame 5) with frame 4's tick, ahead of idle frame 5, which carries frames 3 and 4's
-    audio before its own slot's silence. The consumer gets the event after frame 5, and
-    `speech_audio` gives all four frames' audio, none of the idle silence."""
-    started, finished = session_pb2.SessionEvent.PLAYBACK_STARTED, session_pb2.SessionEvent.PLAYBACK_FINISHED
-    script = [
-        frame(0, False, bytes(SLOT)),
-        event(started, 1),
-        frame(1, True, voice(1)),
-        frame(2, True, bytes(SLOT)),  # digital silence inside the speech: still speech
-        event(finished, 5),
-        frame(5, False, voice(1) + bytes(SLOT) + bytes(SLOT)),  # frame 3's voice, frame 4's silence, its own
-        frame(6, False, bytes(SLOT)),
-    ]
+def taken_with_speech_audio(script: list[session_pb2.ConverseResponse]) -> list[tuple[str, int, int]]:
+    """What a consumer takes from a session that sends `script`, in order: ("frame", index, bytes of
+    `speech_audio`, asked as the frame is taken) or ("event", frame, kind)."""
 
-    async def scenario() -> None:
-        server = grpc.aio.server()
-        gateway_pb2_grpc.add_GatewayServicer_to_server(ScriptedGateway(script), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        session = session_pb2.Session(id="s1", resume_token="t", video=session_pb2.VideoFormat(fps=FPS))
-        live = LiveSession(channel, session, ())
+    async def scenario() -> list[tuple[str, int, int]]:
+        server, live = await session_on(ScriptedGateway(script))
         taken: list[tuple[str, int, int]] = []
         try:
             assert isinstance(await anext(live), session_pb2.Ready)
-            while len(taken) < 7:
+            while len(taken) < len(script):
                 item = await anext(live)
                 if isinstance(item, session_pb2.VideoFrame):
                     taken.append(("frame", item.index, len(live.speech_audio(item))))
@@ -176,42 +158,47 @@ def test_the_audio_of_speech_frames_skipped_at_the_end_is_counted_before_playbac
         finally:
             await live.close()
             await server.stop(0)
-        assert taken == [
-            ("frame", 0, 0),
-            ("event", 1, started),
-            ("frame", 1, SLOT),
-            ("frame", 2, SLOT),
-            ("frame", 5, 2 * SLOT),
-            ("event", 5, finished),
-            ("frame", 6, 0),
-        ]
+        return taken
 
-    asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+STARTED, FINISHED = session_pb2.SessionEvent.PLAYBACK_STARTED, session_pb2.SessionEvent.PLAYBACK_FINISHED
+
+
+def test_the_audio_of_speech_frames_skipped_at_the_end_is_counted_before_playback_finished() -> None:
+    """An utterance of frames 1-4 whose frames 3 and 4 were skipped (faces late): the worker sends
+    PLAYBACK_FINISHED (frame 5) with frame 4's tick, ahead of idle frame 5, which carries frames 3 and 4's
+    audio before its own slot's silence. The consumer gets the event after frame 5, and
+    `speech_audio` gives all four frames' audio, none of the idle silence."""
+    script = [
+        frame(0, False, bytes(SLOT)),
+        event(STARTED, 1),
+        frame(1, True, voice(1)),
+        frame(2, True, bytes(SLOT)),  # digital silence inside the speech: still speech
+        event(FINISHED, 5),
+        frame(5, False, voice(1) + bytes(SLOT) + bytes(SLOT)),  # frame 3's voice, frame 4's silence, its own
+        frame(6, False, bytes(SLOT)),
+    ]
+    assert taken_with_speech_audio(script) == [
+        ("frame", 0, 0),
+        ("event", 1, STARTED),
+        ("frame", 1, SLOT),
+        ("frame", 2, SLOT),
+        ("frame", 5, 2 * SLOT),
+        ("event", 5, FINISHED),
+        ("frame", 6, 0),
+    ]
 
 
 def test_an_idle_frame_while_an_utterance_plays_adds_no_silence() -> None:
     """A pause for late audio mid-utterance is an idle frame with its own slot's silence: not speech."""
-
-    async def scenario() -> None:
-        server = grpc.aio.server()
-        started = session_pb2.SessionEvent.PLAYBACK_STARTED
-        script = [event(started, 0), frame(0, True, voice(1)), frame(1, False, bytes(SLOT)), frame(2, True, voice(1))]
-        gateway_pb2_grpc.add_GatewayServicer_to_server(ScriptedGateway(script), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        session = session_pb2.Session(id="s1", resume_token="t", video=session_pb2.VideoFormat(fps=FPS))
-        live = LiveSession(channel, session, ())
-        try:
-            await anext(live)
-            items = [await anext(live) for _ in range(4)]
-            frames = [i for i in items if isinstance(i, session_pb2.VideoFrame)]
-            assert [len(live.speech_audio(f)) for f in frames] == [SLOT, 0, SLOT]
-        finally:
-            await live.close()
-            await server.stop(0)
-
-    asyncio.run(scenario())
+    script = [event(STARTED, 0), frame(0, True, voice(1)), frame(1, False, bytes(SLOT)), frame(2, True, voice(1))]
+    assert [t for t in taken_with_speech_audio(script) if t[0] == "frame"] == [
+        ("frame", 0, SLOT),
+        ("frame", 1, 0),
+        ("frame", 2, SLOT),
+    ]
 
 
 def test_slot_samples_follow_the_workers_cut() -> None:
