@@ -105,6 +105,10 @@ class LiveWorkers:
 
     def stub(self, address: str) -> live_pb2_grpc.LiveServiceStub:
         """A stub on the worker's channel (opened on first use, kept for the next call)."""
+        return live_pb2_grpc.LiveServiceStub(self._channel(address))
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        """The worker's channel, opened on first use and kept (the least recently used beyond MAX_CHANNELS close)."""
         channel = self._channels.pop(address, None) or open_channel(
             address, self._max_message_bytes, extra_options=RECONNECT_OPTIONS + LIVE_STREAM_OPTIONS
         )
@@ -114,7 +118,7 @@ class LiveWorkers:
             closing = asyncio.get_running_loop().create_task(old.close(grace=CLOSE_TIMEOUT_S))
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
-        return live_pb2_grpc.LiveServiceStub(channel)
+        return channel
 
     async def place(
         self,
@@ -140,7 +144,8 @@ class LiveWorkers:
             refused.append(f"{worker.id} {refusal.code().name}")
             if refusal.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
                 hint = retry_after_ms(refusal) or hint
-            elif refusal.code() is grpc.StatusCode.UNAVAILABLE:
+            elif refusal.code() is grpc.StatusCode.UNAVAILABLE and not self._connected(worker.address):
+                # not the worker's own answer (a draining worker's comes over a connected channel)
                 unreachable.append(worker)
         for worker in unreachable:  # a channel in its reconnect back-off, perhaps: once more, once it connects
             if not await self._connects(worker.address, RECONNECT_WAIT_S):
@@ -155,11 +160,14 @@ class LiveWorkers:
             hint,
         )
 
+    def _connected(self, address: str) -> bool:
+        """Whether the worker's channel is connected now."""
+        return self._channel(address).get_state() is grpc.ChannelConnectivity.READY
+
     async def _connects(self, address: str, wait_s: float) -> bool:
         """Whether the worker's channel is connected within `wait_s` (trying at once if it is idle)."""
-        self.stub(address)  # its channel, opened if there is none
         try:
-            await asyncio.wait_for(self._channels[address].channel_ready(), wait_s)
+            await asyncio.wait_for(self._channel(address).channel_ready(), wait_s)
         except TimeoutError:
             return False
         return True

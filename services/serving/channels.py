@@ -29,7 +29,7 @@ from services.serving.errors import LiplineError
 
 _LOGGER = logging.getLogger(__name__)
 
-_SERVICE_CONFIG = json.dumps(
+SERVICE_CONFIG = json.dumps(
     {
         "loadBalancingConfig": [{"round_robin": {}}],
         # Transient UNAVAILABLE (a pod going away mid-scale-down) is retried on another replica.
@@ -85,7 +85,7 @@ def open_channel(
     """A channel to a stage; `internal_token` (default: INTERNAL_TOKEN's value) goes on every call;
     `extra_options` are further gRPC channel options (e.g. a shorter reconnect back-off)."""
     options = channel_options(max_message_bytes) + [
-        ("grpc.service_config", _SERVICE_CONFIG),
+        ("grpc.service_config", SERVICE_CONFIG),
         ("grpc.enable_retries", 1),
         ("grpc.keepalive_time_ms", 30_000),
         *extra_options,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -34,6 +35,7 @@ from services.gateway.settings import GatewaySettings
 from services.jobs.store import open_job_store
 from services.jobs.store.jobs import AvatarRecord, JobStore
 from services.jobs.store.sessions import SessionState
+from services.serving.channels import SERVICE_CONFIG
 from services.serving.errors import FailedPrecondition, InvalidRequest, NoCapacity, NotFound, PermissionDenied
 
 T = TypeVar("T")
@@ -80,6 +82,7 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
             tuple[session_pb2.ConverseStart, str]
         ] = []  # what each Converse began with, and its tenant metadata
         self.refuse_open: grpc.StatusCode | None = None
+        self.asked = 0  # OpenSession calls, refused or not
         self.streams_ended = 0  # Converse streams over, however they ended
         self.hang = False  # take Converse streams and never answer
         self.server: grpc.aio.Server | None = None
@@ -112,6 +115,7 @@ class StandInWorker(live_pb2_grpc.LiveServiceServicer):
     async def OpenSession(
         self, request: live_pb2.OpenSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
+        self.asked += 1
         if self.refuse_open is not None:
             await context.abort(self.refuse_open, f"{self.id} refuses")
         if len(self.sessions) >= self.capacity:
@@ -516,6 +520,20 @@ def test_a_worker_restarted_on_its_address_takes_a_session_at_once(jobs: JobStor
         await a.restart()
         sid, _ = await c.create()  # at once: within the back-off
         assert (await jobs.get_session(TENANT, sid)).worker_id == "a" and sid in a.sessions
+
+    with_workers(jobs, {"a": 2}, test)
+
+
+def test_a_worker_that_answers_unavailable_itself_is_asked_once(jobs: JobStore) -> None:
+    """A draining worker's UNAVAILABLE comes over a connected channel: the gateway does not ask it again
+    (the channel's own retry policy does, services/serving/channels.py: that many calls, no more)."""
+    attempts = json.loads(SERVICE_CONFIG)["methodConfig"][0]["retryPolicy"]["maxAttempts"]
+
+    async def test(c: Cluster) -> None:
+        c.workers["a"].refuse_open = grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(NoCapacity, match="refused by a UNAVAILABLE"):
+            await c.create()
+        assert c.workers["a"].asked == attempts
 
     with_workers(jobs, {"a": 2}, test)
 
