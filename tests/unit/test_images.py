@@ -173,8 +173,8 @@ def test_gateway_and_render_images_carry_no_torch_nor_dev_tools() -> None:
     assert "aiohttp" in _installed("web")  # the web page's server
 
 
-# The heavy packages an image may leave out, by the name its code would import them under.
-LEFT_OUT = {"torch": "torch", "scipy": "scipy", "onnx": "onnx", "onnxruntime": "onnxruntime", "diffusers": "diffusers"}
+# The heavy packages an image may leave out (each imported under its own name).
+LEFT_OUT = ("torch", "scipy", "onnx", "onnxruntime", "diffusers")
 
 
 @pytest.mark.parametrize("service", STAGES)
@@ -183,11 +183,7 @@ def test_an_image_leaves_out_only_what_its_code_never_imports(service: str) -> N
     and every services module it imports, function-level imports included): a left-out package would
     otherwise be an ImportError in the pod, not in CI, where the .venv has everything."""
     reached = third_party_imports(service)
-    missing = {
-        package: reached[module][:3]
-        for package, module in LEFT_OUT.items()
-        if package not in _installed(service) and module in reached
-    }
+    missing = {p: reached[p][:3] for p in LEFT_OUT if p not in _installed(service) and p in reached}
     assert not missing, f"the {service} image leaves out packages its code imports: {missing}"
 
 
